@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Create .venv and install shardkit with its test and dev tools. torch is pinned first:
+# torch==2.13.0 is the CPU wheel on disk; an unpinned torch would download a CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -e ".[dev]"

@@ -1,0 +1,5 @@
+"""``python -m shardkit`` runs the CLI."""
+
+from shardkit.cli import main
+
+main()

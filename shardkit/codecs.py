@@ -1,0 +1,162 @@
+"""Encode and decode sample fields by their extension.
+
+``json``, ``npy`` (numpy, never pickled objects), ``txt``/``text``, ``cls``/``id``/``index``
+(ints); ``pickle``/``pyd``/``pth`` only when the caller passes ``allow_pickle=True``
+(unpickling an untrusted shard runs its code); anything else is bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from shardkit.errors import DecodeError, WriterError
+
+__all__ = [
+    "INT_EXTS",
+    "PICKLE_EXTS",
+    "TEXT_EXTS",
+    "decode_field",
+    "encode_field",
+    "extension",
+    "zstd_reader",
+    "zstd_writer",
+]
+
+TEXT_EXTS = frozenset({"txt", "text", "transcript"})
+INT_EXTS = frozenset({"cls", "cls2", "id", "index", "inx"})
+JSON_EXTS = frozenset({"json", "jsn"})
+NPY_EXTS = frozenset({"npy"})
+PICKLE_EXTS = frozenset({"pickle", "pyd", "pth"})
+
+
+def extension(field: str) -> str:
+    """The codec-selecting part of a field name: ``tokens.npy`` → ``npy``."""
+    return field.rsplit(".", 1)[-1].lower()
+
+
+def _encode_npy(value: Any) -> bytes:
+    arr = np.asarray(value)
+    if arr.dtype.hasobject:
+        raise TypeError("object arrays cannot be stored as npy without pickle")
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, arr, allow_pickle=False)
+    return buf.getvalue()
+
+
+def encode_field(key: str, field: str, value: Any) -> bytes:
+    """Turn one field value into bytes; raise :class:`WriterError` naming it when it can't."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    ext = extension(field)
+    try:
+        if ext in JSON_EXTS:
+            return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+        if ext in NPY_EXTS:
+            return _encode_npy(value)
+        if ext in TEXT_EXTS and isinstance(value, str):
+            return value.encode("utf-8")
+        if ext in INT_EXTS and isinstance(value, (int, np.integer)) and not isinstance(
+            value, bool
+        ):
+            return str(int(value)).encode()
+        if ext in PICKLE_EXTS and ext != "pth":
+            return pickle.dumps(value, protocol=4)
+        if isinstance(value, str):
+            return value.encode("utf-8")
+    except (TypeError, ValueError, OverflowError, pickle.PicklingError) as exc:
+        raise WriterError(f"sample {key!r}: cannot encode field {field!r}: {exc}") from exc
+    raise WriterError(
+        f"sample {key!r}: cannot encode field {field!r} from {type(value).__name__}; "
+        "give bytes or a value its extension knows (json, npy, txt, cls, pickle)"
+    )
+
+
+def _decode_npy(data: bytes | memoryview) -> np.ndarray:
+    f = io.BytesIO(data)
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+    else:
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    if dtype.hasobject:
+        raise ValueError("npy holds Python objects (pickle); refused")
+    count = 1
+    for dim in shape:
+        count *= dim
+    arr = np.frombuffer(data, dtype=dtype, count=count, offset=f.tell())
+    if fortran:
+        return arr.reshape(shape[::-1]).transpose()
+    return arr.reshape(shape)
+
+
+def _decode_pickle(ext: str, data: bytes) -> Any:
+    if ext == "pth":
+        import torch  # lazy: only a caller who stored torch objects pays for it
+
+        return torch.load(io.BytesIO(data), weights_only=False)
+    return pickle.loads(data)  # noqa: S301 - only with allow_pickle=True
+
+
+def decode_field(
+    key: str,
+    field: str,
+    data: bytes,
+    *,
+    allow_pickle: bool = False,
+    handlers: dict[str, Callable[[bytes], Any]] | None = None,
+) -> Any:
+    """Decode one field by its extension; raise :class:`DecodeError` naming it on failure."""
+    ext = extension(field)
+    try:
+        if handlers is not None:
+            h = handlers.get(field) or handlers.get(ext)
+            if h is not None:
+                return h(data)
+        if ext in NPY_EXTS:
+            return _decode_npy(data)
+        if ext in JSON_EXTS:
+            return json.loads(data)
+        if ext in TEXT_EXTS:
+            return bytes(data).decode("utf-8")
+        if ext in INT_EXTS:
+            return int(data)
+        if ext in PICKLE_EXTS:
+            if not allow_pickle:
+                raise DecodeError(
+                    "refusing to unpickle: an untrusted shard could run code; "
+                    "pass allow_pickle=True if you trust this data",
+                    key=key,
+                    field=field,
+                )
+            return _decode_pickle(ext, bytes(data))
+    except DecodeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - codecs raise anything; translate at the seam
+        raise DecodeError(f"cannot decode as {ext}: {exc}", key=key, field=field) from exc
+    return data
+
+
+def zstd_reader(f: BinaryIO) -> AbstractContextManager[BinaryIO]:
+    """A streaming zstd decompressor over ``f``."""
+    import zstandard
+
+    reader: AbstractContextManager[BinaryIO] = zstandard.ZstdDecompressor().stream_reader(
+        f, read_size=1 << 20, read_across_frames=True
+    )
+    return reader
+
+
+def zstd_writer(f: BinaryIO, level: int = 3) -> Any:
+    """A streaming zstd compressor writing into ``f`` (close it to flush)."""
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=level, threads=0).stream_writer(f, closefd=False)

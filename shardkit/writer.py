@@ -1,0 +1,294 @@
+"""ShardWriter: pack samples into WebDataset-format tar shards plus a checksum manifest.
+
+Each shard is written to a temporary name in the output directory, checksummed as its
+bytes go out (no second read), fsynced and renamed; its sample index is written beside it,
+then the manifest is rewritten atomically. At any instant the manifest lists only whole
+shards. A ``with`` block that raises finishes no shard: the one being written is deleted.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, BinaryIO
+
+from shardkit.checksum import new_hasher
+from shardkit.codecs import encode_field, zstd_writer
+from shardkit.errors import ConfigError, ManifestError, WriterError
+from shardkit.manifest import Manifest, ShardEntry, atomic_write, creation_info
+from shardkit.tario.index import write_index
+from shardkit.tario.writer import END_OF_ARCHIVE, check_field, check_key, member_header, padding
+from shardkit.units import parse_size
+
+__all__ = ["ShardWriter"]
+
+log = logging.getLogger(__name__)
+_FLUSH = 4 << 20
+
+
+class _HashingFile:
+    """A write-only file that hashes and counts what passes through it."""
+
+    def __init__(self, f: BinaryIO, algo: str) -> None:
+        self.f = f
+        self.hasher = new_hasher(algo)
+        self.size = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        self.hasher.update(data)
+        self.f.write(data)
+        self.size += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+class ShardWriter:
+    """Write samples into size- and/or count-limited tar shards with a manifest.
+
+    Args:
+        out_dir: directory for shards and ``manifest.json`` / ``manifest.csv``.
+        prefix: shard names are ``{prefix}-{index:06d}.tar`` (``.tar.zst`` compressed).
+        maxsize: roll over before a shard would exceed this many bytes on disk (headers,
+            padding and end-of-archive included; a single larger sample gets a shard of
+            its own). A number or a string like ``"1GB"``.
+        maxcount: roll over after this many samples (None: no count limit).
+        checksum: ``sha256`` (default) or another algorithm of :mod:`shardkit.checksum`.
+        compress: None or ``"zstd"`` (whole-shard compression).
+        manifest: the manifest file name inside ``out_dir``.
+        start_index: the number of the first shard.
+        resume: keep the shards an existing manifest in ``out_dir`` lists and continue
+            after them (see :attr:`resumed_samples` for how many samples to skip).
+        part: ``(i, n)`` marks the manifest as part ``i`` of ``n`` for a later merge.
+    """
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        prefix: str = "data",
+        maxsize: int | str = "1GB",
+        maxcount: int | None = None,
+        checksum: str = "sha256",
+        compress: str | None = None,
+        *,
+        manifest: str = "manifest.json",
+        start_index: int = 0,
+        resume: bool = False,
+        part: tuple[int, int] | None = None,
+    ) -> None:
+        self.out_dir = os.fspath(out_dir)
+        if not prefix or "/" in prefix or prefix.startswith("."):
+            raise ConfigError(f"bad shard prefix {prefix!r}")
+        self.prefix = prefix
+        self.maxsize = parse_size(maxsize)
+        if self.maxsize < 4096:
+            raise ConfigError(f"maxsize {self.maxsize} is too small (at least 4 KB)")
+        if maxcount is not None and maxcount < 1:
+            raise ConfigError(f"maxcount must be at least 1, got {maxcount}")
+        self.maxcount = maxcount
+        new_hasher(checksum)  # validates the name now, not at the first shard
+        self.algo = checksum
+        if compress not in (None, "zstd"):
+            raise ConfigError(f"compress must be None or 'zstd', got {compress!r}")
+        self.compress = compress
+        self.manifest_path = os.path.join(self.out_dir, manifest)
+        os.makedirs(self.out_dir, exist_ok=True)
+        self.manifest = Manifest(checksum_algorithm=checksum,
+                                 created=creation_info(),
+                                 part={"index": part[0], "count": part[1]} if part else None,
+                                 base=os.path.abspath(self.out_dir))
+        self.next_index = start_index
+        self.resumed_samples = 0
+        self._cleanup_temps()
+        if resume:
+            self._load_existing()
+        self._file: BinaryIO | None = None
+        self._sink: Any = None
+        self._hashing: _HashingFile | None = None
+        self._tmp_path: str | None = None
+        self._pending: list[bytes | bytearray | memoryview] = []
+        self._pending_size = 0
+        self._offset = 0  # uncompressed bytes written to the current shard
+        self._offsets: list[int] = []
+        self._keys: set[str] = set()
+        self._closed = False
+
+    # -- public --------------------------------------------------------------------
+    @property
+    def shards(self) -> list[ShardEntry]:
+        """The finished shards so far."""
+        return self.manifest.shards
+
+    def write(self, sample: Mapping[str, Any]) -> None:
+        """Add one sample: ``{"__key__": key, field: value, ...}``."""
+        if self._closed:
+            raise WriterError("write() on a closed ShardWriter")
+        key = sample.get("__key__")
+        check_key(key)  # type: ignore[arg-type]
+        assert isinstance(key, str)
+        pieces: list[bytes | bytearray | memoryview] = []
+        size = 0
+        nfields = 0
+        stats = self.manifest.fields
+        for field, value in sample.items():
+            if field.startswith("__"):
+                continue
+            check_field(key, field)
+            data = encode_field(key, field, value)
+            header = member_header(f"{key}.{field}", len(data))
+            pad = padding(len(data))
+            pieces.append(header)
+            pieces.append(data)
+            if pad:
+                pieces.append(pad)
+            size += len(header) + len(data) + len(pad)
+            nfields += 1
+            st = stats.get(field)
+            if st is None:
+                st = stats[field] = {"count": 0, "bytes": 0}
+            st["count"] += 1
+            st["bytes"] += len(data)
+        if not nfields:
+            raise WriterError(f"sample {key!r} has no fields")
+        if self._file is not None and (
+            self._offset + size + len(END_OF_ARCHIVE) > self.maxsize
+            or (self.maxcount is not None and len(self._offsets) >= self.maxcount)
+        ):
+            self._finish_shard()
+        if self._file is None:
+            self._open_shard()
+        if key in self._keys:
+            raise WriterError(f"sample key {key!r} appears twice in shard {self._shard_name()}")
+        self._keys.add(key)
+        self._offsets.append(self._offset)
+        self._offset += size
+        self._pending.extend(pieces)
+        self._pending_size += size
+        if self._pending_size >= _FLUSH:
+            self._flush()
+
+    def close(self) -> Manifest:
+        """Finish the open shard and write the final manifest; return it."""
+        if not self._closed:
+            if self._file is not None:
+                self._finish_shard()
+            self._write_manifest()
+            self._closed = True
+        return self.manifest
+
+    def abort(self) -> None:
+        """Drop the shard being written (its temp file) and keep the finished ones."""
+        if self._file is not None:
+            try:
+                self._file.close()
+            finally:
+                self._file = None
+                if self._tmp_path is not None:
+                    try:
+                        os.unlink(self._tmp_path)
+                    except FileNotFoundError:
+                        pass
+        self._pending = []
+        self._pending_size = 0
+        if not self._closed:
+            self._closed = True
+            if self.manifest.shards or not os.path.exists(self.manifest_path):
+                self._write_manifest()
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    # -- shards --------------------------------------------------------------------
+    def _shard_name(self) -> str:
+        ext = ".tar.zst" if self.compress == "zstd" else ".tar"
+        return f"{self.prefix}-{self.next_index:06d}{ext}"
+
+    def _open_shard(self) -> None:
+        name = self._shard_name()
+        self._tmp_path = os.path.join(self.out_dir, f".{name}.tmp-{os.getpid()}")
+        self._file = open(self._tmp_path, "wb", buffering=0)  # noqa: SIM115
+        self._hashing = _HashingFile(self._file, self.algo)
+        self._sink = zstd_writer(self._hashing) if self.compress else self._hashing  # type: ignore[arg-type]
+        self._offset = 0
+        self._offsets = []
+        self._keys = set()
+
+    def _flush(self) -> None:
+        if self._pending:
+            self._sink.write(b"".join(self._pending))
+            self._pending = []
+            self._pending_size = 0
+
+    def _finish_shard(self) -> None:
+        assert self._file is not None and self._hashing is not None and self._tmp_path
+        self._pending.append(END_OF_ARCHIVE)
+        self._flush()
+        if self.compress:
+            self._sink.close()
+        try:
+            os.fsync(self._file.fileno())
+        finally:
+            self._file.close()
+        self._file = None
+        name = self._shard_name()
+        final = os.path.join(self.out_dir, name)
+        index_name = name + ".idx"
+        atomic_write(os.path.join(self.out_dir, index_name),
+                     write_index(self._offsets, self._offset))
+        os.replace(self._tmp_path, final)
+        self._tmp_path = None
+        entry = ShardEntry(url=name, size=self._hashing.size, nsamples=len(self._offsets),
+                           checksum=f"{self.algo}:{self._hashing.hasher.hexdigest()}",
+                           index=index_name)
+        self.manifest.shards.append(entry)
+        self.next_index += 1
+        self._write_manifest()
+        log.debug("finished shard %s: %d samples, %d bytes", name, entry.nsamples, entry.size)
+
+    def _write_manifest(self) -> None:
+        self.manifest.save(self.manifest_path)
+
+    def _cleanup_temps(self) -> None:
+        for path in glob.glob(os.path.join(glob.escape(self.out_dir),
+                                           f".{glob.escape(self.prefix)}-*.tmp-*")):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    def _load_existing(self) -> None:
+        if not os.path.exists(self.manifest_path):
+            return
+        old = Manifest.load(self.manifest_path)
+        if old.checksum_algorithm != self.algo:
+            raise ManifestError(f"cannot resume: existing shards use {old.checksum_algorithm}, "
+                                f"this writer {self.algo}", path=self.manifest_path)
+        for i, s in enumerate(old.shards):
+            path = os.path.join(self.out_dir, s.url)
+            try:
+                size = os.path.getsize(path)
+            except OSError:
+                size = -1
+            if size != s.size:
+                raise ManifestError(f"cannot resume: shard {s.url} is missing or has "
+                                    f"{size} bytes, not {s.size}", path=self.manifest_path,
+                                    entry=i)
+        self.manifest.shards = list(old.shards)
+        self.manifest.fields = old.fields
+        self.resumed_samples = old.total_samples
+        self.next_index += len(old.shards)
