@@ -1,0 +1,44 @@
+"""Test data factories: deterministic samples and shard sets the tests make themselves."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from shardkit.manifest import Manifest
+from shardkit.writer import ShardWriter
+
+
+def make_samples(n: int, *, start: int = 0, tokens: int = 64, seed: int = 0) -> Iterator[dict[str, Any]]:
+    """``n`` small LLM-style samples: a json record and an int32 token array."""
+    rng = np.random.default_rng(seed)
+    for i in range(start, start + n):
+        yield {
+            "__key__": f"sample-{i:08d}",
+            "json": {"id": i, "text": f"document {i}"},
+            "tokens.npy": rng.integers(0, 50_000, size=tokens, dtype=np.int32),
+        }
+
+
+def make_shards(
+    out_dir: str | os.PathLike[str],
+    sizes: Sequence[int],
+    *,
+    tokens: int = 64,
+    prefix: str = "data",
+    **writer_kwargs: Any,
+) -> Manifest:
+    """Write one shard per entry of ``sizes`` (that many samples each); return the manifest.
+
+    Sample ids run 0..sum(sizes)-1 across the shards, in order.
+    """
+    samples = make_samples(sum(sizes), tokens=tokens)
+    with ShardWriter(out_dir, prefix=prefix, maxsize="2GB", **writer_kwargs) as w:
+        for n in sizes:
+            for _ in range(n):
+                w.write(next(samples))
+            w._finish_shard() if w._file is not None else None  # noqa: SLF001 - exact sizes
+    return Manifest.load(os.path.join(os.fspath(out_dir), "manifest.json"))
