@@ -171,6 +171,11 @@ class ShardWriter:
         if self._pending_size >= _FLUSH:
             self._flush()
 
+    def next_shard(self) -> None:
+        """Finish the shard being written now (if any); the next sample starts a new one."""
+        if self._file is not None:
+            self._finish_shard()
+
     def close(self) -> Manifest:
         """Finish the open shard and write the final manifest; return it."""
         if not self._closed:

@@ -40,5 +40,5 @@ def make_shards(
         for n in sizes:
             for _ in range(n):
                 w.write(next(samples))
-            w._finish_shard() if w._file is not None else None  # noqa: SLF001 - exact sizes
+            w.next_shard()
     return Manifest.load(os.path.join(os.fspath(out_dir), "manifest.json"))
