@@ -41,7 +41,7 @@ def _blake3() -> Hasher:
         import blake3  # type: ignore[import-not-found,unused-ignore]
     except ImportError as exc:
         raise ConfigError("checksum blake3 needs the 'blake3' package") from exc
-    h: Hasher = blake3.blake3()
+    h: Hasher = blake3.blake3()  # type: ignore[assignment,unused-ignore]
     return h
 
 

@@ -64,9 +64,7 @@ def encode_field(key: str, field: str, value: Any) -> bytes:
             return _encode_npy(value)
         if ext in TEXT_EXTS and isinstance(value, str):
             return value.encode("utf-8")
-        if ext in INT_EXTS and isinstance(value, (int, np.integer)) and not isinstance(
-            value, bool
-        ):
+        if ext in INT_EXTS and isinstance(value, (int, np.integer)) and not isinstance(value, bool):
             return str(int(value)).encode()
         if ext in PICKLE_EXTS and ext != "pth":
             return pickle.dumps(value, protocol=4)
@@ -140,7 +138,7 @@ def decode_field(
             return _decode_pickle(ext, bytes(data))
     except DecodeError:
         raise
-    except Exception as exc:  # noqa: BLE001 - codecs raise anything; translate at the seam
+    except Exception as exc:
         raise DecodeError(f"cannot decode as {ext}: {exc}", key=key, field=field) from exc
     return data
 

@@ -8,6 +8,7 @@ base unless the caller allows them in code.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -70,21 +71,22 @@ def _check_entry(raw: Any, path: str | None, i: int) -> ShardEntry:
     for name in ("url", "checksum"):
         v = raw.get(name)
         if not isinstance(v, str) or not v:
-            raise ManifestError(f"missing or not a non-empty string: {v!r}", path=path,
-                                entry=i, field=name)
+            raise ManifestError(
+                f"missing or not a non-empty string: {v!r}", path=path, entry=i, field=name
+            )
     for name in ("size", "nsamples"):
         v = raw.get(name)
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ManifestError(f"must be a non-negative integer, got {v!r}", path=path,
-                                entry=i, field=name)
+            raise ManifestError(
+                f"must be a non-negative integer, got {v!r}", path=path, entry=i, field=name
+            )
     try:
         split_checksum(raw["checksum"])
     except ConfigError as exc:
         raise ManifestError(str(exc), path=path, entry=i, field="checksum") from None
     index = raw.get("index")
     if index is not None and (not isinstance(index, str) or not index):
-        raise ManifestError(f"must be a string, got {index!r}", path=path, entry=i,
-                            field="index")
+        raise ManifestError(f"must be a string, got {index!r}", path=path, entry=i, field="index")
     unknown = set(raw) - {"url", "size", "nsamples", "checksum", "index"}
     if unknown:
         raise ManifestError(f"unknown keys {sorted(unknown)}", path=path, entry=i)
@@ -153,13 +155,19 @@ class Manifest:
         if not isinstance(raw, dict):
             raise ManifestError("top level must be an object", path=source)
         if raw.get("format") != FORMAT_NAME:
-            raise ManifestError(f"not a shardkit manifest (format={raw.get('format')!r})",
-                                path=source, field="format")
+            raise ManifestError(
+                f"not a shardkit manifest (format={raw.get('format')!r})",
+                path=source,
+                field="format",
+            )
         version = raw.get("version")
         if version != FORMAT_VERSION:
             raise ManifestError(
                 f"manifest version {version!r} is not supported (this shardkit reads "
-                f"version {FORMAT_VERSION}); upgrade shardkit", path=source, field="version")
+                f"version {FORMAT_VERSION}); upgrade shardkit",
+                path=source,
+                field="version",
+            )
         algo = raw.get("checksum_algorithm", "sha256")
         shards_raw = raw.get("shards")
         if not isinstance(shards_raw, list):
@@ -167,48 +175,67 @@ class Manifest:
         shards = [_check_entry(e, source, i) for i, e in enumerate(shards_raw)]
         for i, s in enumerate(shards):
             if not s.checksum.startswith(algo + ":"):
-                raise ManifestError(f"checksum {s.checksum[:20]}... is not {algo}",
-                                    path=source, entry=i, field="checksum")
+                raise ManifestError(
+                    f"checksum {s.checksum[:20]}... is not {algo}",
+                    path=source,
+                    entry=i,
+                    field="checksum",
+                )
         for name in ("total_samples", "total_bytes"):
             if name in raw:
-                want = sum(getattr(s, "nsamples" if name == "total_samples" else "size")
-                           for s in shards)
+                want = sum(
+                    getattr(s, "nsamples" if name == "total_samples" else "size") for s in shards
+                )
                 if raw[name] != want:
-                    raise ManifestError(f"says {raw[name]!r} but the shards add up to {want}",
-                                        path=source, field=name)
+                    raise ManifestError(
+                        f"says {raw[name]!r} but the shards add up to {want}",
+                        path=source,
+                        field=name,
+                    )
         fields_raw = raw.get("fields", {})
         if not isinstance(fields_raw, dict):
             raise ManifestError("must be an object", path=source, field="fields")
         part = raw.get("part")
         if part is not None and not (
-            isinstance(part, dict) and isinstance(part.get("index"), int)
+            isinstance(part, dict)
+            and isinstance(part.get("index"), int)
             and isinstance(part.get("count"), int)
         ):
             raise ManifestError("must be {'index': i, 'count': n}", path=source, field="part")
-        return cls(shards=shards, checksum_algorithm=algo, fields=dict(fields_raw),
-                   created=dict(raw.get("created", {})), part=part,
-                   base=_dirname(source) if source else None)
+        return cls(
+            shards=shards,
+            checksum_algorithm=algo,
+            fields=dict(fields_raw),
+            created=dict(raw.get("created", {})),
+            part=part,
+            base=_dirname(source) if source else None,
+        )
 
     @classmethod
     def _from_csv(cls, text: str, source: str | None, base: str | None) -> Manifest:
         rows = csv.reader(io.StringIO(text))
         header = next(rows, None)
         if header is None or tuple(h.strip() for h in header) != CSV_HEADER:
-            raise ManifestError(f"CSV header must be {','.join(CSV_HEADER)}", path=source,
-                                entry=1)
+            raise ManifestError(f"CSV header must be {','.join(CSV_HEADER)}", path=source, entry=1)
         shards = []
         for lineno, row in enumerate(rows, start=2):
             if not row:
                 continue
             if len(row) != 4:
-                raise ManifestError(f"line {lineno}: expected 4 columns, got {len(row)}",
-                                    path=source, entry=lineno)
+                raise ManifestError(
+                    f"line {lineno}: expected 4 columns, got {len(row)}", path=source, entry=lineno
+                )
             try:
-                raw = {"url": row[0], "size": int(row[1]), "nsamples": int(row[2]),
-                       "checksum": row[3]}
+                raw = {
+                    "url": row[0],
+                    "size": int(row[1]),
+                    "nsamples": int(row[2]),
+                    "checksum": row[3],
+                }
             except ValueError:
-                raise ManifestError(f"line {lineno}: size and nsamples must be integers",
-                                    path=source, entry=lineno) from None
+                raise ManifestError(
+                    f"line {lineno}: size and nsamples must be integers", path=source, entry=lineno
+                ) from None
             shards.append(_check_entry(raw, source, lineno))
         algos = {split_checksum(s.checksum)[0] for s in shards} or {"sha256"}
         if len(algos) > 1:
@@ -271,10 +298,9 @@ class Manifest:
             raise ConfigError("nothing to merge")
         algos = {p.checksum_algorithm for p in parts}
         if len(algos) > 1:
-            raise ManifestError(f"cannot merge manifests with checksum algorithms "
-                                f"{sorted(algos)}")
-        ordered = sorted(parts, key=lambda p: (p.part or {}).get("index", 0))
-        counts = {(p.part or {}).get("count") for p in parts} - {None}
+            raise ManifestError(f"cannot merge manifests with checksum algorithms {sorted(algos)}")
+        ordered = sorted(parts, key=lambda p: (p.part or {}).get("index") or 0)
+        counts = {p.part["count"] for p in parts if p.part is not None}
         indexes = [(p.part or {}).get("index") for p in ordered if p.part is not None]
         if len(indexes) != len(set(indexes)):
             raise ManifestError(f"part indexes repeat: {indexes}")
@@ -298,8 +324,13 @@ class Manifest:
         created = dict(ordered[0].created)
         if counts and len(indexes) != next(iter(counts)):
             created["incomplete"] = f"{len(indexes)} of {next(iter(counts))} parts"
-        return cls(shards=shards, checksum_algorithm=algos.pop(), fields=fields,
-                   created=created, base=ordered[0].base)
+        return cls(
+            shards=shards,
+            checksum_algorithm=algos.pop(),
+            fields=fields,
+            created=created,
+            base=ordered[0].base,
+        )
 
     def rebase(self, url: str, new_base: str | None) -> str:
         """Express ``url`` (relative to this manifest) relative to ``new_base`` if it can."""
@@ -307,7 +338,7 @@ class Manifest:
             return url
         full = _join(self.base, url)
         prefix = new_base.rstrip("/") + "/"
-        return full[len(prefix):] if full.startswith(prefix) else full
+        return full[len(prefix) :] if full.startswith(prefix) else full
 
     # -- urls ----------------------------------------------------------------------
     def resolve(self, url: str, *, allow_unsafe_urls: bool = False) -> str:
@@ -343,9 +374,11 @@ def resolve_url(base: str | None, url: str, *, allow_unsafe_urls: bool = False) 
     """
     if url.startswith("pipe:"):
         if not allow_unsafe_urls:
-            raise ManifestError(f"refusing url {url!r}: a manifest may not run commands "
-                                "(pass allow_unsafe_urls=True in code to allow it)",
-                                field="url")
+            raise ManifestError(
+                f"refusing url {url!r}: a manifest may not run commands "
+                "(pass allow_unsafe_urls=True in code to allow it)",
+                field="url",
+            )
         return url
     if base is None:
         return url
@@ -357,9 +390,12 @@ def resolve_url(base: str | None, url: str, *, allow_unsafe_urls: bool = False) 
         full = os.path.normpath(full)
     prefix = base.rstrip("/") + "/"
     if not allow_unsafe_urls and not full.startswith(prefix):
-        raise ManifestError(f"refusing url {url!r}: it resolves to {full!r}, outside the "
-                            f"manifest's base {base!r} (pass allow_unsafe_urls=True to allow "
-                            "it)", field="url")
+        raise ManifestError(
+            f"refusing url {url!r}: it resolves to {full!r}, outside the "
+            f"manifest's base {base!r} (pass allow_unsafe_urls=True to allow "
+            "it)",
+            field="url",
+        )
     return full
 
 
@@ -387,8 +423,7 @@ def expand_braces(pattern: str) -> list[str]:
 def atomic_write(path: str, data: bytes | Iterable[bytes]) -> None:
     """Write ``data`` to ``path`` durably: temp file in the same directory, fsync, rename."""
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix="-" + os.path.basename(path),
-                               dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix="-" + os.path.basename(path), dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             if isinstance(data, (bytes, bytearray)):
@@ -400,10 +435,8 @@ def atomic_write(path: str, data: bytes | Iterable[bytes]) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     _fsync_dir(directory)
 

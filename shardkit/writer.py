@@ -8,6 +8,7 @@ shards. A ``with`` block that raises finishes no shard: the one being written is
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import os
@@ -97,10 +98,12 @@ class ShardWriter:
         self.compress = compress
         self.manifest_path = os.path.join(self.out_dir, manifest)
         os.makedirs(self.out_dir, exist_ok=True)
-        self.manifest = Manifest(checksum_algorithm=checksum,
-                                 created=creation_info(),
-                                 part={"index": part[0], "count": part[1]} if part else None,
-                                 base=os.path.abspath(self.out_dir))
+        self.manifest = Manifest(
+            checksum_algorithm=checksum,
+            created=creation_info(),
+            part={"index": part[0], "count": part[1]} if part else None,
+            base=os.path.abspath(self.out_dir),
+        )
         self.next_index = start_index
         self.resumed_samples = 0
         self._cleanup_temps()
@@ -193,10 +196,8 @@ class ShardWriter:
             finally:
                 self._file = None
                 if self._tmp_path is not None:
-                    try:
+                    with contextlib.suppress(FileNotFoundError):
                         os.unlink(self._tmp_path)
-                    except FileNotFoundError:
-                        pass
         self._pending = []
         self._pending_size = 0
         if not self._closed:
@@ -253,13 +254,18 @@ class ShardWriter:
         name = self._shard_name()
         final = os.path.join(self.out_dir, name)
         index_name = name + ".idx"
-        atomic_write(os.path.join(self.out_dir, index_name),
-                     write_index(self._offsets, self._offset))
+        atomic_write(
+            os.path.join(self.out_dir, index_name), write_index(self._offsets, self._offset)
+        )
         os.replace(self._tmp_path, final)
         self._tmp_path = None
-        entry = ShardEntry(url=name, size=self._hashing.size, nsamples=len(self._offsets),
-                           checksum=f"{self.algo}:{self._hashing.hasher.hexdigest()}",
-                           index=index_name)
+        entry = ShardEntry(
+            url=name,
+            size=self._hashing.size,
+            nsamples=len(self._offsets),
+            checksum=f"{self.algo}:{self._hashing.hasher.hexdigest()}",
+            index=index_name,
+        )
         self.manifest.shards.append(entry)
         self.next_index += 1
         self._write_manifest()
@@ -269,20 +275,22 @@ class ShardWriter:
         self.manifest.save(self.manifest_path)
 
     def _cleanup_temps(self) -> None:
-        for path in glob.glob(os.path.join(glob.escape(self.out_dir),
-                                           f".{glob.escape(self.prefix)}-*.tmp-*")):
-            try:
+        for path in glob.glob(
+            os.path.join(glob.escape(self.out_dir), f".{glob.escape(self.prefix)}-*.tmp-*")
+        ):
+            with contextlib.suppress(OSError):
                 os.unlink(path)
-            except OSError:
-                pass
 
     def _load_existing(self) -> None:
         if not os.path.exists(self.manifest_path):
             return
         old = Manifest.load(self.manifest_path)
         if old.checksum_algorithm != self.algo:
-            raise ManifestError(f"cannot resume: existing shards use {old.checksum_algorithm}, "
-                                f"this writer {self.algo}", path=self.manifest_path)
+            raise ManifestError(
+                f"cannot resume: existing shards use {old.checksum_algorithm}, "
+                f"this writer {self.algo}",
+                path=self.manifest_path,
+            )
         for i, s in enumerate(old.shards):
             path = os.path.join(self.out_dir, s.url)
             try:
@@ -290,9 +298,11 @@ class ShardWriter:
             except OSError:
                 size = -1
             if size != s.size:
-                raise ManifestError(f"cannot resume: shard {s.url} is missing or has "
-                                    f"{size} bytes, not {s.size}", path=self.manifest_path,
-                                    entry=i)
+                raise ManifestError(
+                    f"cannot resume: shard {s.url} is missing or has {size} bytes, not {s.size}",
+                    path=self.manifest_path,
+                    entry=i,
+                )
         self.manifest.shards = list(old.shards)
         self.manifest.fields = old.fields
         self.resumed_samples = old.total_samples

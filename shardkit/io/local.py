@@ -58,7 +58,7 @@ def open_local(url: str, *, start: int = 0, end: int | None = None) -> BinaryIO:
         f.seek(start)
     if end is None:
         return f
-    return io.BufferedReader(_Bounded(f, end - start), buffer_size=1 << 20)  # type: ignore[return-value]
+    return io.BufferedReader(_Bounded(f, end - start), buffer_size=1 << 20)
 
 
 class LocalOpener:
@@ -79,6 +79,12 @@ class LocalOpener:
     def read(self, url: str, *, start: int = 0, end: int | None = None) -> bytes:
         with self.open(url, start=start, end=end) as f:
             return f.read()
+
+    def prefetch(self, shards: list[tuple[str, int | None, str | None]]) -> None:
+        del shards  # local files need no prefetch
+
+    def stats(self) -> dict[str, float]:
+        return {}
 
     def __repr__(self) -> str:
         return "LocalOpener()"

@@ -27,6 +27,14 @@ class Opener(Protocol):
 
     def read(self, url: str, *, start: int = 0, end: int | None = None) -> bytes: ...
 
+    def prefetch(self, shards: list[tuple[str, int | None, str | None]]) -> None:
+        """Hint: these ``(url, size, checksum)`` come next in this reader's plan."""
+        ...
+
+    def stats(self) -> dict[str, float]:
+        """Counters of this process: requests, bytes fetched, retries, cache hits/misses."""
+        ...
+
 
 def url_scheme(url: str) -> str:
     """``"http"``, ``"s3"``, ``"pipe"``, ``"file"`` (local paths included)."""

@@ -295,9 +295,8 @@ class TarReader:
                     pax.update(_parse_pax(data, url, off))
                 elif typeflag == b"L":
                     long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-                elif typeflag == b"g":
-                    if start_of_member == off:
-                        start_of_member = None
+                elif typeflag == b"g" and start_of_member == off:
+                    start_of_member = None
             elif typeflag in _REJECT:
                 raise ShardFormatError(
                     f"member is a {_REJECT[typeflag]}; shards may hold only regular files",
@@ -405,7 +404,7 @@ def _read_path(path: str, url: str, start: int, end: int | None) -> Iterator[Sam
             return
         if start:
             f.seek(start)
-        yield from (s for _, s in iter_samples(f, url=url, start=start, end=end))  # type: ignore[arg-type]
+        yield from (s for _, s in iter_samples(f, url=url, start=start, end=end))
 
 
 def _discard(f: BinaryIO, n: int) -> None:

@@ -12,7 +12,9 @@ from shardkit.manifest import Manifest
 from shardkit.writer import ShardWriter
 
 
-def make_samples(n: int, *, start: int = 0, tokens: int = 64, seed: int = 0) -> Iterator[dict[str, Any]]:
+def make_samples(
+    n: int, *, start: int = 0, tokens: int = 64, seed: int = 0
+) -> Iterator[dict[str, Any]]:
     """``n`` small LLM-style samples: a json record and an int32 token array."""
     rng = np.random.default_rng(seed)
     for i in range(start, start + n):
