@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check shardkit tests scripts examples
-.venv/bin/ruff format --check shardkit tests scripts examples
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
 .venv/bin/mypy
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
