@@ -14,7 +14,14 @@ from typing import BinaryIO, Protocol
 
 from shardkit.errors import ConfigError
 
-__all__ = ["ALGORITHMS", "Hasher", "file_checksum", "new_hasher", "split_checksum"]
+__all__ = [
+    "ALGORITHMS",
+    "DIGEST_HEX_LENGTHS",
+    "Hasher",
+    "file_checksum",
+    "new_hasher",
+    "split_checksum",
+]
 
 ALGORITHMS = ("sha256", "xxh3_128", "blake3", "blake2b", "sha1", "md5")
 
@@ -66,12 +73,28 @@ def new_hasher(algo: str) -> Hasher:
     return factory()
 
 
+DIGEST_HEX_LENGTHS = {
+    "sha256": 64,
+    "xxh3_128": 32,
+    "blake3": 64,
+    "blake2b": 128,
+    "sha1": 40,
+    "md5": 32,
+}
+_HEX = frozenset("0123456789abcdef")
+
+
 def split_checksum(value: str) -> tuple[str, str]:
-    """Split ``"sha256:ab12..."`` into ``("sha256", "ab12...")``."""
+    """Split ``"sha256:ab12..."`` into ``("sha256", "ab12...")``, checking the digest."""
     algo, sep, digest = value.partition(":")
     if not sep or algo not in _FACTORIES or not digest:
         raise ConfigError(f"checksum must look like 'sha256:<hex>', got {value!r}")
-    return algo, digest.lower()
+    digest = digest.lower()
+    if not _HEX.issuperset(digest) or len(digest) != DIGEST_HEX_LENGTHS[algo]:
+        raise ConfigError(
+            f"checksum {value!r}: a {algo} digest is {DIGEST_HEX_LENGTHS[algo]} hex digits"
+        )
+    return algo, digest
 
 
 def file_checksum(

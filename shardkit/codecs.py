@@ -70,7 +70,14 @@ def encode_field(key: str, field: str, value: Any) -> bytes:
             return pickle.dumps(value, protocol=4)
         if isinstance(value, str):
             return value.encode("utf-8")
-    except (TypeError, ValueError, OverflowError, pickle.PicklingError) as exc:
+    except (
+        TypeError,
+        ValueError,
+        OverflowError,
+        AttributeError,  # pickle: "Can't pickle local object"
+        RecursionError,
+        pickle.PicklingError,
+    ) as exc:
         raise WriterError(f"sample {key!r}: cannot encode field {field!r}: {exc}") from exc
     raise WriterError(
         f"sample {key!r}: cannot encode field {field!r} from {type(value).__name__}; "
@@ -83,8 +90,11 @@ def _decode_npy(data: bytes | memoryview) -> np.ndarray:
     version = np.lib.format.read_magic(f)
     if version == (1, 0):
         shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-    else:
+    elif version == (2, 0):
         shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    else:  # rarer versions: numpy's own reader (a copy), still without pickle
+        arr: np.ndarray = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+        return arr
     if dtype.hasobject:
         raise ValueError("npy holds Python objects (pickle); refused")
     count = 1
@@ -122,11 +132,11 @@ def decode_field(
         if ext in NPY_EXTS:
             return _decode_npy(data)
         if ext in JSON_EXTS:
-            return json.loads(data)
+            return json.loads(bytes(data))
         if ext in TEXT_EXTS:
             return bytes(data).decode("utf-8")
         if ext in INT_EXTS:
-            return int(data)
+            return int(bytes(data))
         if ext in PICKLE_EXTS:
             if not allow_pickle:
                 raise DecodeError(

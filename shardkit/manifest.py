@@ -13,32 +13,37 @@ import csv
 import io
 import json
 import os
-import posixpath
-import re
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 from shardkit.checksum import split_checksum
 from shardkit.errors import ConfigError, ManifestError
+from shardkit.manifest_check import (
+    CSV_HEADER,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    check_entry,
+    check_fields,
+    check_shards,
+    check_top,
+    csv_entry,
+)
+from shardkit.urls import dirname, expand_braces, is_absolute, join, resolve_url
 
 __all__ = [
+    "CSV_HEADER",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "Manifest",
     "ShardEntry",
     "atomic_write",
+    "creation_info",
     "expand_braces",
     "resolve_url",
 ]
-
-FORMAT_NAME = "shardkit.manifest"
-FORMAT_VERSION = 1
-CSV_HEADER = ("url", "size", "nsamples", "checksum")
-_REMOTE = ("http://", "https://", "s3://", "gs://")
 
 
 @dataclass(frozen=True)
@@ -63,34 +68,6 @@ class ShardEntry:
         if self.index is not None:
             d["index"] = self.index
         return d
-
-
-def _check_entry(raw: Any, path: str | None, i: int) -> ShardEntry:
-    if not isinstance(raw, dict):
-        raise ManifestError("shard entry must be an object", path=path, entry=i)
-    for name in ("url", "checksum"):
-        v = raw.get(name)
-        if not isinstance(v, str) or not v:
-            raise ManifestError(
-                f"missing or not a non-empty string: {v!r}", path=path, entry=i, field=name
-            )
-    for name in ("size", "nsamples"):
-        v = raw.get(name)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ManifestError(
-                f"must be a non-negative integer, got {v!r}", path=path, entry=i, field=name
-            )
-    try:
-        split_checksum(raw["checksum"])
-    except ConfigError as exc:
-        raise ManifestError(str(exc), path=path, entry=i, field="checksum") from None
-    index = raw.get("index")
-    if index is not None and (not isinstance(index, str) or not index):
-        raise ManifestError(f"must be a string, got {index!r}", path=path, entry=i, field="index")
-    unknown = set(raw) - {"url", "size", "nsamples", "checksum", "index"}
-    if unknown:
-        raise ManifestError(f"unknown keys {sorted(unknown)}", path=path, entry=i)
-    return ShardEntry(raw["url"], raw["size"], raw["nsamples"], raw["checksum"], index)
 
 
 @dataclass
@@ -132,14 +109,13 @@ class Manifest:
     @classmethod
     def loads(cls, text: str | bytes, *, source: str | None = None) -> Manifest:
         """Parse manifest JSON (or CSV when ``source`` ends in ``.csv``)."""
-        base = _dirname(source) if source else None
         if isinstance(text, bytes):
             try:
                 text = text.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise ManifestError(f"not UTF-8 at byte {exc.start}", path=source) from None
         if source is not None and source.lower().endswith(".csv"):
-            return cls._from_csv(text, source, base)
+            return cls._from_csv(text, source)
         try:
             raw = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -147,100 +123,60 @@ class Manifest:
                 f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
                 path=source,
             ) from None
+        except RecursionError:
+            raise ManifestError("not valid JSON: nested too deeply", path=source) from None
         return cls.from_dict(raw, source=source)
 
     @classmethod
     def from_dict(cls, raw: Any, *, source: str | None = None) -> Manifest:
-        """Build a manifest from parsed JSON, checking every field."""
+        """Build a manifest from parsed JSON, checking every field (``ManifestError``)."""
         if not isinstance(raw, dict):
             raise ManifestError("top level must be an object", path=source)
-        if raw.get("format") != FORMAT_NAME:
-            raise ManifestError(
-                f"not a shardkit manifest (format={raw.get('format')!r})",
-                path=source,
-                field="format",
-            )
-        version = raw.get("version")
-        if version != FORMAT_VERSION:
-            raise ManifestError(
-                f"manifest version {version!r} is not supported (this shardkit reads "
-                f"version {FORMAT_VERSION}); upgrade shardkit",
-                path=source,
-                field="version",
-            )
+        check_top(raw, source)
         algo = raw.get("checksum_algorithm", "sha256")
         shards_raw = raw.get("shards")
         if not isinstance(shards_raw, list):
             raise ManifestError("must be a list", path=source, field="shards")
-        shards = [_check_entry(e, source, i) for i, e in enumerate(shards_raw)]
-        for i, s in enumerate(shards):
-            if not s.checksum.startswith(algo + ":"):
+        entries = [check_entry(e, source, i) for i, e in enumerate(shards_raw)]
+        check_shards(entries, source, algo)
+        shards = [ShardEntry(**e) for e in entries]
+        for name, attr in (("total_samples", "nsamples"), ("total_bytes", "size")):
+            want = sum(getattr(s, attr) for s in shards)
+            if name in raw and raw[name] != want:
                 raise ManifestError(
-                    f"checksum {s.checksum[:20]}... is not {algo}",
-                    path=source,
-                    entry=i,
-                    field="checksum",
+                    f"says {raw[name]!r} but the shards add up to {want}", path=source, field=name
                 )
-        for name in ("total_samples", "total_bytes"):
-            if name in raw:
-                want = sum(
-                    getattr(s, "nsamples" if name == "total_samples" else "size") for s in shards
-                )
-                if raw[name] != want:
-                    raise ManifestError(
-                        f"says {raw[name]!r} but the shards add up to {want}",
-                        path=source,
-                        field=name,
-                    )
-        fields_raw = raw.get("fields", {})
-        if not isinstance(fields_raw, dict):
-            raise ManifestError("must be an object", path=source, field="fields")
         part = raw.get("part")
-        if part is not None and not (
-            isinstance(part, dict)
-            and isinstance(part.get("index"), int)
-            and isinstance(part.get("count"), int)
-        ):
-            raise ManifestError("must be {'index': i, 'count': n}", path=source, field="part")
         return cls(
             shards=shards,
             checksum_algorithm=algo,
-            fields=dict(fields_raw),
+            fields=check_fields(raw.get("fields", {}), source),
             created=dict(raw.get("created", {})),
-            part=part,
-            base=_dirname(source) if source else None,
+            part=dict(part) if part is not None else None,
+            base=dirname(source) if source else None,
         )
 
     @classmethod
-    def _from_csv(cls, text: str, source: str | None, base: str | None) -> Manifest:
+    def _from_csv(cls, text: str, source: str | None) -> Manifest:
         rows = csv.reader(io.StringIO(text))
-        header = next(rows, None)
-        if header is None or tuple(h.strip() for h in header) != CSV_HEADER:
-            raise ManifestError(f"CSV header must be {','.join(CSV_HEADER)}", path=source, entry=1)
-        shards = []
-        for lineno, row in enumerate(rows, start=2):
-            if not row:
-                continue
-            if len(row) != 4:
+        entries: list[dict[str, Any]] = []
+        lines: list[int] = []
+        try:
+            header = next(rows, None)
+            if header is None or tuple(h.strip() for h in header) != CSV_HEADER:
                 raise ManifestError(
-                    f"line {lineno}: expected 4 columns, got {len(row)}", path=source, entry=lineno
+                    f"line 1: CSV header must be {','.join(CSV_HEADER)}", path=source
                 )
-            try:
-                raw = {
-                    "url": row[0],
-                    "size": int(row[1]),
-                    "nsamples": int(row[2]),
-                    "checksum": row[3],
-                }
-            except ValueError:
-                raise ManifestError(
-                    f"line {lineno}: size and nsamples must be integers", path=source, entry=lineno
-                ) from None
-            shards.append(_check_entry(raw, source, lineno))
-        algos = {split_checksum(s.checksum)[0] for s in shards} or {"sha256"}
-        if len(algos) > 1:
-            raise ManifestError(f"mixes checksum algorithms {sorted(algos)}", path=source)
-        return cls(shards=shards, checksum_algorithm=algos.pop(), base=base)
+            for row in rows:
+                if row:
+                    entries.append(csv_entry(row, source, len(entries), rows.line_num))
+                    lines.append(rows.line_num)
+        except csv.Error as exc:
+            raise ManifestError(f"line {rows.line_num}: bad CSV: {exc}", path=source) from None
+        algo = split_checksum(entries[0]["checksum"])[0] if entries else "sha256"
+        check_shards(entries, source, algo, lines)
+        shards = [ShardEntry(**e) for e in entries]
+        return cls(shards=shards, checksum_algorithm=algo, base=dirname(source) if source else None)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Manifest:
@@ -334,9 +270,9 @@ class Manifest:
 
     def rebase(self, url: str, new_base: str | None) -> str:
         """Express ``url`` (relative to this manifest) relative to ``new_base`` if it can."""
-        if self.base is None or new_base is None or self.base == new_base or _is_abs(url):
+        if self.base is None or new_base is None or self.base == new_base or is_absolute(url):
             return url
-        full = _join(self.base, url)
+        full = join(self.base, url)
         prefix = new_base.rstrip("/") + "/"
         return full[len(prefix) :] if full.startswith(prefix) else full
 
@@ -344,80 +280,6 @@ class Manifest:
     def resolve(self, url: str, *, allow_unsafe_urls: bool = False) -> str:
         """The absolute url or path of a shard url (see :func:`resolve_url`)."""
         return resolve_url(self.base, url, allow_unsafe_urls=allow_unsafe_urls)
-
-
-def _is_abs(url: str) -> bool:
-    return "://" in url or url.startswith(("/", "pipe:"))
-
-
-def _dirname(source: str) -> str:
-    if "://" in source:
-        parts = urlsplit(source)
-        return parts._replace(path=posixpath.dirname(parts.path), query="", fragment="").geturl()
-    return os.path.dirname(os.path.abspath(source))
-
-
-def _join(base: str, url: str) -> str:
-    if "://" in base:
-        parts = urlsplit(base)
-        path = posixpath.normpath(posixpath.join(parts.path or "/", url))
-        return parts._replace(path=path).geturl()
-    return os.path.normpath(os.path.join(base, url))
-
-
-def resolve_url(base: str | None, url: str, *, allow_unsafe_urls: bool = False) -> str:
-    """Resolve a manifest's shard ``url`` against ``base`` (the manifest's directory).
-
-    Refused unless ``allow_unsafe_urls``: ``pipe:`` urls (a manifest must never make
-    shardkit run a command) and any url that resolves outside ``base`` (``../..``,
-    ``file:///etc/...``, another host). Raises :class:`ManifestError`.
-    """
-    if url.startswith("pipe:"):
-        if not allow_unsafe_urls:
-            raise ManifestError(
-                f"refusing url {url!r}: a manifest may not run commands "
-                "(pass allow_unsafe_urls=True in code to allow it)",
-                field="url",
-            )
-        return url
-    if base is None:
-        return url
-    target = url
-    if url.startswith("file://"):
-        target = unquote(urlsplit(url).path)
-    full = target if _is_abs(target) else _join(base, target)
-    if "://" not in base and "://" not in full:
-        full = os.path.normpath(full)
-    prefix = base.rstrip("/") + "/"
-    if not allow_unsafe_urls and not full.startswith(prefix):
-        raise ManifestError(
-            f"refusing url {url!r}: it resolves to {full!r}, outside the "
-            f"manifest's base {base!r} (pass allow_unsafe_urls=True to allow "
-            "it)",
-            field="url",
-        )
-    return full
-
-
-_BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}")
-
-
-def expand_braces(pattern: str) -> list[str]:
-    """Expand ``data-{000000..000099}.tar`` into the list of names (zero padding kept)."""
-    m = _BRACE.search(pattern)
-    if m is None:
-        if "{" in pattern or "}" in pattern:
-            raise ConfigError(f"bad brace pattern {pattern!r}: use {{000000..000099}}")
-        return [pattern]
-    lo, hi = m.group(1), m.group(2)
-    if int(hi) < int(lo):
-        raise ConfigError(f"bad brace pattern {pattern!r}: {hi} < {lo}")
-    width = len(lo) if lo.startswith("0") else 0
-    head, tail = pattern[: m.start()], pattern[m.end() :]
-    out: list[str] = []
-    for i in range(int(lo), int(hi) + 1):
-        out.extend(head + str(i).zfill(width) + rest for rest in expand_braces(tail))
-    return out
 
 
 def atomic_write(path: str, data: bytes | Iterable[bytes]) -> None:

@@ -36,7 +36,7 @@ def parse_size(value: int | float | str) -> int:
             raise ConfigError(f"size must not be negative: {value}")
         return value
     if isinstance(value, float):
-        if value < 0 or value != value:
+        if not 0 <= value < float("inf"):  # also refuses NaN
             raise ConfigError(f"not a size: {value!r}")
         return int(value)
     m = _SIZE_RE.match(str(value))
@@ -48,7 +48,7 @@ def parse_size(value: int | float | str) -> int:
     unit = m.group(2).upper()
     if unit not in _UNITS:
         raise ConfigError(f"unknown size unit {m.group(2)!r} in {value!r}")
-    return int(float(m.group(1)) * _UNITS[unit])
+    return parse_size(float(m.group(1)) * _UNITS[unit])
 
 
 def format_bytes(n: float) -> str:

@@ -127,17 +127,50 @@ class ShardWriter:
         return self.manifest.shards
 
     def write(self, sample: Mapping[str, Any]) -> None:
-        """Add one sample: ``{"__key__": key, field: value, ...}``."""
+        """Add one sample: ``{"__key__": key, field: value, ...}``.
+
+        Fields whose name starts with ``__`` are metadata and not written. A sample that
+        raises :class:`WriterError` (bad key or field, a value its codec cannot encode, a
+        key already in this shard) leaves the writer as it was.
+        """
         if self._closed:
             raise WriterError("write() on a closed ShardWriter")
         key = sample.get("__key__")
         check_key(key)  # type: ignore[arg-type]
-        assert isinstance(key, str)
+        pieces, size, sizes = self._encode(str(key), sample)
+        if self._file is not None and (
+            self._offset + size + len(END_OF_ARCHIVE) > self.maxsize
+            or (self.maxcount is not None and len(self._offsets) >= self.maxcount)
+        ):
+            self._finish_shard()
+        if self._file is not None and key in self._keys:
+            raise WriterError(f"sample key {key!r} appears twice in shard {self._shard_name()}")
+        if self._file is None:
+            self._open_shard()
+        self._keys.add(str(key))
+        self._offsets.append(self._offset)
+        self._offset += size
+        self._pending.extend(pieces)
+        self._pending_size += size
+        stats = self.manifest.fields
+        for field, nbytes in sizes.items():
+            st = stats.setdefault(field, {"count": 0, "bytes": 0})
+            st["count"] += 1
+            st["bytes"] += nbytes
+        if self._pending_size >= _FLUSH:
+            self._flush()
+
+    @staticmethod
+    def _encode(
+        key: str, sample: Mapping[str, Any]
+    ) -> tuple[list[bytes | bytearray | memoryview], int, dict[str, int]]:
+        """The tar pieces of one sample, their total size, and each field's payload size."""
         pieces: list[bytes | bytearray | memoryview] = []
         size = 0
-        nfields = 0
-        stats = self.manifest.fields
+        sizes: dict[str, int] = {}
         for field, value in sample.items():
+            if not isinstance(field, str):
+                raise WriterError(f"sample {key!r}: field names must be strings, got {field!r}")
             if field.startswith("__"):
                 continue
             check_field(key, field)
@@ -149,30 +182,10 @@ class ShardWriter:
             if pad:
                 pieces.append(pad)
             size += len(header) + len(data) + len(pad)
-            nfields += 1
-            st = stats.get(field)
-            if st is None:
-                st = stats[field] = {"count": 0, "bytes": 0}
-            st["count"] += 1
-            st["bytes"] += len(data)
-        if not nfields:
+            sizes[field] = len(data)
+        if not sizes:
             raise WriterError(f"sample {key!r} has no fields")
-        if self._file is not None and (
-            self._offset + size + len(END_OF_ARCHIVE) > self.maxsize
-            or (self.maxcount is not None and len(self._offsets) >= self.maxcount)
-        ):
-            self._finish_shard()
-        if self._file is None:
-            self._open_shard()
-        if key in self._keys:
-            raise WriterError(f"sample key {key!r} appears twice in shard {self._shard_name()}")
-        self._keys.add(key)
-        self._offsets.append(self._offset)
-        self._offset += size
-        self._pending.extend(pieces)
-        self._pending_size += size
-        if self._pending_size >= _FLUSH:
-            self._flush()
+        return pieces, size, sizes
 
     def next_shard(self) -> None:
         """Finish the shard being written now (if any); the next sample starts a new one."""
@@ -190,14 +203,15 @@ class ShardWriter:
 
     def abort(self) -> None:
         """Drop the shard being written (its temp file) and keep the finished ones."""
-        if self._file is not None:
-            try:
+        try:
+            if self._file is not None:
                 self._file.close()
-            finally:
-                self._file = None
-                if self._tmp_path is not None:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(self._tmp_path)
+        finally:
+            self._file = None
+            if self._tmp_path is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._tmp_path)
+                self._tmp_path = None
         self._pending = []
         self._pending_size = 0
         if not self._closed:

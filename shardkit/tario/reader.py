@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 from collections.abc import Iterator
 from typing import BinaryIO
 
 from shardkit.errors import ShardFormatError
+from shardkit.tario.headers import parse_number, parse_pax, ustar_name
+from shardkit.tario.names import name_problem
 
 __all__ = ["TarReader", "iter_members", "iter_samples", "read_shard", "split_key"]
 
 BLOCK = 512
 _ZERO = b"\0" * BLOCK
-_CHUNK = 1 << 20
+_CHUNK = 1 << 20  # buffered read size, and the largest read of a stream of unknown size
 _PIECE = 64 << 20  # large members are read in pieces of this size
 _MAX_META = 1 << 20  # pax / GNU long-name records larger than this are hostile
 _REGULAR = (b"0", b"\0", b"7")
@@ -44,42 +47,6 @@ def split_key(name: str) -> tuple[str, str] | None:
     return name[:dot], name[dot + 1 :]
 
 
-def _parse_octal(field: bytes) -> int:
-    if field[:1] and field[0] & 0x80:  # GNU base-256
-        return int.from_bytes(field[1:], "big")
-    text = field.split(b"\0", 1)[0].strip(b" ")
-    return int(text, 8) if text else 0
-
-
-def _parse_pax(data: bytes, url: str, offset: int) -> dict[str, str]:
-    out: dict[str, str] = {}
-    pos = 0
-    while pos < len(data):
-        if data[pos] == 0:
-            break
-        sp = data.find(b" ", pos)
-        try:
-            length = int(data[pos:sp])
-        except ValueError:
-            raise ShardFormatError("malformed pax header record", url=url, offset=offset) from None
-        if sp < 0 or length <= 0 or pos + length > len(data):
-            raise ShardFormatError("malformed pax header record", url=url, offset=offset)
-        rec = data[sp + 1 : pos + length - 1]
-        k, eq, v = rec.partition(b"=")
-        if not eq:
-            raise ShardFormatError("malformed pax header record", url=url, offset=offset)
-        out[k.decode("utf-8", "replace")] = v.decode("utf-8", "surrogateescape")
-        pos += length
-    return out
-
-
-def _check_name(name: str, url: str, offset: int) -> None:
-    if not name or name.startswith("/") or (len(name) > 1 and name[1] == ":"):
-        raise ShardFormatError(f"member {name!r} has an absolute path", url=url, offset=offset)
-    if "\\" in name or ".." in name.split("/"):
-        raise ShardFormatError(f"member {name!r} escapes its directory", url=url, offset=offset)
-
-
 class TarReader:
     """Iterate the regular members of a tar stream.
 
@@ -89,8 +56,14 @@ class TarReader:
         start: the absolute byte offset ``f`` is positioned at.
         end: stop before this absolute offset (a sample-range read); None reads to the
             end-of-archive marker, which must be present.
-        size: the stream's total size when known; a member claiming bytes past it is
-            rejected before anything is read.
+        size: the stream's total size when known (found with ``fstat`` for plain files);
+            a member claiming bytes past it is rejected before anything is read. When
+            the size is unknown, reads are bounded pieces, so a false claim costs memory
+            only for the bytes really there.
+
+    Errors name the header block at fault: :attr:`ShardFormatError.offset` is the start
+    of the (extended) header of the bad or truncated member, of a partial header, or
+    where an end-of-archive marker was expected.
     """
 
     def __init__(
@@ -105,53 +78,56 @@ class TarReader:
         self.f = f
         self.url = url
         self.end = end
-        self.size = size if size is not None else _stream_size(f, start)
+        self.size = size if size is not None else _stream_size(f)
         self._buf = b""
         self._pos = 0
         self._base = start  # absolute offset of _buf[0]
         self.member_offset = start  # where the last member (with its pax headers) began
+        self.end_offset: int | None = None  # the end-of-archive marker (or ``end``), once met
 
     @property
     def offset(self) -> int:
         """The absolute offset of the next unread byte."""
         return self._base + self._pos
 
+    def _read(self, n: int, at: int) -> bytes:
+        if self.size is None:
+            n = min(n, _CHUNK)  # never trust a claim to size a read
+        try:
+            return self.f.read(n)
+        except OSError as exc:
+            raise ShardFormatError(f"read failed: {exc}", url=self.url, offset=at) from exc
+
     def _fill(self, need: int) -> bool:
-        """Make ``need`` bytes available at _pos; False at a clean end of stream."""
+        """Make ``need`` bytes available at _pos; False when the stream ends first."""
         avail = len(self._buf) - self._pos
         if avail >= need:
             return True
         parts = [self._buf[self._pos :]] if avail else []
         self._base += self._pos
         self._pos = 0
-        want = max(need, _CHUNK) - avail
-        while want > 0:
-            try:
-                data = self.f.read(want)
-            except OSError as exc:
-                raise ShardFormatError(
-                    f"read failed: {exc}", url=self.url, offset=self._base + avail
-                ) from exc
+        while avail < need:
+            data = self._read(max(need, _CHUNK) - avail, self._base + avail)
             if not data:
                 break
             parts.append(data)
             avail += len(data)
-            want -= len(data)
-            if avail >= need:
-                break
         self._buf = b"".join(parts) if len(parts) != 1 else parts[0]
         return avail >= need
 
-    def _take(self, n: int, what: str) -> bytes:
-        """Return the next ``n`` bytes; raise when the stream ends first."""
+    def _truncated(self, what: str, n: int, at: int) -> ShardFormatError:
+        return ShardFormatError(
+            f"truncated: {what} needs {n} bytes, the data ends at byte "
+            f"{self._base + len(self._buf)}",
+            url=self.url,
+            offset=at,
+        )
+
+    def _take(self, n: int, what: str, at: int) -> bytes:
+        """Return the next ``n`` bytes; raise naming header offset ``at`` if they run out."""
         if n <= _PIECE:
             if not self._fill(n):
-                raise ShardFormatError(
-                    f"truncated: {what} needs {n} bytes, the data ends at byte "
-                    f"{self._base + len(self._buf)}",
-                    url=self.url,
-                    offset=self.offset,
-                )
+                raise self._truncated(what, n, at)
             p = self._pos
             self._pos = p + n
             return self._buf[p : p + n]
@@ -159,132 +135,132 @@ class TarReader:
         left = n
         while left:
             piece = min(left, _PIECE)
-            pieces.append(self._take(piece, what))
+            pieces.append(self._take(piece, what, at))
             left -= piece
         return b"".join(pieces)
 
-    def _skip(self, n: int, what: str) -> None:
-        if n > _CHUNK and len(self._buf) - self._pos < n and hasattr(self.f, "seek"):
-            try:
-                avail = len(self._buf) - self._pos
-                self.f.seek(n - avail, io.SEEK_CUR)
-                self._base += len(self._buf) + (n - avail)
-                self._buf = b""
-                self._pos = 0
-                return
-            except (OSError, io.UnsupportedOperation):
-                pass
+    def _skip(self, n: int, what: str, at: int) -> None:
+        avail = len(self._buf) - self._pos
+        seekable = getattr(self.f, "seekable", None)
+        if n > avail and self.size is not None and seekable is not None and seekable():
+            self.f.seek(n - avail, io.SEEK_CUR)
+            self._base += len(self._buf) + (n - avail)
+            self._buf = b""
+            self._pos = 0
+            return
         while n:
-            piece = min(n, _PIECE)
-            self._take(piece, what)
+            piece = min(n, _CHUNK)
+            self._take(piece, what, at)
             n -= piece
 
-    def _member_data(self, size: int, offset: int, name: str) -> bytes:
+    def _check_claim(self, size: int, at: int, name: str) -> None:
         if self.size is not None and self.offset + size > self.size:
             raise ShardFormatError(
                 f"member {name!r} claims {size} bytes, past the end of the data "
                 f"({self.size} bytes)",
                 url=self.url,
-                offset=offset,
+                offset=at,
             )
-        data = self._take(size, f"member {name!r}")
+
+    def _member_data(self, size: int, at: int, name: str) -> bytes:
+        self._check_claim(size, at, name)
+        what = f"member {name!r}"
+        data = self._take(size, what, at)
         pad = (-size) % BLOCK
         if pad:
             if not self._fill(pad):
-                raise ShardFormatError(
-                    f"truncated inside the padding of member {name!r}",
-                    url=self.url,
-                    offset=self.offset,
-                )
+                raise self._truncated(f"the padding of {what}", pad, at)
             self._pos += pad
         return data
 
     def __iter__(self) -> Iterator[tuple[str, bytes]]:
         return self.members()
 
+    def _header(self, off: int, in_member: bool) -> bytes | None:
+        """The next header block, or None at a clean end (end-of-archive or ``end``)."""
+        if not self._fill(BLOCK):
+            if len(self._buf) - self._pos:
+                raise ShardFormatError(
+                    "truncated: partial tar header at the end of the data", url=self.url, offset=off
+                )
+            if in_member:
+                raise ShardFormatError(
+                    "truncated: the data ends after an extended header", url=self.url, offset=off
+                )
+            if self.end is None:
+                raise ShardFormatError(
+                    "truncated: the data ends without an end-of-archive marker",
+                    url=self.url,
+                    offset=off,
+                )
+            raise ShardFormatError(
+                f"truncated: the data ends at byte {off}, before byte {self.end}",
+                url=self.url,
+                offset=off,
+            )
+        p = self._pos
+        hdr = self._buf[p : p + BLOCK]
+        self._pos = p + BLOCK
+        if hdr == _ZERO:
+            if in_member:
+                raise ShardFormatError(
+                    "end-of-archive inside an extended header", url=self.url, offset=off
+                )
+            self.end_offset = off
+            return None
+        return hdr
+
+    def _size_of(self, hdr: bytes, off: int) -> int:
+        stored = hdr[148:156]
+        try:
+            if parse_number(stored) != sum(hdr) - sum(stored) + 256:
+                raise ValueError("checksum")
+        except ValueError:
+            raise ShardFormatError(
+                "not a tar header (bad header checksum)", url=self.url, offset=off
+            ) from None
+        try:
+            return parse_number(hdr[124:136])
+        except ValueError:
+            raise ShardFormatError(
+                f"bad size field {bytes(hdr[124:136])!r}", url=self.url, offset=off
+            ) from None
+
     def members(self) -> Iterator[tuple[str, bytes]]:
         """Yield ``(name, data)`` for each regular file; ``member_offset`` is its start."""
         url = self.url
-        end = self.end
         long_name: str | None = None
         pax: dict[str, str] = {}
-        start_of_member: int | None = None
+        first: int | None = None  # offset of the current member's first (extended) header
         while True:
             off = self._base + self._pos
-            if end is not None and off >= end and start_of_member is None:
+            if self.end is not None and off >= self.end and first is None:
+                self.end_offset = off
                 return
-            if not self._fill(BLOCK):
-                if len(self._buf) - self._pos:
-                    raise ShardFormatError(
-                        "truncated: partial tar header at the end of the data",
-                        url=url,
-                        offset=off,
-                    )
-                if end is None or start_of_member is not None:
-                    raise ShardFormatError(
-                        "truncated: the data ends without an end-of-archive marker",
-                        url=url,
-                        offset=off,
-                    )
-                if off < end:
-                    raise ShardFormatError(
-                        f"truncated: the data ends at byte {off}, before byte {end}",
-                        url=url,
-                        offset=off,
-                    )
+            hdr = self._header(off, first is not None)
+            if hdr is None:
                 return
-            p = self._pos
-            hdr = self._buf[p : p + BLOCK]
-            self._pos = p + BLOCK
-            if hdr == _ZERO:
-                if start_of_member is not None:
-                    raise ShardFormatError(
-                        "end-of-archive inside an extended header", url=url, offset=off
-                    )
-                return
-            stored = hdr[148:156]
-            chk = sum(hdr) - sum(stored) + 256
-            try:
-                if _parse_octal(stored) != chk:
-                    raise ValueError
-                size = _parse_octal(hdr[124:136])
-            except ValueError:
-                raise ShardFormatError(
-                    "not a tar header (bad header checksum)", url=url, offset=off
-                ) from None
-            if start_of_member is None:
-                start_of_member = off
+            size = self._size_of(hdr, off)
+            if first is None:
+                first = off
             typeflag = hdr[156:157]
             if typeflag in _REGULAR:
-                if long_name is not None:
-                    name = long_name
-                elif "path" in pax:
-                    name = pax["path"]
-                else:
-                    nul = hdr.find(b"\0", 0, 100)
-                    raw = hdr[: nul if nul >= 0 else 100]
-                    if hdr[257:263] == b"ustar\x00" and hdr[345] != 0:
-                        nul = hdr.find(b"\0", 345, 500)
-                        raw = hdr[345 : nul if nul >= 0 else 500] + b"/" + raw
-                    name = raw.decode("utf-8", "surrogateescape")
-                if pax and "size" in pax:
-                    try:
-                        size = int(pax["size"])
-                    except ValueError:
-                        raise ShardFormatError(
-                            "pax size is not a number", url=url, offset=off
-                        ) from None
-                _check_name(name, url, start_of_member)
-                self.member_offset = start_of_member
-                data = self._member_data(size, off, name)
-                long_name = None
-                if pax:
-                    pax = {}
-                start_of_member = None
+                name = long_name if long_name is not None else pax.get("path") or ustar_name(hdr)
+                if "size" in pax:
+                    if not pax["size"].isdigit():
+                        raise ShardFormatError("pax size is not a number", url=url, offset=first)
+                    size = int(pax["size"])
+                problem = name_problem(name)
+                if problem is not None:
+                    raise ShardFormatError(f"member {name!r} {problem}", url=url, offset=first)
+                self.member_offset = first
+                data = self._member_data(size, first, name)
+                long_name, pax, first = None, {}, None
                 yield name, data
             elif typeflag == b"5":
-                self._skip(size + (-size) % BLOCK, "directory")
-                long_name, pax, start_of_member = None, {}, None
+                self._check_claim(size, off, "<directory>")
+                self._skip(size + (-size) % BLOCK, "directory", off)
+                long_name, pax, first = None, {}, None
             elif typeflag in (b"x", b"L", b"g", b"K"):
                 if size > _MAX_META:
                     raise ShardFormatError(
@@ -292,11 +268,13 @@ class TarReader:
                     )
                 data = self._member_data(size, off, "<extended header>")
                 if typeflag == b"x":
-                    pax.update(_parse_pax(data, url, off))
+                    pax.update(parse_pax(data, url, off))
                 elif typeflag == b"L":
                     long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-                elif typeflag == b"g" and start_of_member == off:
-                    start_of_member = None
+                elif typeflag == b"g":
+                    parse_pax(data, url, off)  # checked, but global records change nothing
+                    if first == off:
+                        first = None
             elif typeflag in _REJECT:
                 raise ShardFormatError(
                     f"member is a {_REJECT[typeflag]}; shards may hold only regular files",
@@ -309,7 +287,7 @@ class TarReader:
                 )
 
 
-def _stream_size(f: BinaryIO, start: int) -> int | None:
+def _stream_size(f: BinaryIO) -> int | None:
     try:
         fileno = f.fileno()
     except (OSError, AttributeError, io.UnsupportedOperation):
@@ -318,8 +296,6 @@ def _stream_size(f: BinaryIO, start: int) -> int | None:
         st = os.fstat(fileno)
     except OSError:
         return None
-    import stat
-
     return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
@@ -344,26 +320,24 @@ def iter_samples(
     dot carry no field and are skipped (as WebDataset does).
     """
     reader = TarReader(f, url=url, start=start, end=end, size=size)
-    current: Sample | None = None
-    key: str | None = None
+    current: Sample = {}
     sample_offset = start
     for name, data in reader.members():
         kf = split_key(name)
         if kf is None:
             continue
         k, field = kf
-        if k != key:
-            if current is not None:
+        if not current or k != current["__key__"]:
+            if current:
                 yield sample_offset, current
-            key = k
             current = {"__key__": k}
             sample_offset = reader.member_offset
-        elif field in current:  # type: ignore[operator]
+        elif field in current:
             raise ShardFormatError(
                 f"sample {k!r} has field {field!r} twice", url=url, offset=reader.member_offset
             )
-        current[field] = data  # type: ignore[index]
-    if current is not None:
+        current[field] = data
+    if current:
         yield sample_offset, current
 
 
@@ -378,7 +352,8 @@ def read_shard(
 
     Each sample is a dict with ``__key__`` and one ``bytes`` value per field. A path ending
     in ``.zst`` is decompressed on the fly. ``start``/``end`` read a byte range (a sample
-    range taken from the shard's index).
+    range taken from the shard's index; offsets in the decompressed tar for ``.zst``): a
+    path is opened there, a stream must already be positioned at ``start``.
     """
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
@@ -409,7 +384,7 @@ def _read_path(path: str, url: str, start: int, end: int | None) -> Iterator[Sam
 
 def _discard(f: BinaryIO, n: int) -> None:
     while n:
-        got = f.read(min(n, _PIECE))
+        got = f.read(min(n, _CHUNK))
         if not got:
             return
         n -= len(got)

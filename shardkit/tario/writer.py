@@ -7,8 +7,17 @@ byte-identical shards.
 from __future__ import annotations
 
 from shardkit.errors import WriterError
+from shardkit.tario.names import key_problem
 
-__all__ = ["BLOCK", "END_OF_ARCHIVE", "TarBuilder", "check_key", "member_header"]
+__all__ = [
+    "BLOCK",
+    "END_OF_ARCHIVE",
+    "TarBuilder",
+    "check_field",
+    "check_key",
+    "member_header",
+    "padding",
+]
 
 BLOCK = 512
 END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
@@ -92,29 +101,21 @@ def check_key(key: str) -> None:
     """Raise :class:`WriterError` unless ``key`` round-trips through a tar member name."""
     if not isinstance(key, str) or not key:
         raise WriterError(f"sample key must be a non-empty string, got {key!r}")
-    if "\0" in key or "\\" in key:
-        raise WriterError(f"sample key {key!r} holds a NUL or backslash")
-    if key.startswith("/") or key.endswith("/"):
-        raise WriterError(f"sample key {key!r} must not start or end with '/'")
-    parts = key.split("/")
-    if any(p in ("", ".", "..") for p in parts):
-        raise WriterError(f"sample key {key!r} has an empty, '.' or '..' path part")
-    if "." in parts[-1]:
-        raise WriterError(
-            f"sample key {key!r} has a '.' in its last part; readers split keys at the first dot"
-        )
-    try:
-        key.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise WriterError(f"sample key {key!r} is not valid UTF-8") from exc
+    problem = key_problem(key)
+    if problem is not None:
+        raise WriterError(f"sample key {key!r} {problem}")
 
 
 def check_field(key: str, field: str) -> None:
     """Raise :class:`WriterError` unless ``field`` is a usable field (extension) name."""
-    if not isinstance(field, str) or not field or "/" in field or "\0" in field:
+    if not isinstance(field, str) or not field or "/" in field or "\0" in field or "\\" in field:
         raise WriterError(f"sample {key!r}: bad field name {field!r}")
     if field.startswith(".") or field.endswith("."):
         raise WriterError(f"sample {key!r}: field {field!r} must not start or end with '.'")
+    try:
+        field.encode("utf-8")
+    except UnicodeEncodeError:
+        raise WriterError(f"sample {key!r}: field {field!r} is not valid UTF-8") from None
 
 
 class TarBuilder:

@@ -1,0 +1,188 @@
+"""Validation of manifest data: every rule a loaded manifest must pass.
+
+The functions take parsed JSON (or CSV rows) and raise :class:`ManifestError` naming the
+manifest, the entry (and CSV line) and the field. ``manifests/manifest.schema.json`` says
+the same in JSON Schema; the cross-entry rules (one algorithm, no url twice, totals that
+add up) are checked here only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from shardkit.checksum import ALGORITHMS, split_checksum
+from shardkit.errors import ConfigError, ManifestError
+
+__all__ = [
+    "CSV_HEADER",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "check_entry",
+    "check_fields",
+    "check_shards",
+    "check_top",
+    "csv_entry",
+    "is_count",
+]
+
+FORMAT_NAME = "shardkit.manifest"
+FORMAT_VERSION = 1
+CSV_HEADER = ("url", "size", "nsamples", "checksum")
+
+
+def csv_entry(row: list[str], source: str | None, i: int, line: int) -> dict[str, Any]:
+    """Validate one CSV data row (at ``line``) as entry ``i``."""
+    if len(row) != len(CSV_HEADER):
+        raise ManifestError(
+            f"line {line}: expected {len(CSV_HEADER)} columns, got {len(row)}",
+            path=source,
+            entry=i,
+        )
+    raw: dict[str, Any] = dict(zip(CSV_HEADER, row, strict=True))
+    for name in ("size", "nsamples"):
+        text = raw[name].strip()
+        if not text.isdigit():
+            raise ManifestError(
+                f"line {line}: must be a non-negative integer, got {raw[name]!r}",
+                path=source,
+                entry=i,
+                field=name,
+            )
+        raw[name] = int(text)
+    return check_entry(raw, source, i, line=line)
+
+
+_ENTRY_KEYS = frozenset({"url", "size", "nsamples", "checksum", "index"})
+_TOP_KEYS = frozenset(
+    {
+        "format",
+        "version",
+        "checksum_algorithm",
+        "total_samples",
+        "total_bytes",
+        "fields",
+        "created",
+        "part",
+        "shards",
+    }
+)
+
+
+def is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def check_entry(raw: Any, path: str | None, i: int, *, line: int | None = None) -> dict[str, Any]:
+    """Validate one shard entry; errors name entry ``i`` (and the CSV ``line``)."""
+
+    def bad(msg: str, name: str | None = None) -> ManifestError:
+        return ManifestError(f"line {line}: {msg}" if line else msg, path=path, entry=i, field=name)
+
+    if not isinstance(raw, dict):
+        raise bad("shard entry must be an object")
+    unknown = set(raw) - _ENTRY_KEYS
+    if unknown:
+        raise bad(f"unknown keys {sorted(unknown)}")
+    for name in ("url", "checksum"):
+        v = raw.get(name)
+        if not isinstance(v, str) or not v or "\0" in v:
+            raise bad(f"missing or not a non-empty string: {v!r}", name)
+    for name in ("size", "nsamples"):
+        v = raw.get(name)
+        if not is_count(v):
+            raise bad(f"must be a non-negative integer, got {v!r}", name)
+    try:
+        split_checksum(raw["checksum"])
+    except ConfigError as exc:
+        raise bad(str(exc), "checksum") from None
+    index = raw.get("index")
+    if index is not None and (not isinstance(index, str) or not index or "\0" in index):
+        raise bad(f"must be a non-empty string, got {index!r}", "index")
+    return {k: raw[k] for k in ("url", "size", "nsamples", "checksum")} | {"index": index}
+
+
+def check_fields(raw: Any, path: str | None) -> dict[str, dict[str, int]]:
+    if not isinstance(raw, dict):
+        raise ManifestError("must be an object", path=path, field="fields")
+    for name, st in raw.items():
+        if not (
+            isinstance(st, dict)
+            and set(st) == {"count", "bytes"}
+            and all(is_count(v) for v in st.values())
+        ):
+            raise ManifestError(
+                f"field {name!r} must be {{'count': n, 'bytes': n}}, got {st!r}",
+                path=path,
+                field="fields",
+            )
+    return {k: dict(v) for k, v in raw.items()}
+
+
+def check_top(raw: dict[str, Any], path: str | None) -> None:
+    """Validate everything but the shard list and the fields."""
+    if raw.get("format") != FORMAT_NAME:
+        raise ManifestError(
+            f"not a shardkit manifest (format={raw.get('format')!r})", path=path, field="format"
+        )
+    version = raw.get("version")
+    if version != FORMAT_VERSION or isinstance(version, bool):
+        raise ManifestError(
+            f"manifest version {version!r} is not supported (this shardkit reads "
+            f"version {FORMAT_VERSION}); upgrade shardkit",
+            path=path,
+            field="version",
+        )
+    unknown = set(raw) - _TOP_KEYS
+    if unknown:
+        raise ManifestError(f"unknown keys {sorted(unknown)}", path=path)
+    algo = raw.get("checksum_algorithm", "sha256")
+    if algo not in ALGORITHMS:
+        raise ManifestError(
+            f"unknown checksum algorithm {algo!r}", path=path, field="checksum_algorithm"
+        )
+    for name in ("total_samples", "total_bytes"):
+        if name in raw and not is_count(raw[name]):
+            raise ManifestError(
+                f"must be a non-negative integer, got {raw[name]!r}", path=path, field=name
+            )
+    if not isinstance(raw.get("created", {}), dict):
+        raise ManifestError("must be an object", path=path, field="created")
+    part = raw.get("part")
+    if part is not None and not (
+        isinstance(part, dict)
+        and set(part) == {"index", "count"}
+        and is_count(part["index"])
+        and is_count(part["count"])
+        and part["index"] < part["count"]
+    ):
+        raise ManifestError(
+            f"must be {{'index': i, 'count': n}} with 0 <= i < n, got {part!r}",
+            path=path,
+            field="part",
+        )
+
+
+def check_shards(
+    shards: Sequence[dict[str, Any]], path: str | None, algo: str, lines: list[int] | None = None
+) -> None:
+    """Cross-entry rules: one checksum algorithm, no url listed twice."""
+    seen: dict[str, int] = {}
+    for i, s in enumerate(shards):
+        where = f"line {lines[i]}: " if lines else ""
+        url, checksum = s["url"], s["checksum"]
+        if not checksum.startswith(algo + ":"):
+            raise ManifestError(
+                f"{where}checksum {checksum[:20]}... is not {algo}",
+                path=path,
+                entry=i,
+                field="checksum",
+            )
+        if url in seen:
+            raise ManifestError(
+                f"{where}url {url!r} is listed twice (also entry {seen[url]})",
+                path=path,
+                entry=i,
+                field="url",
+            )
+        seen[url] = i

@@ -1,0 +1,111 @@
+"""Shard urls in manifests: resolving them safely against the manifest's base, brace patterns.
+
+A manifest is data, and data must never make shardkit run a command or read outside the
+data set: :func:`resolve_url` refuses ``pipe:`` urls and anything that lands outside the
+manifest's base unless the caller allows it in code.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from urllib.parse import unquote, urlsplit
+
+from shardkit.errors import ConfigError, ManifestError
+
+__all__ = ["dirname", "expand_braces", "is_absolute", "join", "resolve_url"]
+
+
+def is_absolute(url: str) -> bool:
+    """True for ``scheme://...``, ``/path`` and ``pipe:`` urls."""
+    return "://" in url or url.startswith(("/", "pipe:"))
+
+
+def dirname(source: str) -> str:
+    """The directory (or url "directory") that a manifest at ``source`` resolves from."""
+    if "://" in source:
+        parts = urlsplit(source)
+        return parts._replace(path=posixpath.dirname(parts.path), query="", fragment="").geturl()
+    return os.path.dirname(os.path.abspath(source))
+
+
+def join(base: str, url: str) -> str:
+    """``url`` relative to ``base`` (a directory path or url), normalised."""
+    if "://" in base:
+        parts = urlsplit(base)
+        path = posixpath.normpath(posixpath.join(parts.path or "/", url))
+        return parts._replace(path=path).geturl()
+    return os.path.normpath(os.path.join(base, url))
+
+
+def _refuse(url: str, full: str, base: str) -> ManifestError:
+    return ManifestError(
+        f"refusing url {url!r}: it resolves to {full!r}, outside the manifest's base "
+        f"{base!r} (pass allow_unsafe_urls=True in code to allow it)",
+        field="url",
+    )
+
+
+def resolve_url(base: str | None, url: str, *, allow_unsafe_urls: bool = False) -> str:
+    """Resolve a manifest's shard ``url`` against ``base`` (the manifest's directory).
+
+    Refused unless ``allow_unsafe_urls``: ``pipe:`` urls (a manifest must never make
+    shardkit run a command) and any url that resolves outside ``base`` (``../..``,
+    ``file:///etc/...``, another host, a percent-encoded ``%2e%2e``). Raises
+    :class:`ManifestError`.
+    """
+    if url.startswith("pipe:"):
+        if not allow_unsafe_urls:
+            raise ManifestError(
+                f"refusing url {url!r}: a manifest may not run commands "
+                "(pass allow_unsafe_urls=True in code to allow it)",
+                field="url",
+            )
+        return url
+    if base is None:
+        return url
+    target = url
+    if url.startswith("file://"):
+        target = unquote(urlsplit(url).path)
+    full = target if is_absolute(target) else join(base, target)
+    if "://" not in base and "://" not in full:
+        full = os.path.normpath(full)
+    if allow_unsafe_urls:
+        return full
+    prefix = base.rstrip("/") + "/"
+    if not full.startswith(prefix):
+        raise _refuse(url, full, base)
+    if "://" in full:
+        # a server decodes %2e%2e to '..': the decoded path must stay inside too
+        path, base_path = unquote(urlsplit(full).path), unquote(urlsplit(base).path)
+        if not posixpath.normpath(path).startswith(base_path.rstrip("/") + "/"):
+            raise _refuse(url, full, base)
+    return full
+
+
+_BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+MAX_EXPANSION = 10_000_000  # a pattern naming more shards than this is a typo
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """Expand ``data-{000000..000099}.tar`` into the list of names (zero padding kept)."""
+    count = 1
+    for lo, hi in _BRACE.findall(pattern):
+        count *= max(int(hi) - int(lo) + 1, 1)
+    if count > MAX_EXPANSION:
+        raise ConfigError(f"brace pattern {pattern!r} names {count} items; too many")
+    m = _BRACE.search(pattern)
+    if m is None:
+        if "{" in pattern or "}" in pattern:
+            raise ConfigError(f"bad brace pattern {pattern!r}: use {{000000..000099}}")
+        return [pattern]
+    lo, hi = m.group(1), m.group(2)
+    if int(hi) < int(lo):
+        raise ConfigError(f"bad brace pattern {pattern!r}: {hi} < {lo}")
+    width = len(lo) if lo.startswith("0") else 0
+    head, tail = pattern[: m.start()], pattern[m.end() :]
+    out: list[str] = []
+    for i in range(int(lo), int(hi) + 1):
+        out.extend(head + str(i).zfill(width) + rest for rest in expand_braces(tail))
+    return out
