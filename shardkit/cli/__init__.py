@@ -41,7 +41,10 @@ _register()
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI, mapping shardkit errors to exit 1 with one line."""
     try:
-        cli.main(args=argv, prog_name="shardkit", standalone_mode=False)
+        # without standalone mode, click returns ctx.exit(code)'s code instead of raising
+        rc = cli.main(args=argv, prog_name="shardkit", standalone_mode=False)
+        if isinstance(rc, int) and not isinstance(rc, bool) and rc:
+            sys.exit(rc)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)

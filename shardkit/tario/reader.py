@@ -176,35 +176,28 @@ class TarReader:
     def __iter__(self) -> Iterator[tuple[str, bytes]]:
         return self.members()
 
-    def _header(self, off: int, in_member: bool) -> bytes | None:
-        """The next header block, or None at a clean end (end-of-archive or ``end``)."""
+    def _header(self, off: int, first: int | None) -> bytes | None:
+        """The next header block, or None at a clean end (end-of-archive or ``end``).
+
+        ``first`` is the offset of the extended header this block must complete, if any.
+        """
         if not self._fill(BLOCK):
             if len(self._buf) - self._pos:
-                raise ShardFormatError(
-                    "truncated: partial tar header at the end of the data", url=self.url, offset=off
-                )
-            if in_member:
-                raise ShardFormatError(
-                    "truncated: the data ends after an extended header", url=self.url, offset=off
-                )
-            if self.end is None:
-                raise ShardFormatError(
-                    "truncated: the data ends without an end-of-archive marker",
-                    url=self.url,
-                    offset=off,
-                )
-            raise ShardFormatError(
-                f"truncated: the data ends at byte {off}, before byte {self.end}",
-                url=self.url,
-                offset=off,
-            )
+                why, at = "truncated: partial tar header at the end of the data", off
+            elif first is not None:
+                why, at = "truncated: the data ends after an extended header", first
+            elif self.end is None:
+                why, at = "truncated: the data ends without an end-of-archive marker", off
+            else:
+                why, at = f"truncated: the data ends at byte {off}, before byte {self.end}", off
+            raise ShardFormatError(why, url=self.url, offset=at)
         p = self._pos
         hdr = self._buf[p : p + BLOCK]
         self._pos = p + BLOCK
         if hdr == _ZERO:
-            if in_member:
+            if first is not None:
                 raise ShardFormatError(
-                    "end-of-archive inside an extended header", url=self.url, offset=off
+                    "end-of-archive right after an extended header", url=self.url, offset=first
                 )
             self.end_offset = off
             return None
@@ -237,7 +230,7 @@ class TarReader:
             if self.end is not None and off >= self.end and first is None:
                 self.end_offset = off
                 return
-            hdr = self._header(off, first is not None)
+            hdr = self._header(off, first)
             if hdr is None:
                 return
             size = self._size_of(hdr, off)
@@ -286,6 +279,35 @@ class TarReader:
                     f"unsupported tar member type {typeflag!r}", url=url, offset=off
                 )
 
+    def samples(self) -> Iterator[tuple[int, Sample]]:
+        """Yield ``(byte_offset, sample)``: consecutive members sharing a key, grouped.
+
+        A sample is ``{"__key__": key, field: bytes, ...}``; members whose basename has no
+        dot carry no field and are skipped (as WebDataset does). A field twice in one
+        sample is a :class:`ShardFormatError`.
+        """
+        current: Sample = {}
+        sample_offset = self.member_offset
+        for name, data in self.members():
+            kf = split_key(name)
+            if kf is None:
+                continue
+            k, field = kf
+            if not current or k != current["__key__"]:
+                if current:
+                    yield sample_offset, current
+                current = {"__key__": k}
+                sample_offset = self.member_offset
+            elif field in current:
+                raise ShardFormatError(
+                    f"sample {k!r} has field {field!r} twice",
+                    url=self.url,
+                    offset=self.member_offset,
+                )
+            current[field] = data
+        if current:
+            yield sample_offset, current
+
 
 def _stream_size(f: BinaryIO) -> int | None:
     try:
@@ -314,31 +336,8 @@ def iter_samples(
     end: int | None = None,
     size: int | None = None,
 ) -> Iterator[tuple[int, Sample]]:
-    """Yield ``(byte_offset, sample)``: consecutive members sharing a key, grouped.
-
-    A sample is ``{"__key__": key, field: bytes, ...}``; members whose basename has no
-    dot carry no field and are skipped (as WebDataset does).
-    """
-    reader = TarReader(f, url=url, start=start, end=end, size=size)
-    current: Sample = {}
-    sample_offset = start
-    for name, data in reader.members():
-        kf = split_key(name)
-        if kf is None:
-            continue
-        k, field = kf
-        if not current or k != current["__key__"]:
-            if current:
-                yield sample_offset, current
-            current = {"__key__": k}
-            sample_offset = reader.member_offset
-        elif field in current:
-            raise ShardFormatError(
-                f"sample {k!r} has field {field!r} twice", url=url, offset=reader.member_offset
-            )
-        current[field] = data
-    if current:
-        yield sample_offset, current
+    """Yield ``(byte_offset, sample)`` of a tar stream (see :meth:`TarReader.samples`)."""
+    return TarReader(f, url=url, start=start, end=end, size=size).samples()
 
 
 def read_shard(

@@ -1,0 +1,100 @@
+"""``shardkit verify MANIFEST``: check shards against their manifest.
+
+Exit codes: 0 every shard is good, 1 problems found (each printed with the shard, what is
+wrong, expected and found), 2 usage or a manifest that cannot be read.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import click
+from tqdm import tqdm
+
+from shardkit.errors import ShardkitError
+from shardkit.io import load_manifest, make_opener
+from shardkit.units import format_bytes
+from shardkit.verify import VerifyReport, verify
+
+__all__ = ["command"]
+
+
+def _summary(report: VerifyReport) -> str:
+    what = f"{report.shards} shards, {format_bytes(report.bytes)}, level {report.level}"
+    took = f"in {report.seconds:.2f} s"
+    if report.ok:
+        return f"OK: {what} {took}"
+    n = len(report.problems)
+    bad = len(report.bad_shards)
+    return f"FAILED: {n} problem{'s' * (n != 1)} in {bad} of {report.shards} shards ({what}) {took}"
+
+
+@click.command("verify")
+@click.argument("manifest")
+@click.option(
+    "--quick", "level", flag_value="quick", help="Only check each shard exists and its size."
+)
+@click.option(
+    "--deep",
+    "level",
+    flag_value="deep",
+    help="Also parse every shard: sample count, sample index, hostile members.",
+)
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(1, 256),
+    default=1,
+    show_default=True,
+    help="Shards checked in parallel.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable JSON report.")
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Show a progress bar on stderr (default: when stderr is a terminal).",
+)
+def command(
+    manifest: str, level: str | None, jobs: int, as_json: bool, progress: bool | None
+) -> None:
+    """Check the shards MANIFEST lists: existence and size (--quick), checksums (default),
+    or a full parse of every shard (--deep). Exit 0 when all is good, 1 when problems were
+    found, 2 when the manifest cannot be read.
+    """
+    ctx = click.get_current_context()
+    opener = make_opener()
+    try:
+        m = load_manifest(manifest, opener)
+    except (ShardkitError, OSError) as exc:
+        click.echo(f"error: cannot read manifest: {exc}", err=True)
+        ctx.exit(2)
+    level = level or "checksum"
+    lock = threading.Lock()
+    bar = tqdm(
+        total=m.total_bytes,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1000,
+        desc=f"verify ({level})",
+        disable=None if progress is None else not progress,
+        leave=False,
+    )
+
+    def advance(n: int) -> None:
+        with lock:
+            bar.update(n)
+
+    try:
+        report = verify(m, level=level, jobs=jobs, opener=opener, progress=advance, source=manifest)
+    finally:
+        bar.close()
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=1))
+    else:
+        for p in report.problems:
+            click.echo(f"FAIL {p}")
+        for w in report.warnings:
+            click.echo(f"warning: {w}", err=True)
+        click.echo(_summary(report))
+    ctx.exit(0 if report.ok else 1)

@@ -1,0 +1,399 @@
+"""Check that a manifest's shards are what it promises.
+
+Three levels: ``quick`` (each shard exists and has its size), ``checksum`` (the default:
+size and checksum of every byte) and ``deep`` (also parse every shard with the tar
+reader: its sample count, its ``.idx`` sample index, hostile or broken members). Shards
+are read through the io seam (an :class:`~shardkit.io.opener.Opener`), so the same check
+runs on local files and remote urls. Every shard is read once: in ``deep`` mode the tar
+reader reads through a tee that hashes what passes, so parsing costs no second read.
+
+Each problem names the shard, what is wrong, and the expected and found values.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from shardkit.checksum import Hasher, new_hasher, split_checksum
+from shardkit.errors import FetchError, ShardkitError
+from shardkit.manifest import Manifest, ShardEntry
+from shardkit.tario.index import read_index
+from shardkit.tario.reader import TarReader
+
+if TYPE_CHECKING:
+    from shardkit.io.opener import Opener
+
+__all__ = ["LEVELS", "Problem", "VerifyReport", "extra_files", "verify", "verify_shard"]
+
+log = logging.getLogger(__name__)
+
+LEVELS = ("quick", "checksum", "deep")
+CHUNK = 8 << 20  # hashlib releases the GIL on big buffers; 8 MB amortises each call
+SHARD_SUFFIXES = (".tar", ".tar.zst", ".tar.gz", ".tgz")
+Progress = Callable[[int], object]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with one shard.
+
+    ``kind`` is one of ``missing``, ``unreadable``, ``url``, ``size``, ``checksum``,
+    ``format``, ``nsamples``, ``index``; ``offset`` is a byte offset in the shard
+    (``format`` problems) when known.
+    """
+
+    url: str
+    kind: str
+    message: str
+    expected: int | str | None = None
+    found: int | str | None = None
+    offset: int | None = None
+
+    def __str__(self) -> str:
+        text = f"{self.url}: {self.kind}: {self.message}"
+        if self.expected is not None or self.found is not None:
+            text += f" (expected {self.expected}, found {self.found})"
+        return text
+
+
+@dataclass
+class VerifyReport:
+    """What :func:`verify` found: ``problems`` (errors) and ``warnings`` (extra files)."""
+
+    manifest: str
+    level: str
+    shards: int
+    bytes: int
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """True when no shard has a problem (warnings do not count)."""
+        return not self.problems
+
+    @property
+    def bad_shards(self) -> list[str]:
+        """The urls of the shards with problems, in manifest order, once each."""
+        return list(dict.fromkeys(p.url for p in self.problems))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict of the report."""
+        return {
+            "manifest": self.manifest,
+            "level": self.level,
+            "ok": self.ok,
+            "shards": self.shards,
+            "bytes": self.bytes,
+            "bad_shards": self.bad_shards,
+            "problems": [asdict(p) for p in self.problems],
+            "warnings": list(self.warnings),
+            "seconds": round(self.seconds, 3),
+        }
+
+
+class _Tee:
+    """A read-only stream that hashes, counts and reports every byte read through it."""
+
+    def __init__(self, f: BinaryIO, hasher: Hasher, progress: Progress | None) -> None:
+        self.f = f
+        self.hasher = hasher
+        self.progress = progress
+        self.nbytes = 0
+
+    def _seen(self, data: bytes | memoryview) -> None:
+        n = len(data)
+        if n:
+            self.hasher.update(data)
+            self.nbytes += n
+            if self.progress is not None:
+                self.progress(n)
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        self._seen(data)
+        return data
+
+    def readinto(self, buf: bytearray | memoryview) -> int:
+        readinto = getattr(self.f, "readinto", None)
+        if readinto is None:
+            data = self.f.read(len(buf))
+            buf[: len(data)] = data
+            n = len(data)
+        else:
+            n = readinto(buf) or 0
+        self._seen(memoryview(buf)[:n])
+        return n
+
+    def drain(self, buf: bytearray) -> None:
+        """Read (and hash) everything left."""
+        while self.readinto(buf):
+            pass
+
+    def readable(self) -> bool:
+        return True
+
+
+_local = threading.local()
+
+
+def _buffer() -> bytearray:
+    """This thread's reusable read buffer."""
+    buf: bytearray | None = getattr(_local, "buf", None)
+    if buf is None:
+        buf = _local.buf = bytearray(CHUNK)
+    return buf
+
+
+def _open_problem(url: str, exc: BaseException) -> Problem:
+    cause = exc.__cause__
+    missing = isinstance(cause, FileNotFoundError) or (
+        isinstance(exc, FetchError) and exc.status in (404, 410)
+    )
+    if missing:
+        return Problem(url, "missing", "shard is missing")
+    return Problem(url, "unreadable", f"cannot read: {exc}")
+
+
+def _real_size(f: BinaryIO) -> int | None:
+    """The size of a plain local file behind ``f``; None for other streams."""
+    try:
+        st = os.fstat(f.fileno())
+    except (OSError, AttributeError, ValueError, io.UnsupportedOperation):
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+def _probe_size(opener: Opener, url: str, expected: int) -> int | str:
+    """Size check by a ranged read around ``expected``: the size, or how it differs."""
+    lo = max(expected - 1, 0)
+    try:
+        got = len(opener.read(url, start=lo, end=expected + 1))
+    except FetchError as exc:
+        if exc.status == 416:  # the range starts past the end
+            return f"< {expected}"
+        raise
+    want = 1 if expected else 0
+    if got == want:
+        return expected
+    return f"< {expected}" if got < want else f"> {expected}"
+
+
+def _check_quick(
+    entry: ShardEntry, url: str, opener: Opener, progress: Progress | None
+) -> int | str:
+    with opener.open(url) as f:
+        size: int | str | None = _real_size(f)
+    if size is None:
+        size = _probe_size(opener, url, entry.size)
+    if progress is not None:
+        progress(entry.size)
+    return size
+
+
+def _check_bytes(
+    entry: ShardEntry, url: str, opener: Opener, progress: Progress | None
+) -> tuple[int, str]:
+    """Hash the whole shard in big chunks; return ``(size, "algo:hex")``."""
+    algo = split_checksum(entry.checksum)[0]
+    buf = _buffer()
+    with opener.open(url) as f:
+        tee = _Tee(f, new_hasher(algo), progress)
+        tee.drain(buf)
+    return tee.nbytes, f"{algo}:{tee.hasher.hexdigest()}"
+
+
+def _check_deep(
+    manifest: Manifest, entry: ShardEntry, url: str, opener: Opener, progress: Progress | None
+) -> tuple[int, str, list[Problem]]:
+    """Parse and hash in one pass; return ``(size, checksum, parse problems)``."""
+    algo = split_checksum(entry.checksum)[0]
+    problems: list[Problem] = []
+    buf = _buffer()
+    with opener.open(url) as f:
+        size = _real_size(f)
+        tee = _Tee(f, new_hasher(algo), progress)
+        offsets: list[int] = []
+        end: int | None = None
+        try:
+            if url.endswith(".zst"):
+                from shardkit.codecs import zstd_reader
+
+                with zstd_reader(tee) as z:  # type: ignore[arg-type]
+                    offsets, end = _scan(z, entry.url, None)
+            else:
+                offsets, end = _scan(tee, entry.url, size)  # type: ignore[arg-type]
+        except ShardkitError as exc:
+            offset = getattr(exc, "offset", None)
+            problems.append(Problem(entry.url, "format", str(exc), offset=offset))
+        tee.drain(buf)
+    if not problems:
+        problems.extend(_check_samples(manifest, entry, opener, offsets, end))
+    return tee.nbytes, f"{algo}:{tee.hasher.hexdigest()}", problems
+
+
+def _scan(f: BinaryIO, url: str, size: int | None) -> tuple[list[int], int | None]:
+    """Read every sample of a tar stream; return the sample offsets and the end offset."""
+    reader = TarReader(f, url=url, size=size)
+    offsets = [off for off, _ in reader.samples()]
+    return offsets, reader.end_offset
+
+
+def _check_samples(
+    manifest: Manifest,
+    entry: ShardEntry,
+    opener: Opener,
+    offsets: Sequence[int],
+    end: int | None,
+) -> list[Problem]:
+    """Sample count and sample index against what the parse found."""
+    out: list[Problem] = []
+    if len(offsets) != entry.nsamples:
+        out.append(
+            Problem(entry.url, "nsamples", "sample count differs", entry.nsamples, len(offsets))
+        )
+    if entry.index is None or end is None:
+        return out
+    try:
+        index = read_index(opener.read(manifest.resolve(entry.index)), url=entry.index)
+    except (ShardkitError, OSError) as exc:
+        out.append(Problem(entry.url, "index", f"sample index {entry.index}: {exc}"))
+        return out
+    real = [*offsets, end]
+    if len(index) != len(real):
+        out.append(
+            Problem(
+                entry.url,
+                "index",
+                "sample index has a different count",
+                len(real) - 1,
+                len(index) - 1,
+            )
+        )
+        return out
+    for i, (want, got) in enumerate(zip(real, index.tolist(), strict=True)):
+        if want != got:
+            what = "the end offset" if i == len(offsets) else f"the offset of sample {i}"
+            out.append(Problem(entry.url, "index", f"sample index: {what} differs", want, got))
+            break
+    return out
+
+
+def verify_shard(
+    manifest: Manifest,
+    entry: ShardEntry,
+    *,
+    level: str = "checksum",
+    opener: Opener,
+    progress: Progress | None = None,
+) -> list[Problem]:
+    """Check one shard at ``level``; return its problems (empty when it is good)."""
+    try:
+        url = manifest.resolve(entry.url)
+    except ShardkitError as exc:
+        return [Problem(entry.url, "url", str(exc))]
+    problems: list[Problem] = []
+    try:
+        if level == "quick":
+            size: int | str = _check_quick(entry, url, opener, progress)
+            checksum = None
+        elif level == "deep":
+            size, checksum, problems = _check_deep(manifest, entry, url, opener, progress)
+        else:
+            size, checksum = _check_bytes(entry, url, opener, progress)
+    except OSError as exc:  # FetchError is an OSError too
+        return [_open_problem(entry.url, exc)]
+    head: list[Problem] = []
+    if size != entry.size:
+        head.append(Problem(entry.url, "size", "size differs", entry.size, size))
+    if checksum is not None and checksum != entry.checksum.lower():
+        head.append(Problem(entry.url, "checksum", "checksum differs", entry.checksum, checksum))
+    return head + problems
+
+
+def extra_files(manifest: Manifest) -> list[str]:
+    """Shard-like files beside a local manifest's shards that it does not list."""
+    base = manifest.base
+    if base is None or "://" in base:
+        return []
+    listed: set[str] = set()
+    for entry in manifest.shards:
+        try:
+            listed.add(os.path.normpath(manifest.resolve(entry.url)))
+        except ShardkitError:
+            continue
+    dirs = {base} | {os.path.dirname(p) for p in listed}
+    found: list[str] = []
+    for d in sorted(dirs):
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(d, name)
+            if name.startswith(".") or not name.endswith(SHARD_SUFFIXES) or path in listed:
+                continue
+            if os.path.isfile(path):
+                found.append(os.path.relpath(path, base))
+    return sorted(found)
+
+
+def verify(
+    manifest: Manifest,
+    *,
+    level: str = "checksum",
+    jobs: int = 1,
+    opener: Opener | None = None,
+    progress: Progress | None = None,
+    source: str | None = None,
+) -> VerifyReport:
+    """Check every shard of ``manifest`` at ``level`` with ``jobs`` threads.
+
+    Args:
+        manifest: a loaded manifest (its ``base`` resolves relative urls).
+        level: ``quick``, ``checksum`` (default) or ``deep``.
+        jobs: shards checked at once (threads: hashing releases the GIL).
+        opener: where bytes come from; default :func:`shardkit.io.make_opener`.
+        progress: called with byte counts as they are checked (thread-safe callers only).
+        source: the manifest's name for the report.
+    """
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+    if opener is None:
+        from shardkit.io import make_opener
+
+        opener = make_opener()
+    t0 = time.perf_counter()
+
+    def one(entry: ShardEntry) -> list[Problem]:
+        return verify_shard(manifest, entry, level=level, opener=opener, progress=progress)
+
+    results: Iterable[list[Problem]]
+    if jobs > 1 and len(manifest.shards) > 1:
+        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="verify") as pool:
+            results = list(pool.map(one, manifest.shards))
+    else:
+        results = [one(e) for e in manifest.shards]
+    report = VerifyReport(
+        manifest=source or manifest.base or "<manifest>",
+        level=level,
+        shards=len(manifest.shards),
+        bytes=manifest.total_bytes,
+        problems=[p for r in results for p in r],
+        warnings=[f"extra file not in the manifest: {x}" for x in extra_files(manifest)],
+    )
+    report.seconds = time.perf_counter() - t0
+    log.info(
+        "verified %d shards at level %s: %d problems", report.shards, level, len(report.problems)
+    )
+    return report

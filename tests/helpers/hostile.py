@@ -1,0 +1,184 @@
+"""Builders of hostile and broken tar streams, from raw header bytes.
+
+Every case says where a reader must report the problem: ``offset`` is the start of the
+header block at fault (for a member named by a pax header, the pax header's start), of a
+partial header, or where an end-of-archive marker was expected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BLOCK = 512
+EOA = b"\0" * (2 * BLOCK)
+
+
+def octal(value: int, width: int) -> bytes:
+    """A NUL-terminated zero-padded octal header field."""
+    return b"%0*o\0" % (width - 1, value)
+
+
+def base256(value: int, width: int = 12) -> bytes:
+    """A GNU base-256 number field (two's complement, top bit set)."""
+    raw = (value % (1 << (8 * width - 1))).to_bytes(width, "big", signed=False)
+    return bytes([raw[0] | 0x80]) + raw[1:] if value >= 0 else b"\xff" + raw[1:]
+
+
+def header(
+    name: str | bytes,
+    size: int = 0,
+    *,
+    typeflag: bytes = b"0",
+    size_field: bytes | None = None,
+    linkname: bytes = b"",
+    prefix: bytes = b"",
+    magic: bytes = b"ustar\x0000",
+    checksum_delta: int = 0,
+) -> bytes:
+    """One 512-byte header block; ``checksum_delta`` != 0 stores a wrong checksum."""
+    raw = name.encode() if isinstance(name, str) else name
+    hdr = bytearray(BLOCK)
+    hdr[0 : len(raw)] = raw[:100]
+    hdr[100:108] = octal(0o644, 8)
+    hdr[108:116] = octal(0, 8)
+    hdr[116:124] = octal(0, 8)
+    hdr[124:136] = size_field if size_field is not None else octal(size, 12)
+    hdr[136:148] = octal(0, 12)
+    hdr[148:156] = b" " * 8
+    hdr[156:157] = typeflag
+    hdr[157 : 157 + len(linkname)] = linkname
+    hdr[257:265] = magic
+    hdr[345 : 345 + len(prefix)] = prefix
+    hdr[148:156] = b"%06o\0 " % (sum(hdr) + checksum_delta)
+    return bytes(hdr)
+
+
+def pad(data: bytes) -> bytes:
+    """``data`` padded with NULs to a whole number of blocks."""
+    return data + b"\0" * ((-len(data)) % BLOCK)
+
+
+def member(name: str | bytes, data: bytes, **kwargs: object) -> bytes:
+    """A regular file member: header, data, padding."""
+    return header(name, len(data), **kwargs) + pad(data)  # type: ignore[arg-type]
+
+
+def pax_record(key: str, value: bytes | str) -> bytes:
+    """One ``"%d key=value\\n"`` record with its correct length."""
+    v = value.encode() if isinstance(value, str) else value
+    body = b" " + key.encode() + b"=" + v + b"\n"
+    n = len(body) + 1
+    while len(str(n).encode() + body) != n:
+        n = len(str(n).encode() + body)
+    return str(n).encode() + body
+
+
+def pax(body: bytes, *, typeflag: bytes = b"x", size: int | None = None) -> bytes:
+    """A pax extended header (``x``, or global ``g``) carrying ``body``."""
+    return header("PaxHeaders/x", len(body) if size is None else size, typeflag=typeflag) + pad(
+        body
+    )
+
+
+def good(n: int = 1) -> bytes:
+    """``n`` well-formed two-field samples (4 blocks each), no end marker."""
+    return b"".join(
+        member(f"s{i:04d}.txt", b"text %d" % i) + member(f"s{i:04d}.cls", b"%d" % i)
+        for i in range(n)
+    )
+
+
+@dataclass(frozen=True)
+class Case:
+    """A broken tar: its ``data``, the ``offset`` a reader must name, a message fragment."""
+
+    name: str
+    data: bytes
+    offset: int
+    match: str
+
+
+def _after_good(name: str, bad: bytes, match: str, *, tail: bytes = EOA) -> Case:
+    lead = good(2)
+    return Case(name, lead + bad + tail, len(lead), match)
+
+
+def cases() -> list[Case]:
+    """Every kind of hostile or broken member the reader must refuse."""
+    out = [
+        _after_good("absolute", member("/etc/passwd.txt", b"x"), "absolute"),
+        _after_good("dotdot", member("a/../../x.txt", b"x"), "escapes"),
+        _after_good("drive", member("C:x.txt", b"x"), "absolute"),
+        _after_good("backslash", member("a\\b.txt", b"x"), "backslash"),
+        _after_good("symlink", header("l.txt", typeflag=b"2", linkname=b"/etc/x"), "symbolic"),
+        _after_good("hardlink", header("h.txt", typeflag=b"1", linkname=b"s0000.txt"), "hard"),
+        _after_good("chardev", header("c.txt", typeflag=b"3"), "character device"),
+        _after_good("blockdev", header("b.txt", typeflag=b"4"), "block device"),
+        _after_good("fifo", header("f.txt", typeflag=b"6"), "FIFO"),
+        _after_good("sparse", header("s.txt", typeflag=b"S"), "unsupported"),
+        _after_good(
+            "huge-octal",
+            header("big.bin", size_field=octal(0o77777777777, 12)) + b"x" * 9000,
+            "claims|truncated",
+            tail=b"",
+        ),
+        _after_good(
+            "huge-base256",
+            header("big.bin", size_field=base256(1 << 80)) + b"x" * 9000,
+            "claims|truncated",
+            tail=b"",
+        ),
+        _after_good("negative-base256", header("n.bin", size_field=base256(-5)), "size field"),
+        _after_good("negative-octal", header("n.bin", size_field=b"-0000000001\0"), "size field"),
+        _after_good("underscore-size", header("n.bin", size_field=b"0000000_001\0"), "size field"),
+        _after_good("bad-checksum", member("x.txt", b"x", checksum_delta=1), "checksum"),
+        _after_good("garbage-header", b"\x7f" * BLOCK, "checksum"),
+        _after_good(
+            "truncated-member", header("t.bin", 5000) + b"y" * 3000, "claims|truncated", tail=b""
+        ),
+        _after_good("truncated-padding", header("t.bin", 100) + b"y" * 100, "padding", tail=b""),
+        _after_good("truncated-header", header("t.txt", 1)[:300], "partial tar header", tail=b""),
+        _after_good("missing-eoa", b"", "end-of-archive", tail=b""),
+        _after_good("pax-huge", pax(b"", size=2 << 20) + b"z" * 4096, "too large"),
+        _after_good("pax-no-length", pax(b"abc path=x\n") + member("a.txt", b"a"), "malformed"),
+        _after_good("pax-long-length", pax(b"99 path=x\n") + member("a.txt", b"a"), "malformed"),
+        _after_good("pax-short-length", pax(b"3 path=x\n") + member("a.txt", b"a"), "malformed"),
+        _after_good("pax-no-newline", pax(b"10 path=xy") + member("a.txt", b"a"), "malformed"),
+        _after_good("pax-no-equals", pax(b"9 pathxy\n") + member("a.txt", b"a"), "malformed"),
+        _after_good(
+            "pax-global-malformed", pax(b"abc", typeflag=b"g") + member("a.txt", b"a"), "malformed"
+        ),
+        _after_good(
+            "pax-bad-size",
+            pax(pax_record("size", "-5")) + member("a.txt", b"a"),
+            "pax size",
+        ),
+        _after_good(
+            "pax-absolute-path",
+            pax(pax_record("path", "/etc/shadow.txt")) + member("a.txt", b"a"),
+            "absolute",
+        ),
+        _after_good(
+            "pax-nul-path",
+            pax(pax_record("path", b"a\0b.txt")) + member("a.txt", b"a"),
+            "NUL",
+        ),
+        _after_good("eoa-after-pax", pax(pax_record("path", "p.txt")), "extended header"),
+        _after_good("eof-after-pax", pax(pax_record("path", "p.txt")), "extended header", tail=b""),
+        _after_good(
+            "gnu-longname-dotdot",
+            header("././@LongLink", 12, typeflag=b"L") + pad(b"../../x.txt\0") + member("y", b"y"),
+            "escapes",
+        ),
+    ]
+    # a pax size past the end: offset is the pax header that carries the claim
+    lead = good(2)
+    out.append(
+        Case(
+            "pax-size-past-end",
+            lead + pax(pax_record("size", str(1 << 40))) + member("a.txt", b"a") + EOA,
+            len(lead),
+            "claims|truncated",
+        )
+    )
+    return out
