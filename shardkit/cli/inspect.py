@@ -1,0 +1,105 @@
+"""``shardkit inspect MANIFEST|SHARD``: totals, shard sizes, fields, first keys."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from shardkit.io import load_manifest, make_opener
+from shardkit.summary import first_keys, scan_shard, summarize_manifest, summarize_shard
+from shardkit.units import format_bytes
+
+__all__ = ["command"]
+
+_SHARD_EXTS = (".tar", ".tar.zst")
+
+
+def _manifest_summary(source: str, nkeys: int) -> dict[str, Any]:
+    m = load_manifest(source)
+    keys: list[str] = []
+    if m.shards and nkeys:
+        first = m.shards[0]
+        url = m.resolve(first.url)
+        with make_opener().open(url, size=first.size, checksum=first.checksum) as f:
+            keys = first_keys(f, nkeys, url=url)
+    d = summarize_manifest(m, keys=keys)
+    d["path"] = source
+    return d
+
+
+def _spread(d: dict[str, int], fmt: Any = format_bytes) -> str:
+    return f"min {fmt(d['min'])}, median {fmt(d['median'])}, max {fmt(d['max'])}"
+
+
+def _field_lines(fields: dict[str, dict[str, Any]]) -> list[str]:
+    lines = []
+    for name, st in fields.items():
+        missing = f", missing in {st['missing']:,}" if st["missing"] else ""
+        lines.append(
+            f"    {name:<16} {st['count']:>10,} samples  {format_bytes(st['bytes']):>10}"
+            f"  (mean {format_bytes(st['mean_bytes'])}{missing})"
+        )
+    return lines
+
+
+def _manifest_lines(d: dict[str, Any]) -> list[str]:
+    lines = [
+        f"manifest {d['path']}",
+        f"  {d['shards']:,} shards, {d['samples']:,} samples, {format_bytes(d['bytes'])} "
+        f"(mean sample {format_bytes(d['mean_sample_bytes'])}), "
+        f"checksums {d['checksum_algorithm']}",
+        f"  shard size: {_spread(d['shard_bytes'])}",
+        f"  samples per shard: {_spread(d['shard_samples'], lambda v: f'{v:,}')}",
+        f"  sample indexes: {d['indexed_shards']} of {d['shards']} shards",
+    ]
+    outside = d["outside_good_range"]
+    if outside:
+        lo, hi = (format_bytes(v) for v in d["good_shard_bytes"])
+        last_only = len(outside) == 1 and outside[0]["last"]
+        note = " (only the last shard, which is usually smaller)" if last_only else ""
+        lines.append(f"  {len(outside)} shards outside {lo}-{hi}{note}:")
+        lines += [f"    {s['url']} {format_bytes(s['size'])}" for s in outside[:5]]
+        if len(outside) > 5:
+            lines.append(f"    ... and {len(outside) - 5} more")
+    if d["part"]:
+        lines.append(f"  part {d['part']['index']} of {d['part']['count']}")
+    return lines
+
+
+def _shard_lines(d: dict[str, Any]) -> list[str]:
+    return [
+        f"shard {d['path']}",
+        f"  {d['samples']:,} samples, {format_bytes(d['bytes'])}, {d['checksum']}",
+        f"  sample size (in the tar): {_spread(d['sample_bytes'])}",
+    ]
+
+
+@click.command("inspect")
+@click.argument("target", metavar="MANIFEST|SHARD")
+@click.option(
+    "--keys",
+    "nkeys",
+    type=click.IntRange(min=0),
+    default=5,
+    show_default=True,
+    help="How many of the first sample keys to show.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def command(target: str, nkeys: int, as_json: bool) -> None:  # fmt: skip
+    """Show what a manifest (or one shard) holds: totals, sizes, fields, first keys."""
+    if target.lower().endswith(_SHARD_EXTS):
+        d = summarize_shard(scan_shard(target, nkeys=nkeys))
+    else:
+        d = _manifest_summary(target, nkeys)
+    if as_json:
+        click.echo(json.dumps(d, indent=1))
+        return
+    lines = _manifest_lines(d) if d["kind"] == "manifest" else _shard_lines(d)
+    if d["fields"]:
+        lines.append("  fields:")
+        lines += _field_lines(d["fields"])
+    if d["first_keys"]:
+        lines.append("  first keys: " + ", ".join(d["first_keys"]))
+    click.echo("\n".join(lines))

@@ -1,0 +1,111 @@
+"""``shardkit manifest``: make a manifest for existing shards, merge parts, export CSV."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+from tqdm import tqdm
+
+from shardkit.build import merge_parts
+from shardkit.checksum import ALGORITHMS
+from shardkit.errors import ConfigError
+from shardkit.manifest import Manifest
+from shardkit.sources import discover
+from shardkit.summary import manifest_from_shards
+from shardkit.units import format_bytes
+
+__all__ = ["command"]
+
+
+@click.group("manifest")
+def command() -> None:
+    """Make, merge and export shard manifests."""
+
+
+def _echo_manifest(m: Manifest, path: str, as_json: bool, what: str) -> None:
+    if as_json:
+        d = {"manifest": path, "shards": len(m), "samples": m.total_samples, "bytes": m.total_bytes}
+        click.echo(json.dumps(d))
+    else:
+        click.echo(
+            f"{what} {path}: {len(m)} shards, {m.total_samples:,} samples, "
+            f"{format_bytes(m.total_bytes)}"
+        )
+
+
+@command.command("from-shards")
+@click.argument("source", metavar="DIR_OR_PATTERN")
+@click.option(
+    "-o",
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False),
+    help="Manifest to write (default: manifest.json in DIR or the shards' directory).",
+)
+@click.option("--checksum", type=click.Choice(ALGORITHMS), default="sha256", show_default=True)
+@click.option(
+    "--index/--no-index",
+    default=True,
+    show_default=True,
+    help="Write a .idx sample index beside each shard.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar on a terminal.")
+def from_shards(source: str, out_path: str | None, checksum: str, index: bool, as_json: bool,
+                progress: bool) -> None:  # fmt: skip
+    """Write a manifest for shards someone else wrote (webdataset, GNU tar, ...).
+
+    Each shard is read once: checksum, sample count and sample offsets in one pass.
+    """
+    try:
+        total = sum(u.size for u in discover([source], source_type="tar"))
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1000, desc="scan",
+               disable=None if progress else True)  # fmt: skip
+    with bar:
+        m, path = manifest_from_shards(
+            source, manifest_path=out_path, algo=checksum, index=index, progress=bar.update
+        )
+    m.save(path)
+    _echo_manifest(m, path, as_json, "wrote")
+
+
+@command.command("merge")
+@click.argument("parts", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "-o",
+    "--out",
+    "out_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The merged manifest to write.",
+)
+@click.option("--allow-incomplete", is_flag=True, help="Merge even when some parts are missing.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+def merge(parts: tuple[str, ...], out_path: str, allow_incomplete: bool, as_json: bool) -> None:
+    """Join the partial manifests of `shardkit build --part I/N` into one."""
+    m = merge_parts(list(parts), out_path, allow_incomplete=allow_incomplete)
+    _echo_manifest(m, os.path.abspath(out_path), as_json, "merged")
+
+
+@command.command("to-csv")
+@click.argument("manifest", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "-o",
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="CSV to write ('-': stdout; default: beside the manifest).",
+)
+def to_csv(manifest: str, out_path: str | None) -> None:
+    """Export a manifest as CSV: url,size,nsamples,checksum."""
+    m = Manifest.load(manifest)
+    if out_path == "-":
+        click.echo(m.to_csv(), nl=False)
+        return
+    path = out_path or os.path.splitext(manifest)[0] + ".csv"
+    m.save(path)
+    click.echo(f"wrote {path}: {len(m)} shards")

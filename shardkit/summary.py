@@ -1,0 +1,293 @@
+"""What is inside a shard set: one-pass shard scans, manifests for foreign shards, summaries.
+
+:func:`scan_shard` reads a shard once and gets everything a manifest and an index need in
+that one pass: size, checksum (hashed as the bytes are read), sample count and each
+sample's byte offset, plus field statistics and the first keys. :func:`manifest_from_shards`
+uses it to give shards someone else wrote (``webdataset.ShardWriter``, GNU tar) a
+manifest and sample indexes; :func:`summarize_manifest` and :func:`summarize_shard` are
+what ``shardkit inspect`` shows.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import os
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+from shardkit.checksum import Hasher, new_hasher
+from shardkit.codecs import zstd_reader
+from shardkit.errors import ConfigError, ShardFormatError
+from shardkit.manifest import Manifest, ShardEntry, atomic_write, creation_info
+from shardkit.sources import discover
+from shardkit.tario.index import write_index
+from shardkit.tario.reader import TarReader, read_shard, split_key
+
+__all__ = [
+    "GOOD_SHARD_BYTES",
+    "ShardScan",
+    "first_keys",
+    "manifest_from_shards",
+    "scan_shard",
+    "summarize_manifest",
+    "summarize_shard",
+]
+
+GOOD_SHARD_BYTES = (500_000_000, 2_000_000_000)
+"""Shard sizes streaming wants: big enough to amortise a request, small enough to spread."""
+
+FieldStats = dict[str, dict[str, int]]
+
+
+@dataclass
+class ShardScan:
+    """One pass over a shard: ``offsets`` of its samples and ``end`` (the end-of-archive
+    offset; both in the decompressed tar for ``.tar.zst``), its on-disk ``size`` and
+    ``checksum``, per-field ``{"count", "bytes"}`` and the first few keys.
+    """
+
+    path: str
+    size: int
+    checksum: str
+    offsets: list[int]
+    end: int
+    fields: FieldStats = field(default_factory=dict)
+    first_keys: list[str] = field(default_factory=list)
+
+    @property
+    def nsamples(self) -> int:
+        return len(self.offsets)
+
+
+class _HashingReader(io.RawIOBase):
+    """Reads through ``f``, hashing and counting every byte that passes."""
+
+    def __init__(self, f: BinaryIO, hasher: Hasher, progress: Callable[[int], object] | None):
+        self._f = f
+        self.hasher = hasher
+        self.size = 0
+        self._progress = progress
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        n = self._f.readinto(b)  # type: ignore[attr-defined]
+        if n:
+            self.hasher.update(memoryview(b)[:n])
+            self.size += n
+            if self._progress is not None:
+                self._progress(n)
+        return int(n or 0)
+
+    def drain(self) -> None:
+        """Read (and hash) whatever the tar parser left: end-of-archive padding."""
+        buf = bytearray(1 << 20)
+        while self.readinto(buf):
+            pass
+
+
+def _scan_tar(f: BinaryIO, url: str, size: int | None, nkeys: int) -> tuple[Any, ...]:
+    reader = TarReader(f, url=url, size=size)
+    offsets: list[int] = []
+    stats: FieldStats = {}
+    keys: list[str] = []
+    key: str | None = None
+    seen: set[str] = set()
+    for name, data in reader.members():
+        kf = split_key(name)
+        if kf is None:
+            continue
+        k, fld = kf
+        if k != key:
+            key, seen = k, set()
+            offsets.append(reader.member_offset)
+            if len(keys) < nkeys:
+                keys.append(k)
+        elif fld in seen:
+            raise ShardFormatError(
+                f"sample {k!r} has field {fld!r} twice", url=url, offset=reader.member_offset
+            )
+        seen.add(fld)
+        st = stats.setdefault(fld, {"count": 0, "bytes": 0})
+        st["count"] += 1
+        st["bytes"] += len(data)
+    end = reader.end_offset if reader.end_offset is not None else reader.offset
+    return offsets, end, stats, keys
+
+
+def scan_shard(
+    path: str,
+    *,
+    algo: str = "sha256",
+    nkeys: int = 5,
+    url: str | None = None,
+    progress: Callable[[int], object] | None = None,
+) -> ShardScan:
+    """Read the shard at ``path`` once: checksum, sample offsets, field stats, first keys.
+
+    Raises :class:`ShardFormatError` (naming the shard and byte offset) for a tar that is
+    truncated, corrupt or hostile. ``progress(nbytes)`` is called as bytes are read.
+    """
+    name = url or path
+    try:
+        raw = open(path, "rb", buffering=0)  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise ShardFormatError(f"cannot open shard: {exc.strerror}", url=name) from exc
+    with raw:
+        src = _HashingReader(raw, new_hasher(algo), progress)
+        if path.endswith(".zst"):
+            import zstandard
+
+            try:
+                with zstd_reader(src) as z:  # type: ignore[arg-type]
+                    found = _scan_tar(z, name, None, nkeys)
+                    src.drain()
+            except zstandard.ZstdError as exc:
+                raise ShardFormatError(f"bad zstd data: {exc}", url=name) from exc
+        else:
+            found = _scan_tar(src, name, os.fstat(raw.fileno()).st_size, nkeys)  # type: ignore[arg-type]
+            src.drain()
+    offsets, end, stats, keys = found
+    checksum = f"{algo}:{src.hasher.hexdigest()}"
+    return ShardScan(path, src.size, checksum, offsets, end, stats, keys)
+
+
+def _add_fields(acc: FieldStats, more: FieldStats) -> None:
+    for name, st in more.items():
+        a = acc.setdefault(name, {"count": 0, "bytes": 0})
+        a["count"] += st["count"]
+        a["bytes"] += st["bytes"]
+
+
+def manifest_from_shards(
+    source: str,
+    *,
+    manifest_path: str | None = None,
+    algo: str = "sha256",
+    index: bool = True,
+    progress: Callable[[int], object] | None = None,
+) -> tuple[Manifest, str]:
+    """A manifest for existing shards: a directory (searched recursively) or a pattern.
+
+    Each shard is read once. With ``index`` a ``.idx`` sample index is written beside
+    each shard. Returns the manifest and where it belongs (``manifest_path``, by default
+    ``manifest.json`` in the directory, or in the shards' common directory); the shards
+    must lie under that directory since manifest urls are relative to it. The caller
+    saves it.
+    """
+    units = discover([source], source_type="tar")
+    if not units:
+        raise ConfigError(f"no .tar or .tar.zst shards in {source!r}")
+    paths = [os.path.abspath(u.path) for u in units]
+    if manifest_path is None:
+        top = (
+            source
+            if os.path.isdir(source)
+            else os.path.commonpath([os.path.dirname(p) for p in paths])
+        )
+        manifest_path = os.path.join(top, "manifest.json")
+    base = os.path.dirname(os.path.abspath(manifest_path))
+    shards: list[ShardEntry] = []
+    fields: FieldStats = {}
+    for p in paths:
+        rel = os.path.relpath(p, base)
+        if rel.startswith(".."):
+            raise ConfigError(f"shard {p} is outside {base}, where the manifest goes")
+        url = rel.replace(os.sep, "/")
+        scan = scan_shard(p, algo=algo, nkeys=0, url=url, progress=progress)
+        if index:
+            atomic_write(p + ".idx", write_index(scan.offsets, scan.end))
+        _add_fields(fields, scan.fields)
+        idx = url + ".idx" if index else None
+        shards.append(ShardEntry(url, scan.size, scan.nsamples, scan.checksum, idx))
+    created = creation_info(source="shardkit manifest from-shards")
+    return Manifest(shards, algo, fields, created, base=base), manifest_path
+
+
+def first_keys(source: str | BinaryIO, n: int = 5, *, url: str | None = None) -> list[str]:
+    """The first ``n`` sample keys of a shard (a path or a stream; ``.zst`` by name)."""
+    if n <= 0:
+        return []
+    name = url or (source if isinstance(source, str) else "<stream>")
+    if not isinstance(source, str) and name.endswith(".zst"):
+        with zstd_reader(source) as z:
+            return _take_keys(read_shard(z, url=name), n)
+    return _take_keys(read_shard(source, url=name), n)
+
+
+def _take_keys(samples: Iterable[dict[str, object]], n: int) -> list[str]:
+    keys: list[str] = []
+    for s in samples:
+        keys.append(str(s["__key__"]))
+        if len(keys) >= n:
+            break
+    close = getattr(samples, "close", None)
+    if close is not None:
+        close()
+    return keys
+
+
+def _spread(values: Sequence[int]) -> dict[str, int]:
+    if not values:
+        return {"min": 0, "median": 0, "max": 0}
+    return {"min": min(values), "median": round(statistics.median(values)), "max": max(values)}
+
+
+def _field_rows(fields: FieldStats, nsamples: int) -> dict[str, dict[str, Any]]:
+    return {
+        name: {
+            "count": st.get("count", 0),
+            "bytes": st.get("bytes", 0),
+            "mean_bytes": round(st.get("bytes", 0) / max(1, st.get("count", 0)), 1),
+            "missing": max(0, nsamples - st.get("count", 0)),
+        }
+        for name, st in sorted(fields.items())
+    }
+
+
+def summarize_manifest(m: Manifest, *, keys: Sequence[str] = ()) -> dict[str, Any]:
+    """Totals, shard size spread (and the shards outside 0.5-2 GB), fields, first keys."""
+    lo, hi = GOOD_SHARD_BYTES
+    last = len(m.shards) - 1
+    outside = [
+        {"url": s.url, "size": s.size, "last": i == last}
+        for i, s in enumerate(m.shards)
+        if not lo <= s.size <= hi
+    ]
+    return {
+        "kind": "manifest",
+        "shards": len(m.shards),
+        "samples": m.total_samples,
+        "bytes": m.total_bytes,
+        "mean_sample_bytes": round(m.total_bytes / max(1, m.total_samples), 1),
+        "checksum_algorithm": m.checksum_algorithm,
+        "shard_bytes": _spread([s.size for s in m.shards]),
+        "shard_samples": _spread([s.nsamples for s in m.shards]),
+        "good_shard_bytes": list(GOOD_SHARD_BYTES),
+        "outside_good_range": outside,
+        "indexed_shards": sum(1 for s in m.shards if s.index),
+        "fields": _field_rows(m.fields, m.total_samples),
+        "first_keys": list(keys),
+        "part": m.part,
+        "created": m.created,
+    }
+
+
+def summarize_shard(scan: ShardScan) -> dict[str, Any]:
+    """What one shard holds: size, checksum, samples, the spread of sample sizes, fields."""
+    bounds = [*scan.offsets, scan.end]
+    sample_bytes = [b - a for a, b in itertools.pairwise(bounds)]
+    return {
+        "kind": "shard",
+        "path": scan.path,
+        "bytes": scan.size,
+        "checksum": scan.checksum,
+        "samples": scan.nsamples,
+        "sample_bytes": _spread(sample_bytes),
+        "fields": _field_rows(scan.fields, scan.nsamples),
+        "first_keys": scan.first_keys,
+    }
