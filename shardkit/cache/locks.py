@@ -1,0 +1,123 @@
+"""File locks shared by every process on the node: ``flock``, which dies with its process.
+
+``flock`` locks belong to an open file description, so two opens of one file conflict even
+inside one process (threads included), and a killed process's locks vanish with it: no
+pid files, nothing to recover by hand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import random
+import threading
+from collections.abc import Iterator
+
+__all__ = ["NodeSlots", "is_locked", "lock_file", "try_lock", "unlock"]
+
+# Lock fds this process holds. A forked child (a DataLoader worker) inherits them, and an
+# inherited copy would keep the lock alive after this process let go of it or died; the
+# threads that own them do not exist in the child, so the child closes its copies.
+_HELD: set[int] = set()
+_HELD_LOCK = threading.Lock()
+_HOOKED: list[bool] = []
+
+
+def _close_inherited() -> None:
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+def _held(fd: int) -> int:
+    with _HELD_LOCK:
+        if not _HOOKED:
+            os.register_at_fork(after_in_child=_close_inherited)
+            _HOOKED.append(True)
+        _HELD.add(fd)
+    return fd
+
+
+def _open(path: str) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+
+def try_lock(path: str, *, exclusive: bool = True) -> int | None:
+    """Lock ``path`` without waiting; the fd holding the lock, or None if it is taken."""
+    fd = _open(path)
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return _held(fd)
+
+
+def lock_file(path: str, *, exclusive: bool = True) -> int:
+    """Lock ``path``, waiting as long as it takes; the fd holding the lock."""
+    fd = _open(path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    except BaseException:
+        os.close(fd)
+        raise
+    return _held(fd)
+
+
+def unlock(fd: int) -> None:
+    """Release a lock taken by :func:`try_lock` or :func:`lock_file`."""
+    with _HELD_LOCK:
+        _HELD.discard(fd)
+    os.close(fd)  # closing the only fd of the description drops its flock
+
+
+def is_locked(path: str) -> bool:
+    """Whether some process holds an exclusive lock on ``path`` right now."""
+    if not os.path.exists(path):
+        return False
+    fd = try_lock(path, exclusive=False)
+    if fd is None:
+        return True
+    unlock(fd)
+    return False
+
+
+@contextlib.contextmanager
+def locked(path: str) -> Iterator[int]:
+    """Hold an exclusive lock on ``path`` for the block."""
+    fd = lock_file(path)
+    try:
+        yield fd
+    finally:
+        unlock(fd)
+
+
+class NodeSlots:
+    """At most ``n`` remote requests at once on this node: ``n`` lock files as slots.
+
+    A request takes a free slot, or waits on a random busy one. A killed process's slots
+    are free at once (its locks die with it).
+    """
+
+    def __init__(self, directory: str, n: int) -> None:
+        self.directory = directory
+        self.n = n
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[None]:
+        """Hold one slot for the block."""
+        os.makedirs(self.directory, exist_ok=True)
+        paths = [os.path.join(self.directory, f"slot-{i:03d}.lock") for i in range(self.n)]
+        order = random.sample(paths, len(paths))
+        fd = next((f for f in map(try_lock, order) if f is not None), None)
+        if fd is None:
+            fd = lock_file(order[0])
+        try:
+            yield
+        finally:
+            unlock(fd)

@@ -1,0 +1,211 @@
+"""HTTP(S): ranged GETs over one keep-alive ``requests.Session`` per process.
+
+Each read of ``[start, end)`` is a run of ``Range`` requests of ``range_size`` bytes. A
+dropped connection, a stall past ``read_timeout``, a 429/5xx are retried (backoff with
+jitter, ``Retry-After`` honoured) and the read resumes at the first byte not yet
+delivered (:mod:`shardkit.io.retry`). A server that ignores ``Range`` (200 instead of 206)
+still works: the bytes before the wanted offset are skipped.
+
+The session is created lazily and again in a forked child (keyed by pid), so an opener
+can be pickled into DataLoader workers and never shares a socket across processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import re
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+import requests
+import urllib3
+
+from shardkit.errors import FetchError
+from shardkit.io.config import IoConfig
+from shardkit.io.retry import Counters, Retryable, RetryPolicy, parse_retry_after, resuming_chunks
+
+__all__ = ["CHUNK", "Gate", "HttpSource", "policy_of"]
+
+CHUNK = 1 << 20
+_RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+_CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
+_UNSATISFIABLE = re.compile(r"bytes\s+\*/(\d+)")
+
+Gate = Callable[[], AbstractContextManager[object]]
+"""A slot held for the length of one request (the per-node request cap)."""
+
+
+def policy_of(cfg: IoConfig) -> RetryPolicy:
+    """The retry policy an :class:`IoConfig` describes."""
+    return RetryPolicy(cfg.max_attempts, cfg.backoff_base, cfg.backoff_max, cfg.retry_after_max)
+
+
+class _Body:
+    """The body of one ranged GET, bounded to the bytes asked for."""
+
+    def __init__(
+        self,
+        resp: requests.Response,
+        skip: int,
+        want: int | None,
+        total: int | None,
+        counters: Counters | None = None,
+    ) -> None:
+        self.total = total
+        self._resp = resp
+        self._skip = skip
+        self._want = want
+        self._counters = counters
+        self.stack = contextlib.ExitStack()
+
+    def chunks(self) -> Iterator[bytes]:
+        raw = self._resp.raw
+        try:
+            while self._skip:
+                got = raw.read(min(self._skip, CHUNK))
+                if not got:
+                    raise Retryable("connection ended before the wanted offset")
+                self._skip -= len(got)
+            while self._want is None or self._want > 0:
+                data = raw.read(CHUNK if self._want is None else min(CHUNK, self._want))
+                if not data:
+                    return
+                if self._want is not None:
+                    self._want -= len(data)
+                if self._counters is not None:
+                    self._counters.add("bytes_fetched", len(data))
+                yield data
+        except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as exc:
+            raise Retryable(f"connection broken mid-body: {exc}") from exc
+
+    def close(self) -> None:
+        try:
+            self._resp.close()
+        finally:
+            self.stack.close()
+
+
+class HttpSource:
+    """Ranged reads of ``http(s)://`` urls with retries, resume and timeouts.
+
+    Args:
+        cfg: timeouts, range size and retry policy.
+        counters: where requests, bytes and retries are counted.
+    """
+
+    def __init__(self, cfg: IoConfig, counters: Counters) -> None:
+        self.cfg = cfg
+        self.counters = counters
+        self._session: requests.Session | None = None
+        self._pid = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_session"] = None
+        return state
+
+    @property
+    def session(self) -> requests.Session:
+        """This process's keep-alive session (a new one after fork)."""
+        if self._session is None or self._pid != os.getpid():
+            s = requests.Session()
+            s.headers["Accept-Encoding"] = "identity"  # byte ranges of the stored bytes
+            self._session, self._pid = s, os.getpid()
+        return self._session
+
+    def stream(
+        self, url: str, start: int = 0, end: int | None = None, *, gate: Gate | None = None
+    ) -> Iterator[bytes]:
+        """Yield the bytes ``[start, end)`` of ``url`` (``end`` None: to its end)."""
+        return resuming_chunks(
+            url,
+            lambda pos, stop: self._open_range(url, pos, stop, gate),
+            start,
+            end,
+            policy=policy_of(self.cfg),
+            counters=self.counters,
+        )
+
+    def _request(self, url: str, headers: dict[str, str]) -> requests.Response:
+        self.counters.add("requests")
+        try:
+            return self.session.get(
+                url,
+                headers=headers,
+                stream=True,
+                timeout=(self.cfg.connect_timeout, self.cfg.read_timeout),
+                allow_redirects=True,
+            )
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            raise Retryable(f"cannot connect or no answer: {exc}") from exc
+        except requests.RequestException as exc:
+            raise FetchError(f"bad request: {exc}", url=url) from exc
+
+    def _open_range(self, url: str, pos: int, end: int | None, gate: Gate | None) -> _Body:
+        stop = pos + self.cfg.range_size if end is None else min(end, pos + self.cfg.range_size)
+        stack = contextlib.ExitStack()
+        try:
+            if gate is not None:
+                stack.enter_context(gate())
+            resp = self._request(url, {"Range": f"bytes={pos}-{stop - 1}"})
+            body = self._body(url, resp, pos, stop, end)
+        except BaseException:
+            stack.close()
+            raise
+        body.stack = stack
+        return body
+
+    def _body(
+        self, url: str, resp: requests.Response, pos: int, stop: int, end: int | None
+    ) -> _Body:
+        status = resp.status_code
+        if status == 206:
+            m = _CONTENT_RANGE.match(resp.headers.get("Content-Range", ""))
+            if m is None or int(m.group(1)) != pos:
+                resp.close()
+                raise FetchError(
+                    f"bad Content-Range {resp.headers.get('Content-Range')!r} for offset {pos}",
+                    url=url,
+                    status=status,
+                )
+            total = None if m.group(3) == "*" else int(m.group(3))
+            return _Body(resp, 0, int(m.group(2)) + 1 - pos, total, self.counters)
+        if status == 200:
+            length = resp.headers.get("Content-Length")
+            total = int(length) if length and length.isdigit() else None
+            return _Body(resp, pos, None if end is None else end - pos, total, self.counters)
+        resp.close()
+        if status == 416:  # asked past the end: nothing there, as with a file
+            m = _UNSATISFIABLE.match(resp.headers.get("Content-Range", ""))
+            return _Body(resp, 0, 0, int(m.group(1)) if m else pos)
+        if status in _RETRY_STATUS:
+            retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+            raise Retryable(f"HTTP {status}", status=status, retry_after=retry_after)
+        raise FetchError("refused", url=url, status=status)
+
+    def get(self, url: str, *, etag: str | None = None) -> tuple[bytes | None, str | None]:
+        """The whole object and its ETag; ``(None, etag)`` if it still has ``etag`` (304)."""
+        seen: dict[str, str | None] = {}
+
+        def whole(pos: int, end: int | None) -> _Body:
+            resp = self._request(url, {"If-None-Match": etag} if etag else {})
+            if resp.status_code == 304:
+                resp.close()
+                seen["status"] = "304"
+                return _Body(resp, 0, 0, 0)
+            if resp.status_code != 200:
+                return self._body(url, resp, pos, pos, end)
+            seen["etag"] = resp.headers.get("ETag")
+            length = resp.headers.get("Content-Length")
+            total = int(length) if length and length.isdigit() else None
+            return _Body(resp, pos, None, total, self.counters)
+
+        data = b"".join(
+            resuming_chunks(url, whole, 0, None, policy=policy_of(self.cfg), counters=self.counters)
+        )
+        if seen.get("status") == "304":
+            return None, etag
+        return data, seen.get("etag")

@@ -1,0 +1,191 @@
+"""The uncached opener: every scheme, streamed straight from where it lives.
+
+``RemoteOpener`` dispatches on the url's scheme (local path / ``file://``, ``http(s)://``,
+``s3://``, ``pipe:``). A whole-object read given the manifest's ``size`` and ``checksum``
+is verified on the fly: the last read raises :class:`ChecksumError` on a mismatch, so even
+without a cache a corrupt shard is never taken for a good one. Ranged reads (a sample
+range from the index) become ranged requests and cannot be verified.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from typing import Any, BinaryIO, Protocol
+
+from shardkit.checksum import new_hasher, split_checksum
+from shardkit.errors import ChecksumError, ConfigError
+from shardkit.io.config import IoConfig
+from shardkit.io.http import Gate, HttpSource
+from shardkit.io.local import open_local
+from shardkit.io.opener import url_scheme
+from shardkit.io.pipe import check_pipe_allowed, open_pipe
+from shardkit.io.retry import Counters
+from shardkit.io.s3 import S3Source
+
+__all__ = ["ChunkStream", "RangeSource", "RemoteOpener"]
+
+
+class RangeSource(Protocol):
+    """Something that streams ``[start, end)`` of a remote object (HTTP, S3)."""
+
+    def stream(
+        self, url: str, start: int = 0, end: int | None = None, *, gate: Gate | None = None
+    ) -> Iterator[bytes]: ...
+
+    def get(self, url: str, *, etag: str | None = None) -> tuple[bytes | None, str | None]: ...
+
+
+class ChunkStream(io.RawIOBase):
+    """A raw binary stream over an iterator of byte chunks.
+
+    With ``size`` and ``checksum`` it hashes what passes and, at the end, raises
+    :class:`ChecksumError` (naming ``url``) if the bytes are not the promised ones.
+    """
+
+    def __init__(
+        self,
+        chunks: Iterator[bytes],
+        *,
+        url: str,
+        size: int | None = None,
+        checksum: str | None = None,
+    ) -> None:
+        self._chunks = chunks
+        self._buf = memoryview(b"")
+        self._url = url
+        self._size = size
+        self._checksum = checksum
+        self._hasher = new_hasher(split_checksum(checksum)[0]) if checksum else None
+        self._seen = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        while not self._buf:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                self._verify()
+                return 0
+            self._buf = memoryview(chunk)
+            self._seen += len(chunk)
+            if self._hasher is not None:
+                self._hasher.update(chunk)
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+    def _verify(self) -> None:
+        if self._size is not None and self._seen != self._size:
+            raise ChecksumError(
+                "size differs from the manifest",
+                url=self._url,
+                expected=f"{self._size} bytes",
+                actual=f"{self._seen} bytes",
+            )
+        if self._hasher is not None and self._checksum is not None:
+            algo, want = split_checksum(self._checksum)
+            got = self._hasher.hexdigest()
+            if got != want:
+                raise ChecksumError(
+                    "checksum differs from the manifest",
+                    url=self._url,
+                    expected=self._checksum,
+                    actual=f"{algo}:{got}",
+                )
+            self._hasher = None
+
+    def close(self) -> None:
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()
+        super().close()
+
+
+def buffered(raw: io.RawIOBase) -> BinaryIO:
+    """Wrap a raw stream in a 1 MiB buffer."""
+    return io.BufferedReader(raw, buffer_size=1 << 20)
+
+
+class RemoteOpener:
+    """Reads any scheme without a cache (see the module docstring).
+
+    Args:
+        cfg: the io options.
+        counters: this process's counters (shared with a caching opener above it).
+    """
+
+    def __init__(self, cfg: IoConfig, counters: Counters | None = None) -> None:
+        self.cfg = cfg
+        self.counters = counters or Counters()
+        self.http = HttpSource(cfg, self.counters)
+        self._s3: S3Source | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+    def source(self, url: str) -> RangeSource | None:
+        """The ranged source for a remote url, or None for local and pipe urls."""
+        scheme = url_scheme(url)
+        if scheme in ("http", "https"):
+            return self.http
+        if scheme == "s3":
+            if self._s3 is None:
+                self._s3 = S3Source(self.cfg, self.counters)
+            return self._s3
+        if scheme in ("file", "pipe"):
+            return None
+        raise ConfigError(f"unsupported url scheme {scheme!r} in {url!r}")
+
+    def open(
+        self,
+        url: str,
+        *,
+        start: int = 0,
+        end: int | None = None,
+        size: int | None = None,
+        checksum: str | None = None,
+    ) -> BinaryIO:
+        """Stream ``[start, end)`` of ``url``; a whole-object read is verified."""
+        if url_scheme(url) == "pipe":
+            check_pipe_allowed(url, self.cfg.allow_pipe)
+            return open_pipe(url, start=start, end=end)
+        src = self.source(url)
+        if src is None:
+            return open_local(url, start=start, end=end)
+        whole = start == 0 and (end is None or end == size)
+        if end is None and size is not None:
+            end = size
+        self.counters.add("uncached_reads")
+        return buffered(
+            ChunkStream(
+                src.stream(url, start, end),
+                url=url,
+                size=size if whole else None,
+                checksum=checksum if whole else None,
+            )
+        )
+
+    def read(self, url: str, *, start: int = 0, end: int | None = None) -> bytes:
+        with self.open(url, start=start, end=end) as f:
+            return f.read()
+
+    def fetch_manifest(self, url: str) -> bytes:
+        """The whole (small) object at ``url``: a manifest."""
+        src = self.source(url)
+        if src is None:
+            return self.read(url)
+        data, _ = src.get(url)
+        assert data is not None  # no ETag was sent, so no 304
+        return data
+
+    def prefetch(self, shards: list[tuple[str, int | None, str | None]]) -> None:
+        del shards  # nothing to fetch ahead into without a cache
+
+    def stats(self) -> dict[str, float]:
+        return self.counters.snapshot()
+
+    def __repr__(self) -> str:
+        return f"RemoteOpener(cache_dir=None, allow_pipe={self.cfg.allow_pipe})"

@@ -1,0 +1,190 @@
+"""Retries with backoff and jitter, resume from the last byte, and per-process counters.
+
+A remote source (HTTP, S3) only knows how to open one byte range and iterate its body; it
+raises :class:`Retryable` for a failure worth another try (a dropped connection, a
+timeout, 429/5xx). :func:`resuming_chunks` turns that into one contiguous stream of
+``[start, end)``: after a failure it waits (exponential backoff with jitter, or the
+server's ``Retry-After``) and asks again from the first byte it has not delivered. It gives
+up with :class:`FetchError` after ``max_attempts`` tries in a row that made no progress.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from shardkit.errors import FetchError
+
+__all__ = [
+    "Counters",
+    "RangeResponse",
+    "RetryPolicy",
+    "Retryable",
+    "parse_retry_after",
+    "resuming_chunks",
+]
+
+log = logging.getLogger(__name__)
+
+
+class Counters:
+    """Thread-safe named counters of one process (requests, bytes, retries, cache hits).
+
+    They count this process only: a forked or unpickled copy starts from zero, so the
+    counters of a loader's workers can be summed without counting the parent's twice.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, float] = {}
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict[str, object]:
+        return {}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    def _mine(self) -> dict[str, float]:
+        if self._pid != os.getpid():
+            self._lock = threading.Lock()
+            self._values = {}
+            self._pid = os.getpid()
+        return self._values
+
+    def add(self, name: str, n: float = 1) -> None:
+        values = self._mine()
+        with self._lock:
+            values[name] = values.get(name, 0) + n
+
+    def snapshot(self) -> dict[str, float]:
+        values = self._mine()
+        with self._lock:
+            return dict(values)
+
+
+class Retryable(Exception):
+    """A failure worth retrying; ``status`` and ``retry_after`` when the server said so."""
+
+    def __init__(
+        self, message: str, *, status: int | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
+
+
+class RangeResponse(Protocol):
+    """One open ranged read: the object's ``total`` size if known, and its body."""
+
+    total: int | None
+
+    def chunks(self) -> Iterator[bytes]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with "equal jitter", and how long ``Retry-After`` is honoured."""
+
+    max_attempts: int = 8
+    backoff_base: float = 0.25
+    backoff_max: float = 30.0
+    retry_after_max: float = 120.0
+
+    def delay(self, failures: int, retry_after: float | None, rng: random.Random) -> float:
+        """Seconds to wait before try ``failures + 1``."""
+        if retry_after is not None:
+            return min(retry_after, self.retry_after_max) + rng.uniform(0, self.backoff_base)
+        step = min(self.backoff_max, self.backoff_base * 2.0 ** (failures - 1))
+        return step / 2 + rng.uniform(0, step / 2)
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """``Retry-After`` as seconds: delta-seconds or an HTTP date; None if absent or bad."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+OpenRange = Callable[[int, int | None], RangeResponse]
+
+
+def resuming_chunks(
+    url: str,
+    open_range: OpenRange,
+    start: int,
+    end: int | None,
+    *,
+    policy: RetryPolicy,
+    counters: Counters,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[bytes]:
+    """Yield the bytes of ``[start, end)`` of ``url`` (``end`` None: to the object's end).
+
+    ``open_range(pos, end)`` opens a read from ``pos``; it may deliver fewer bytes than
+    asked (one range of a configured size), and the loop asks again from where it ended.
+    """
+    rng = random.Random()
+    pos = start
+    failures = 0
+    while end is None or pos < end:
+        try:
+            resp = open_range(pos, end)
+        except Retryable as exc:
+            failures = _failed(url, exc, failures, policy, counters, rng, sleep)
+            continue
+        try:
+            if resp.total is not None and (end is None or end > resp.total):
+                end = resp.total  # like a file: a read past the end stops at the end
+            before = pos
+            for chunk in resp.chunks():
+                pos += len(chunk)
+                failures = 0
+                yield chunk
+            if pos == before:
+                if end is None:
+                    return  # an object of unknown size has ended
+                if pos < end:
+                    raise Retryable(f"the server sent no bytes at offset {pos} of {end}")
+        except Retryable as exc:
+            failures = _failed(url, exc, failures, policy, counters, rng, sleep)
+        finally:
+            resp.close()
+
+
+def _failed(
+    url: str,
+    exc: Retryable,
+    failures: int,
+    policy: RetryPolicy,
+    counters: Counters,
+    rng: random.Random,
+    sleep: Callable[[float], None],
+) -> int:
+    """Count one failure: wait before the next try, or raise FetchError if out of tries."""
+    failures += 1
+    if failures >= policy.max_attempts:
+        raise FetchError(
+            f"giving up: {exc}", url=url, status=exc.status, attempts=failures
+        ) from exc
+    wait = policy.delay(failures, exc.retry_after, rng)
+    counters.add("retries")
+    log.info("%s: %s; retry %d in %.2fs", url, exc, failures, wait)
+    sleep(wait)
+    return failures

@@ -1,0 +1,211 @@
+"""``s3://bucket/key`` through boto3, for AWS and S3-compatible stores.
+
+The endpoint comes from ``endpoint_url=`` (or boto3's own ``AWS_ENDPOINT_URL``);
+credentials and region from boto3's usual chain. Reads are ranged ``GetObject`` calls with
+the same retry, backoff and resume-from-the-last-byte loop as HTTP
+(:mod:`shardkit.io.retry`); botocore's own retries are turned off so that every try is
+counted once. One client per process, created lazily (again after fork).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+from shardkit.errors import ConfigError, FetchError
+from shardkit.io.config import IoConfig
+from shardkit.io.http import CHUNK, Gate, policy_of
+from shardkit.io.retry import Counters, Retryable, resuming_chunks
+
+__all__ = ["S3Source", "split_s3_url"]
+
+_CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
+_RETRY_CODES = frozenset(
+    {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError"}
+)
+
+
+def split_s3_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/a/b.tar`` → ``("bucket", "a/b.tar")``."""
+    parts = urlsplit(url)
+    key = parts.path.lstrip("/")
+    if parts.scheme != "s3" or not parts.netloc or not key:
+        raise ConfigError(f"not an s3 url with a bucket and a key: {url!r}")
+    return parts.netloc, key
+
+
+class _S3Body:
+    """The streaming body of one ranged ``GetObject``."""
+
+    def __init__(self, body: Any, want: int | None, total: int | None, counters: Counters):
+        self.total = total
+        self._body = body
+        self._want = want
+        self._counters = counters
+        self.stack = contextlib.ExitStack()
+
+    def chunks(self) -> Iterator[bytes]:
+        from botocore.exceptions import BotoCoreError
+
+        try:
+            while self._want is None or self._want > 0:
+                n = CHUNK if self._want is None else min(CHUNK, self._want)
+                data = self._body.read(n)
+                if not data:
+                    return
+                if self._want is not None:
+                    self._want -= len(data)
+                self._counters.add("bytes_fetched", len(data))
+                yield data
+        except (BotoCoreError, OSError) as exc:
+            raise Retryable(f"connection broken mid-body: {exc}") from exc
+
+    def close(self) -> None:
+        try:
+            self._body.close()
+        finally:
+            self.stack.close()
+
+
+class S3Source:
+    """Ranged reads of ``s3://`` urls.
+
+    Args:
+        cfg: endpoint, timeouts, range size and retry policy.
+        counters: where requests, bytes and retries are counted.
+    """
+
+    def __init__(self, cfg: IoConfig, counters: Counters) -> None:
+        self.cfg = cfg
+        self.counters = counters
+        self._client: Any = None
+        self._pid = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_client"] = None
+        return state
+
+    @property
+    def client(self) -> Any:
+        """This process's boto3 S3 client."""
+        if self._client is None or self._pid != os.getpid():
+            try:
+                import boto3
+                from botocore.config import Config
+            except ImportError as exc:
+                raise ConfigError("s3:// urls need boto3: pip install 'shardkit[s3]'") from exc
+            config = Config(
+                connect_timeout=self.cfg.connect_timeout,
+                read_timeout=self.cfg.read_timeout,
+                retries={"total_max_attempts": 1},
+                max_pool_connections=max(10, self.cfg.prefetch_threads + 2),
+            )
+            session = boto3.session.Session()
+            self._client = session.client("s3", endpoint_url=self.cfg.endpoint_url, config=config)
+            self._pid = os.getpid()
+        return self._client
+
+    def stream(
+        self, url: str, start: int = 0, end: int | None = None, *, gate: Gate | None = None
+    ) -> Iterator[bytes]:
+        """Yield the bytes ``[start, end)`` of ``url`` (``end`` None: to its end)."""
+        bucket, key = split_s3_url(url)
+        return resuming_chunks(
+            url,
+            lambda pos, stop: self._open_range(url, bucket, key, pos, stop, gate),
+            start,
+            end,
+            policy=policy_of(self.cfg),
+            counters=self.counters,
+        )
+
+    def _call(self, url: str, **kwargs: Any) -> dict[str, Any]:
+        """One ``GetObject``, its errors sorted into retryable and final."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        self.counters.add("requests")
+        try:
+            out: dict[str, Any] = self.client.get_object(**kwargs)
+            return out
+        except ClientError as exc:
+            meta = exc.response.get("ResponseMetadata", {})
+            status = meta.get("HTTPStatusCode")
+            code = exc.response.get("Error", {}).get("Code", "")
+            if status == 304 or code in ("304", "NotModified"):
+                return {"NotModified": True}
+            if code in _RETRY_CODES or status in (429, 500, 502, 503, 504):
+                retry_after = meta.get("HTTPHeaders", {}).get("retry-after")
+                raise Retryable(
+                    f"S3 {code}",
+                    status=status,
+                    retry_after=float(retry_after) if str(retry_after).isdigit() else None,
+                ) from exc
+            if code == "InvalidRange":
+                return {"InvalidRange": True}
+            raise FetchError(f"S3 {code}: {exc}", url=url, status=status) from exc
+        except BotoCoreError as exc:
+            raise Retryable(f"S3 connection failed: {exc}") from exc
+
+    def _open_range(
+        self, url: str, bucket: str, key: str, pos: int, end: int | None, gate: Gate | None
+    ) -> _S3Body:
+        stop = pos + self.cfg.range_size if end is None else min(end, pos + self.cfg.range_size)
+        stack = contextlib.ExitStack()
+        if gate is not None:
+            stack.enter_context(gate())
+        try:
+            out = self._call(url, Bucket=bucket, Key=key, Range=f"bytes={pos}-{stop - 1}")
+        except BaseException:
+            stack.close()
+            raise
+        if out.get("InvalidRange"):  # asked past the end: nothing there, as with a file
+            stack.close()
+            return _S3Body(_Empty(), 0, pos, self.counters)
+        m = _CONTENT_RANGE.match(out.get("ContentRange") or "")
+        total = int(m.group(3)) if m and m.group(3) != "*" else None
+        body = _S3Body(out["Body"], stop - pos, total, self.counters)
+        body.stack = stack
+        return body
+
+    def get(self, url: str, *, etag: str | None = None) -> tuple[bytes | None, str | None]:
+        """The whole object and its ETag; ``(None, etag)`` if it still has ``etag``."""
+        bucket, key = split_s3_url(url)
+        extra = {"IfNoneMatch": etag} if etag else {}
+        seen: dict[str, Any] = {}
+
+        def whole(pos: int, end: int | None) -> _S3Body:
+            out = self._call(url, Bucket=bucket, Key=key, **extra)
+            if out.get("NotModified"):
+                seen["not_modified"] = True
+                return _S3Body(_Empty(), 0, 0, self.counters)
+            seen["etag"] = out.get("ETag")
+            _discard(out["Body"], pos)  # a retry after a partial read: skip what was delivered
+            return _S3Body(out["Body"], None, out.get("ContentLength"), self.counters)
+
+        data = b"".join(
+            resuming_chunks(url, whole, 0, None, policy=policy_of(self.cfg), counters=self.counters)
+        )
+        if seen.get("not_modified"):
+            return None, etag
+        return data, seen.get("etag")
+
+
+class _Empty:
+    def read(self, n: int) -> bytes:
+        return b""
+
+    def close(self) -> None:
+        pass
+
+
+def _discard(body: Any, n: int) -> None:
+    while n > 0:
+        got = body.read(min(n, CHUNK))
+        if not got:
+            return
+        n -= len(got)

@@ -1,0 +1,282 @@
+"""Real servers the tests start on 127.0.0.1: an HTTP file server with Range support, a
+request log and fault injection, and moto's S3 server.
+
+``RangeServer(root)`` serves the files under ``root`` over HTTP/1.1 keep-alive, with
+``Range`` (206), ``ETag``/``If-None-Match`` (304), an optional latency per request and a
+total bandwidth cap. Every request is logged (path, range, status, body bytes sent).
+Faults are queued per path pattern and each hits ``times`` requests:
+
+- ``drop``: send ``after`` bytes of the body, then cut the connection;
+- ``status``: answer ``status`` (429, 503, ...) with an optional ``Retry-After``;
+- ``stall``: send ``after`` bytes, go silent for ``seconds``, then go on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+__all__ = ["Fault", "RangeServer", "Record", "free_port", "moto_server"]
+
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
+_PIECE = 64 << 10
+
+
+@dataclass
+class Record:
+    """One request the server answered."""
+
+    method: str
+    path: str
+    range: str | None
+    status: int
+    sent: int = 0
+    start: float = 0.0
+    end: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Fault:
+    """A fault served to the next ``times`` requests whose path matches ``pattern``."""
+
+    pattern: str
+    kind: str  # "drop" | "status" | "stall"
+    times: int = 1
+    after: int = 0
+    status: int = 503
+    retry_after: str | None = None
+    seconds: float = 0.0
+
+
+class _Throttle:
+    """A total bandwidth cap shared by every connection."""
+
+    def __init__(self, rate: float | None) -> None:
+        self.rate = rate
+        self._lock = threading.Lock()
+        self._free_at = 0.0
+
+    def take(self, n: int) -> None:
+        if not self.rate:
+            return
+        with self._lock:
+            now = time.monotonic()
+            self._free_at = max(now, self._free_at) + n / self.rate
+            until = self._free_at
+        time.sleep(max(0.0, until - time.monotonic()))
+
+
+class RangeServer:
+    """A threaded HTTP server for the files under ``root`` (see the module docstring).
+
+    Args:
+        root: the directory served.
+        latency: seconds added before every answer.
+        bandwidth: bytes per second for all bodies together (None: no cap).
+    """
+
+    def __init__(
+        self, root: str | os.PathLike[str], *, latency: float = 0.0, bandwidth: float | None = None
+    ) -> None:
+        self.root = Path(root).resolve()
+        self.latency = latency
+        self.throttle = _Throttle(bandwidth)
+        self.log: list[Record] = []
+        self.faults: list[Fault] = []
+        self.lock = threading.Lock()
+        self.body_started = threading.Condition(self.lock)
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._httpd.daemon_threads = True
+        self._httpd.handle_error = lambda request, address: None  # type: ignore[method-assign]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    def url(self, path: str = "") -> str:
+        return f"http://127.0.0.1:{self.port}/{path.lstrip('/')}"
+
+    def start(self) -> RangeServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> RangeServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def add_fault(self, pattern: str, kind: str, **kwargs: Any) -> Fault:
+        f = Fault(pattern, kind, **kwargs)
+        with self.lock:
+            self.faults.append(f)
+        return f
+
+    def take_fault(self, path: str) -> Fault | None:
+        with self.lock:
+            for f in self.faults:
+                if f.times > 0 and fnmatch.fnmatch(path, f.pattern):
+                    f.times -= 1
+                    return f
+        return None
+
+    def requests(self, pattern: str = "*", *, method: str = "GET") -> list[Record]:
+        """The logged requests whose path matches ``pattern``."""
+        with self.lock:
+            return [r for r in self.log if r.method == method and fnmatch.fnmatch(r.path, pattern)]
+
+    def bytes_sent(self, pattern: str = "*") -> int:
+        return sum(r.sent for r in self.requests(pattern))
+
+    def clear_log(self) -> None:
+        with self.lock:
+            self.log.clear()
+
+    def wait_body(self, pattern: str, nbytes: int, timeout: float = 30.0) -> None:
+        """Block until the server has sent ``nbytes`` of a body whose path matches."""
+
+        def sent() -> bool:
+            return any(fnmatch.fnmatch(r.path, pattern) and r.sent >= nbytes for r in self.log)
+
+        with self.body_started:
+            if not self.body_started.wait_for(sent, timeout=timeout):
+                raise TimeoutError(f"no body of {pattern} reached {nbytes} bytes")
+
+
+def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """``[lo, hi)`` for a Range header; None for no or an unsatisfiable range."""
+    m = _RANGE.match(header or "")
+    if m is None:
+        return None
+    a, b = m.group(1), m.group(2)
+    if a == "":
+        lo, hi = max(0, size - int(b)), size
+    else:
+        lo, hi = int(a), (min(int(b) + 1, size) if b else size)
+    return (lo, hi) if lo < hi else (size, size)
+
+
+def _handler_for(server: RangeServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_HEAD(self) -> None:
+            self._serve(body=False)
+
+        def do_GET(self) -> None:
+            self._serve(body=True)
+
+        def _serve(self, *, body: bool) -> None:
+            path = unquote(urlsplit(self.path).path)
+            rec = Record(self.command, path, self.headers.get("Range"), 0, start=time.time())
+            rec.headers = dict(self.headers.items())
+            with server.lock:
+                server.log.append(rec)
+            if server.latency:
+                time.sleep(server.latency)
+            try:
+                self._answer(path, rec, body)
+            except OSError:  # the client went away (a timeout, a test that is done)
+                self.close_connection = True
+            finally:
+                rec.end = time.time()
+
+        def _answer(self, path: str, rec: Record, body: bool) -> None:
+            fault = server.take_fault(path)
+            if fault is not None and fault.kind == "status":
+                headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
+                return self._empty(rec, fault.status, headers)
+            target = (server.root / path.lstrip("/")).resolve()
+            if server.root not in target.parents or not target.is_file():
+                return self._empty(rec, 404, {})
+            data = target.read_bytes()
+            st = target.stat()
+            etag = f'"{st.st_size:x}-{st.st_mtime_ns:x}"'
+            if self.headers.get("If-None-Match") == etag:
+                return self._empty(rec, 304, {"ETag": etag})
+            rng = _parse_range(self.headers.get("Range"), len(data))
+            status, lo, hi = (206, *rng) if rng else (200, 0, len(data))
+            if rng and lo >= len(data):
+                return self._empty(rec, 416, {"Content-Range": f"bytes */{len(data)}"})
+            rec.status = status
+            self.send_response(status)
+            self.send_header("Content-Length", str(hi - lo))
+            self.send_header("ETag", etag)
+            self.send_header("Accept-Ranges", "bytes")
+            if status == 206:
+                self.send_header("Content-Range", f"bytes {lo}-{hi - 1}/{len(data)}")
+            self.end_headers()
+            if body:
+                self._body(rec, data[lo:hi], fault)
+
+        def _body(self, rec: Record, data: bytes, fault: Fault | None) -> None:
+            pos = 0
+            while pos < len(data):
+                n = min(_PIECE, len(data) - pos)
+                if fault is not None and pos < fault.after <= pos + n:
+                    n = fault.after - pos
+                server.throttle.take(n)
+                self.wfile.write(data[pos : pos + n])
+                self.wfile.flush()
+                pos += n
+                with server.body_started:
+                    rec.sent = pos
+                    server.body_started.notify_all()
+                if fault is not None and pos == fault.after:
+                    if fault.kind == "drop":
+                        self.close_connection = True
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                        return
+                    if fault.kind == "stall":
+                        time.sleep(fault.seconds)
+
+        def _empty(self, rec: Record, status: int, headers: dict[str, str]) -> None:
+            rec.status = status
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    return Handler
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def moto_server() -> Iterator[str]:
+    """moto's S3-compatible server in a thread on 127.0.0.1; yields its endpoint url."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
