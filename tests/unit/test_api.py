@@ -1,8 +1,8 @@
 """The public surface: ``shardkit.__all__`` is sorted, complete and importable."""
 
 from __future__ import annotations
-
 import __future__
+
 import inspect
 import types
 
