@@ -157,7 +157,7 @@ class TarReader:
         if self.size is not None and self.offset + size > self.size:
             raise ShardFormatError(
                 f"member {name!r} claims {size} bytes, past the end of the data "
-                f"({self.size} bytes)",
+                f"({self.size} bytes): truncated or corrupt",
                 url=self.url,
                 offset=at,
             )
