@@ -234,6 +234,8 @@ def _check_deep(
             else:
                 offsets, end = _scan(tee, entry.url, size)  # type: ignore[arg-type]
         except ShardkitError as exc:
+            if isinstance(exc.__cause__, OSError):  # the bytes could not be read at all
+                raise exc.__cause__ from exc
             offset = getattr(exc, "offset", None)
             problems.append(Problem(entry.url, "format", str(exc), offset=offset))
         tee.drain(buf)

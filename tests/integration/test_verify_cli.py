@@ -263,3 +263,32 @@ def test_installed_entry_point_exit_codes(shards: Path) -> None:
     shards.write_text("{")
     broken = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert broken.returncode == 2 and "cannot read manifest" in broken.stderr
+
+
+def test_verify_over_http(shards: Path) -> None:
+    from tests.helpers.servers import RangeServer
+
+    with RangeServer(shards.parent) as server:
+        url = server.url("manifest.json")
+        for level in LEVELS:
+            result = run(url, level)
+            assert result.exit_code == 0, result.output
+        assert server.requests("*.idx"), "deep mode reads the sample index over HTTP"
+        d = shards.parent
+        sizes = [e.size for e in Manifest.load(shards).shards]
+        with open(d / "data-000000.tar", "r+b") as f:
+            f.truncate(5120)
+        (d / "data-000002.tar").unlink()
+        with open(d / "data-000001.tar", "ab") as f:
+            f.write(b"\0" * 512)
+        quick = run(url, "--quick")
+        assert quick.exit_code == 1
+        for i, sign in ((0, "<"), (1, ">")):
+            want = f"data-00000{i}.tar: size: size differs (expected {sizes[i]}, found {sign} "
+            assert want in quick.stdout
+        for level in LEVELS:
+            report = _report(url, level)
+            kinds = [(p["url"], p["kind"]) for p in report["problems"]]
+            assert ("data-000002.tar", "missing") in kinds
+            assert ("data-000000.tar", "size") in kinds and ("data-000001.tar", "size") in kinds
+            assert report["warnings"] == []  # extra files are looked for beside local shards only
