@@ -47,6 +47,7 @@ class _Local:
         self.lock = threading.Lock()
         self.fills: dict[str, Fill] = {}
         self.queued: set[str] = set()
+        self.leases: dict[str, int] = {}  # prefetched shards, kept from eviction until read
         self.warned = False
         self._threads = threads
         self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
@@ -123,6 +124,7 @@ class CachingOpener:
                     expected=f"{size} bytes",
                 )
             self.counters.add("cache_hits")
+            self._drop_lease(key)  # the reader holds its own from here
             return buffered(CacheStream(self, key, url, start, stop, fd=fd))
         self.counters.add("cache_misses")
         fill = self._start_fill(key, url)
@@ -145,9 +147,8 @@ class CachingOpener:
             key = CacheKey.of(checksum, size)
             with local.lock:
                 running = local.fills.get(key.name)
-                if key.name in local.queued or (running is not None and not running.done):
-                    continue
-                if os.path.exists(self.store.path(key)):
+                busy = key.name in local.queued or key.name in local.leases
+                if busy or (running is not None and not running.done):
                     continue
                 local.queued.add(key.name)
             local.submit(functools.partial(self._prefetch_one, key, url))
@@ -233,15 +234,29 @@ class CachingOpener:
         return fill
 
     def _prefetch_one(self, key: CacheKey, url: str) -> None:
+        """Fetch one shard ahead and lease it, so eviction spares it until it is read."""
         local = self._local
         try:
-            self.counters.add("prefetches")
-            self._start_fill(key, url, inline=True)
-        except Exception:  # a prefetch is a hint: its reader will see the error
+            if not os.path.exists(self.store.path(key)):
+                self.counters.add("prefetches")
+                self._start_fill(key, url, inline=True)
+            fd = self.store.open_published(key)
+        except Exception:  # a prefetch is a hint: its reader will meet the error itself
             log.debug("prefetch of %s failed", url, exc_info=True)
-        finally:
-            with local.lock:
-                local.queued.discard(key.name)
+            fd = None
+        with local.lock:
+            local.queued.discard(key.name)
+            if fd is not None:
+                local.leases[key.name] = fd
+            while len(local.leases) > 2 * max(1, self.cfg.prefetch_depth):
+                os.close(local.leases.pop(next(iter(local.leases))))  # the oldest hint
+
+    def _drop_lease(self, key: CacheKey) -> None:
+        local = self._local
+        with local.lock:
+            fd = local.leases.pop(key.name, None)
+        if fd is not None:
+            os.close(fd)
 
     def __repr__(self) -> str:
         return f"CachingOpener(cache_dir={self.store.root!r}, limit={self.store.limit})"

@@ -70,7 +70,8 @@ class _Body:
                     raise Retryable("connection ended before the wanted offset")
                 self._skip -= len(got)
             while self._want is None or self._want > 0:
-                data = raw.read(CHUNK if self._want is None else min(CHUNK, self._want))
+                # read1: what has arrived, so a stall or a drop loses no received bytes
+                data = raw.read1(CHUNK if self._want is None else min(CHUNK, self._want))
                 if not data:
                     return
                 if self._want is not None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["Fault", "RangeServer", "Record", "free_port", "moto_server"]
+__all__ = ["Fault", "RangeServer", "Record", "free_port", "moto_server", "read_samples"]
 
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
 _PIECE = 64 << 10
@@ -45,6 +45,7 @@ class Record:
     start: float = 0.0
     end: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
+    client: tuple[str, int] = ("", 0)
 
 
 @dataclass
@@ -191,6 +192,7 @@ def _handler_for(server: RangeServer) -> type[BaseHTTPRequestHandler]:
             path = unquote(urlsplit(self.path).path)
             rec = Record(self.command, path, self.headers.get("Range"), 0, start=time.time())
             rec.headers = dict(self.headers.items())
+            rec.client = (str(self.client_address[0]), int(self.client_address[1]))
             with server.lock:
                 server.log.append(rec)
             if server.latency:
@@ -280,3 +282,15 @@ def moto_server() -> Iterator[str]:
         yield f"http://{host}:{port}"
     finally:
         server.stop()
+
+
+def read_samples(opener: Any, manifest: Any, **resolve: Any) -> list[dict[str, object]]:
+    """Every sample of every shard of ``manifest``, read through ``opener.open``."""
+    from shardkit.tario.reader import read_shard
+
+    out: list[dict[str, object]] = []
+    for entry in manifest.shards:
+        url = manifest.resolve(entry.url, **resolve)
+        with opener.open(url, size=entry.size, checksum=entry.checksum) as f:
+            out.extend(read_shard(f, url=url))
+    return out

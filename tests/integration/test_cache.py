@@ -1,0 +1,280 @@
+"""The node-local cache in one process, against a real Range server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from shardkit.cache import CacheKey, CacheStore
+from shardkit.errors import ChecksumError
+from shardkit.io import load_manifest, make_opener
+from shardkit.manifest import Manifest
+from shardkit.tario.index import read_index
+from shardkit.tario.reader import read_shard
+from tests.helpers.servers import RangeServer, read_samples
+
+
+@pytest.fixture
+def shards(make_shards: Callable[..., Manifest]) -> Manifest:
+    return make_shards([10] * 8, tokens=3000, subdir="ds")
+
+
+@pytest.fixture
+def server(shards: Manifest) -> Iterator[RangeServer]:
+    with RangeServer(str(shards.base)) as srv:
+        yield srv
+
+
+def entries(opener: object, server: RangeServer) -> tuple[Manifest, list[str]]:
+    m = load_manifest(server.url("manifest.json"), opener)  # type: ignore[arg-type]
+    return m, [m.resolve(s.url) for s in m.shards]
+
+
+def cached_files(cache: Path) -> list[Path]:
+    return sorted(p for p in (cache / "data").rglob("*") if p.is_file())
+
+
+def test_second_read_is_served_from_the_cache(
+    shards: Manifest, server: RangeServer, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    opener = make_opener(cache_dir=cache)
+    m, urls = entries(opener, server)
+    want = read_samples(make_opener(), shards)
+    assert read_samples(opener, m) == want
+    assert len(server.requests("/data-*")) == 8
+    assert read_samples(opener, m) == want
+    assert len(server.requests("/data-*")) == 8  # no new request
+    stats = opener.stats()
+    assert stats["cache_misses"] == 8 and stats["cache_hits"] == 8
+    assert [p.name for p in cached_files(cache)] == sorted(
+        s.checksum.split(":")[1] for s in shards.shards
+    )
+    # a ranged read (a sample range from the index) is served from the cached file
+    entry = shards.shards[3]
+    offsets = read_index((Path(str(shards.base)) / str(entry.index)).read_bytes())
+    lo, hi = int(offsets[2]), int(offsets[5])
+    with opener.open(urls[3], start=lo, end=hi, size=entry.size, checksum=entry.checksum) as f:
+        assert [s["__key__"] for s in read_shard(f, url=urls[3], start=lo, end=hi)] == [
+            f"sample-{i:08d}" for i in (32, 33, 34)
+        ]
+    assert len(server.requests("/data-*")) == 8
+
+
+def test_content_addressed_same_names_never_collide(
+    make_shards: Callable[..., Manifest], tmp_path: Path
+) -> None:
+    a = make_shards([5, 5], tokens=100, subdir="a")  # same file names, other bytes
+    b = make_shards([6, 4], tokens=100, subdir="b")
+    cache = tmp_path / "cache"
+    with RangeServer(tmp_path) as srv:
+        opener = make_opener(cache_dir=cache)
+        for name, local in (("a", a), ("b", b)):
+            remote = load_manifest(srv.url(f"{name}/manifest.json"), opener)
+            assert read_samples(opener, remote) == read_samples(make_opener(), local)
+        assert len(cached_files(cache)) == 4
+        copy = tmp_path / "c"
+        copy.mkdir()
+        for p in Path(str(a.base)).iterdir():
+            (copy / p.name).write_bytes(p.read_bytes())
+        remote = load_manifest(srv.url("c/manifest.json"), opener)
+        assert read_samples(opener, remote) == read_samples(make_opener(), a)
+        assert srv.requests("/c/data-*") == []  # same checksums: already cached
+
+
+def test_reader_gets_samples_while_the_shard_arrives(
+    make_shards: Callable[..., Manifest], tmp_path: Path
+) -> None:
+    m = make_shards([40], tokens=8000, subdir="big")  # ~1.3 MB
+    size = m.shards[0].size
+    with RangeServer(str(m.base), bandwidth=1_000_000) as srv:
+        opener = make_opener(cache_dir=tmp_path / "cache")
+        remote, urls = entries(opener, srv)
+        e = remote.shards[0]
+        with opener.open(urls[0], size=e.size, checksum=e.checksum) as f:
+            samples = read_shard(f, url=urls[0])
+            first = next(samples)
+            (rec,) = srv.requests("/data-*")
+            assert first["__key__"] == "sample-00000000"
+            assert rec.sent < size  # the shard is still arriving
+            assert cached_files(tmp_path / "cache") == []  # and is not visible yet
+            assert len(list(samples)) == 39
+        assert len(cached_files(tmp_path / "cache")) == 1
+
+
+def corrupt(path: Path) -> bytes:
+    good = path.read_bytes()
+    bad = bytearray(good)
+    bad[len(bad) // 3] ^= 0x01
+    path.write_bytes(bytes(bad))
+    return good
+
+
+def test_corrupt_byte_is_detected_and_never_cached(
+    shards: Manifest, server: RangeServer, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    entry = shards.shards[4]
+    good = corrupt(Path(str(shards.base)) / entry.url)
+    opener = make_opener(cache_dir=cache)
+    _, urls = entries(opener, server)
+    for _ in range(2):  # the second try does not find a cached "valid" copy either
+        with (
+            pytest.raises(ChecksumError) as info,
+            opener.open(urls[4], size=entry.size, checksum=entry.checksum) as f,
+        ):
+            list(read_shard(f, url=urls[4]))
+        assert info.value.url == urls[4] and info.value.expected == entry.checksum
+        assert cached_files(cache) == []
+    assert len(server.requests("/" + entry.url)) == 4  # fetched again once, per try
+    assert opener.stats()["checksum_failures"] == 4
+    (Path(str(shards.base)) / entry.url).write_bytes(good)  # the server is fixed
+    with opener.open(urls[4], size=entry.size, checksum=entry.checksum) as f:
+        assert len(list(read_shard(f, url=urls[4]))) == 10
+    assert len(cached_files(cache)) == 1
+
+
+def disk_bytes(cache: Path) -> int:
+    """Bytes of shards and temp files in the cache dir right now."""
+    total = 0
+    for sub in ("data", "tmp"):
+        for p in (cache / sub).rglob("*"):
+            with contextlib.suppress(FileNotFoundError):
+                total += p.stat().st_size if p.is_file() else 0
+    return total
+
+
+def test_eviction_keeps_the_limit_and_spares_a_shard_in_use(
+    shards: Manifest, server: RangeServer, tmp_path: Path
+) -> None:
+    size = max(s.size for s in shards.shards)
+    limit = 3 * size
+    cache = tmp_path / "cache"
+    opener = make_opener(cache_dir=cache, cache_limit=limit, prefetch_depth=1)
+    store = CacheStore(str(cache), limit)
+    m, urls = entries(opener, server)
+    want = read_samples(make_opener(), shards)
+    peak = [0]
+    stop = threading.Event()
+
+    def watch() -> None:  # samples the disk use all through the run
+        while not stop.wait(0.002):
+            peak[0] = max(peak[0], disk_bytes(cache))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    first = m.shards[0]
+    held = opener.open(urls[0], size=first.size, checksum=first.checksum)
+    held_samples = read_shard(held, url=urls[0])
+    got = [next(held_samples)]
+    first_path = store.path(CacheKey.of(first.checksum, first.size))
+    try:
+        for i in range(1, 8):
+            e = m.shards[i]
+            opener.prefetch(
+                [
+                    (u, s.size, s.checksum)
+                    for u, s in zip(urls[i + 1 :], m.shards[i + 1 :], strict=True)
+                ]
+            )
+            with opener.open(urls[i], size=e.size, checksum=e.checksum) as f:
+                assert list(read_shard(f, url=urls[i])) == want[10 * i : 10 * i + 10]
+            assert store.usage() <= limit
+            assert os.path.exists(first_path)  # leased: never evicted while read
+        got.extend(held_samples)
+        held.close()
+    finally:
+        stop.set()
+        watcher.join()
+    assert got == want[:10]
+    assert 0 < peak[0] <= limit
+    stats = opener.stats()
+    assert stats["cache_misses"] + stats.get("cache_hits", 0) == 8
+    # every shard was fetched whole exactly once, although some were evicted for others
+    for s in m.shards:
+        assert server.bytes_sent("/" + s.url) == s.size
+    assert len(cached_files(cache)) == 3
+
+
+def test_prefetch_fetches_the_next_shards_in_the_background(
+    shards: Manifest, server: RangeServer, tmp_path: Path
+) -> None:
+    opener = make_opener(cache_dir=tmp_path / "cache", prefetch_depth=2)
+    m, urls = entries(opener, server)
+    store = CacheStore(str(tmp_path / "cache"))
+    plan = [(u, s.size, s.checksum) for u, s in zip(urls, m.shards, strict=True)]
+    opener.prefetch(plan[1:])  # the next two of this worker's plan; the rest is too deep
+    with opener.open(urls[0], size=m.shards[0].size, checksum=m.shards[0].checksum) as f:
+        assert len(list(read_shard(f, url=urls[0]))) == 10
+    for i in (1, 2):
+        e = m.shards[i]
+        with opener.open(urls[i], size=e.size, checksum=e.checksum) as f:
+            assert len(list(read_shard(f, url=urls[i]))) == 10
+        assert os.path.exists(store.path(CacheKey.of(e.checksum, e.size)))
+    assert opener.stats()["prefetches"] == 2
+    assert [len(server.requests("/" + s.url)) for s in m.shards] == [1, 1, 1, 0, 0, 0, 0, 0]
+
+
+def test_node_request_cap(shards: Manifest, tmp_path: Path) -> None:
+    with RangeServer(str(shards.base), latency=0.05) as srv:
+        opener = make_opener(cache_dir=tmp_path / "cache", node_requests=1)
+        m, urls = entries(opener, srv)
+        errors: list[BaseException] = []
+
+        def read(i: int) -> None:
+            try:
+                e = m.shards[i]
+                with opener.open(urls[i], size=e.size, checksum=e.checksum) as f:
+                    f.read()
+            except Exception as exc:  # noqa: BLE001 - collected and asserted below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=read, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        spans = sorted((r.start, r.end) for r in srv.requests("/data-*"))
+        assert len(spans) == 8
+        assert all(a_end <= b_start for (_, a_end), (b_start, _) in itertools.pairwise(spans))
+
+
+def test_dead_temp_files_are_recovered(
+    shards: Manifest, server: RangeServer, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    store = CacheStore(str(cache))
+    store.ensure()
+    e = shards.shards[0]
+    key = CacheKey.of(e.checksum, e.size)
+    Path(store.part_path(key)).write_bytes(b"half a shard")  # left by a killed process
+    other = CacheKey.of(shards.shards[1].checksum, shards.shards[1].size)
+    Path(store.part_path(other)).write_bytes(b"another")
+    opener = make_opener(cache_dir=cache)
+    _, urls = entries(opener, server)
+    with opener.open(urls[0], size=e.size, checksum=e.checksum) as f:
+        assert f.read() == (Path(str(shards.base)) / e.url).read_bytes()
+    assert list(store.parts()) == []  # both dead temp files removed
+
+
+def test_unwritable_cache_reads_uncached(
+    shards: Manifest, server: RangeServer, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the cache dir should be")
+    opener = make_opener(cache_dir=blocker / "cache")
+    m, _ = entries(opener, server)
+    assert read_samples(opener, m) == read_samples(make_opener(), shards)
+    assert opener.stats()["cache_errors"] >= 1
+    strict = make_opener(cache_dir=blocker / "cache", on_cache_error="raise")
+    from shardkit.errors import CacheError
+
+    with pytest.raises(CacheError, match="not-a-dir"):
+        read_samples(strict, m)
