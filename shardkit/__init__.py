@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typing
+
 from shardkit.errors import (
     CacheError,
     ChecksumError,
@@ -19,7 +21,22 @@ from shardkit.manifest import Manifest, ShardEntry
 from shardkit.tario.reader import read_shard
 from shardkit.writer import ShardWriter
 
+if typing.TYPE_CHECKING:
+    from shardkit.dataset import ShardDataset
+    from shardkit.loader import WebLoader
+    from shardkit.mix import mix
+
 __version__ = "0.1.0"
+_LAZY = {"ShardDataset": "shardkit.dataset", "WebLoader": "shardkit.loader", "mix": "shardkit.mix"}
+
+
+def __getattr__(name: str) -> object:
+    """The streaming names import torch: load them on first use, so the CLI starts fast."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'shardkit' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_LAZY[name]), name)
 
 __all__ = [
     "CacheError",
@@ -29,13 +46,16 @@ __all__ = [
     "FetchError",
     "Manifest",
     "ManifestError",
+    "ShardDataset",
     "ShardEntry",
     "ShardError",
     "ShardFormatError",
     "ShardWriter",
     "ShardkitError",
     "StateDictError",
+    "WebLoader",
     "WriterError",
     "__version__",
+    "mix",
     "read_shard",
 ]

@@ -1,0 +1,319 @@
+"""ShardDataset: a torch ``IterableDataset`` over a shard set, with WebDataset-named stages.
+
+::
+
+    ds = (ShardDataset("shards/manifest.json", seed=17)
+          .split_by_node()          # equal sample counts on every rank, every epoch
+          .split_by_worker()        # (the default) workers split their rank's share
+          .shuffle(10_000)
+          .decode()
+          .to_tuple("tokens.npy", "json")
+          .batched(32))
+
+The order of samples is a pure function of the manifest's sample counts, the seed, the
+epoch, the world size, the rank and the worker count (:mod:`shardkit.plan`,
+:mod:`shardkit.order`): ``shuffle``, ``split_by_node`` and ``split_by_worker`` configure
+the source, whatever their place before ``batched``/``pack_tokens``. Samples are dicts
+with ``__key__`` and ``__url__`` and one ``bytes`` value per field until ``decode`` and
+``to_tuple``. Fluent methods change the data set and return it.
+
+Rank and world size come from ``split_by_node(rank=, world_size=)``, else from an
+initialised ``torch.distributed`` group or torchrun's ``RANK``/``WORLD_SIZE``, read in the
+main process (also when the data set is pickled to spawned DataLoader workers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from shardkit.errors import ConfigError, StateDictError
+from shardkit.manifest import Manifest
+from shardkit.plan import PlanConfig
+from shardkit.stages import (
+    Batched,
+    Context,
+    Decode,
+    Map,
+    PackTokens,
+    Select,
+    ShardSource,
+    Stage,
+    ToTuple,
+    merge_counters,
+)
+from shardkit.world import WorldInfo
+
+__all__ = ["ShardDataset", "state_epoch"]
+
+
+def state_epoch(state: Mapping[str, Any]) -> int | None:
+    """The epoch recorded in a pipeline state (that of its first source)."""
+    if state.get("stage") == "shards":
+        epoch = state.get("epoch")
+        return int(epoch) if isinstance(epoch, int) else None
+    for sub in [state.get("source"), *(state.get("sources") or [])]:
+        if isinstance(sub, Mapping):
+            found = state_epoch(sub)
+            if found is not None:
+                return found
+    return None
+
+
+def _torch_collate(samples: list[Any]) -> Any:
+    return torch.utils.data.default_collate(samples)
+
+
+class ShardDataset(IterableDataset[Any]):
+    """Samples of a shard set: a manifest (path, url or :class:`Manifest`), a url list or
+    a brace pattern such as ``"data-{000000..000099}.tar"``.
+
+    Args:
+        source: what to read.
+        seed: the data order seed; the order depends on it, the epoch and the world only.
+        shardshuffle: shuffle the shard order every epoch (else manifest order).
+        remainder: ``"drop"`` (default) or ``"pad"``: what happens to the samples that do
+            not divide by the world size (see :mod:`shardkit.plan`).
+        resampled: draw shards with replacement, endlessly (see :meth:`with_epoch`).
+        handler: bad-data policy ``"raise"``, ``"warn"`` or ``"skip_shard"``.
+        allow_unsafe_urls: let the manifest name urls outside its base or ``pipe:``.
+        cache_dir: node-local cache directory for remote shards.
+        cache_limit: the cache's byte limit (``"500GB"``).
+        io_options: more keyword options for :func:`shardkit.io.make_opener`.
+    """
+
+    def __init__(
+        self,
+        source: str | Sequence[str] | Manifest,
+        *,
+        seed: int = 0,
+        shardshuffle: bool = True,
+        remainder: str = "drop",
+        resampled: bool = False,
+        handler: str = "raise",
+        allow_unsafe_urls: bool = False,
+        cache_dir: str | None = None,
+        cache_limit: int | str | None = None,
+        **io_options: Any,
+    ) -> None:
+        super().__init__()
+        config = PlanConfig(seed, shardshuffle, remainder, resampled, None)
+        io = dict(io_options, cache_dir=cache_dir, cache_limit=cache_limit)
+        src = ShardSource(
+            source,
+            config=config,
+            handler=handler,
+            allow_unsafe_urls=allow_unsafe_urls,
+            io_options=io,
+        )
+        self._setup(src, [src], handler, seed)
+
+    def _setup(self, tail: Stage, sources: list[ShardSource], handler: str, seed: int) -> None:
+        self._tail = tail
+        self._sources = sources
+        self._handler = handler
+        self._seed = seed
+        self._epoch = 0
+        self._grouped = False
+        self._world_given: tuple[int, int] | None = None
+        self._world_hint: tuple[int, int] | None = None
+
+    @classmethod
+    def _from_stage(
+        cls, tail: Stage, sources: list[ShardSource], *, handler: str, seed: int
+    ) -> ShardDataset:
+        obj = cls.__new__(cls)
+        obj._setup(tail, sources, handler, seed)
+        return obj
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        if state["_world_given"] is None and state["_world_hint"] is None:
+            w = WorldInfo.detect()  # the main process knows the process group
+            state["_world_hint"] = (w.rank, w.world_size)
+        return state
+
+    # -- source configuration ------------------------------------------------------
+    def _before_grouping(self, what: str) -> None:
+        if self._grouped:
+            raise ConfigError(
+                f"{what} works on samples at the source: call it before batched()/"
+                "pack_tokens()/mix()"
+            )
+
+    def split_by_node(self, rank: int | None = None, world_size: int | None = None) -> ShardDataset:
+        """Give every rank its own, equally long share of each epoch."""
+        self._before_grouping("split_by_node()")
+        if (rank is None) != (world_size is None):
+            raise ConfigError("split_by_node: give both rank and world_size, or neither")
+        if rank is not None and world_size is not None:
+            WorldInfo(rank, world_size, 0, 1)  # validates
+            self._world_given = (rank, world_size)
+        for s in self._sources:
+            s.by_node = True
+        return self
+
+    def split_by_worker(self) -> ShardDataset:
+        """DataLoader workers split their rank's share (the default; kept for WebDataset code)."""
+        self._before_grouping("split_by_worker()")
+        for s in self._sources:
+            s.by_worker = True
+        return self
+
+    def shuffle(self, bufsize: int, initial: int | None = None) -> ShardDataset:
+        """Shuffle samples within a window of ``bufsize`` (see :mod:`shardkit.order`)."""
+        self._before_grouping("shuffle()")
+        initial = bufsize if initial is None else initial
+        if bufsize < 0 or not 0 < initial <= max(bufsize, 1):
+            raise ConfigError(f"shuffle({bufsize}, initial={initial}): need 0 < initial <= bufsize")
+        for s in self._sources:
+            s.bufsize, s.initial = (bufsize, initial) if bufsize > 1 else (None, None)
+        return self
+
+    def with_epoch(self, n: int) -> ShardDataset:
+        """Make a resampled stream's epoch ``n`` samples per rank."""
+        self._before_grouping("with_epoch()")
+        for s in self._sources:
+            if not s.config.resampled:
+                raise ConfigError(
+                    "with_epoch() needs resampled=True: otherwise an epoch is the whole data set"
+                )
+            s.config = dataclasses.replace(s.config, epoch_length=n)
+        return self
+
+    # -- stages --------------------------------------------------------------------
+    def decode(
+        self,
+        *handlers: str | Mapping[str, Callable[[bytes], Any]] | Callable[[str, bytes], Any],
+        allow_pickle: bool = False,
+    ) -> ShardDataset:
+        """Decode fields by extension; images with Pillow; user handlers first."""
+        self._tail = Decode(self._tail, *handlers, allow_pickle=allow_pickle, handler=self._handler)
+        return self
+
+    def map(self, fn: Callable[[Any], Any]) -> ShardDataset:
+        """Apply ``fn`` to every item."""
+        self._tail = Map(self._tail, fn)
+        return self
+
+    def select(self, predicate: Callable[[Any], bool]) -> ShardDataset:
+        """Keep the items ``predicate`` accepts (the epoch's length is then unknown)."""
+        self._tail = Select(self._tail, predicate)
+        return self
+
+    def to_tuple(self, *fields: str) -> ShardDataset:
+        """Turn samples into tuples of these fields (``"jpg;png"``: the first present)."""
+        self._tail = ToTuple(self._tail, *fields)
+        return self
+
+    def batched(
+        self,
+        n: int,
+        collate: Callable[[list[Any]], Any] | str | None = None,
+        *,
+        partial: bool = True,
+    ) -> ShardDataset:
+        """Group ``n`` items; ``collate``: a function, ``"numpy"`` (default) or ``"torch"``."""
+        if collate == "torch":
+            fn: Callable[[list[Any]], Any] | None = _torch_collate
+        elif collate in (None, "numpy"):
+            fn = None
+        elif callable(collate):
+            fn = collate
+        else:
+            raise ConfigError(
+                f"batched: collate must be callable, 'numpy' or 'torch', not {collate!r}"
+            )
+        self._tail = Batched(self._tail, n, fn, partial)
+        self._grouped = True
+        return self
+
+    def pack_tokens(self, field: str, seq_len: int, *, eos: int | None = None) -> ShardDataset:
+        """Concatenate ``field`` token arrays into ``seq_len``-token sequences."""
+        self._tail = PackTokens(self._tail, field, seq_len, eos=eos)
+        self._grouped = True
+        return self
+
+    # -- where and when ------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Iterate epoch ``epoch`` next (the order changes with it)."""
+        if epoch < 0:
+            raise ConfigError(f"epoch must not be negative, got {epoch}")
+        self._epoch = int(epoch)
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def world(self) -> tuple[int, int]:
+        """``(rank, world_size)`` this data set splits by."""
+        if self._world_given is not None:
+            return self._world_given
+        if self._world_hint is not None:
+            return self._world_hint
+        w = WorldInfo.detect()
+        return w.rank, w.world_size
+
+    def context(self, worker: int = 0, workers: int = 1, epoch: int | None = None) -> Context:
+        rank, world = self.world()
+        return Context(self._epoch if epoch is None else epoch, rank, world, worker, workers)
+
+    def configure(self, ctx: Context) -> None:
+        """Set where the pipeline runs (the loader does this in each worker)."""
+        self._tail.configure(ctx)
+
+    def pipeline(self) -> Stage:
+        """The last stage (iterate it after :meth:`configure`)."""
+        return self._tail
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        ctx = self.context(info.id, info.num_workers) if info is not None else self.context()
+        self._tail.configure(ctx)
+        return iter(self._tail)
+
+    def lengths(self, workers: int = 1) -> list[int] | None:
+        """Items each of ``workers`` workers yields this epoch (None: not known up front)."""
+        ctx = self.context(0, max(workers, 1))
+        for s in self._sources:
+            s.catalog()
+        return self._tail.lengths(ctx)
+
+    def __len__(self) -> int:
+        """Items this rank yields in an epoch, read by one process (WebLoader: by workers)."""
+        lengths = self.lengths(1)
+        if lengths is None:
+            raise TypeError(
+                "the length of this data set is not known up front "
+                "(select, pack_tokens, mix or endless resampling)"
+            )
+        return sum(lengths)
+
+    # -- state ---------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The cursor of the pipeline (valid between two items it hands out)."""
+        return self._tail.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from ``state`` at the next ``iter()`` (the epoch is taken from it)."""
+        epoch = state_epoch(state)
+        if epoch is None:
+            raise StateDictError("dataset: the state holds no source state with an epoch")
+        self._tail.load_state_dict(state)
+        self._epoch = epoch
+
+    def counters(self) -> dict[str, float]:
+        """Samples, bytes and skips so far in this process."""
+        return self._tail.counters()
+
+    def io_stats(self) -> dict[str, float]:
+        """The io counters of this process's openers, summed."""
+        out: dict[str, float] = {}
+        for s in self._sources:
+            if s._opener is not None:
+                merge_counters(out, s._opener.stats())
+        return out

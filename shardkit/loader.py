@@ -1,0 +1,318 @@
+"""WebLoader: a torch DataLoader over a ShardDataset that knows its length, its state and
+how long the training loop waited.
+
+How exact resume works with workers. Each worker is a *logical* worker ``w`` of the plan
+and yields ``(item, meta)``: ``meta`` carries its pipeline's state after that item (and
+its counters). The DataLoader hands out the workers' batches round-robin, skipping
+exhausted workers, so the consumer side knows after every batch each worker's cursor and
+whose turn is next: that is the whole state (:meth:`WebLoader.state_dict`). A restart
+loads the cursors and rotates the logical workers so that physical worker 0 plays the
+one whose turn was next: the remaining batches come in the same order as in the
+uninterrupted run. A state saved with another world size or worker count is merged
+(:func:`~shardkit.stages.elastic_merge`) and the rest of the epoch re-planned.
+
+What to iterate and from where reaches the workers through a small shared-memory mailbox
+written before every ``iter()``, so persistent workers follow ``set_epoch`` and
+``load_state_dict`` too. Numpy arrays become tensors in the worker, so batches cross to
+the training process in shared memory rather than pickled bytes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data._utils.collate import default_collate, default_convert
+
+from shardkit.dataset import ShardDataset, state_epoch
+from shardkit.errors import ConfigError, StateDictError
+from shardkit.metrics import LoaderStats
+from shardkit.order import stream_seed
+from shardkit.stages import Context, check_state, elastic_merge
+
+__all__ = ["WebLoader"]
+
+log = logging.getLogger(__name__)
+_END = object()
+_MAILBOX = 1 << 18
+_REFUSED = ("sampler", "batch_sampler", "shuffle", "in_order")
+
+
+class _Mailbox:
+    """JSON from the loader to its workers through a shared uint8 tensor."""
+
+    def __init__(self, capacity: int = _MAILBOX) -> None:
+        self.buf = torch.zeros(capacity + 8, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
+
+    def write(self, obj: Mapping[str, Any]) -> None:
+        data = json.dumps(obj, separators=(",", ":")).encode()
+        if len(data) > len(self.buf) - 8:
+            raise StateDictError(f"loader: the resume state is too large ({len(data)} bytes)")
+        view = self.buf.numpy()
+        view[8 : 8 + len(data)] = np.frombuffer(data, dtype=np.uint8)
+        view[:8] = np.frombuffer(len(data).to_bytes(8, "little"), dtype=np.uint8)
+
+    def read(self) -> dict[str, Any]:
+        view = self.buf.numpy()
+        n = int.from_bytes(view[:8].tobytes(), "little")
+        out: dict[str, Any] = json.loads(view[8 : 8 + n].tobytes())
+        return out
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (1 << 32))  # user code's global RNG
+    torch.manual_seed(seed)
+
+
+def _delta(now: Mapping[str, float], base: Mapping[str, float]) -> dict[str, float]:
+    return {k: float(v) - float(base.get(k, 0.0)) for k, v in now.items()}
+
+
+class _WorkerSide(IterableDataset[Any]):
+    """Runs in each worker: configure from the mailbox, iterate, attach meta to items."""
+
+    def __init__(self, dataset: ShardDataset, mailbox: _Mailbox, every: int) -> None:
+        super().__init__()
+        self.dataset = dataset
+        self.mailbox = mailbox
+        self.every = every
+
+    def __iter__(self) -> Iterator[tuple[Any, dict[str, Any] | None]]:
+        info = get_worker_info()
+        phys, n = (info.id, info.num_workers) if info is not None else (0, 1)
+        box = self.mailbox.read()
+        logical = (int(box["rotation"]) + phys) % n
+        ds = self.dataset
+        ds.set_epoch(int(box["epoch"]))
+        ds.configure(Context(int(box["epoch"]), int(box["rank"]), int(box["world"]), logical, n))
+        states = box["states"]
+        if states is not None:
+            ds.pipeline().load_state_dict(states[logical % len(states)])
+        _seed_everything(stream_seed(ds._seed, box["epoch"], box["rank"], logical, 0xBEEF))
+        return self._run(ds, logical, ds.counters(), ds.io_stats())
+
+    def _run(
+        self, ds: ShardDataset, logical: int, base: dict[str, float], base_io: dict[str, float]
+    ) -> Iterator[tuple[Any, dict[str, Any] | None]]:
+        pipeline = ds.pipeline()
+
+        def meta() -> dict[str, Any]:
+            return {
+                "w": logical,
+                "s": pipeline.state_dict(),
+                "c": _delta(ds.counters(), base),
+                "io": _delta(ds.io_stats(), base_io),
+            }
+
+        it = iter(pipeline)
+        every = self.every
+        count = 0
+        item = next(it, _END)
+        while item is not _END:
+            count += 1
+            m = meta() if count % every == 0 else None  # before the next item is read
+            nxt = next(it, _END)
+            if m is None and nxt is _END:
+                m = meta()
+            yield item, m
+            item = nxt
+
+
+class _Collate:
+    """Collate in the worker and keep the batch's meta (the last item's)."""
+
+    def __init__(self, fn: Callable[[list[Any]], Any] | None, batched: bool) -> None:
+        self.fn = fn or default_collate
+        self.batched = batched
+
+    def __call__(self, items: Any) -> tuple[Any, Any]:
+        if not self.batched:
+            item, meta = items
+            return default_convert(item), meta  # type: ignore[no-untyped-call]
+        return self.fn([x[0] for x in items]), items[-1][1]
+
+
+class WebLoader:
+    """A ``torch.utils.data.DataLoader`` over a :class:`ShardDataset`, resumable exactly.
+
+    Args:
+        dataset: the data set (batch it with ``.batched(n)`` and leave ``batch_size``
+            None, or give ``batch_size`` here to batch with ``collate_fn``).
+        batch_size: samples per batch collated in the workers (None: the data set's items).
+        num_workers, pin_memory, prefetch_factor, persistent_workers,
+        multiprocessing_context, collate_fn, drop_last, timeout, worker_init_fn:
+            as for DataLoader (``in_order`` is always on: resume relies on it).
+        dataloader_kwargs: more DataLoader options.
+    """
+
+    def __init__(
+        self,
+        dataset: ShardDataset,
+        batch_size: int | None = None,
+        *,
+        num_workers: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        drop_last: bool = False,
+        **dataloader_kwargs: Any,
+    ) -> None:
+        if not isinstance(dataset, ShardDataset):
+            raise ConfigError(f"WebLoader needs a ShardDataset, not {type(dataset).__name__}")
+        for key in _REFUSED:
+            if key in dataloader_kwargs:
+                raise ConfigError(f"WebLoader: {key}= is not supported (the plan orders samples)")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.num_workers = num_workers
+        self._logical = max(num_workers, 1)
+        self._mailbox = _Mailbox()
+        side = _WorkerSide(dataset, self._mailbox, batch_size or 1)
+        self._loader: DataLoader[Any] = DataLoader(
+            side,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            collate_fn=_Collate(collate_fn, batch_size is not None),
+            drop_last=drop_last,
+            **dataloader_kwargs,
+        )
+        self._epoch = dataset.epoch
+        self._pending: dict[str, Any] | None = None
+        self._initial: list[dict[str, Any]] | None = None
+        self._states: list[dict[str, Any] | None] = [None] * self._logical
+        self._where: tuple[int, int] = (0, 1)
+        self._batches = 0
+        self._next_worker = 0
+        self._stats = LoaderStats()
+
+    # -- epochs and length ---------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Iterate epoch ``epoch`` next; a loaded state for another epoch is dropped."""
+        self.dataset.set_epoch(epoch)
+        self._epoch = int(epoch)
+
+    def __len__(self) -> int:
+        """Batches this rank gets in a whole epoch."""
+        lengths = self.dataset.lengths(self._logical)
+        if lengths is None:
+            raise TypeError("the length of this loader is not known up front")
+        if self.batch_size is None:
+            return sum(lengths)
+        bs = self.batch_size
+        return sum(k // bs if self.drop_last else -(-k // bs) for k in lengths)
+
+    # -- iteration -----------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        self._mailbox.write(self._begin())
+        self._stats.start()
+        return self._iterate(iter(self._loader))
+
+    def _begin(self) -> dict[str, Any]:
+        """Decide how this iteration starts (fresh, exact resume, elastic) for the mailbox."""
+        rank, world = self.dataset.world()
+        self._where = (rank, world)
+        n = self._logical
+        st, self._pending = self._pending, None
+        if st is not None and st["epoch"] != self._epoch:
+            log.info("loader state is for epoch %s, not %s: ignored", st["epoch"], self._epoch)
+            st = None
+        split_world = any(s.by_node for s in self.dataset._sources)
+        rotation, states = 0, None
+        self._batches, self._initial = 0, None
+        if st is not None and st["num_workers"] == n and (st["world"] == world or not split_world):
+            rotation, states = int(st["next_worker"]), list(st["workers"])
+            self._batches, self._initial = int(st["batches"]), states
+        elif st is not None:
+            log.info(
+                "resuming a state of %s ranks x %s workers on %s x %s: re-planning the rest "
+                "of epoch %s",
+                st["world"],
+                st["num_workers"],
+                world,
+                n,
+                self._epoch,
+            )
+            merged = elastic_merge(st["workers"])
+            states, self._initial = [merged], [merged] * n
+        self._states = [None] * n
+        self._next_worker = rotation
+        box = {"epoch": self._epoch, "rank": rank, "world": world, "rotation": rotation}
+        return {**box, "states": states}
+
+    def _iterate(self, it: Iterator[Any]) -> Iterator[Any]:
+        n = self._logical
+        try:
+            while True:
+                t = time.perf_counter()
+                try:
+                    batch, meta = next(it)
+                except StopIteration:
+                    return
+                wait = time.perf_counter() - t
+                w = int(meta["w"])
+                self._states[w] = meta["s"]
+                self._batches += 1
+                self._next_worker = (w + 1) % n
+                self._stats.record(wait, w, meta["c"], meta["io"])
+                yield batch
+        finally:
+            self._stats.stop()
+
+    # -- state ---------------------------------------------------------------------
+    def _fresh_state(self, worker: int) -> dict[str, Any]:
+        rank, world = self._where
+        ds = copy.deepcopy(self.dataset)
+        ds.configure(Context(self._epoch, rank, world, worker, self._logical))
+        return ds.pipeline().state_dict()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this rank is in the epoch: a small JSON-safe dict (cursors, not data)."""
+        if self._pending is not None:
+            return copy.deepcopy(self._pending)
+        workers = []
+        for w in range(self._logical):
+            st = self._states[w]
+            if st is None:
+                st = self._initial[w] if self._initial is not None else self._fresh_state(w)
+            workers.append(st)
+        return {
+            "stage": "webloader",
+            "version": 1,
+            "epoch": self._epoch,
+            "rank": self._where[0],
+            "world": self._where[1],
+            "num_workers": self._logical,
+            "batches": self._batches,
+            "next_worker": self._next_worker,
+            "workers": copy.deepcopy(workers),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from ``state`` at the next ``iter()`` (exactly, or elastically re-planned)."""
+        keys = ("epoch", "world", "num_workers", "batches", "next_worker", "workers")
+        st = check_state(state, "webloader", 1, keys)
+        workers = st["workers"]
+        if not isinstance(workers, list) or len(workers) != st["num_workers"] or not workers:
+            raise StateDictError("webloader: key 'workers' needs one state per worker")
+        for source in self.dataset._sources:
+            source.catalog()  # loaded once, then copied
+        probe = copy.deepcopy(self.dataset)
+        for w in workers:  # fail here, not in a worker, when the pipeline does not fit
+            if state_epoch(w) != st["epoch"]:
+                raise StateDictError("webloader: a worker state is for another epoch")
+            probe.pipeline().load_state_dict(w)
+        self._pending = copy.deepcopy(st)
+        self.set_epoch(int(st["epoch"]))
+
+    # -- stats ---------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """samples/s, MB/s, mean and p99 wait for a batch, wait fraction, skips, io counters."""
+        return self._stats.summary()

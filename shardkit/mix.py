@@ -1,0 +1,169 @@
+"""mix: a seeded, resumable weighted mixture of several shard sets.
+
+``mix([ds_a, ds_b], weights=[0.7, 0.3])`` draws, for every item, which data set it comes
+from, with a counter-based generator seeded by ``(seed, epoch, generation, rank,
+worker)``: draw ``t`` is a pure function of ``t``, so the state is the draw count plus each
+data set's own cursor. By default the mixture ends when any data set runs out (as
+WebDataset's ``RandomMix``); ``longest=True`` goes on with the others, re-weighted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from shardkit.dataset import ShardDataset
+from shardkit.errors import ConfigError, StateDictError
+from shardkit.order import stream_seed, uniforms
+from shardkit.stages import Context, ShardSource, Stage, check_state
+
+__all__ = ["Mix", "mix"]
+
+_BLOCK = 1024
+
+
+class Mix(Stage):
+    """Interleave ``stages`` by seeded weighted draws.
+
+    Args:
+        stages: the pipelines to mix (each ends in per-sample items).
+        weights: relative weights (default: equal).
+        seed: the draw seed.
+        longest: go on until every pipeline is exhausted (else stop at the first).
+    """
+
+    name = "mix"
+    version = 1
+
+    def __init__(
+        self,
+        stages: Sequence[Stage],
+        weights: Sequence[float] | None = None,
+        *,
+        seed: int = 0,
+        longest: bool = False,
+    ) -> None:
+        super().__init__(None)
+        if not stages:
+            raise ConfigError("mix needs at least one data set")
+        w = np.ones(len(stages)) if weights is None else np.asarray(weights, dtype=np.float64)
+        if w.shape != (len(stages),) or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+            raise ConfigError(f"mix: need one non-negative weight per data set, got {weights!r}")
+        self.stages = list(stages)
+        self.weights = w / w.sum()
+        self.seed = seed
+        self.longest = longest
+        self._ctx = Context()
+        self._draws = 0
+        self._generation = 0
+        self._exhausted = [False] * len(stages)
+        self._pending: dict[str, Any] | None = None
+
+    def children(self) -> list[Stage]:
+        return list(self.stages)
+
+    def configure(self, ctx: Context) -> None:
+        self._ctx = ctx
+        super().configure(ctx)
+
+    def __iter__(self) -> Iterator[Any]:
+        st, self._pending = self._pending, None
+        self._draws, self._exhausted = 0, [False] * len(self.stages)
+        if st is not None:
+            self._draws = int(st["draws"])
+            self._generation = int(st["generation"])
+            self._exhausted = [bool(x) for x in st["exhausted"]]
+        else:
+            self._generation = 0
+        return self._mix([iter(s) for s in self.stages])
+
+    def _choices(self, first: int) -> np.ndarray:
+        ctx = self._ctx
+        seed = stream_seed(self.seed, ctx.epoch, self._generation, ctx.rank, ctx.worker, 0x313)
+        u = uniforms(seed, np.arange(first, first + _BLOCK, dtype=np.int64))
+        return u
+
+    def _mix(self, its: list[Iterator[Any]]) -> Iterator[Any]:
+        while not all(self._exhausted):
+            block = self._choices(self._draws)
+            for u in block.tolist():
+                w = np.where(self._exhausted, 0.0, self.weights)
+                if w.sum() <= 0:
+                    return
+                c = min(int(np.searchsorted(np.cumsum(w), u * w.sum(), side="right")), len(w) - 1)
+                self._draws += 1
+                item = next(its[c], None)
+                if item is None:
+                    self._exhausted[c] = True
+                    if not self.longest:
+                        return
+                    break  # the weights changed: draw on from a fresh block
+                yield item
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._pending is not None:
+            return dict(self._pending)
+        return {
+            "stage": self.name,
+            "version": self.version,
+            "draws": self._draws,
+            "generation": self._generation,
+            "exhausted": list(self._exhausted),
+            "sources": [s.state_dict() for s in self.stages],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        st = check_state(
+            state, self.name, self.version, ("draws", "generation", "exhausted", "sources")
+        )
+        subs = st["sources"]
+        if not isinstance(subs, list) or len(subs) != len(self.stages):
+            raise StateDictError(
+                f"mix: the state has {len(subs) if isinstance(subs, list) else '?'} sources, "
+                f"this mixture {len(self.stages)}"
+            )
+        if len(st["exhausted"]) != len(self.stages):
+            raise StateDictError("mix: key 'exhausted' needs one flag per source")
+        for stage, sub in zip(self.stages, subs, strict=True):
+            stage.load_state_dict(sub)
+        self._pending = st
+
+    def lengths(self, ctx: Context) -> list[int] | None:
+        if not self.longest:
+            return None
+        total: list[int] | None = None
+        for s in self.stages:
+            sub = s.lengths(ctx)
+            if sub is None:
+                return None
+            total = sub if total is None else [a + b for a, b in zip(total, sub, strict=True)]
+        return total
+
+
+def mix(
+    datasets: Sequence[ShardDataset],
+    weights: Sequence[float] | None = None,
+    *,
+    seed: int = 0,
+    longest: bool = False,
+) -> ShardDataset:
+    """A data set drawing from ``datasets`` with ``weights`` (seeded and resumable).
+
+    Configure each data set's source (``split_by_node``, ``shuffle``, ``decode``...) before
+    mixing; the result takes ``batched``, ``map``, ``pack_tokens`` and a loader.
+    """
+    if not datasets:
+        raise ConfigError("mix needs at least one data set")
+    sources: list[ShardSource] = []
+    for d in datasets:
+        if not isinstance(d, ShardDataset):
+            raise ConfigError(f"mix takes ShardDatasets, not {type(d).__name__}")
+        if d._grouped:
+            raise ConfigError("mix samples, not batches: call batched()/pack_tokens() after mix()")
+        sources.extend(d._sources)
+    stage = Mix([d.pipeline() for d in datasets], weights, seed=seed, longest=longest)
+    out = ShardDataset._from_stage(stage, sources, handler=datasets[0]._handler, seed=seed)
+    out._world_given = datasets[0]._world_given
+    return out

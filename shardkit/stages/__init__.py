@@ -1,0 +1,30 @@
+"""Pipeline stages with WebDataset's names; each stateful one gives and takes its cursor."""
+
+from __future__ import annotations
+
+from shardkit.stages.base import Context, Stage, check_state, merge_counters
+from shardkit.stages.basic import Batched, Map, Select, ToTuple
+from shardkit.stages.collate import collate_numpy
+from shardkit.stages.decode import Decode
+from shardkit.stages.elastic import elastic_merge
+from shardkit.stages.policy import POLICIES, check_policy
+from shardkit.stages.source import ShardSource
+from shardkit.stages.tokens import PackTokens
+
+__all__ = [
+    "POLICIES",
+    "Batched",
+    "Context",
+    "Decode",
+    "Map",
+    "PackTokens",
+    "Select",
+    "ShardSource",
+    "Stage",
+    "ToTuple",
+    "check_policy",
+    "check_state",
+    "collate_numpy",
+    "elastic_merge",
+    "merge_counters",
+]

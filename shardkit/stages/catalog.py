@@ -1,0 +1,137 @@
+"""The shard list a source reads: from a manifest, a url list or a brace pattern.
+
+Everything goes through the io seam's opener, never ``open()``, so remote urls and the
+node-local cache work unchanged. A url list has no sample counts: they are read from each
+shard's ``.idx`` sidecar (one 16-byte read) or, without one, by scanning the shard.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from shardkit.errors import FetchError, ShardFormatError
+from shardkit.io import Opener, load_manifest
+from shardkit.manifest import Manifest
+from shardkit.tario.index import INDEX_MAGIC, index_entry_range
+from shardkit.tario.reader import iter_samples
+from shardkit.urls import expand_braces
+
+__all__ = ["Catalog", "ShardInfo", "load_catalog"]
+
+log = logging.getLogger("shardkit.stages")
+_HEAD = struct.Struct("<8sQ")
+_U64 = struct.Struct("<Q")
+
+
+class ShardInfo(NamedTuple):
+    """One shard as the reader needs it: resolved urls, counts, what to verify."""
+
+    url: str
+    nsamples: int
+    size: int | None = None
+    checksum: str | None = None
+    index_url: str | None = None
+
+
+def _is_manifest(source: str) -> bool:
+    path = source.split("?", 1)[0].lower()
+    return path.endswith((".json", ".csv"))
+
+
+def load_catalog(
+    source: str | Sequence[str] | Manifest, opener: Opener, *, allow_unsafe_urls: bool = False
+) -> list[ShardInfo]:
+    """The shards of ``source`` with resolved urls, in manifest (or list) order."""
+    if isinstance(source, str) and _is_manifest(source):
+        source = load_manifest(source, opener)
+    if isinstance(source, Manifest):
+        out = []
+        for e in source.shards:
+            url = source.resolve(e.url, allow_unsafe_urls=allow_unsafe_urls)
+            index = (
+                source.resolve(e.index, allow_unsafe_urls=allow_unsafe_urls) if e.index else None
+            )
+            out.append(ShardInfo(url, e.nsamples, e.size, e.checksum, index))
+        return out
+    urls = expand_braces(source) if isinstance(source, str) else list(source)
+    return [_probe(url, opener) for url in urls]
+
+
+def _probe(url: str, opener: Opener) -> ShardInfo:
+    """A shard named by url alone: count its samples from its sidecar index or a scan."""
+    index = url + ".idx"
+    try:
+        head = opener.read(index, start=0, end=_HEAD.size)
+    except FetchError:
+        head = b""
+    if len(head) == _HEAD.size and head[:8] == INDEX_MAGIC:
+        return ShardInfo(url, int(_HEAD.unpack(head)[1]), index_url=index)
+    log.info("%s has no sample index: counting its samples by reading it", url)
+    with opener.open(url) as f:
+        n = sum(1 for _ in iter_samples(f, url=url))
+    return ShardInfo(url, n)
+
+
+class Catalog:
+    """The shard list plus cheap ranged reads of each shard's sample index."""
+
+    def __init__(self, shards: list[ShardInfo]) -> None:
+        self.shards = shards
+        self.counts = [s.nsamples for s in shards]
+        self.total = sum(self.counts)
+        self._checked: set[str] = set()
+
+    def byte_range(
+        self, opener: Opener, shard: int, lo: int, hi: int
+    ) -> tuple[int, int | None, int]:
+        """``(start, end, skip)``: where samples ``[lo, hi)`` of a shard lie.
+
+        With a sample index that is a seek (``skip`` 0); without one the shard is read
+        from its start and the first ``skip`` samples are parsed and dropped.
+        """
+        info = self.shards[shard]
+        if info.index_url is None and (lo > 0 or hi < info.nsamples):
+            if info.url not in self._checked:
+                self._checked.add(info.url)
+                log.warning(
+                    "%s has no sample index: reading a part of it reads from its start", info.url
+                )
+            return 0, None, lo
+        start = 0 if lo == 0 else self._offset(opener, info, lo)
+        end = None if hi >= info.nsamples else self._offset(opener, info, hi)
+        if end is not None and end <= start:
+            raise ShardFormatError(
+                f"sample index gives samples {lo}..{hi} the byte range {start}..{end}",
+                url=info.index_url,
+            )
+        return start, end, 0
+
+    def _offset(self, opener: Opener, info: ShardInfo, i: int) -> int:
+        assert info.index_url is not None
+        if info.index_url not in self._checked:
+            head = opener.read(info.index_url, start=0, end=_HEAD.size)
+            if len(head) != _HEAD.size or head[:8] != INDEX_MAGIC:
+                raise ShardFormatError("not a shardkit sample index", url=info.index_url, offset=0)
+            n = int(_HEAD.unpack(head)[1])
+            if n != info.nsamples:
+                raise ShardFormatError(
+                    f"sample index lists {n} samples, the manifest says {info.nsamples}",
+                    url=info.index_url,
+                    offset=8,
+                )
+            self._checked.add(info.index_url)
+        lo, _ = index_entry_range(i)
+        data = opener.read(info.index_url, start=lo, end=lo + 8)
+        if len(data) != 8:
+            raise ShardFormatError("sample index is truncated", url=info.index_url, offset=lo)
+        value = int(_U64.unpack(data)[0])
+        if info.size is not None and value > info.size and not info.url.endswith(".zst"):
+            raise ShardFormatError(
+                f"sample index points at byte {value}, past the shard's {info.size} bytes",
+                url=info.index_url,
+                offset=lo,
+            )
+        return value

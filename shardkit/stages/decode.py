@@ -1,0 +1,162 @@
+"""The decode stage: turn field bytes into values by extension, plus the user's handlers.
+
+``decode()`` uses the built-in codecs of :mod:`shardkit.codecs` (json, npy, txt, cls, ...)
+and decodes images with Pillow when it is installed (to ``PIL.Image``; other image
+forms by name: ``"pil"``, ``"rgb8"`` (uint8 HxWx3), ``"rgb"`` (float32 in [0, 1]),
+``"l8"``, ``"l"``). Handlers given by the user come first:
+
+- a dict ``{"ext" or "field": fn(bytes) -> value}``;
+- a callable ``fn(field, bytes) -> value or None`` (None: not mine), as in WebDataset.
+
+Fields whose name starts with ``__`` (``__key__``, ``__url__``) are left alone.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from shardkit.codecs import decode_field
+from shardkit.errors import ConfigError, DecodeError
+from shardkit.stages.base import Stage
+from shardkit.stages.policy import check_policy, report
+
+__all__ = ["IMAGE_EXTS", "IMAGE_MODES", "Decode"]
+
+log = logging.getLogger("shardkit.stages")
+
+IMAGE_EXTS = frozenset(
+    {"jpg", "jpeg", "png", "ppm", "pgm", "pbm", "bmp", "webp", "gif", "tif", "tiff"}
+)
+IMAGE_MODES = ("pil", "rgb8", "rgb", "l8", "l")
+FieldHandler = Callable[[str, bytes], Any]
+
+
+def _image_decoder(mode: str) -> Callable[[bytes], Any] | None:
+    """A bytes -> image function for ``mode``; None when Pillow is not installed."""
+    try:
+        from PIL import Image
+    except ImportError:
+        return None
+
+    def decode(data: bytes) -> Any:
+        img = Image.open(io.BytesIO(data))
+        if mode == "pil":
+            img.load()
+            return img
+        gray = mode in ("l8", "l")
+        arr = np.asarray(img.convert("L" if gray else "RGB"))
+        return arr if mode.endswith("8") else arr.astype(np.float32) / 255.0
+
+    return decode
+
+
+class Decode(Stage):
+    """Decode every field of each sample (see the module docstring).
+
+    Args:
+        upstream: the stage before.
+        handlers: image mode names, dicts and callables, tried in order.
+        allow_pickle: decode ``pickle``/``pth`` fields (an untrusted shard could run code).
+        handler: the bad-data policy for a field that does not decode.
+    """
+
+    name = "decode"
+
+    def __init__(
+        self,
+        upstream: Stage,
+        *handlers: str | Mapping[str, Callable[[bytes], Any]] | FieldHandler,
+        allow_pickle: bool = False,
+        handler: str = "raise",
+    ) -> None:
+        super().__init__(upstream)
+        self.by_name: dict[str, Callable[[bytes], Any]] = {}
+        self.callables: list[FieldHandler] = []
+        image_mode = "pil"
+        for h in handlers:
+            if isinstance(h, str):
+                if h not in IMAGE_MODES:
+                    raise ConfigError(f"decode: unknown image mode {h!r}; use one of {IMAGE_MODES}")
+                image_mode = h
+            elif isinstance(h, Mapping):
+                self.by_name.update(h)
+            elif callable(h):
+                self.callables.append(h)
+            else:
+                raise ConfigError(f"decode: a handler must be a str, dict or callable, not {h!r}")
+        self.image_mode = image_mode
+        self.explicit_images = any(isinstance(h, str) for h in handlers)
+        self.allow_pickle = allow_pickle
+        self.policy = check_policy(handler)
+        self._skipped = {"skipped_samples": 0.0, "skipped_shards": 0.0}
+        self._table: dict[str, Callable[[bytes], Any]] | None = None
+
+    def _handlers(self) -> dict[str, Callable[[bytes], Any]]:
+        if self._table is None:
+            table: dict[str, Callable[[bytes], Any]] = {}
+            images = _image_decoder(self.image_mode)
+            if images is None and self.explicit_images:
+                raise ConfigError(
+                    f"decode({self.image_mode!r}) needs Pillow: pip install 'shardkit[image]'"
+                )
+            if images is not None:
+                table.update(dict.fromkeys(IMAGE_EXTS, images))
+            table.update(self.by_name)
+            self._table = table
+        return self._table
+
+    def decode_sample(self, sample: dict[str, Any]) -> dict[str, Any]:
+        table = self._handlers()
+        key = sample.get("__key__", "?")
+        out: dict[str, Any] = {}
+        for field, data in sample.items():
+            if field.startswith("__"):
+                out[field] = data
+                continue
+            value = None
+            for fn in self.callables:
+                try:
+                    value = fn(field, data)
+                except Exception as exc:
+                    raise DecodeError(
+                        f"handler {fn!r} failed: {exc}", key=key, field=field
+                    ) from exc
+                if value is not None:
+                    break
+            if value is None:
+                value = decode_field(
+                    key, field, data, allow_pickle=self.allow_pickle, handlers=table
+                )
+            out[field] = value
+        return out
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        policy = self.policy
+        bad_urls: set[Any] = set()
+        for sample in self._up():
+            if bad_urls and sample.get("__url__") in bad_urls:
+                self._skipped["skipped_samples"] += 1
+                continue
+            try:
+                out = self.decode_sample(sample)
+            except DecodeError as exc:
+                if policy == "raise":
+                    raise
+                self._skipped["skipped_samples"] += 1
+                if policy == "skip_shard":
+                    bad_urls.add(sample.get("__url__"))
+                    self._skipped["skipped_shards"] += 1
+                report(policy, exc, f"sample {sample.get('__key__')!r}")
+                continue
+            yield out
+
+    def counters(self) -> dict[str, float]:
+        out = super().counters()
+        for k, v in self._skipped.items():
+            out[k] = out.get(k, 0) + v
+        return out

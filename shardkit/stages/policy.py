@@ -1,0 +1,40 @@
+"""What a pipeline does with bad data: the ``handler`` policy.
+
+- ``"raise"`` (default): the error propagates.
+- ``"warn"`` (alias ``"warn_and_continue"``): log a warning and drop as little as can be
+  dropped: a sample that does not decode is dropped alone; a shard that cannot be read
+  (missing, truncated, hostile, checksum mismatch) loses the rest of its samples.
+- ``"skip_shard"``: log a warning and drop the rest of the shard on any data error,
+  a decode error included.
+
+Only data errors (:class:`ShardError`, :class:`FetchError`, :class:`DecodeError`) are
+handled; bugs always propagate. Every drop is counted (``skipped_shards``,
+``skipped_samples``) and shows in the loader's stats: nothing is skipped silently.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from shardkit.errors import ConfigError, DecodeError, FetchError, ShardError
+
+__all__ = ["DATA_ERRORS", "POLICIES", "check_policy", "report"]
+
+log = logging.getLogger("shardkit.stages")
+
+POLICIES = ("raise", "warn", "skip_shard")
+_ALIASES = {"warn_and_continue": "warn", "reraise": "raise", "reraise_exception": "raise"}
+DATA_ERRORS = (ShardError, FetchError, DecodeError)
+
+
+def check_policy(handler: str) -> str:
+    """The canonical name of a ``handler`` policy; :class:`ConfigError` if unknown."""
+    name = _ALIASES.get(handler, handler)
+    if name not in POLICIES:
+        raise ConfigError(f"handler must be one of {POLICIES}, got {handler!r}")
+    return name
+
+
+def report(policy: str, exc: BaseException, dropped: str) -> None:
+    """Log a handled data error under ``policy`` (the caller counts it)."""
+    log.warning("skipping %s (handler=%s): %s", dropped, policy, exc)

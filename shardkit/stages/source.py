@@ -1,0 +1,397 @@
+"""The source stage: read this worker's part of the plan, in (shuffled) order, resumably.
+
+The order is fixed before a byte is read: :mod:`shardkit.plan` says which sample ranges
+this ``(rank, worker)`` reads, :mod:`shardkit.order` in which order it emits them. The
+state is a cursor - how many stream positions were emitted and the last one - so a
+restore seeks (sample index) to the first shard range still needed, re-reads at most one
+shuffle window and emits exactly the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from typing import Any, BinaryIO
+
+from shardkit.errors import ShardFormatError, StateDictError
+from shardkit.io import Opener, make_opener
+from shardkit.manifest import Manifest
+from shardkit.order import Window, iter_order, nth_output, resume_window
+from shardkit.plan import Generation, PlanConfig, Ranges, ResampledStream, shuffle_window
+from shardkit.plan import worker_stream as plan_stream
+from shardkit.stages.base import Context, Stage, check_state
+from shardkit.stages.catalog import Catalog, load_catalog
+from shardkit.stages.policy import DATA_ERRORS, check_policy, report
+from shardkit.tario.reader import iter_samples
+
+__all__ = ["ShardSource"]
+
+log = logging.getLogger("shardkit.stages")
+Sample = dict[str, Any]
+Stream = Ranges | ResampledStream
+_LOOKAHEAD = 8
+
+
+def _length(stream: Stream) -> int | None:
+    return stream.total if isinstance(stream, Ranges) else stream.length
+
+
+class _Counting:
+    """A read-only stream wrapper that counts the bytes it hands out."""
+
+    def __init__(self, f: BinaryIO, counts: dict[str, float]) -> None:
+        self.f = f
+        self.counts = counts
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        self.counts["bytes"] += len(data)
+        return data
+
+    def seekable(self) -> bool:
+        return False
+
+
+class ShardSource(Stage):
+    """Samples of a shard set, as this rank and worker's share of an epoch's plan.
+
+    Args:
+        source: a manifest (path, url or :class:`Manifest`), a url list or a brace pattern.
+        config: the plan choices (seed, shard shuffle, remainder, resampled, epoch length).
+        handler: ``"raise"``, ``"warn"`` or ``"skip_shard"`` (see :mod:`.policy`).
+        allow_unsafe_urls: let a manifest name urls outside its base (or ``pipe:``).
+        io_options: keyword arguments for :func:`shardkit.io.make_opener`.
+    """
+
+    name = "shards"
+    version = 1
+
+    def __init__(
+        self,
+        source: str | Sequence[str] | Manifest,
+        *,
+        config: PlanConfig,
+        handler: str = "raise",
+        allow_unsafe_urls: bool = False,
+        io_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(None)
+        self.spec = source if isinstance(source, (str, Manifest)) else list(source)
+        self.config = config
+        self.policy = check_policy(handler)
+        self.allow_unsafe_urls = allow_unsafe_urls
+        self.io_options = dict(io_options or {})
+        self.bufsize: int | None = None
+        self.initial: int | None = None
+        self.by_node = False
+        self.by_worker = True
+        self._catalog: Catalog | None = None
+        self._opener: Opener | None = None
+        self._ctx = Context()
+        self._history: tuple[Generation, ...] = ()
+        self._pos = 0
+        self._last = -1
+        self._pending: dict[str, Any] | None = None
+        self._counts: dict[str, float] = self._zero()
+
+    @staticmethod
+    def _zero() -> dict[str, float]:
+        return {"samples": 0, "bytes": 0, "skipped_shards": 0, "skipped_samples": 0}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_opener"] = None  # made again in each process (sessions do not pickle)
+        return state
+
+    # -- setup ---------------------------------------------------------------------
+    def opener(self) -> Opener:
+        if self._opener is None:
+            self._opener = make_opener(**self.io_options)
+        return self._opener
+
+    def catalog(self) -> Catalog:
+        """The shard list, loaded once (in the main process it then pickles to workers)."""
+        if self._catalog is None:
+            shards = load_catalog(
+                self.spec, self.opener(), allow_unsafe_urls=self.allow_unsafe_urls
+            )
+            self._catalog = Catalog(shards)
+        return self._catalog
+
+    def configure(self, ctx: Context) -> None:
+        self._ctx = ctx
+
+    def _who(self, ctx: Context) -> tuple[int, int, int, int]:
+        world, rank = (ctx.world, ctx.rank) if self.by_node else (1, 0)
+        workers, worker = (ctx.workers, ctx.worker) if self.by_worker else (1, 0)
+        return world, rank, workers, worker
+
+    def _stream(self, ctx: Context, history: Sequence[Generation], worker: int) -> Stream:
+        world, rank, workers, _ = self._who(ctx)
+        counts = self.catalog().counts
+        return plan_stream(
+            counts, self.config, ctx.epoch, world, rank, workers, worker, tuple(history)
+        )
+
+    def _window(self, ctx: Context, gen: int) -> Window | None:
+        _, rank, _, worker = self._who(ctx)
+        return shuffle_window(
+            self.bufsize, self.initial, self.config.seed, ctx.epoch, gen, rank, worker
+        )
+
+    def lengths(self, ctx: Context) -> list[int] | None:
+        history = self._history_of(self._pending) if self._pending else self._history
+        _, _, workers, _ = self._who(ctx)
+        out = []
+        for w in range(workers):
+            n = _length(self._stream(ctx, history, w))
+            if n is None:
+                return None
+            out.append(n)
+        if not self.by_worker:  # every worker reads the whole share
+            out = out * ctx.workers
+        return out
+
+    # -- state ---------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        if self._pending is not None:
+            return dict(self._pending)
+        world, rank, workers, worker = self._who(self._ctx)
+        catalog = self.catalog()
+        return {
+            "stage": self.name,
+            "version": self.version,
+            "seed": self.config.seed,
+            "epoch": self._ctx.epoch,
+            "world": world,
+            "rank": rank,
+            "workers": workers,
+            "worker": worker,
+            "position": self._pos,
+            "last": self._last,
+            "shuffle": [self.bufsize, self.initial],
+            "history": [g.to_dict() for g in self._history],
+            "nshards": len(catalog.shards),
+            "nsamples": catalog.total,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        keys = ("seed", "epoch", "world", "workers", "position", "history", "nshards", "nsamples")
+        st = check_state(state, self.name, self.version, keys)
+        catalog = self.catalog()
+        if (st["nshards"], st["nsamples"]) != (len(catalog.shards), catalog.total):
+            raise StateDictError(
+                f"shards: the state was saved for {st['nshards']} shards with "
+                f"{st['nsamples']} samples, this data set has {len(catalog.shards)} with "
+                f"{catalog.total}"
+            )
+        if st["seed"] != self.config.seed:
+            raise StateDictError(
+                f"shards: the state was saved with seed {st['seed']}, this pipeline has "
+                f"seed {self.config.seed}"
+            )
+        self._history_of(st)  # validates
+        self._pending = st
+
+    @staticmethod
+    def _history_of(state: Mapping[str, Any]) -> tuple[Generation, ...]:
+        raw = state.get("history")
+        if not isinstance(raw, list):
+            raise StateDictError("shards: key 'history' must be a list")
+        return tuple(Generation.from_dict(g) for g in raw)
+
+    def _restore(self, ctx: Context, stream: Stream, window: Window | None) -> None:
+        """Apply a loaded state to this epoch's iteration (or drop it for another epoch)."""
+        st, self._pending = self._pending, None
+        self._pos, self._last = 0, -1
+        if st is None:
+            return
+        world, rank, workers, worker = self._who(ctx)
+        if st["world"] is not None and (st["world"], st["workers"]) != (world, workers):
+            raise StateDictError(
+                f"shards: the state was saved by a run of {st['world']} ranks x "
+                f"{st['workers']} workers, this is {world} x {workers}: load it through "
+                "WebLoader.load_state_dict, which re-plans the rest of the epoch"
+            )
+        pos = int(st["position"])
+        n = _length(stream)
+        if pos < 0 or (n is not None and pos > n):
+            raise StateDictError(f"shards: position {pos} is outside this stream of {n}")
+        self._pos = pos
+        if pos and (st.get("rank"), st.get("worker")) == (rank, worker) and "last" in st:
+            self._last = int(st["last"])
+        elif pos:  # another rank's cursor (ranks run in lockstep): find our last output
+            self._last = nth_output(n, window, pos - 1) if n is None or pos <= n else n - 1
+
+    # -- iteration -----------------------------------------------------------------
+    def __iter__(self) -> Iterator[Sample]:
+        ctx = self._ctx
+        self.catalog()
+        st = self._pending
+        if st is not None and st["epoch"] != ctx.epoch:
+            log.info("resume state is for epoch %s, not %s: ignored", st["epoch"], ctx.epoch)
+            st = self._pending = None
+        self._history = self._history_of(st) if st is not None else ()
+        stream = self._stream(ctx, self._history, self._who(ctx)[3])
+        window = self._window(ctx, len(self._history))
+        self._restore(ctx, stream, window)
+        if window is None:
+            return self._plain(stream)
+        return self._shuffled(stream, window)
+
+    def counters(self) -> dict[str, float]:
+        return dict(self._counts)
+
+    def _plain(self, stream: Stream) -> Iterator[Sample]:
+        counts = self._counts
+        for spos, sample in self._read(stream, self._pos):
+            self._pos = spos + 1
+            self._last = spos
+            counts["samples"] += 1
+            yield sample
+        n = _length(stream)
+        if n is not None:
+            self._pos, self._last = n, n - 1
+
+    def _shuffled(self, stream: Stream, window: Window) -> Iterator[Sample]:
+        n = _length(stream)
+        counts = self._counts
+        start, stale_below = 0, 0
+        left: frozenset[int] = frozenset()
+        if self._last >= 0:
+            start, left_arr, stale_below = resume_window(n, window, self._last)
+            left = frozenset(left_arr.tolist())
+        reader = self._read(stream, start)
+        buf: dict[int, Any] = {}
+        frontier = start
+        end = n if n is not None else 1 << 62
+        try:
+            for chunk in iter_order(n, window, after=self._last):
+                for q in chunk.tolist():
+                    while frontier <= q:
+                        got = next(reader, None)
+                        if got is None:
+                            frontier = end
+                            break
+                        spos, sample = got
+                        frontier = spos + 1
+                        if spos >= stale_below or spos in left:
+                            buf[spos] = sample
+                    self._pos += 1
+                    self._last = q
+                    sample = buf.pop(q, None)
+                    if sample is not None:
+                        counts["samples"] += 1
+                        yield sample
+        finally:
+            reader.close()
+
+    def _read(self, stream: Stream, start: int) -> Generator[tuple[int, Sample], None, None]:
+        """Yield ``(stream position, sample)`` from ``start`` on; bad ranges go to the policy."""
+        for shard, lo, hi, spos in self._hinted(stream.iter_ranges(start)):
+            got = 0
+            try:
+                for sample in self._read_range(shard, lo, hi):
+                    yield spos + got, sample
+                    got += 1
+            except DATA_ERRORS as exc:
+                if self.policy == "raise":
+                    raise
+                self._counts["skipped_shards"] += 1
+                self._counts["skipped_samples"] += hi - lo - got
+                report(self.policy, exc, f"{hi - lo - got} samples of shard {shard}")
+
+    def _hinted(
+        self, ranges: Iterator[tuple[int, int, int, int]]
+    ) -> Iterator[tuple[int, int, int, int]]:
+        """Pass ranges through, telling the opener which shards come next."""
+        shards = self.catalog().shards
+        opener = self.opener()
+        ahead: deque[tuple[int, int, int, int]] = deque()
+        for item in ranges:
+            ahead.append(item)
+            if len(ahead) <= _LOOKAHEAD:
+                continue
+            yield from self._hint_and_pop(ahead, shards, opener)
+        while ahead:
+            yield from self._hint_and_pop(ahead, shards, opener)
+
+    @staticmethod
+    def _hint_and_pop(
+        ahead: deque[tuple[int, int, int, int]], shards: list[Any], opener: Opener
+    ) -> Iterator[tuple[int, int, int, int]]:
+        cur = ahead.popleft()
+        seen = {cur[0]}
+        hints = []
+        for s, _, _, _ in ahead:
+            if s not in seen:
+                seen.add(s)
+                info = shards[s]
+                hints.append((info.url, info.size, info.checksum))
+        if hints:
+            opener.prefetch(hints)
+        yield cur
+
+    def _read_range(self, shard: int, lo: int, hi: int) -> Iterator[Sample]:
+        catalog = self.catalog()
+        opener = self.opener()
+        info = catalog.shards[shard]
+        start, end, skip = catalog.byte_range(opener, shard, lo, hi)
+        zst = info.url.endswith(".zst")
+        f = opener.open(
+            info.url,
+            start=0 if zst else start,
+            end=None if zst else end,
+            size=info.size,
+            checksum=info.checksum,
+        )
+        with f:
+            yield from self._samples(_Counting(f, self._counts), info, start, end, skip, hi - lo)
+
+    def _samples(
+        self, f: Any, info: Any, start: int, end: int | None, skip: int, want: int
+    ) -> Iterator[Sample]:
+        url = info.url
+        if url.endswith(".zst"):
+            from shardkit.codecs import zstd_reader
+
+            with zstd_reader(f) as z:
+                _discard(z, start)
+                yield from _take(
+                    iter_samples(z, url=url, start=start, end=end), url, skip, want, info
+                )
+            return
+        size = info.size
+        yield from _take(
+            iter_samples(f, url=url, start=start, end=end, size=size), url, skip, want, info
+        )
+
+
+def _take(
+    samples: Iterator[tuple[int, Sample]], url: str, skip: int, want: int, info: Any
+) -> Iterator[Sample]:
+    """Drop ``skip`` samples, then yield ``want`` (tagged with ``__url__``)."""
+    got = 0
+    for _, sample in samples:
+        if skip:
+            skip -= 1
+            continue
+        sample["__url__"] = url
+        yield sample
+        got += 1
+        if got == want:
+            return
+    raise ShardFormatError(
+        f"the shard ends {want - got} samples short of the range asked for; the manifest "
+        f"says it holds {info.nsamples}",
+        url=url,
+    )
+
+
+def _discard(f: Any, n: int) -> None:
+    while n > 0:
+        data = f.read(min(n, 1 << 20))
+        if not data:
+            return
+        n -= len(data)
