@@ -9,9 +9,9 @@ shards. A ``with`` block that raises finishes no shard: the one being written is
 from __future__ import annotations
 
 import contextlib
-import glob
 import logging
 import os
+import re
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, BinaryIO
@@ -28,6 +28,17 @@ __all__ = ["ShardWriter"]
 
 log = logging.getLogger(__name__)
 _FLUSH = 4 << 20
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a live writer's temp file is not ours to delete)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class _HashingFile:
@@ -289,11 +300,13 @@ class ShardWriter:
         self.manifest.save(self.manifest_path)
 
     def _cleanup_temps(self) -> None:
-        for path in glob.glob(
-            os.path.join(glob.escape(self.out_dir), f".{glob.escape(self.prefix)}-*.tmp-*")
-        ):
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+        """Delete the temp shards of this prefix that a dead writer left behind."""
+        mine = re.compile(rf"^\.{re.escape(self.prefix)}-\d{{6,}}\.tar(?:\.zst)?\.tmp-(\d+)$")
+        for name in os.listdir(self.out_dir):
+            m = mine.match(name)
+            if m is not None and not _alive(int(m.group(1))):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.out_dir, name))
 
     def _load_existing(self) -> None:
         if not os.path.exists(self.manifest_path):

@@ -233,3 +233,32 @@ def test_closed_writer_refuses_writes(tmp_path: Path) -> None:
 def test_bad_options(tmp_path: Path, kwargs: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
         ShardWriter(tmp_path, **kwargs)
+
+
+def _dead_pid() -> int:
+    """A pid no process has now (counting down from the top of the pid range)."""
+    pid = int(Path("/proc/sys/kernel/pid_max").read_text()) - 1
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        except PermissionError:
+            pass
+        pid -= 1
+
+
+def test_stale_temps_of_dead_writers_are_removed_live_ones_kept(tmp_path: Path) -> None:
+    dead_pid = _dead_pid()
+    names = {
+        f".data-000003.tar.tmp-{dead_pid}": False,  # its writer is gone: removed
+        f".data-000004.tar.zst.tmp-{dead_pid}": False,
+        f".data-000005.tar.tmp-{os.getppid()}": True,  # a live process: kept
+        f".data-p0001-000000.tar.tmp-{dead_pid}": True,  # another prefix: kept
+        "data-000009.tar": True,
+    }
+    for name in names:
+        (tmp_path / name).write_bytes(b"partial")
+    ShardWriter(tmp_path).close()
+    for name, kept in names.items():
+        assert (tmp_path / name).exists() == kept, name
