@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from shardkit.cache.locks import is_locked, locked, try_lock, unlock
+from shardkit.cache.locks import is_locked, locked, try_lock
 from shardkit.checksum import split_checksum
 from shardkit.errors import CacheError, ConfigError
 
@@ -227,14 +227,29 @@ class CacheStore:
         return live
 
     def _evict(self, need: int) -> int:
-        """Evict unleased shards, least recently used first, until ``need`` bytes are free."""
+        """Evict unleased shards, least recently used first, to free ``need`` bytes; if
+        that many cannot be freed, evict nothing. Returns the bytes freed.
+        """
+        taken: list[tuple[int, CachedShard]] = []
         freed = 0
-        for shard in sorted(self.shards(), key=lambda s: s.mtime):
-            if freed >= need:
-                break
-            if self._evict_one(shard.path):
-                freed += shard.size
-        return freed
+        try:
+            for shard in sorted(self.shards(), key=lambda s: s.mtime):
+                if freed >= need:
+                    break
+                fd = try_lock_existing(shard.path)
+                if fd is not None:  # None: someone holds a lease, it is being read
+                    taken.append((fd, shard))
+                    freed += shard.size
+            if freed < need:
+                return 0
+            for _, shard in taken:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(shard.path)
+                    log.info("evicted %s", shard.path)
+            return freed
+        finally:
+            for fd, _ in taken:
+                os.close(fd)
 
     def _evict_one(self, path: str) -> bool:
         fd = try_lock_existing(path)
@@ -247,7 +262,7 @@ class CacheStore:
         except FileNotFoundError:
             return False
         finally:
-            unlock(fd)
+            os.close(fd)
 
     def usage(self) -> int:
         """Bytes held: verified shards plus the reservations of downloads in progress."""

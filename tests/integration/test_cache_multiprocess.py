@@ -1,0 +1,200 @@
+"""The node-local cache shared by real processes: ranks and workers, independent jobs, and
+a downloader killed with SIGKILL. Every process reads through ``make_opener`` +
+``load_manifest`` + ``read_shard(opener.open(...))`` against a Range server on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardkit.cache import CacheKey, CacheStore
+from shardkit.io import load_manifest, make_opener
+from shardkit.manifest import Manifest
+from shardkit.tario.reader import read_shard
+from tests.helpers.servers import RangeServer, read_samples
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def digest(samples: list[dict[str, object]]) -> str:
+    h = hashlib.sha256()
+    for s in samples:
+        for k in sorted(s):
+            h.update(k.encode())
+            v = s[k]
+            h.update(v if isinstance(v, bytes) else str(v).encode())
+    return f"{len(samples)}:{h.hexdigest()}"
+
+
+def read_all(manifest_url: str, cache_dir: str) -> tuple[str, dict[str, float]]:
+    """What one rank/worker does: load the manifest, read every shard."""
+    opener = make_opener(cache_dir=cache_dir)
+    m = load_manifest(manifest_url, opener)
+    return digest(read_samples(opener, m)), opener.stats()
+
+
+def worker(manifest_url: str, cache_dir: str, barrier: Any, out: Any) -> None:
+    barrier.wait()  # every process starts at once, so they race for each shard
+    out.put(read_all(manifest_url, cache_dir))
+
+
+def run_processes(n: int, manifest_url: str, cache_dir: str) -> list[tuple[str, dict[str, float]]]:
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(n), ctx.Queue()
+    procs = [
+        ctx.Process(target=worker, args=(manifest_url, cache_dir, barrier, out)) for _ in range(n)
+    ]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return results
+
+
+def job_main(argv: list[str]) -> None:
+    """An independent job (its own process tree): 2 workers, started on a line of stdin."""
+    manifest_url, cache_dir = argv
+    print("ready", flush=True)
+    sys.stdin.readline()
+    results = run_processes(2, manifest_url, cache_dir)
+    print(json.dumps(results), flush=True)
+
+
+def download_main(argv: list[str]) -> None:
+    """Open one shard through the cache and read it (the test kills this process)."""
+    url, size, checksum, cache_dir = argv
+    opener = make_opener(cache_dir=cache_dir)
+    with opener.open(url, size=int(size), checksum=checksum) as f:
+        f.read()
+
+
+def spawn(main: str, *args: str, pipes: bool = False) -> subprocess.Popen[str]:
+    """Run ``main(args)`` of this module in a new Python process (its own process tree)."""
+    code = f"import sys; from {__name__} import {main}; {main}(sys.argv[1:])"
+    io = subprocess.PIPE if pipes else subprocess.DEVNULL
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args], cwd=ROOT, stdin=io, stdout=io, text=True
+    )
+
+
+@pytest.fixture
+def shards(make_shards: Callable[..., Manifest]) -> Manifest:
+    return make_shards([10] * 6, tokens=3000, subdir="ds")
+
+
+@pytest.fixture
+def server(shards: Manifest) -> Iterator[RangeServer]:
+    with RangeServer(str(shards.base), latency=0.01, bandwidth=4_000_000) as srv:
+        yield srv
+
+
+def assert_each_shard_fetched_once(server: RangeServer, m: Manifest) -> None:
+    for s in m.shards:
+        reqs = server.requests("/" + s.url)
+        assert len(reqs) == 1 and reqs[0].sent == s.size, s.url
+
+
+def test_two_ranks_two_workers_share_one_download(
+    shards: Manifest, server: RangeServer, tmp_path: Path
+) -> None:
+    cache = str(tmp_path / "cache")
+    want = digest(read_samples(make_opener(), shards))
+    results = run_processes(4, server.url("manifest.json"), cache)
+    assert [d for d, _ in results] == [want] * 4
+    assert len(server.requests("/manifest.json")) == 1
+    assert_each_shard_fetched_once(server, shards)
+    total = {k: sum(st.get(k, 0) for _, st in results) for k in ("requests", "cache_misses")}
+    assert total["requests"] == 1 + len(shards)
+    assert sum(st.get("read_along", 0) + st.get("cache_hits", 0) for _, st in results) == (
+        3 * len(shards)
+    )
+    server.clear_log()
+    again = run_processes(4, server.url("manifest.json"), cache)  # the second epoch
+    assert [d for d, _ in again] == [want] * 4
+    assert server.requests() == []  # no shard requests, and the node's manifest is fresh
+    assert all(st["cache_hits"] == len(shards) for _, st in again)
+
+
+def test_two_independent_jobs_on_one_cache_dir(
+    shards: Manifest, server: RangeServer, tmp_path: Path
+) -> None:
+    cache = str(tmp_path / "cache")
+    want = digest(read_samples(make_opener(), shards))
+    jobs = [spawn("job_main", server.url("manifest.json"), cache, pipes=True) for _ in range(2)]
+    for j in jobs:
+        assert j.stdout is not None and j.stdout.readline().strip() == "ready"
+    for j in jobs:
+        assert j.stdin is not None
+        j.stdin.write("go\n")
+        j.stdin.flush()
+    outs = [j.communicate(timeout=120)[0] for j in jobs]
+    assert [j.returncode for j in jobs] == [0, 0]
+    digests = [d for out in outs for d, _ in json.loads(out)]
+    assert digests == [want] * 4
+    assert_each_shard_fetched_once(server, shards)
+    assert len(server.requests("/manifest.json")) == 1
+
+
+@pytest.fixture
+def big(make_shards: Callable[..., Manifest]) -> Manifest:
+    return make_shards([40], tokens=8000, subdir="big")  # ~1.3 MB
+
+
+def test_sigkill_mid_download_then_rerun(big: Manifest, tmp_path: Path) -> None:
+    cache = str(tmp_path / "cache")
+    e = big.shards[0]
+    store = CacheStore(cache)
+    key = CacheKey.of(e.checksum, e.size)
+    with RangeServer(str(big.base), bandwidth=300_000) as srv:
+        url = srv.url(e.url)
+        proc = spawn("download_main", url, str(e.size), e.checksum, cache)
+        srv.wait_body("/" + e.url, 200_000)
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+        assert os.path.getsize(store.part_path(key)) < e.size  # a partial temp file...
+        assert not os.path.exists(store.path(key))  # ...never visible as a shard
+        assert not store.downloading(key)  # its lock died with it
+        srv.throttle.rate = None
+        opener = make_opener(cache_dir=cache)
+        with opener.open(url, size=e.size, checksum=e.checksum) as f:
+            got = list(read_shard(f, url=url))
+        assert got == read_samples(make_opener(), big)
+        assert [r.range for r in srv.requests("/" + e.url)] == [f"bytes=0-{e.size - 1}"] * 2
+        assert os.path.getsize(store.path(key)) == e.size
+        assert list(store.parts()) == []
+
+
+def test_reader_along_takes_over_from_a_killed_downloader(big: Manifest, tmp_path: Path) -> None:
+    cache = str(tmp_path / "cache")
+    e = big.shards[0]
+    with RangeServer(str(big.base), bandwidth=300_000) as srv:
+        url = srv.url(e.url)
+        proc = spawn("download_main", url, str(e.size), e.checksum, cache)
+        srv.wait_body("/" + e.url, 200_000)
+        opener = make_opener(cache_dir=cache)
+        with opener.open(url, size=e.size, checksum=e.checksum) as f:
+            samples = read_shard(f, url=url)
+            got = [next(samples)]  # read along the other process's temp file
+            assert opener.stats()["read_along"] == 1
+            proc.send_signal(signal.SIGKILL)
+            assert proc.wait(timeout=30) == -signal.SIGKILL
+            srv.throttle.rate = None
+            got.extend(samples)
+        assert got == read_samples(make_opener(), big)
+        assert opener.stats()["takeovers"] == 1
+        assert len(srv.requests("/" + e.url)) == 2
+        store = CacheStore(cache)
+        assert os.path.getsize(store.path(CacheKey.of(e.checksum, e.size))) == e.size
