@@ -44,9 +44,9 @@ def _assert_whole(out: Path, manifest: Manifest) -> None:
 
 @pytest.mark.parametrize("maxsize", [8192, 20_000, 65_536])
 def test_rollover_by_size_counts_real_bytes(tmp_path: Path, maxsize: int) -> None:
-    samples = _random_samples(120, seed=maxsize, max_bytes=9000)
+    samples = _random_samples(60, seed=maxsize, max_bytes=9000)
     m = _write(tmp_path, samples, maxsize=maxsize)
-    assert len(m.shards) > 3 and m.total_samples == 120
+    assert len(m.shards) > 3 and m.total_samples == 60
     for e in m.shards:
         size = os.path.getsize(tmp_path / e.url)
         assert size == e.size
