@@ -14,8 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 import webdataset as wds
+from click.testing import CliRunner
 
 from shardkit import Manifest, ShardWriter, read_shard
+from shardkit.cli import cli
 
 META = ("__url__", "__local_path__")
 
@@ -72,6 +74,14 @@ def test_shardkit_reads_webdataset_shard_writer(tmp_path: Path) -> None:
     assert len(paths) == 3
     got = [s for p in paths for s in read_shard(p)]
     assert got == samples
+    # a manifest for them, and a deep verify of it (sizes, checksums, counts, indexes)
+    runner = CliRunner()
+    made = runner.invoke(cli, ["manifest", "from-shards", str(tmp_path)], catch_exceptions=False)
+    assert made.exit_code == 0, made.output
+    m = Manifest.load(tmp_path / "manifest.json")
+    assert [e.nsamples for e in m.shards] == [12, 12, 6]
+    checked = runner.invoke(cli, ["verify", "--deep", str(tmp_path / "manifest.json")])
+    assert checked.exit_code == 0, checked.output
 
 
 def test_shardkit_reads_webdataset_tar_writer_with_encoding(tmp_path: Path) -> None:
