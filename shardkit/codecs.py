@@ -16,7 +16,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from shardkit.errors import DecodeError, WriterError
+from shardkit.errors import DecodeError, ShardFormatError, WriterError
 
 __all__ = [
     "INT_EXTS",
@@ -153,18 +153,50 @@ def decode_field(
     return data
 
 
-def zstd_reader(f: BinaryIO) -> AbstractContextManager[BinaryIO]:
-    """A streaming zstd decompressor over ``f``."""
-    import zstandard
+class _ZstdStream(io.RawIOBase):
+    """A zstd decompressing stream whose corrupt input is a :class:`ShardFormatError`."""
 
-    reader: AbstractContextManager[BinaryIO] = zstandard.ZstdDecompressor().stream_reader(
-        f, read_size=1 << 20, read_across_frames=True
-    )
-    return reader
+    def __init__(self, f: BinaryIO) -> None:
+        import zstandard
+
+        self._error = zstandard.ZstdError
+        self._reader: Any = zstandard.ZstdDecompressor().stream_reader(
+            f, read_size=1 << 20, read_across_frames=True
+        )
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        try:
+            return int(self._reader.readinto(b))
+        except self._error as exc:
+            raise ShardFormatError(f"corrupt zstd data: {exc}") from exc
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return bytes(self._reader.read(size))
+        except self._error as exc:
+            raise ShardFormatError(f"corrupt zstd data: {exc}") from exc
+
+    def close(self) -> None:
+        try:
+            self._reader.close()
+        finally:
+            super().close()
+
+
+def zstd_reader(f: BinaryIO) -> AbstractContextManager[BinaryIO]:
+    """A streaming zstd decompressor over ``f``; corrupt data raises ShardFormatError."""
+    stream: AbstractContextManager[BinaryIO] = _ZstdStream(f)  # type: ignore[assignment]
+    return stream
 
 
 def zstd_writer(f: BinaryIO, level: int = 3) -> Any:
     """A streaming zstd compressor writing into ``f`` (close it to flush)."""
     import zstandard
 
-    return zstandard.ZstdCompressor(level=level, threads=0).stream_writer(f, closefd=False)
+    # the frame checksum lets a reader notice corrupt data without the manifest
+    return zstandard.ZstdCompressor(level=level, threads=0, write_checksum=True).stream_writer(
+        f, closefd=False
+    )

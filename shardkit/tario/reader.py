@@ -95,6 +95,8 @@ class TarReader:
             n = min(n, _CHUNK)  # never trust a claim to size a read
         try:
             return self.f.read(n)
+        except ShardFormatError as exc:  # a decoding stream below (zstd) found bad data
+            raise ShardFormatError(str(exc), url=self.url, offset=at) from exc
         except OSError as exc:
             raise ShardFormatError(f"read failed: {exc}", url=self.url, offset=at) from exc
 

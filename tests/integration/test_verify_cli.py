@@ -292,3 +292,19 @@ def test_verify_over_http(shards: Path) -> None:
             assert ("data-000002.tar", "missing") in kinds
             assert ("data-000000.tar", "size") in kinds and ("data-000001.tar", "size") in kinds
             assert report["warnings"] == []  # extra files are looked for beside local shards only
+
+
+def test_corrupt_zstd_shard_in_deep_mode(tmp_path: Path) -> None:
+    with ShardWriter(tmp_path, maxcount=5, compress="zstd") as w:
+        for s in make_samples(10):
+            w.write(s)
+    path = tmp_path / "data-000001.tar.zst"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+    _adopt(tmp_path / "manifest.json", 1)  # the manifest agrees with the damaged bytes
+    assert run(str(tmp_path / "manifest.json")).exit_code == 0
+    report = _report(str(tmp_path / "manifest.json"), "--deep")
+    (problem,) = report["problems"]
+    assert problem["kind"] == "format" and problem["url"] == "data-000001.tar.zst"
+    assert "zstd" in problem["message"]

@@ -252,3 +252,20 @@ def test_index_pair_lookup() -> None:
 def test_malformed_index(data: bytes, match: str) -> None:
     with pytest.raises(ShardFormatError, match=match):
         read_index(data, url="x.idx")
+
+
+@pytest.mark.parametrize("damage", ["garbage", "flip"])
+def test_corrupt_zstd_shard_is_a_format_error(tmp_path: Path, damage: str) -> None:
+    with ShardWriter(tmp_path, compress="zstd") as w:
+        for i in range(20):
+            w.write({"__key__": f"k{i}", "txt": b"some text %d " % i * 50})
+    path = tmp_path / "data-000000.tar.zst"
+    data = bytearray(path.read_bytes())
+    if damage == "garbage":
+        data[:8] = b"NOTZSTD!"
+    else:  # the frame checksum catches what the tar layer cannot see
+        data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+    with pytest.raises(ShardFormatError, match="zstd") as info:
+        list(read_shard(path))
+    assert info.value.url == str(path) and info.value.offset is not None
