@@ -221,11 +221,35 @@ class TarReader:
                 f"bad size field {bytes(hdr[124:136])!r}", url=self.url, offset=off
             ) from None
 
+    def _extended(self, typeflag: bytes, size: int, off: int, pax: dict[str, str]) -> None:
+        """Read an extended header (pax ``x``/``g``, GNU ``L``/``K``) into ``pax``."""
+        if size > _MAX_META:
+            raise ShardFormatError(
+                f"extended header of {size} bytes is too large", url=self.url, offset=off
+            )
+        data = self._member_data(size, off, "<extended header>")
+        if typeflag == b"x":
+            pax.update(parse_pax(data, self.url, off))
+        elif typeflag == b"L":
+            pax["path"] = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        elif typeflag == b"g":
+            parse_pax(data, self.url, off)  # checked, but global records change nothing
+
+    def _regular(self, hdr: bytes, size: int, first: int, pax: dict[str, str]) -> tuple[str, int]:
+        """The checked name and size of a regular member whose headers start at ``first``."""
+        name = pax.get("path") or ustar_name(hdr)
+        if "size" in pax:
+            if not pax["size"].isdigit():
+                raise ShardFormatError("pax size is not a number", url=self.url, offset=first)
+            size = int(pax["size"])
+        problem = name_problem(name)
+        if problem is not None:
+            raise ShardFormatError(f"member {name!r} {problem}", url=self.url, offset=first)
+        return name, size
+
     def members(self) -> Iterator[tuple[str, bytes]]:
         """Yield ``(name, data)`` for each regular file; ``member_offset`` is its start."""
-        url = self.url
-        long_name: str | None = None
-        pax: dict[str, str] = {}
+        pax: dict[str, str] = {}  # extended records (and a GNU long name as "path")
         first: int | None = None  # offset of the current member's first (extended) header
         while True:
             off = self._base + self._pos
@@ -240,45 +264,28 @@ class TarReader:
                 first = off
             typeflag = hdr[156:157]
             if typeflag in _REGULAR:
-                name = long_name if long_name is not None else pax.get("path") or ustar_name(hdr)
-                if "size" in pax:
-                    if not pax["size"].isdigit():
-                        raise ShardFormatError("pax size is not a number", url=url, offset=first)
-                    size = int(pax["size"])
-                problem = name_problem(name)
-                if problem is not None:
-                    raise ShardFormatError(f"member {name!r} {problem}", url=url, offset=first)
+                name, size = self._regular(hdr, size, first, pax)
                 self.member_offset = first
                 data = self._member_data(size, first, name)
-                long_name, pax, first = None, {}, None
+                pax, first = {}, None
                 yield name, data
             elif typeflag == b"5":
                 self._check_claim(size, off, "<directory>")
                 self._skip(size + (-size) % BLOCK, "directory", off)
-                long_name, pax, first = None, {}, None
+                pax, first = {}, None
             elif typeflag in (b"x", b"L", b"g", b"K"):
-                if size > _MAX_META:
-                    raise ShardFormatError(
-                        f"extended header of {size} bytes is too large", url=url, offset=off
-                    )
-                data = self._member_data(size, off, "<extended header>")
-                if typeflag == b"x":
-                    pax.update(parse_pax(data, url, off))
-                elif typeflag == b"L":
-                    long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-                elif typeflag == b"g":
-                    parse_pax(data, url, off)  # checked, but global records change nothing
-                    if first == off:
-                        first = None
+                self._extended(typeflag, size, off, pax)
+                if typeflag == b"g" and first == off:
+                    first = None
             elif typeflag in _REJECT:
                 raise ShardFormatError(
                     f"member is a {_REJECT[typeflag]}; shards may hold only regular files",
-                    url=url,
+                    url=self.url,
                     offset=off,
                 )
             else:
                 raise ShardFormatError(
-                    f"unsupported tar member type {typeflag!r}", url=url, offset=off
+                    f"unsupported tar member type {typeflag!r}", url=self.url, offset=off
                 )
 
     def samples(self) -> Iterator[tuple[int, Sample]]:
