@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from shardkit.checksum import Hasher, new_hasher, split_checksum
-from shardkit.errors import FetchError, ShardkitError
+from shardkit.errors import ConfigError, FetchError, ShardkitError
 from shardkit.manifest import Manifest, ShardEntry
 from shardkit.tario.index import read_index
 from shardkit.tario.reader import TarReader
@@ -370,7 +370,7 @@ def verify(
         source: the manifest's name for the report.
     """
     if level not in LEVELS:
-        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+        raise ConfigError(f"level must be one of {LEVELS}, got {level!r}")
     if opener is None:
         from shardkit.io import make_opener
 
