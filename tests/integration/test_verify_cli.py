@@ -308,3 +308,17 @@ def test_corrupt_zstd_shard_in_deep_mode(tmp_path: Path) -> None:
     (problem,) = report["problems"]
     assert problem["kind"] == "format" and problem["url"] == "data-000001.tar.zst"
     assert "zstd" in problem["message"]
+
+
+def test_library_api_progress_and_bad_level(shards: Path) -> None:
+    from shardkit import ConfigError
+    from shardkit.verify import verify
+
+    m = Manifest.load(shards)
+    for level in ("quick", "checksum", "deep"):
+        seen: list[int] = []
+        report = verify(m, level=level, progress=seen.append, jobs=2)
+        assert report.ok and report.shards == 3
+        assert sum(seen) == m.total_bytes  # the bar ends exactly at the total
+    with pytest.raises(ConfigError, match="level"):
+        verify(m, level="thorough")
