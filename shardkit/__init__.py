@@ -24,10 +24,14 @@ from shardkit.writer import ShardWriter
 if typing.TYPE_CHECKING:
     from shardkit.dataset import ShardDataset
     from shardkit.loader import WebLoader
-    from shardkit.mix import mix
+    from shardkit.mixing import mix
 
 __version__ = "0.1.0"
-_LAZY = {"ShardDataset": "shardkit.dataset", "WebLoader": "shardkit.loader", "mix": "shardkit.mix"}
+_LAZY = {
+    "ShardDataset": "shardkit.dataset",
+    "WebLoader": "shardkit.loader",
+    "mix": "shardkit.mixing",
+}
 
 
 def __getattr__(name: str) -> object:

@@ -12,16 +12,21 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import overload
 
 from shardkit.errors import ConfigError
 
 __all__ = ["WorldInfo"]
 
 
-def _env_int(env: Mapping[str, str], name: str) -> int | None:
+@overload
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int: ...
+@overload
+def _env_int(env: Mapping[str, str], name: str, default: None) -> int | None: ...
+def _env_int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
-        return None
+        return default
     try:
         return int(raw)
     except ValueError:
@@ -58,14 +63,14 @@ class WorldInfo:
     def detect(cls, env: Mapping[str, str] | None = None) -> WorldInfo:
         """Read the world from an initialised process group, else torchrun's variables."""
         env = os.environ if env is None else env
-        local_rank = _env_int(env, "LOCAL_RANK") or 0
-        local_world = _env_int(env, "LOCAL_WORLD_SIZE")
+        local_rank = _env_int(env, "LOCAL_RANK", 0)
+        local_world = _env_int(env, "LOCAL_WORLD_SIZE", None)
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized():
             rank, world = int(dist.get_rank()), int(dist.get_world_size())
         else:
-            rank = _env_int(env, "RANK") or 0
-            world = _env_int(env, "WORLD_SIZE") or 1
+            rank = _env_int(env, "RANK", 0)
+            world = _env_int(env, "WORLD_SIZE", 1)
         if local_world is None:  # without torchrun's variable assume a single node
             local_world = max(world, local_rank + 1)
         return cls(rank, world, local_rank, local_world)

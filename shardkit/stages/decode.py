@@ -132,6 +132,8 @@ class Decode(Stage):
                 value = decode_field(
                     key, field, data, allow_pickle=self.allow_pickle, handlers=table
                 )
+                if type(value) is np.ndarray and not value.flags.writeable:
+                    value = value.copy()  # npy over immutable bytes: torch wants writable
             out[field] = value
         return out
 

@@ -63,6 +63,12 @@ class PackTokens(Stage):
                 f"pack_tokens: no field {self.field!r} (did you decode()?)",
                 key=str(sample.get("__key__")) if isinstance(sample, dict) else None,
             ) from None
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            raise DecodeError(
+                f"pack_tokens: field {self.field!r} holds raw bytes: decode() it first",
+                key=str(sample.get("__key__")),
+                field=self.field,
+            )
         arr = np.asarray(value)
         if arr.ndim != 1 or arr.dtype.kind not in "iu":
             raise DecodeError(

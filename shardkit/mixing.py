@@ -1,5 +1,8 @@
 """mix: a seeded, resumable weighted mixture of several shard sets.
 
+(The module is ``mixing``, not ``mix``: a submodule named like the function would shadow
+``shardkit.mix`` once imported.)
+
 ``mix([ds_a, ds_b], weights=[0.7, 0.3])`` draws, for every item, which data set it comes
 from, with a counter-based generator seeded by ``(seed, epoch, generation, rank,
 worker)``: draw ``t`` is a pure function of ``t``, so the state is the draw count plus each

@@ -1,0 +1,160 @@
+"""The plan: who reads which samples in what order, pure maths checked on small cases."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+from shardkit.errors import ConfigError, StateDictError
+from shardkit.order import iter_order
+from shardkit.plan import (
+    Generation,
+    PlanConfig,
+    Ranges,
+    ResampledStream,
+    epoch_sequence,
+    rank_length,
+    remaining_sequence,
+    shard_order,
+    split,
+    worker_lengths,
+    worker_stream,
+)
+
+COUNTS = [7, 11, 3, 9, 13, 10, 7]  # 60 samples in 7 uneven shards
+
+
+def ids(r: Ranges, counts: list[int]) -> list[int]:
+    """Global sample ids (shard offset + index) of a range sequence."""
+    off = np.concatenate(([0], np.cumsum(counts)))
+    return [int(off[s]) + i for s, lo, hi in r.rows() for i in range(lo, hi)]
+
+
+def test_ranges_take_pick_wrap_and_coalesce() -> None:
+    r = Ranges.of([(2, 0, 3), (0, 5, 7), (1, 0, 4)])
+    assert r.total == 9
+    assert r.take(2, 6).rows() == [(2, 2, 3), (0, 5, 7), (1, 0, 1)]
+    assert r.take(5, 5).rows() == []
+    assert r.pick(np.array([0, 1, 4, 5, 8])).rows() == [(2, 0, 2), (0, 6, 7), (1, 0, 1), (1, 3, 4)]
+    assert r.wrap(20).total == 20
+    assert r.wrap(20).take(9, 18).rows() == r.rows()
+    assert Ranges.concat([Ranges.of([(1, 0, 2)]), Ranges.of([(1, 2, 5)])]).rows() == [(1, 0, 5)]
+    assert list(r.iter_ranges(4)) == [(0, 6, 7, 4), (1, 0, 4, 5)]
+
+
+def test_shard_order_is_a_seeded_permutation_per_epoch() -> None:
+    a = shard_order(50, seed=1, epoch=0)
+    assert sorted(a.tolist()) == list(range(50))
+    assert (a == shard_order(50, seed=1, epoch=0)).all()
+    assert (a != shard_order(50, seed=1, epoch=1)).any()
+    assert (a != shard_order(50, seed=2, epoch=0)).any()
+    assert shard_order(5, 1, 0, shuffle=False).tolist() == [0, 1, 2, 3, 4]
+
+
+def test_lengths_and_remainders() -> None:
+    assert rank_length(60, 7, "drop") == 8
+    assert rank_length(60, 7, "pad") == 9
+    assert worker_lengths(8, 3) == [3, 3, 2]
+    assert worker_lengths(2, 4) == [1, 1, 0, 0]
+    with pytest.raises(ConfigError):
+        PlanConfig(remainder="wrap")
+    with pytest.raises(ConfigError):
+        worker_lengths(3, 0)
+
+
+@pytest.mark.parametrize("remainder", ["drop", "pad"])
+def test_every_rank_gets_the_same_count_and_the_union_is_the_epoch(remainder: str) -> None:
+    cfg = PlanConfig(seed=3, remainder=remainder)
+    n = sum(COUNTS)
+    for world in (1, 2, 3, 7, 8, 61):
+        for workers in (1, 2, 4):
+            got: list[int] = []
+            per_rank = set()
+            for rank in range(world):
+                streams = [
+                    worker_stream(COUNTS, cfg, 1, world, rank, workers, w) for w in range(workers)
+                ]
+                per_rank.add(tuple(s.total for s in streams))  # type: ignore[union-attr]
+                for s in streams:
+                    got += ids(s, COUNTS)  # type: ignore[arg-type]
+            assert len(per_rank) == 1, "ranks differ in their per-worker lengths"
+            count = collections.Counter(got)
+            if remainder == "drop":
+                assert max(count.values(), default=1) == 1 and len(got) == n - n % world
+            else:
+                assert set(count) == set(range(n)) and len(got) == -(-n // world) * world
+
+
+def test_ranks_read_the_epoch_sequence_in_order() -> None:
+    """Concatenated in (rank, worker) order, the streams are the epoch's sequence."""
+    cfg = PlanConfig(seed=9)
+    seq = ids(epoch_sequence(COUNTS, cfg, 4), COUNTS)
+    joined = []
+    for rank in range(3):
+        for w in range(2):
+            joined += ids(split(epoch_sequence(COUNTS, cfg, 4), 3, rank, 2, w, "drop"), COUNTS)
+    assert joined == seq[: len(joined)] and len(joined) == 60
+
+
+def consumed_by(gen: Generation, cfg: PlanConfig, epoch: int) -> list[int]:
+    """Brute force: what each worker of a generation emitted, from its full shuffled order."""
+    out = []
+    for rank in range(gen.world):
+        for w in range(gen.workers):
+            stream = worker_stream(COUNTS, cfg, epoch, gen.world, rank, gen.workers, w)
+            assert isinstance(stream, Ranges)
+            window = gen.window(cfg.seed, epoch, 0, rank, w)
+            order = np.concatenate(list(iter_order(stream.total, window)))
+            sid = ids(stream, COUNTS)
+            out += [sid[i] for i in order[: gen.positions[w]]]
+    return out
+
+
+@pytest.mark.parametrize("positions", [(5, 10), (5, 9), (0, 0), (15, 15)])
+def test_elastic_generation_leaves_exactly_the_unconsumed_samples(
+    positions: tuple[int, int],
+) -> None:
+    cfg = PlanConfig(seed=3)
+    gen = Generation(world=2, workers=2, positions=positions, bufsize=6, initial=6)
+    consumed = consumed_by(gen, cfg, 0)
+    left = ids(remaining_sequence(COUNTS, cfg, 0, [gen]), COUNTS)
+    assert sorted(consumed + left) == list(range(60))
+    after: list[int] = []
+    for rank in range(3):
+        stream = worker_stream(COUNTS, cfg, 0, 3, rank, 1, 0, [gen])
+        assert isinstance(stream, Ranges)
+        after += ids(stream, COUNTS)
+    both = consumed + after
+    assert len(set(both)) == len(both), "a sample was read twice"
+    # what is left divides among 3 ranks; the remainder rule drops the rest
+    assert len(after) == 3 * (len(left) // 3)
+    assert set(range(60)) - set(both) == set(left[len(after) :])
+
+
+def test_generation_state_round_trip_and_validation() -> None:
+    gen = Generation(2, 2, (3, 4), 10, 5)
+    assert Generation.from_dict(gen.to_dict()) == gen
+    with pytest.raises(StateDictError):
+        Generation.from_dict({"world": 2, "workers": 3, "positions": [1]})
+    with pytest.raises(StateDictError):
+        Generation.from_dict({"world": "x"})
+
+
+def test_resampled_streams_are_seeded_weighted_and_sized() -> None:
+    s = ResampledStream([1, 0, 99], seed=7, length=None)
+    draws = s.draws(0, 2000)
+    assert (draws == ResampledStream([1, 0, 99], seed=7, length=None).draws(0, 2000)).all()
+    assert 1 not in draws.tolist() and (draws == 2).mean() > 0.9
+    sized = ResampledStream([4, 6], seed=1, length=25)
+    rows = list(sized.iter_ranges(0))
+    assert sum(hi - lo for _, lo, hi, _ in rows) == 25
+    assert [r[3] for r in rows] == list(np.cumsum([0] + [hi - lo for _, lo, hi, _ in rows])[:-1])
+    tail = list(sized.iter_ranges(13))
+    assert tail[0][3] == 13 and sum(hi - lo for _, lo, hi, _ in tail) == 12
+    cfg = PlanConfig(seed=1, resampled=True, epoch_length=10)
+    lengths = [worker_stream(COUNTS, cfg, 0, 2, r, 3, w).length for r in range(2) for w in range(3)]  # type: ignore[union-attr]
+    assert lengths == [4, 3, 3, 4, 3, 3]
+    with pytest.raises(ConfigError):
+        ResampledStream([0, 0], seed=1, length=None)

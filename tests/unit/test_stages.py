@@ -1,0 +1,316 @@
+"""Stages on real shards the tests write: source, decode, map/select/to_tuple, batched,
+pack_tokens, mix, the bad-data policies, and the resume contract for every stateful stage."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from shardkit import ShardDataset, mix
+from shardkit.errors import ConfigError, DecodeError, FetchError, ShardFormatError, StateDictError
+from shardkit.manifest import Manifest
+from shardkit.writer import ShardWriter
+from tests.helpers.resumable import assert_resumable
+
+MakeShards = Callable[..., Manifest]
+SIZES = [7, 11, 3, 9, 13, 10, 7]
+
+
+def keys(items: Any) -> list[str]:
+    return [s["__key__"] for s in items]
+
+
+def key_id(key: str) -> int:
+    return int(key.rsplit("-", 1)[1])
+
+
+def shard_path(m: Manifest, i: int) -> str:
+    return m.resolve(m.shards[i].url)
+
+
+# -- the source ---------------------------------------------------------------------
+def test_the_source_reads_every_sample_in_manifest_order(make_shards: MakeShards) -> None:
+    m = make_shards(SIZES)
+    samples = list(ShardDataset(m, shardshuffle=False))
+    assert [key_id(k) for k in keys(samples)] == list(range(60))
+    first = samples[0]
+    assert set(first) == {"__key__", "__url__", "json", "tokens.npy"}
+    assert first["__url__"] == shard_path(m, 0) and isinstance(first["json"], bytes)
+
+
+def test_manifest_path_url_list_and_brace_pattern_agree(make_shards: MakeShards) -> None:
+    m = make_shards([4, 6, 5], prefix="part")
+    base = os.path.dirname(shard_path(m, 0))
+    by_manifest = keys(ShardDataset(os.path.join(base, "manifest.json"), shardshuffle=False))
+    urls = [shard_path(m, i) for i in range(3)]
+    assert keys(ShardDataset(urls, shardshuffle=False)) == by_manifest
+    pattern = os.path.join(base, "part-{000000..000002}.tar")
+    assert keys(ShardDataset(pattern, shardshuffle=False)) == by_manifest
+    for url in urls:  # without sample indexes the counts come from a scan
+        os.unlink(url + ".idx")
+    assert keys(ShardDataset(urls, shardshuffle=False)) == by_manifest
+    assert len(ShardDataset(urls).split_by_node(1, 2)) == 7
+
+
+def test_ranks_split_shards_by_sample_range(make_shards: MakeShards) -> None:
+    m = make_shards(SIZES)
+    seen: list[int] = []
+    for rank in range(4):
+        ds = ShardDataset(m, seed=3).split_by_node(rank, 4)
+        got = [key_id(k) for k in keys(ds)]
+        assert len(got) == len(ds) == 15
+        seen += got
+    assert sorted(seen) == list(range(60))
+
+
+def test_the_order_follows_seed_and_epoch(make_shards: MakeShards) -> None:
+    m = make_shards(SIZES)
+
+    def run(seed: int, epoch: int) -> list[str]:
+        ds = ShardDataset(m, seed=seed).shuffle(20)
+        ds.set_epoch(epoch)
+        return keys(ds)
+
+    a = run(1, 0)
+    assert sorted(a) == sorted(keys(ShardDataset(m)))
+    assert a == run(1, 0)
+    assert a != run(1, 1) and a != run(2, 0)
+
+
+def test_resampled_streams_have_the_epoch_length_asked(make_shards: MakeShards) -> None:
+    m = make_shards([5, 5])
+    ds = ShardDataset(m, resampled=True, seed=4).with_epoch(23)
+    assert len(ds) == 23 and len(keys(ds)) == 23
+    with pytest.raises(ConfigError, match="resampled"):
+        ShardDataset(m).with_epoch(5)
+    endless = iter(ShardDataset(m, resampled=True))
+    assert len([next(endless) for _ in range(100)]) == 100
+    with pytest.raises(TypeError):
+        len(ShardDataset(m, resampled=True))
+
+
+# -- decode, map, select, to_tuple, batched ----------------------------------------------
+def _png(color: tuple[int, int, int]) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 3), color).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def write_custom(out: Path, samples: list[dict[str, Any]]) -> Manifest:
+    with ShardWriter(out, maxsize="1MB") as w:
+        for s in samples:
+            w.write(s)
+    return Manifest.load(out / "manifest.json")
+
+
+def test_decode_builtin_codecs_handlers_and_images(tmp_path: Path) -> None:
+    m = write_custom(
+        tmp_path,
+        [
+            {
+                "__key__": f"k{i}",
+                "png": _png((i, 2, 3)),
+                "json": {"i": i},
+                "txt": "hé",
+                "cls": i,
+                "raw.bin": b"\x00\x01",
+                "odd.xyz": b"7",
+            }
+            for i in range(3)
+        ],
+    )
+    (s,) = list(ShardDataset(m, shardshuffle=False).decode())[:1]
+    assert s["json"] == {"i": 0} and s["txt"] == "hé" and s["cls"] == 0
+    assert s["raw.bin"] == b"\x00\x01" and s["png"].size == (4, 3)
+    rgb = next(iter(ShardDataset(m, shardshuffle=False).decode("rgb8")))["png"]
+    assert rgb.dtype == np.uint8 and rgb.shape == (3, 4, 3) and tuple(rgb[0, 0]) == (0, 2, 3)
+    custom = next(
+        iter(
+            ShardDataset(m).decode(
+                {"xyz": lambda b: int(b) * 2}, lambda f, b: "seen" if f == "txt" else None
+            )
+        )
+    )
+    assert custom["odd.xyz"] == 14 and custom["txt"] == "seen"
+    with pytest.raises(ConfigError):
+        ShardDataset(m).decode("cmyk")
+
+
+def test_pickle_is_refused_unless_allowed(tmp_path: Path) -> None:
+    m = write_custom(tmp_path, [{"__key__": "a", "pyd": b"\x80\x04K\x07."}])
+    with pytest.raises(DecodeError, match="unpickle"):
+        list(ShardDataset(m).decode())
+    assert next(iter(ShardDataset(m).decode(allow_pickle=True)))["pyd"] == 7
+
+
+def test_map_select_to_tuple_and_batched(make_shards: MakeShards) -> None:
+    m = make_shards([10, 6])
+    ds = (
+        ShardDataset(m, shardshuffle=False)
+        .decode()
+        .select(lambda s: s["json"]["id"] % 2 == 0)
+        .map(lambda s: {**s, "double": s["json"]["id"] * 2})
+        .to_tuple("missing;double", "tokens.npy", "__key__")
+        .batched(3)
+    )
+    batches = list(ds)
+    assert [len(b[0]) for b in batches] == [3, 3, 2]
+    doubles, tokens, names = batches[0]
+    assert isinstance(doubles, np.ndarray) and doubles.tolist() == [0, 4, 8]
+    assert tokens.shape == (3, 64) and tokens.dtype == np.int32
+    assert names == ["sample-00000000", "sample-00000002", "sample-00000004"]
+    with pytest.raises(TypeError):
+        len(ds)
+    full = ShardDataset(m).to_tuple("json").batched(5, partial=False)
+    assert len(full) == 3 and len(list(full)) == 3
+    as_torch = ShardDataset(m).decode().to_tuple("tokens.npy").batched(4, collate="torch")
+    assert isinstance(next(iter(as_torch))[0], torch.Tensor)
+    with pytest.raises(DecodeError, match="nope"):
+        list(ShardDataset(m).to_tuple("nope"))
+    with pytest.raises(ConfigError):
+        ShardDataset(m).batched(2).shuffle(10)
+
+
+def test_pack_tokens_cuts_the_token_stream_exactly(make_shards: MakeShards) -> None:
+    m = make_shards([3, 4], tokens=50)
+    docs = [s["tokens.npy"] for s in ShardDataset(m, shardshuffle=False).decode()]
+    stream = np.concatenate([np.append(d, -1) for d in docs])
+    seqs = list(ShardDataset(m, shardshuffle=False).decode().pack_tokens("tokens.npy", 64, eos=-1))
+    assert len(seqs) == len(stream) // 64
+    assert np.array_equal(np.concatenate(seqs), stream[: 64 * len(seqs)])
+    with pytest.raises(DecodeError, match="decode"):
+        list(ShardDataset(m).pack_tokens("tokens.npy", 8))
+
+
+def test_mix_is_weighted_seeded_and_longest_reads_all(make_shards: MakeShards) -> None:
+    a, b = make_shards([200]), make_shards([200], prefix="other")
+
+    def run(seed: int, longest: bool = False) -> list[str]:
+        ds = mix([ShardDataset(a), ShardDataset(b)], [0.8, 0.2], seed=seed, longest=longest)
+        return [s["__url__"].rsplit("/", 1)[1][:4] for s in ds]
+
+    picks = run(1)
+    assert picks == run(1) and picks != run(2)
+    assert len(picks) < 260 and 0.7 < picks.count("data") / len(picks) < 0.9
+    assert sorted(set(run(1, longest=True))) == ["data", "othe"]
+    assert len(run(1, longest=True)) == 400
+    with pytest.raises(ConfigError):
+        mix([ShardDataset(a)], [1, 2])
+
+
+# -- bad data -----------------------------------------------------------------------
+@pytest.fixture
+def damaged(make_shards: MakeShards) -> Manifest:
+    """Shard 1 of 3 is truncated mid-way, shard 2 is missing."""
+    m = make_shards([5, 6, 4])
+    path = shard_path(m, 1)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+    os.unlink(shard_path(m, 2))
+    return m
+
+
+def test_raise_policy_names_the_shard(damaged: Manifest) -> None:
+    with pytest.raises(ShardFormatError, match="data-000001"):
+        list(ShardDataset(damaged, shardshuffle=False))
+    with pytest.raises(FetchError, match="data-000002"):
+        list(ShardDataset([shard_path(damaged, 2)]))
+
+
+@pytest.mark.parametrize("handler", ["warn", "warn_and_continue", "skip_shard"])
+def test_skipping_policies_count_what_they_drop(
+    damaged: Manifest, handler: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    ds = ShardDataset(damaged, shardshuffle=False, handler=handler)
+    with caplog.at_level(logging.WARNING, logger="shardkit"):
+        got = keys(ds)
+    assert got[:5] == [f"sample-{i:08d}" for i in range(5)]
+    assert 5 <= len(got) < 11 and all(key_id(k) < 11 for k in got)
+    counters = ds.counters()
+    assert counters["skipped_shards"] == 2
+    assert counters["skipped_samples"] == 15 - len(got)
+    assert "data-000002" in caplog.text
+
+
+@pytest.mark.parametrize(("handler", "kept"), [("warn", 5), ("skip_shard", 2)])
+def test_decode_errors_follow_the_policy(tmp_path: Path, handler: str, kept: int) -> None:
+    samples = [{"__key__": f"k{i}", "json": b"{bad" if i == 2 else b"1"} for i in range(6)]
+    m = write_custom(tmp_path, samples)
+    with pytest.raises(DecodeError, match="k2"):
+        list(ShardDataset(m, shardshuffle=False).decode())
+    ds = ShardDataset(m, shardshuffle=False, handler=handler).decode()
+    assert len(list(ds)) == kept
+    assert ds.counters()["skipped_samples"] == 6 - kept
+
+
+# -- the resume contract, for every stateful stage ------------------------------------
+def pipelines(m: Manifest, other: Manifest) -> dict[str, Callable[[], ShardDataset]]:
+    return {
+        "source": lambda: ShardDataset(m, seed=1),
+        "source-by-rank": lambda: ShardDataset(m, seed=1).split_by_node(2, 3),
+        "shuffle": lambda: ShardDataset(m, seed=1).shuffle(16, initial=4),
+        "resampled": lambda: ShardDataset(m, seed=2, resampled=True).shuffle(8).with_epoch(45),
+        "batched": lambda: ShardDataset(m, seed=1).shuffle(9).to_tuple("__key__").batched(4),
+        "select": lambda: ShardDataset(m).shuffle(5).select(lambda s: s["__key__"][-1] in "1357"),
+        "pack_tokens": lambda: (
+            ShardDataset(m, seed=3).shuffle(7).decode().pack_tokens("tokens.npy", 100, eos=0)
+        ),
+        "mix": lambda: mix([ShardDataset(m).shuffle(6), ShardDataset(other, seed=5)], [2, 1]),
+        "mix-longest": lambda: (
+            mix([ShardDataset(m), ShardDataset(other).shuffle(4)], seed=4, longest=True)
+            .to_tuple("__key__")
+            .batched(3)
+        ),
+    }
+
+
+PIPELINES = [
+    "source",
+    "source-by-rank",
+    "shuffle",
+    "resampled",
+    "batched",
+    "select",
+    "pack_tokens",
+    "mix",
+    "mix-longest",
+]
+
+
+@pytest.mark.parametrize("name", PIPELINES)
+def test_every_stateful_stage_resumes_exactly(make_shards: MakeShards, name: str) -> None:
+    m, other = make_shards(SIZES), make_shards([9, 4, 8], prefix="other")
+    make = pipelines(m, other)[name]
+    assert_resumable(make, rounds=4, seed=len(name), prepare=lambda d: d.set_epoch(3))
+
+
+def test_states_that_do_not_fit_are_refused(make_shards: MakeShards) -> None:
+    m, other = make_shards(SIZES), make_shards([3, 3])
+    ds = ShardDataset(m, seed=1).shuffle(5)
+    it = iter(ds)
+    next(it)
+    state = ds.state_dict()
+    assert json.loads(json.dumps(state)) == state
+    with pytest.raises(StateDictError, match="seed"):
+        ShardDataset(m, seed=2).load_state_dict(state)
+    with pytest.raises(StateDictError, match="samples"):
+        ShardDataset(other, seed=1).load_state_dict(state)
+    with pytest.raises(StateDictError, match="pack_tokens"):
+        ShardDataset(m, seed=1).pack_tokens("t", 4).load_state_dict(state)
+    with pytest.raises(StateDictError, match="version"):
+        ShardDataset(m, seed=1).load_state_dict({**state, "version": 99})
+    moved = ShardDataset(m, seed=1).shuffle(5).split_by_node(0, 2)
+    moved.load_state_dict(state)
+    with pytest.raises(StateDictError, match="WebLoader"):
+        iter(moved)
