@@ -24,7 +24,7 @@ from shardkit.errors import ConfigError, ShardFormatError
 from shardkit.manifest import Manifest, ShardEntry, atomic_write, creation_info
 from shardkit.sources import discover
 from shardkit.tario.index import write_index
-from shardkit.tario.reader import TarReader, read_shard, split_key
+from shardkit.tario.reader import TarReader, read_shard
 
 __all__ = [
     "GOOD_SHARD_BYTES",
@@ -95,26 +95,15 @@ def _scan_tar(f: BinaryIO, url: str, size: int | None, nkeys: int) -> tuple[Any,
     offsets: list[int] = []
     stats: FieldStats = {}
     keys: list[str] = []
-    key: str | None = None
-    seen: set[str] = set()
-    for name, data in reader.members():
-        kf = split_key(name)
-        if kf is None:
-            continue
-        k, fld = kf
-        if k != key:
-            key, seen = k, set()
-            offsets.append(reader.member_offset)
-            if len(keys) < nkeys:
-                keys.append(k)
-        elif fld in seen:
-            raise ShardFormatError(
-                f"sample {k!r} has field {fld!r} twice", url=url, offset=reader.member_offset
-            )
-        seen.add(fld)
-        st = stats.setdefault(fld, {"count": 0, "bytes": 0})
-        st["count"] += 1
-        st["bytes"] += len(data)
+    for offset, sample in reader.samples():
+        offsets.append(offset)
+        if len(keys) < nkeys:
+            keys.append(str(sample["__key__"]))
+        for fld, data in sample.items():
+            if fld != "__key__":
+                st = stats.setdefault(fld, {"count": 0, "bytes": 0})
+                st["count"] += 1
+                st["bytes"] += len(data)  # type: ignore[arg-type]
     end = reader.end_offset if reader.end_offset is not None else reader.offset
     return offsets, end, stats, keys
 
