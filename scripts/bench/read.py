@@ -1,0 +1,332 @@
+"""Read benchmark: shardkit vs webdataset, mosaic streaming, litdata and a raw read.
+
+1. one process, raw samples (no decode), all reading the same shardkit-written tar shards:
+   shardkit.read_shard, shardkit.ShardDataset, webdataset.WebDataset, webdataset's bare
+   tarfile_to_samples pipeline, and a plain sequential read of the files (the limit).
+2. a loader with 2 workers and batches of 32, decoded samples, each library in its own
+   format written from the same samples: shardkit.WebLoader, webdataset.WebLoader, mosaic
+   StreamingDataset + torch DataLoader, litdata StreamingDataset + StreamingDataLoader.
+   Each run is a fresh process (no shared memory or worker left over from the last).
+3. peak RSS of a reader process as the data set grows 10x (small profile).
+4. resume cost at several positions of one big shard (default 1 GB): a fresh process,
+   load_state_dict, first batch; webdataset, which cannot resume, re-reads up to there.
+
+All reads are warm page-cache reads (the data was just written and the machine has RAM
+to spare), unless ``--cold`` drops the page cache (root only) before every timed run.
+
+    .bench-venv/bin/python scripts/bench/read.py --size 1GB --repeats 3
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import _peers
+import _readers
+from _common import (
+    Dataset,
+    base_parser,
+    describe,
+    fmt,
+    interleave,
+    log,
+    make_dataset,
+    parse_common,
+    save_results,
+    sync,
+    table,
+)
+
+from shardkit.units import parse_size
+
+LOADER_IMPLS = ("shardkit", "webdataset", "mosaic", "litdata")
+
+
+def has_streaming_api() -> bool:
+    import shardkit
+
+    return hasattr(shardkit, "ShardDataset") and hasattr(shardkit, "WebLoader")
+
+
+def before_factory(cold: bool) -> Callable[[], None]:
+    def before() -> None:
+        sync()
+        if cold:
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("1\n")
+
+    return before
+
+
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one measurement in a fresh interpreter; return its JSON answer."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"child {spec['kind']} {spec.get('impl')} failed:\n{proc.stderr}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+class Formats:
+    """One profile's data written once in every format."""
+
+    def __init__(self, ds: Dataset, work: str, shard_bytes: int) -> None:
+        self.root = os.path.join(work, "read", ds.profile)
+        self.sk = os.path.join(self.root, "shardkit")
+        self.wds = os.path.join(self.root, "webdataset")
+        self.mds = os.path.join(self.root, "mosaic")
+        self.lit = os.path.join(self.root, "litdata")
+        from _common import fresh_dir
+
+        _peers.write_shardkit(ds, fresh_dir(self.sk), shard_bytes)
+        _peers.write_wds(ds, fresh_dir(self.wds), shard_bytes)
+        _peers.write_mds(ds, fresh_dir(self.mds), shard_bytes)
+        _peers.write_litdata(ds, fresh_dir(self.lit), shard_bytes)
+        self.manifest = os.path.join(self.sk, "manifest.json")
+        self.sk_paths = sorted(glob.glob(os.path.join(self.sk, "*.tar")))
+        self.wds_paths = sorted(glob.glob(os.path.join(self.wds, "*.tar")))
+        self.sk_bytes = sum(os.path.getsize(p) for p in self.sk_paths)
+
+
+def check_counts(series: dict[str, Any], n: int, skip: tuple[str, ...] = ()) -> None:
+    """Every reader must have seen every sample, or its rate means nothing."""
+    for name, s in series.items():
+        if name in skip:
+            continue
+        got = set(s.extra.get("samples", []))
+        if got != {n}:
+            raise RuntimeError(f"{name} read {sorted(got)} samples, expected {n}")
+
+
+def part_inprocess(ds: Dataset, fm: Formats, args: Any) -> tuple[str, list[dict[str, Any]]]:
+    paths = fm.sk_paths
+    contenders: list[tuple[str, Callable[[], Any]]] = [
+        ("raw read", lambda: _readers.read_raw(paths)),
+        ("shardkit read_shard", lambda: _readers.read_sk_shards(paths)),
+        ("webdataset WebDataset", lambda: _readers.read_wds(paths)),
+        ("webdataset tarfile_to_samples", lambda: _readers.read_wds_tar(paths)),
+    ]
+    if has_streaming_api():
+        sk_ds = ("shardkit ShardDataset", lambda: _readers.read_sk_dataset(fm.manifest))
+        contenders.insert(2, sk_ds)
+    series = interleave(args.repeats, contenders, before=before_factory(args.cold))
+    n, nbytes = len(ds.samples), fm.sk_bytes
+    check_counts(series, n, skip=("raw read",))
+    wds_s = series["webdataset WebDataset"].median
+    raw_s = series["raw read"].median
+    rows, records = [], []
+    for name, s in series.items():
+        med = s.median
+        rate = None if name == "raw read" else n / med
+        rec = {
+            "name": name,
+            "median_s": med,
+            "seconds": s.seconds,
+            "samples_per_s": rate,
+            "file_mb_per_s": nbytes / med / 1e6,
+            "x_webdataset": wds_s / med,
+            "pct_of_raw": raw_s / med * 100,
+        }
+        records.append(rec)
+        rows.append(
+            [
+                name,
+                fmt(med, ".3f"),
+                fmt(rate),
+                fmt(nbytes / med / 1e6),
+                fmt(wds_s / med, ".2f") + "x",
+                fmt(raw_s / med * 100, ".1f") + "%",
+            ]
+        )
+    head = ["1 process, no decode", "median s", "samples/s", "MB/s", "vs wds", "% raw"]
+    return table(head, rows), records
+
+
+def loader_specs(fm: Formats, args: Any) -> list[dict[str, Any]]:
+    common = {"kind": "loader", "batch": 32, "workers": args.workers}
+    specs = [
+        {**common, "impl": "webdataset", "urls": fm.wds_paths},
+        {**common, "impl": "mosaic", "dir": fm.mds},
+        {**common, "impl": "litdata", "dir": fm.lit},
+    ]
+    if has_streaming_api():
+        specs.insert(0, {**common, "impl": "shardkit", "manifest": fm.manifest})
+    return specs
+
+
+def part_loader(ds: Dataset, fm: Formats, args: Any) -> tuple[str, list[dict[str, Any]]]:
+    contenders = [(s["impl"], lambda s=s: child(s)) for s in loader_specs(fm, args)]
+    series = interleave(args.repeats, contenders, before=before_factory(args.cold))
+    n = len(ds.samples)
+    check_counts(series, n)
+    wds_rate = n / _median(series["webdataset"].extra["seconds"])
+    rows, records = [], []
+    for name, s in series.items():
+        inner = _median(s.extra["seconds"])  # from the first next() to the last batch
+        rate = n / inner
+        rec = {
+            "name": name,
+            "iter_seconds": s.extra["seconds"],
+            "process_seconds": s.seconds,
+            "samples_per_s": rate,
+            "payload_mb_per_s": ds.payload_bytes / inner / 1e6,
+            "first_batch_s": _median(s.extra["first_batch_s"]),
+            "maxrss_mb": _median(s.extra["maxrss_mb"]),
+            "x_webdataset": rate / wds_rate,
+        }
+        records.append(rec)
+        rows.append(
+            [
+                name,
+                fmt(inner, ".2f"),
+                fmt(rate),
+                fmt(rec["payload_mb_per_s"]),
+                fmt(rec["first_batch_s"], ".2f"),
+                fmt(rec["maxrss_mb"]),
+                fmt(rate / wds_rate, ".2f") + "x",
+            ]
+        )
+    head = [f"loader, {args.workers} workers, batch 32", "median s", "samples/s", "MB/s"]
+    head += ["first batch s", "main RSS MB", "vs wds"]
+    return table(head, rows), records
+
+
+def _median(xs: list[float]) -> float:
+    import statistics
+
+    return statistics.median(xs)
+
+
+def part_rss(ds: Dataset, fm: Formats, args: Any) -> tuple[str, list[dict[str, Any]]]:
+    """Peak RSS of one reader process over a tenth of the data and over all of it."""
+    from _common import Dataset as _D
+    from _common import fresh_dir
+
+    tenth = _D(ds.profile, ds.samples[: max(1, len(ds.samples) // 10)], ds.payload_bytes // 10)
+    small_dir = fresh_dir(os.path.join(fm.root, "rss-tenth"))
+    _peers.write_shardkit(tenth, small_dir, max(4096, args.shard_bytes // 10))
+    sets = {
+        "1x": (os.path.join(small_dir, "manifest.json"), _tars(small_dir), len(tenth.samples)),
+        "10x": (fm.manifest, fm.sk_paths, len(ds.samples)),
+    }
+    impls = ["shardkit read_shard", "webdataset WebDataset"]
+    if has_streaming_api():
+        impls.insert(0, "shardkit ShardDataset")
+    rows, records = [], []
+    for impl in impls:
+        rss = {}
+        for label, (manifest, paths, n) in sets.items():
+            spec = {"kind": "rss", "impl": impl, "manifest": manifest, "paths": paths}
+            runs = [child(spec) for _ in range(args.repeats)]
+            if {r["samples"] for r in runs} != {n}:
+                raise RuntimeError(f"{impl} read {runs} samples of {label}, expected {n}")
+            rss[label] = _median([r["maxrss_mb"] for r in runs])
+        growth = rss["10x"] / rss["1x"] - 1
+        records.append({"name": impl, "maxrss_mb": rss, "growth": growth})
+        rows.append([impl, fmt(rss["1x"]), fmt(rss["10x"]), fmt(growth * 100, "+.1f") + "%"])
+    head = ["reader (1 process)", "peak RSS MB, 1x", "peak RSS MB, 10x", "growth"]
+    return table(head, rows), records
+
+
+def _tars(d: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(d, "*.tar")))
+
+
+def part_resume(args: Any) -> tuple[str, list[dict[str, Any]]]:
+    """Resume at several positions of one big shard: shardkit vs webdataset's re-read."""
+    from _common import fresh_dir
+
+    ds = make_dataset("small", args.resume_bytes, seed=1)
+    root = fresh_dir(os.path.join(args.work, "read", "resume"))
+    _peers.write_shardkit(ds, root, args.resume_bytes * 2)
+    manifest, paths = os.path.join(root, "manifest.json"), _tars(root)
+    if len(paths) != 1:
+        raise RuntimeError(f"expected one shard for the resume test, got {len(paths)}")
+    nbatches = len(ds.samples) // 32
+    log(f"resume: one shard of {os.path.getsize(paths[0]) / 1e9:.2f} GB, {nbatches} batches")
+    rows, records = [], []
+    for frac in args.position_list:
+        pos = min(int(frac * nbatches), nbatches - 1)
+        rec: dict[str, Any] = {"fraction": frac, "batch": pos}
+        for workers in args.resume_worker_list:
+            state = os.path.join(root, f"state-{pos}-{workers}.json")
+            spec = {"manifest": manifest, "batch": 32, "workers": workers, "state": state}
+            child({**spec, "kind": "resume-save", "batches": pos})
+            runs = [child({**spec, "kind": "resume-load"}) for _ in range(args.repeats)]
+            rec[f"shardkit_w{workers}_s"] = _median([r["seconds"] for r in runs])
+        skip = child({"kind": "skip", "urls": paths, "batch": 32, "batches": pos})
+        rec["webdataset_reread_s"] = skip["seconds"]
+        records.append(rec)
+        cells = [fmt(rec[f"shardkit_w{w}_s"], ".3f") for w in args.resume_worker_list]
+        rows.append([f"{frac:.2f}", str(pos), *cells, fmt(skip["seconds"], ".2f")])
+    head = ["position", "batch"]
+    head += [f"shardkit resume s ({w} workers)" for w in args.resume_worker_list]
+    head += ["webdataset re-read s"]
+    return table(head, rows), records
+
+
+def parse_args() -> Any:
+    p = base_parser(__doc__.split("\n\n")[0])
+    p.add_argument("--parts", default="inprocess,loader,rss,resume")
+    p.add_argument("--workers", type=int, default=2, help="loader workers (part 2)")
+    p.add_argument("--resume-size", default="1GB", help="size of the one resume shard")
+    p.add_argument("--positions", default="0,0.25,0.5,0.75,0.99")
+    p.add_argument("--resume-workers", default="0,2")
+    p.add_argument("--cold", action="store_true", help="drop the page cache before runs")
+    args = p.parse_args()
+    parse_common(args)
+    args.part_list = args.parts.split(",")
+    args.resume_bytes = parse_size(args.resume_size)
+    args.position_list = [float(x) for x in args.positions.split(",")]
+    args.resume_worker_list = [int(x) for x in args.resume_workers.split(",")]
+    return args
+
+
+def run_profile(profile: str, args: Any) -> tuple[list[str], dict[str, Any]]:
+    ds = make_dataset(profile, args.size_bytes)
+    log(f"read: {describe(ds)}; writing it in every format")
+    fm = Formats(ds, args.work, args.shard_bytes)
+    texts, out = [], {"samples": len(ds.samples), "payload_bytes": ds.payload_bytes}
+    out["shard_file_bytes"] = fm.sk_bytes
+    parts = [("inprocess", part_inprocess), ("loader", part_loader)]
+    if profile == "small":
+        parts.append(("rss", part_rss))
+    for name, fn in parts:
+        if name in args.part_list:
+            log(f"read {profile}: {name}")
+            text, out[name] = fn(ds, fm, args)
+            texts.append(f"### read {name}, {describe(ds)}\n\n{text}\n")
+    return texts, out
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        _readers.run_child(sys.argv[2])
+        return
+    args = parse_args()
+    if not has_streaming_api():
+        log("shardkit.ShardDataset / WebLoader not found: measuring read_shard and the peers")
+    results: dict[str, Any] = {"size": args.size, "repeats": args.repeats, "profiles": {}}
+    results["cold"] = args.cold
+    texts: list[str] = []
+    for profile in args.profile_list:
+        t, results["profiles"][profile] = run_profile(profile, args)
+        texts += t
+    if "resume" in args.part_list and has_streaming_api():
+        text, results["resume"] = part_resume(args)
+        texts.append(f"### resume in one {args.resume_size} shard (small profile)\n\n{text}\n")
+    path = save_results(args.out, "read", results)
+    print("\n".join(texts))
+    cache = "cold (page cache dropped)" if args.cold else "warm page-cache"
+    print(f"(medians of {args.repeats}; {cache} reads; JSON: {path})")
+
+
+if __name__ == "__main__":
+    main()
