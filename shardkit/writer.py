@@ -121,6 +121,7 @@ class ShardWriter:
         if resume:
             self._load_existing()
         self._file: BinaryIO | None = None
+        self._shard_fields: dict[str, dict[str, int]] = {}  # stats of the open shard
         self._sink: Any = None
         self._hashing: _HashingFile | None = None
         self._tmp_path: str | None = None
@@ -163,7 +164,7 @@ class ShardWriter:
         self._offset += size
         self._pending.extend(pieces)
         self._pending_size += size
-        stats = self.manifest.fields
+        stats = self._shard_fields  # joins manifest.fields when the shard is whole
         for field, nbytes in sizes.items():
             st = stats.setdefault(field, {"count": 0, "bytes": 0})
             st["count"] += 1
@@ -258,6 +259,7 @@ class ShardWriter:
         self._offset = 0
         self._offsets = []
         self._keys = set()
+        self._shard_fields = {}
 
     def _flush(self) -> None:
         if self._pending:
@@ -292,6 +294,11 @@ class ShardWriter:
             index=index_name,
         )
         self.manifest.shards.append(entry)
+        for field, st in self._shard_fields.items():
+            acc = self.manifest.fields.setdefault(field, {"count": 0, "bytes": 0})
+            acc["count"] += st["count"]
+            acc["bytes"] += st["bytes"]
+        self._shard_fields = {}
         self.next_index += 1
         self._write_manifest()
         log.debug("finished shard %s: %d samples, %d bytes", name, entry.nsamples, entry.size)
