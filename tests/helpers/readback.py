@@ -1,0 +1,64 @@
+"""Read a built data set back, independently of the writer: samples and shard integrity."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from shardkit.manifest import Manifest
+from shardkit.tario.reader import read_shard
+
+_HASHES = {"sha256": hashlib.sha256, "xxh3_128": xxhash.xxh3_128}
+
+
+def read_samples(manifest_path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every sample of every shard the manifest lists, in manifest order."""
+    m = Manifest.load(manifest_path)
+    out: list[dict[str, Any]] = []
+    for s in m.shards:
+        out.extend(read_shard(m.resolve(s.url)))
+    return out
+
+
+def keys_of(samples: Iterable[dict[str, Any]]) -> list[str]:
+    return [str(s["__key__"]) for s in samples]
+
+
+def file_digest(path: str | os.PathLike[str], algo: str = "sha256") -> str:
+    h = _HASHES[algo]()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return f"{algo}:{h.hexdigest()}"
+
+
+def assert_whole(manifest_path: str | os.PathLike[str]) -> Manifest:
+    """Each listed shard exists with its size and checksum and holds ``nsamples`` samples."""
+    m = Manifest.load(manifest_path)
+    for s in m.shards:
+        path = m.resolve(s.url)
+        assert os.path.getsize(path) == s.size, s.url
+        assert file_digest(path, m.checksum_algorithm) == s.checksum, s.url
+        assert sum(1 for _ in read_shard(path)) == s.nsamples, s.url
+    return m
+
+
+def write_jsonl(path: str | os.PathLike[str], records: Iterable[Any]) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with open(p, "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    return p
+
+
+def shard_digests(manifest_path: str | os.PathLike[str]) -> list[tuple[str, str, int]]:
+    """``(url, checksum, nsamples)`` of every shard: equal lists mean equal shard bytes."""
+    m = Manifest.load(manifest_path)
+    return [(s.url, s.checksum, s.nsamples) for s in m.shards]
