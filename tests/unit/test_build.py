@@ -269,7 +269,7 @@ def test_resume_after_a_failed_build_finishes_it(tmp_path: Path) -> None:
     broken_at = 300
     bad = lines[broken_at][:-2] + b"!\n"  # same length, no longer JSON
     src = tmp_path / "in.jsonl"
-    src.write_bytes(b"".join(lines[:broken_at] + [bad] + lines[broken_at + 1 :]))
+    src.write_bytes(b"".join([*lines[:broken_at], bad, *lines[broken_at + 1 :]]))
     out = tmp_path / "out"
     with pytest.raises(SourceError, match=f"line {broken_at + 1}"):
         build([str(src)], out, maxsize="48KB")
