@@ -9,6 +9,13 @@ from __future__ import annotations
 
 from shardkit.cache.manifests import fetch_manifest_once
 from shardkit.cache.opener import CachingOpener
-from shardkit.cache.store import CachedShard, CacheKey, CacheStore
+from shardkit.cache.store import CachedShard, CacheKey, CacheStat, CacheStore
 
-__all__ = ["CacheKey", "CacheStore", "CachedShard", "CachingOpener", "fetch_manifest_once"]
+__all__ = [
+    "CacheKey",
+    "CacheStat",
+    "CacheStore",
+    "CachedShard",
+    "CachingOpener",
+    "fetch_manifest_once",
+]

@@ -127,6 +127,7 @@ class CachingOpener:
             self._drop_lease(key)  # the reader holds its own from here
             return buffered(CacheStream(self, key, url, start, stop, fd=fd))
         self.counters.add("cache_misses")
+        self._drop_lease(key)
         fill = self._start_fill(key, url)
         if fill is None:
             self.counters.add("read_along")
@@ -152,6 +153,26 @@ class CachingOpener:
                     continue
                 local.queued.add(key.name)
             local.submit(functools.partial(self._prefetch_one, key, url))
+
+    def ensure_cached(self, url: str, size: int, checksum: str) -> str:
+        """Put one shard in the cache now (``shardkit cache warm``); what happened:
+        ``"cached"`` (it was there), ``"fetched"``, ``"shared"`` (another process fetched
+        it and this one read along) or ``"no room"`` (the limit is taken by shards in use).
+        """
+        key = CacheKey.of(checksum, size)
+        fd = self.store.open_published(key) if self._usable() else None
+        if fd is not None:
+            os.close(fd)
+            return "cached"
+        fill = self._start_fill(key, url, inline=True)
+        if fill is None:  # someone else is downloading it: follow them to the end
+            with self.open(url, size=size, checksum=checksum) as f:
+                while f.read(1 << 20):
+                    pass
+            return "shared" if os.path.exists(self.store.path(key)) else "no room"
+        if fill.error is not None:
+            raise fill.error
+        return "no room" if fill.bypass else "fetched"
 
     def fetch_manifest(self, url: str) -> bytes:
         """The manifest at ``url``, fetched once per node into the cache dir."""
@@ -245,15 +266,21 @@ class CachingOpener:
             log.debug("prefetch of %s failed", url, exc_info=True)
             fd = None
         with local.lock:
-            local.queued.discard(key.name)
+            if key.name in local.queued:  # else its reader opened it already
+                local.queued.discard(key.name)
+                if fd is not None:
+                    local.leases[key.name] = fd
+                    fd = None
             if fd is not None:
-                local.leases[key.name] = fd
+                os.close(fd)
             while len(local.leases) > 2 * max(1, self.cfg.prefetch_depth):
                 os.close(local.leases.pop(next(iter(local.leases))))  # the oldest hint
 
     def _drop_lease(self, key: CacheKey) -> None:
+        """The shard is being opened: its reader takes over from a prefetch lease."""
         local = self._local
         with local.lock:
+            local.queued.discard(key.name)
             fd = local.leases.pop(key.name, None)
         if fd is not None:
             os.close(fd)

@@ -33,7 +33,7 @@ from shardkit.cache.locks import is_locked, locked, try_lock
 from shardkit.checksum import split_checksum
 from shardkit.errors import CacheError, ConfigError
 
-__all__ = ["CacheKey", "CacheStore", "CachedShard"]
+__all__ = ["CacheKey", "CacheStat", "CacheStore", "CachedShard"]
 
 log = logging.getLogger(__name__)
 _HEX = re.compile(r"[0-9a-f]{16,128}")
@@ -73,6 +73,20 @@ class CachedShard:
     path: str
     size: int
     mtime: float
+
+
+@dataclass(frozen=True)
+class CacheStat:
+    """A look at a cache dir (``shardkit cache stat``)."""
+
+    root: str
+    shards: int
+    bytes: int
+    in_use: int
+    downloading: int
+    downloading_bytes: int
+    dead_temp_files: int
+    oldest_use: float | None
 
 
 class CacheStore:
@@ -267,6 +281,29 @@ class CacheStore:
     def usage(self) -> int:
         """Bytes held: verified shards plus the reservations of downloads in progress."""
         return sum(s.size for s in self.shards()) + sum(p[2] for p in self.parts())
+
+    def stat(self) -> CacheStat:
+        """What the cache holds: shards, bytes, shards being read, downloads, dead files."""
+        shards = list(self.shards())
+        in_use = 0
+        for s in shards:
+            fd = try_lock_existing(s.path)
+            if fd is None:
+                in_use += 1
+            else:
+                os.close(fd)
+        parts = list(self.parts())
+        live = [p for p in parts if is_locked(os.path.join(self.root, "locks", f"{p[1]}.lock"))]
+        return CacheStat(
+            root=self.root,
+            shards=len(shards),
+            bytes=sum(s.size for s in shards),
+            in_use=in_use,
+            downloading=len(live),
+            downloading_bytes=sum(p[2] for p in live),
+            dead_temp_files=len(parts) - len(live),
+            oldest_use=min((s.mtime for s in shards), default=None),
+        )
 
     def clean(self, *, keep: int = 0) -> tuple[int, int]:
         """Evict unleased shards until at most ``keep`` bytes stay, and remove dead temp

@@ -278,3 +278,41 @@ def test_unwritable_cache_reads_uncached(
 
     with pytest.raises(CacheError, match="not-a-dir"):
         read_samples(strict, m)
+
+
+def test_cache_cli_warm_stat_clean(shards: Manifest, server: RangeServer, tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from shardkit.cli import cli
+    from shardkit.cli.cache import rank_shards
+    from shardkit.dataset import ShardDataset
+
+    cache = str(tmp_path / "cache")
+    runner = CliRunner()
+    url = server.url("manifest.json")
+    warm = ["cache", "warm", url, "--cache-dir", cache, "--rank", "1", "--world-size", "2"]
+    res = runner.invoke(cli, [*warm, "--epoch", "1", "--seed", "3", "--json"])
+    assert res.exit_code == 0, res.output
+    mine = rank_shards(shards, seed=3, epoch=1, rank=1, world=2, shuffle=True, remainder="drop")
+    other = rank_shards(shards, seed=3, epoch=1, rank=0, world=2, shuffle=True, remainder="drop")
+    assert set(mine) | set(other) == set(range(8)) and len(mine) < 8
+    summary = json.loads(res.stdout)["summary"]
+    assert summary["fetched"] == len(mine) and summary["shards"] == len(mine)
+    fetched = sorted(r.path for r in server.requests("/data-*.tar"))
+    assert fetched == sorted("/" + shards.shards[i].url for i in mine)
+    # rank 1's epoch 1 now reads no shard from the server
+    server.clear_log()
+    ds = ShardDataset(url, seed=3, cache_dir=cache).split_by_node(rank=1, world_size=2)
+    ds.set_epoch(1)
+    keys = [s["__key__"] for s in ds]
+    assert len(keys) == shards.total_samples // 2
+    assert server.requests("/data-*.tar") == []
+    res = runner.invoke(cli, ["cache", "stat", "--cache-dir", cache, "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["shards"] == len(mine)
+    res = runner.invoke(cli, ["cache", "clean", "--cache-dir", cache, "--all"])
+    assert res.exit_code == 0 and f"evicted {len(mine)} shards" in res.output
+    assert cached_files(tmp_path / "cache") == []
+    res = runner.invoke(cli, ["cache", "clean", "--cache-dir", cache])
+    assert res.exit_code == 2 and "--keep" in res.output

@@ -198,3 +198,34 @@ def test_reader_along_takes_over_from_a_killed_downloader(big: Manifest, tmp_pat
         assert len(srv.requests("/" + e.url)) == 2
         store = CacheStore(cache)
         assert os.path.getsize(store.path(CacheKey.of(e.checksum, e.size))) == e.size
+
+
+def rank_main(argv: list[str]) -> None:
+    """One rank of a 2-rank job (a process of its own, as torchrun starts it):
+    ShardDataset + WebLoader with 2 DataLoader workers, for ``epochs`` epochs."""
+    from shardkit.dataset import ShardDataset
+    from shardkit.loader import WebLoader
+
+    manifest_url, cache_dir, rank, epochs = argv[0], argv[1], int(argv[2]), int(argv[3])
+    ds = ShardDataset(manifest_url, seed=5, cache_dir=cache_dir).split_by_node(rank, 2)
+    loader = WebLoader(ds, num_workers=2)
+    keys = []
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        keys.append([s["__key__"] for s in loader])
+    print(json.dumps({"keys": keys, "io": loader.stats().get("io", {})}), flush=True)
+
+
+def test_dataset_and_loader_share_the_cache_across_ranks_and_workers(
+    shards: Manifest, server: RangeServer, tmp_path: Path
+) -> None:
+    url, cache = server.url("manifest.json"), str(tmp_path / "cache")
+    ranks = [spawn("rank_main", url, cache, str(r), "2", pipes=True) for r in range(2)]
+    outs = [json.loads(p.communicate(timeout=120)[0]) for p in ranks]
+    assert [p.returncode for p in ranks] == [0, 0]
+    everything = sorted(f"sample-{i:08d}" for i in range(shards.total_samples))
+    for epoch in range(2):
+        assert sorted(k for out in outs for k in out["keys"][epoch]) == everything
+    assert_each_shard_fetched_once(server, shards)  # over both epochs, 2 ranks x 2 workers
+    assert len(server.requests("/manifest.json")) == 1
+    assert sum(out["io"].get("cache_hits", 0) for out in outs) > 0

@@ -1,0 +1,181 @@
+"""``shardkit cache stat|warm|clean``: look at, fill and empty a node-local shard cache.
+
+The cache dir comes from ``--cache-dir`` or ``SHARDKIT_CACHE_DIR``. ``warm`` pre-fetches
+the shards one rank reads in an epoch (by default the next run's first epoch, rank 0 of 1:
+every shard), in that rank's order, so training starts from local disk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import click
+from tqdm import tqdm
+
+from shardkit.cache import CacheStore, CachingOpener
+from shardkit.io import IoConfig, load_manifest
+from shardkit.manifest import Manifest
+from shardkit.plan import PlanConfig, epoch_sequence, split
+from shardkit.units import format_bytes, parse_size
+
+__all__ = ["command"]
+
+_CACHE_DIR = click.option(
+    "--cache-dir",
+    envvar="SHARDKIT_CACHE_DIR",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="The node-local cache directory (or SHARDKIT_CACHE_DIR).",
+)
+_JSON = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+@click.group("cache")
+def command() -> None:
+    """Inspect, pre-fill (warm) and empty a node-local shard cache."""
+
+
+@command.command("stat")
+@_CACHE_DIR
+@_JSON
+def stat(cache_dir: str, as_json: bool) -> None:
+    """What the cache holds: shards, bytes, shards in use, downloads in progress."""
+    st = CacheStore(cache_dir).stat()
+    if as_json:
+        click.echo(json.dumps(dataclasses.asdict(st), indent=1))
+        return
+    click.echo(f"cache {st.root}")
+    click.echo(f"  {st.shards} shards, {format_bytes(st.bytes)}")
+    click.echo(f"  {st.in_use} being read, {st.downloading} downloading")
+    if st.dead_temp_files:
+        click.echo(f"  {st.dead_temp_files} temp files of dead downloads (clean removes them)")
+    if st.oldest_use is not None:
+        oldest = time.strftime("%Y-%m-%d %H:%M", time.localtime(st.oldest_use))
+        click.echo(f"  least recently used shard: {oldest}")
+
+
+def rank_shards(
+    m: Manifest, *, seed: int, epoch: int, rank: int, world: int, shuffle: bool, remainder: str
+) -> list[int]:
+    """The shards ``rank`` reads in ``epoch``, in the order it reads them (shardkit.plan)."""
+    seq = epoch_sequence(
+        [s.nsamples for s in m.shards], PlanConfig(seed, shuffle, remainder), epoch
+    )
+    mine = split(seq, world, rank, 1, 0, remainder)
+    order: list[int] = []
+    for shard, _, _ in mine.rows():
+        if shard not in order:
+            order.append(int(shard))
+    return order
+
+
+def _shard_range(text: str | None, n: int) -> range:
+    if text is None:
+        return range(n)
+    lo, sep, hi = text.partition(":")
+    if not sep:
+        raise click.BadParameter(f"expected START:STOP, got {text!r}", param_hint="--shards")
+    return range(int(lo or 0), min(n, int(hi) if hi else n))
+
+
+@command.command("warm")
+@click.argument("manifest")
+@_CACHE_DIR
+@click.option("--limit", default=None, help="The cache's byte limit, as in training (500GB).")
+@click.option("--rank", type=int, default=0, envvar="RANK", show_default=True)
+@click.option("--world-size", type=int, default=1, envvar="WORLD_SIZE", show_default=True)
+@click.option("--epoch", type=int, default=0, show_default=True, help="The epoch to warm for.")
+@click.option("--seed", type=int, default=0, show_default=True, help="The data order seed.")
+@click.option("--no-shuffle", is_flag=True, help="Shards in manifest order (shardshuffle off).")
+@click.option("--remainder", type=click.Choice(["drop", "pad"]), default="drop")
+@click.option("--shards", "shard_range", default=None, help="Only manifest shards START:STOP.")
+@click.option("--jobs", "-j", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option("--endpoint-url", default=None, help="S3-compatible endpoint for s3:// urls.")
+@click.option(
+    "--progress/--no-progress", default=None, help="Progress bar (default: on a terminal)."
+)
+@_JSON
+def warm(manifest: str, cache_dir: str, limit: str | None, **opts: Any) -> None:
+    """Pre-fetch into the cache the shards a rank reads in an epoch, in its order."""
+    cfg = IoConfig.make(
+        cache_dir=cache_dir,
+        cache_limit=parse_size(limit) if limit else None,
+        endpoint_url=opts["endpoint_url"],
+    )
+    opener = CachingOpener(cfg)
+    m = load_manifest(manifest, opener)
+    ids = rank_shards(
+        m,
+        seed=opts["seed"],
+        epoch=opts["epoch"],
+        rank=opts["rank"],
+        world=opts["world_size"],
+        shuffle=not opts["no_shuffle"],
+        remainder=opts["remainder"],
+    )
+    wanted = set(_shard_range(opts["shard_range"], len(m.shards)))
+    ids = [i for i in ids if i in wanted]
+    outcomes = _warm(opener, m, ids, opts["jobs"], opts["progress"])
+    summary = {k: outcomes.count(k) for k in ("cached", "fetched", "shared", "no room")}
+    summary["shards"] = len(ids)
+    if opts["as_json"]:
+        click.echo(json.dumps({"summary": summary, "io": opener.stats()}, indent=1))
+        return
+    click.echo(
+        f"warmed {len(ids)} shards: {summary['fetched']} fetched, {summary['cached']} already "
+        f"cached, {summary['shared']} fetched by another process, {summary['no room']} "
+        "did not fit"
+    )
+
+
+def _warm(
+    opener: CachingOpener, m: Manifest, ids: list[int], jobs: int, progress: bool | None
+) -> list[str]:
+    bar = tqdm(
+        total=sum(m.shards[i].size for i in ids),
+        unit="B",
+        unit_scale=True,
+        desc="warm",
+        disable=None if progress is None else not progress,
+    )
+    lock = threading.Lock()
+
+    def one(i: int) -> str:
+        s = m.shards[i]
+        got = opener.ensure_cached(m.resolve(s.url), s.size, s.checksum)
+        with lock:
+            bar.update(s.size)
+        return got
+
+    try:
+        with ThreadPoolExecutor(jobs) as pool:
+            return list(pool.map(one, ids))
+    finally:
+        bar.close()
+
+
+@command.command("clean")
+@_CACHE_DIR
+@click.option("--keep", default=None, help="Evict least recently used shards down to this size.")
+@click.option("--all", "everything", is_flag=True, help="Evict every shard not being read.")
+@_JSON
+def clean(cache_dir: str, keep: str | None, everything: bool, as_json: bool) -> None:
+    """Evict shards (never one being read) and remove temp files of dead downloads."""
+    if (keep is None) == (not everything):
+        raise click.UsageError("give one of --keep SIZE or --all")
+    store = CacheStore(cache_dir)
+    n, freed = store.clean(keep=0 if everything else parse_size(str(keep)))
+    left = store.stat()
+    if as_json:
+        out = {"evicted": n, "freed": freed, "left": dataclasses.asdict(left)}
+        click.echo(json.dumps(out, indent=1))
+        return
+    click.echo(
+        f"evicted {n} shards ({format_bytes(freed)}); {left.shards} left, "
+        f"{left.in_use} of them being read"
+    )
