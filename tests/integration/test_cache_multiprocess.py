@@ -81,6 +81,24 @@ def download_main(argv: list[str]) -> None:
         f.read()
 
 
+def full_disk_main(argv: list[str]) -> None:
+    """Read a data set through a cache on a "disk" that takes only ``limit`` more bytes
+    per file (RLIMIT_FSIZE: writes past it fail with EFBIG, as a full disk fails them)."""
+    import resource
+
+    from shardkit.errors import CacheError
+
+    manifest_url, cache_dir, limit, mode = argv
+    resource.setrlimit(resource.RLIMIT_FSIZE, (int(limit), int(limit)))
+    opener = make_opener(cache_dir=cache_dir, on_cache_error=mode)
+    m = load_manifest(manifest_url, opener)
+    try:
+        result = {"digest": digest(read_samples(opener, m)), "stats": opener.stats()}
+    except CacheError as exc:
+        result = {"error": type(exc).__name__, "message": str(exc)}
+    print(json.dumps(result), flush=True)
+
+
 def spawn(main: str, *args: str, pipes: bool = False) -> subprocess.Popen[str]:
     """Run ``main(args)`` of this module in a new Python process (its own process tree)."""
     code = f"import sys; from {__name__} import {main}; {main}(sys.argv[1:])"
@@ -229,3 +247,22 @@ def test_dataset_and_loader_share_the_cache_across_ranks_and_workers(
     assert_each_shard_fetched_once(server, shards)  # over both epochs, 2 ranks x 2 workers
     assert len(server.requests("/manifest.json")) == 1
     assert sum(out["io"].get("cache_hits", 0) for out in outs) > 0
+
+
+@pytest.mark.parametrize("mode", ["bypass", "raise"])
+def test_full_disk_reads_on_uncached_or_raises(
+    shards: Manifest, server: RangeServer, tmp_path: Path, mode: str
+) -> None:
+    cache = str(tmp_path / "cache")
+    job = spawn("full_disk_main", server.url("manifest.json"), cache, "50000", mode, pipes=True)
+    out = json.loads(job.communicate(timeout=120)[0])
+    assert job.returncode == 0
+    if mode == "raise":
+        assert out["error"] == "CacheError" and "cannot write" in out["message"]
+        assert cache in out["message"]
+        return
+    assert out["digest"] == digest(read_samples(make_opener(), shards))
+    stats = out["stats"]
+    assert stats["cache_errors"] == len(shards)  # every shard failed to cache, clearly
+    assert stats["uncached_reads"] == len(shards)  # and was read on without the cache
+    assert CacheStore(cache).stat().shards == 0 and list(CacheStore(cache).parts()) == []
