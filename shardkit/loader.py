@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
-from torch.utils.data._utils.collate import default_collate, default_convert
+from torch.utils.data._utils.collate import default_collate
 
 from shardkit.dataset import ShardDataset, state_epoch
 from shardkit.errors import ConfigError, StateDictError
@@ -71,6 +71,25 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (1 << 32))  # user code's global RNG
     torch.manual_seed(seed)
+
+
+_NESTED = (np.ndarray, dict, tuple, list)
+
+
+def _to_torch(x: Any) -> Any:
+    """Numpy arrays in a batch become tensors (which cross processes in shared memory)."""
+    t = type(x)
+    if t is np.ndarray:
+        if x.dtype.kind not in "biufc":
+            return x
+        return torch.from_numpy(x if x.flags.writeable else x.copy())
+    if t is dict:
+        return {k: _to_torch(v) for k, v in x.items()}
+    if t is tuple:
+        return tuple(_to_torch(v) for v in x)
+    if t is list and x and isinstance(x[0], _NESTED):
+        return [_to_torch(v) for v in x]
+    return x  # bytes, strings, numbers and lists of them go as they are
 
 
 def _delta(now: Mapping[str, float], base: Mapping[str, float]) -> dict[str, float]:
@@ -137,7 +156,7 @@ class _Collate:
     def __call__(self, items: Any) -> tuple[Any, Any]:
         if not self.batched:
             item, meta = items
-            return default_convert(item), meta  # type: ignore[no-untyped-call]
+            return _to_torch(item), meta
         return self.fn([x[0] for x in items]), items[-1][1]
 
 

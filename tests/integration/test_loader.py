@@ -1,0 +1,119 @@
+"""WebLoader with real DataLoader worker processes: length, epochs, persistent and spawned
+workers, DataLoader-side batching, tensors in shared memory, stats."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from shardkit import ShardDataset, WebLoader
+from shardkit.errors import ConfigError
+from shardkit.manifest import Manifest
+
+MakeShards = Callable[..., Manifest]
+SIZES = [7, 11, 3, 9, 13, 10, 7]
+
+
+def pipeline(m: Manifest, seed: int = 1) -> ShardDataset:
+    return (
+        ShardDataset(m, seed=seed).shuffle(12).decode().to_tuple("__key__", "tokens.npy").batched(4)
+    )
+
+
+def epoch_keys(loader: WebLoader, epoch: int) -> list[list[str]]:
+    loader.set_epoch(epoch)
+    return [list(b[0]) for b in loader]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_sample_once_per_epoch_in_len_batches(make_shards: MakeShards, workers: int) -> None:
+    m = make_shards(SIZES)
+    loader = WebLoader(
+        pipeline(m), num_workers=workers, multiprocessing_context="fork" if workers else None
+    )
+    batches = epoch_keys(loader, 0)
+    assert len(batches) == len(loader)
+    flat = [k for b in batches for k in b]
+    assert sorted(flat) == [f"sample-{i:08d}" for i in range(60)]
+    assert epoch_keys(loader, 0) == batches, "the same epoch gives the same order"
+    assert epoch_keys(loader, 1) != batches, "another epoch gives another order"
+    tokens = next(iter(loader))[1]
+    assert (
+        isinstance(tokens, torch.Tensor) and tokens.dtype == torch.int32 and tokens.shape == (4, 64)
+    )
+
+
+def test_persistent_and_spawned_workers_follow_epochs_and_state(make_shards: MakeShards) -> None:
+    m = make_shards(SIZES)
+    forked = WebLoader(pipeline(m), num_workers=2, multiprocessing_context="fork")
+    want = [epoch_keys(forked, e) for e in (0, 1)]
+    spawned = WebLoader(
+        pipeline(m), num_workers=2, multiprocessing_context="spawn", persistent_workers=True
+    )
+    assert [epoch_keys(spawned, e) for e in (0, 1)] == want
+    # resume epoch 0 after 5 batches in the same (persistent) workers
+    spawned.set_epoch(0)
+    it = iter(spawned)
+    head = [list(next(it)[0]) for _ in range(5)]
+    state = spawned.state_dict()
+    del it
+    spawned.load_state_dict(state)
+    assert head + [list(b[0]) for b in spawned] == want[0]
+
+
+def test_dataloader_side_batching_resumes_and_drops_last(make_shards: MakeShards) -> None:
+    m = make_shards(SIZES)
+
+    def make(drop_last: bool) -> WebLoader:
+        ds = ShardDataset(m, seed=2).shuffle(6).to_tuple("__key__")
+        return WebLoader(
+            ds, batch_size=5, num_workers=2, drop_last=drop_last, multiprocessing_context="fork"
+        )
+
+    full = [list(b[0]) for b in make(False)]
+    assert len(full) == len(make(False)) == 12  # 30 per worker: 6 batches each
+    loader = make(False)
+    it = iter(loader)
+    head = [list(next(it)[0]) for _ in range(7)]
+    state = loader.state_dict()
+    again = make(False)
+    again.load_state_dict(state)
+    assert head + [list(b[0]) for b in again] == full
+    assert head == full[:7]
+    assert len(make(True)) == 12
+
+
+def test_batches_cross_from_workers_in_shared_memory(make_shards: MakeShards) -> None:
+    m = make_shards([16, 16])
+    loader = WebLoader(pipeline(m), num_workers=2, multiprocessing_context="fork")
+    batch = next(iter(loader))
+    assert isinstance(batch[1], torch.Tensor) and batch[1].is_shared()
+
+
+def test_stats_report_rates_waits_and_skips(make_shards: MakeShards) -> None:
+    m = make_shards([20, 20, 20])
+    os.unlink(m.resolve(m.shards[1].url))
+    ds = ShardDataset(m, seed=1, handler="warn").to_tuple("__key__").batched(8)
+    loader = WebLoader(ds, num_workers=2, multiprocessing_context="fork")
+    got = sum(len(b[0]) for b in loader)
+    stats: dict[str, Any] = loader.stats()
+    assert got == 40 == stats["samples"]
+    assert stats["skipped_shards"] == 1 and stats["skipped_samples"] == 20
+    assert stats["batches"] == 6 and stats["bytes"] >= 40 * 300
+    assert stats["samples_per_s"] > 0 and stats["mb_per_s"] > 0
+    assert 0 <= stats["wait_mean_s"] <= stats["wait_p99_s"]
+    assert 0 < stats["wait_fraction"] <= 1 and isinstance(stats["io"], dict)
+
+
+def test_options_that_would_break_the_plan_are_refused(make_shards: MakeShards) -> None:
+    m = make_shards([4])
+    with pytest.raises(ConfigError, match="shuffle"):
+        WebLoader(ShardDataset(m), shuffle=True)
+    with pytest.raises(ConfigError, match="ShardDataset"):
+        WebLoader([1, 2, 3])  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        len(WebLoader(ShardDataset(m).select(bool)))
