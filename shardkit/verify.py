@@ -12,10 +12,8 @@ Each problem names the shard, what is wrong, and the expected and found values.
 
 from __future__ import annotations
 
-import io
 import logging
 import os
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -27,7 +25,7 @@ from shardkit.checksum import Hasher, new_hasher, split_checksum
 from shardkit.errors import ConfigError, FetchError, ShardkitError
 from shardkit.manifest import Manifest, ShardEntry
 from shardkit.tario.index import read_index
-from shardkit.tario.reader import TarReader
+from shardkit.tario.reader import TarReader, stream_size
 
 if TYPE_CHECKING:
     from shardkit.io.opener import Opener
@@ -165,15 +163,6 @@ def _open_problem(url: str, exc: BaseException) -> Problem:
     return Problem(url, "unreadable", f"cannot read: {exc}")
 
 
-def _real_size(f: BinaryIO) -> int | None:
-    """The size of a plain local file behind ``f``; None for other streams."""
-    try:
-        st = os.fstat(f.fileno())
-    except (OSError, AttributeError, ValueError, io.UnsupportedOperation):
-        return None
-    return st.st_size if stat.S_ISREG(st.st_mode) else None
-
-
 def _probe_size(opener: Opener, url: str, expected: int) -> int | str:
     """Size check by a ranged read around ``expected``: the size, or how it differs."""
     lo = max(expected - 1, 0)
@@ -193,7 +182,7 @@ def _check_quick(
     entry: ShardEntry, url: str, opener: Opener, progress: Progress | None
 ) -> int | str:
     with opener.open(url) as f:
-        size: int | str | None = _real_size(f)
+        size: int | str | None = stream_size(f)
     if size is None:
         size = _probe_size(opener, url, entry.size)
     if progress is not None:
@@ -221,7 +210,7 @@ def _check_deep(
     problems: list[Problem] = []
     buf = _buffer()
     with opener.open(url) as f:
-        size = _real_size(f)
+        size = stream_size(f)
         tee = _Tee(f, new_hasher(algo), progress)
         offsets: list[int] = []
         end: int | None = None
@@ -246,7 +235,7 @@ def _check_deep(
 
 def _scan(f: BinaryIO, url: str, size: int | None) -> tuple[list[int], int | None]:
     """Read every sample of a tar stream; return the sample offsets and the end offset."""
-    reader = TarReader(f, url=url, size=size)
+    reader = TarReader(f, url=url, size=size, keep_data=False)
     offsets = [off for off, _ in reader.samples()]
     return offsets, reader.end_offset
 

@@ -1,4 +1,4 @@
-"""Which member names and sample keys are safe: one rule for the reader and the writer.
+"""Member names: which are safe (one rule for reader and writer), and key/field splitting.
 
 A shard's member names become sample keys, and people write samples back to disk by key,
 so a name that is absolute (``/etc/x``, ``C:x``), climbs out (``a/../../x``), or holds a
@@ -7,7 +7,7 @@ backslash or NUL is hostile. The writer refuses to write any key the reader woul
 
 from __future__ import annotations
 
-__all__ = ["key_problem", "name_problem"]
+__all__ = ["key_problem", "name_problem", "split_key"]
 
 
 def _is_drive(name: str) -> bool:
@@ -46,3 +46,12 @@ def key_problem(key: str) -> str | None:
     except UnicodeEncodeError:
         return "is not valid UTF-8"
     return None
+
+
+def split_key(name: str) -> tuple[str, str] | None:
+    """Split ``dir/abc.tokens.npy`` into ``("dir/abc", "tokens.npy")``; None without a dot."""
+    slash = name.rfind("/")
+    dot = name.find(".", slash + 1)
+    if dot <= slash + 1:
+        return None
+    return name[:dot], name[dot + 1 :]

@@ -17,14 +17,15 @@ from typing import BinaryIO
 
 from shardkit.errors import ShardFormatError
 from shardkit.tario.headers import parse_number, parse_pax, ustar_name
-from shardkit.tario.names import name_problem
+from shardkit.tario.names import name_problem, split_key
 
-__all__ = ["TarReader", "iter_members", "iter_samples", "read_shard", "split_key"]
+__all__ = ["TarReader", "iter_members", "iter_samples", "read_shard", "split_key", "stream_size"]
 
 BLOCK = 512
 _ZERO = b"\0" * BLOCK
 _CHUNK = 1 << 20  # buffered read size, and the largest read of a stream of unknown size
 _PIECE = 64 << 20  # large members are read in pieces of this size
+_DISCARD = 8 << 20  # the largest read when passing over data that is not kept
 _MAX_META = 1 << 20  # pax / GNU long-name records larger than this are hostile
 _REGULAR = (b"0", b"\0", b"7")
 _REJECT = {
@@ -36,15 +37,6 @@ _REJECT = {
 }
 
 Sample = dict[str, object]
-
-
-def split_key(name: str) -> tuple[str, str] | None:
-    """Split ``dir/abc.tokens.npy`` into ``("dir/abc", "tokens.npy")``; None without a dot."""
-    slash = name.rfind("/")
-    dot = name.find(".", slash + 1)
-    if dot <= slash + 1:
-        return None
-    return name[:dot], name[dot + 1 :]
 
 
 class TarReader:
@@ -60,6 +52,8 @@ class TarReader:
             a member claiming bytes past it is rejected before anything is read. When
             the size is unknown, reads are bounded pieces, so a false claim costs memory
             only for the bytes really there.
+        keep_data: False reads past member data without keeping it (fields come back
+            as ``b""``): a check of the structure that still reads every byte.
 
     Errors name the header block at fault: :attr:`ShardFormatError.offset` is the start
     of the (extended) header of the bad or truncated member, of a partial header, or
@@ -74,11 +68,13 @@ class TarReader:
         start: int = 0,
         end: int | None = None,
         size: int | None = None,
+        keep_data: bool = True,
     ) -> None:
         self.f = f
         self.url = url
+        self.keep_data = keep_data
         self.end = end
-        self.size = size if size is not None else _stream_size(f)
+        self.size = size if size is not None else stream_size(f)
         self._buf = b""
         self._pos = 0
         self._base = start  # absolute offset of _buf[0]
@@ -164,9 +160,28 @@ class TarReader:
                 offset=at,
             )
 
-    def _member_data(self, size: int, at: int, name: str) -> bytes:
+    def _discard(self, n: int, what: str, at: int) -> None:
+        """Pass over ``n`` bytes without keeping them (each is still read, so hashed)."""
+        avail = len(self._buf) - self._pos
+        if n <= avail:
+            self._pos += n
+            return
+        left = n - avail
+        self._base += len(self._buf)
+        self._buf, self._pos = b"", 0
+        while left:
+            data = self._read(min(left, _DISCARD), self._base)
+            if not data:
+                raise self._truncated(what, n, at)
+            self._base += len(data)
+            left -= len(data)
+
+    def _member_data(self, size: int, at: int, name: str, *, keep: bool = True) -> bytes:
         self._check_claim(size, at, name)
         what = f"member {name!r}"
+        if not keep:
+            self._discard(size + (-size) % BLOCK, what, at)
+            return b""
         data = self._take(size, what, at)
         pad = (-size) % BLOCK
         if pad:
@@ -266,7 +281,7 @@ class TarReader:
             if typeflag in _REGULAR:
                 name, size = self._regular(hdr, size, first, pax)
                 self.member_offset = first
-                data = self._member_data(size, first, name)
+                data = self._member_data(size, first, name, keep=self.keep_data)
                 pax, first = {}, None
                 yield name, data
             elif typeflag == b"5":
@@ -318,14 +333,11 @@ class TarReader:
             yield sample_offset, current
 
 
-def _stream_size(f: BinaryIO) -> int | None:
+def stream_size(f: BinaryIO) -> int | None:
+    """The size of the plain file behind ``f``, or None (pipes, sockets, decoders)."""
     try:
-        fileno = f.fileno()
-    except (OSError, AttributeError, io.UnsupportedOperation):
-        return None
-    try:
-        st = os.fstat(fileno)
-    except OSError:
+        st = os.fstat(f.fileno())
+    except (OSError, AttributeError, ValueError, io.UnsupportedOperation):
         return None
     return st.st_size if stat.S_ISREG(st.st_mode) else None
 

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shardkit import ShardFormatError, read_shard
-from shardkit.tario.reader import iter_samples
+from shardkit.tario.reader import TarReader, iter_samples
 from tests.helpers import hostile
 from tests.helpers.hostile import Case
 
@@ -56,6 +56,16 @@ def test_hostile_stream_names_offset(case: Case) -> None:
     assert info.value.url == "remote/shard.tar"
     assert info.value.offset == case.offset, str(info.value)
     assert re.search(case.match, str(info.value)), str(info.value)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_hostile_structure_scan_names_the_same_offset(case: Case) -> None:
+    """Passing over member data (verify --deep) finds the same problem at the same place."""
+    reader = TarReader(OneWay(case.data), url="scan.tar", keep_data=False)
+    with pytest.raises(ShardFormatError) as info:
+        list(reader.samples())
+    assert info.value.offset == case.offset, str(info.value)
 
 
 def test_cases_cover_every_kind() -> None:

@@ -181,6 +181,19 @@ def test_reader_reports_end_offset_and_member_offsets() -> None:
     assert reader.end_offset == 6144
 
 
+def test_scan_without_data_gives_the_same_structure() -> None:
+    data = _tarfile_bytes(
+        [("a.txt", b"x" * 3000), ("a.bin", b""), ("b.txt", b"y" * 70)], tarfile.GNU_FORMAT
+    )
+    full = list(TarReader(io.BytesIO(data)).samples())
+    scan = TarReader(io.BytesIO(data), keep_data=False)
+    got = list(scan.samples())
+    assert [o for o, _ in got] == [o for o, _ in full] == [0, 4096]
+    assert [sorted(s) for _, s in got] == [sorted(s) for _, s in full]
+    assert all(v == b"" for _, s in got for k, v in s.items() if k != "__key__")
+    assert scan.end_offset == 5120  # 3584 + 512 + 1024 bytes of members before it
+
+
 def test_missing_shard_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(ShardFormatError, match="cannot open") as info:
         list(read_shard(tmp_path / "nope.tar"))
