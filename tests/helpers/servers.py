@@ -30,7 +30,7 @@ from urllib.parse import unquote, urlsplit
 __all__ = ["Fault", "RangeServer", "Record", "free_port", "moto_server", "read_samples"]
 
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
-_PIECE = 64 << 10
+_PIECE = 256 << 10
 
 
 @dataclass
@@ -212,34 +212,36 @@ def _handler_for(server: RangeServer) -> type[BaseHTTPRequestHandler]:
             target = (server.root / path.lstrip("/")).resolve()
             if server.root not in target.parents or not target.is_file():
                 return self._empty(rec, 404, {})
-            data = target.read_bytes()
             st = target.stat()
-            etag = f'"{st.st_size:x}-{st.st_mtime_ns:x}"'
+            size = st.st_size
+            etag = f'"{size:x}-{st.st_mtime_ns:x}"'
             if self.headers.get("If-None-Match") == etag:
                 return self._empty(rec, 304, {"ETag": etag})
-            rng = _parse_range(self.headers.get("Range"), len(data))
-            status, lo, hi = (206, *rng) if rng else (200, 0, len(data))
-            if rng and lo >= len(data):
-                return self._empty(rec, 416, {"Content-Range": f"bytes */{len(data)}"})
+            rng = _parse_range(self.headers.get("Range"), size)
+            status, lo, hi = (206, *rng) if rng else (200, 0, size)
+            if rng and lo >= size:
+                return self._empty(rec, 416, {"Content-Range": f"bytes */{size}"})
             rec.status = status
             self.send_response(status)
             self.send_header("Content-Length", str(hi - lo))
             self.send_header("ETag", etag)
             self.send_header("Accept-Ranges", "bytes")
             if status == 206:
-                self.send_header("Content-Range", f"bytes {lo}-{hi - 1}/{len(data)}")
+                self.send_header("Content-Range", f"bytes {lo}-{hi - 1}/{size}")
             self.end_headers()
             if body:
-                self._body(rec, data[lo:hi], fault)
+                with open(target, "rb") as f:
+                    f.seek(lo)
+                    self._body(rec, f, hi - lo, fault)
 
-        def _body(self, rec: Record, data: bytes, fault: Fault | None) -> None:
+        def _body(self, rec: Record, f: Any, length: int, fault: Fault | None) -> None:
             pos = 0
-            while pos < len(data):
-                n = min(_PIECE, len(data) - pos)
+            while pos < length:
+                n = min(_PIECE, length - pos)
                 if fault is not None and pos < fault.after <= pos + n:
                     n = fault.after - pos
                 server.throttle.take(n)
-                self.wfile.write(data[pos : pos + n])
+                self.wfile.write(f.read(n))
                 self.wfile.flush()
                 pos += n
                 with server.body_started:
