@@ -98,7 +98,8 @@ class RangeServer:
         self.faults: list[Fault] = []
         self.lock = threading.Lock()
         self.body_started = threading.Condition(self.lock)
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        handler = type("Handler", (_Handler,), {"srv": self})
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._httpd.daemon_threads = True
         self._httpd.handle_error = lambda request, address: None  # type: ignore[method-assign]
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
@@ -175,95 +176,95 @@ def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     return (lo, hi) if lo < hi else (size, size)
 
 
-def _handler_for(server: RangeServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+class _Handler(BaseHTTPRequestHandler):
+    """Answers one connection's requests for a :class:`RangeServer`."""
 
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
+    protocol_version = "HTTP/1.1"
+    srv: RangeServer
 
-        def do_HEAD(self) -> None:
-            self._serve(body=False)
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
 
-        def do_GET(self) -> None:
-            self._serve(body=True)
+    def do_HEAD(self) -> None:
+        self._serve(body=False)
 
-        def _serve(self, *, body: bool) -> None:
-            path = unquote(urlsplit(self.path).path)
-            rec = Record(self.command, path, self.headers.get("Range"), 0, start=time.time())
-            rec.headers = dict(self.headers.items())
-            rec.client = (str(self.client_address[0]), int(self.client_address[1]))
-            with server.lock:
-                server.log.append(rec)
-            if server.latency:
-                time.sleep(server.latency)
-            try:
-                self._answer(path, rec, body)
-            except OSError:  # the client went away (a timeout, a test that is done)
-                self.close_connection = True
-            finally:
-                rec.end = time.time()
+    def do_GET(self) -> None:
+        self._serve(body=True)
 
-        def _answer(self, path: str, rec: Record, body: bool) -> None:
-            fault = server.take_fault(path)
-            if fault is not None and fault.kind == "status":
-                headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
-                return self._empty(rec, fault.status, headers)
-            target = (server.root / path.lstrip("/")).resolve()
-            if server.root not in target.parents or not target.is_file():
-                return self._empty(rec, 404, {})
-            st = target.stat()
-            size = st.st_size
-            etag = f'"{size:x}-{st.st_mtime_ns:x}"'
-            if self.headers.get("If-None-Match") == etag:
-                return self._empty(rec, 304, {"ETag": etag})
-            rng = _parse_range(self.headers.get("Range"), size)
-            status, lo, hi = (206, *rng) if rng else (200, 0, size)
-            if rng and lo >= size:
-                return self._empty(rec, 416, {"Content-Range": f"bytes */{size}"})
-            rec.status = status
-            self.send_response(status)
-            self.send_header("Content-Length", str(hi - lo))
-            self.send_header("ETag", etag)
-            self.send_header("Accept-Ranges", "bytes")
-            if status == 206:
-                self.send_header("Content-Range", f"bytes {lo}-{hi - 1}/{size}")
-            self.end_headers()
-            if body:
-                with open(target, "rb") as f:
-                    f.seek(lo)
-                    self._body(rec, f, hi - lo, fault)
+    def _serve(self, *, body: bool) -> None:
+        path = unquote(urlsplit(self.path).path)
+        rec = Record(self.command, path, self.headers.get("Range"), 0, start=time.time())
+        rec.headers = dict(self.headers.items())
+        rec.client = (str(self.client_address[0]), int(self.client_address[1]))
+        with self.srv.lock:
+            self.srv.log.append(rec)
+        if self.srv.latency:
+            time.sleep(self.srv.latency)
+        try:
+            self._answer(path, rec, body)
+        except OSError:  # the client went away (a timeout, a test that is done)
+            self.close_connection = True
+        finally:
+            rec.end = time.time()
 
-        def _body(self, rec: Record, f: Any, length: int, fault: Fault | None) -> None:
-            pos = 0
-            while pos < length:
-                n = min(_PIECE, length - pos)
-                if fault is not None and pos < fault.after <= pos + n:
-                    n = fault.after - pos
-                server.throttle.take(n)
-                self.wfile.write(f.read(n))
-                self.wfile.flush()
-                pos += n
-                with server.body_started:
-                    rec.sent = pos
-                    server.body_started.notify_all()
-                if fault is not None and pos == fault.after:
-                    if fault.kind == "drop":
-                        self.close_connection = True
-                        self.connection.shutdown(socket.SHUT_RDWR)
-                        return
-                    if fault.kind == "stall":
-                        time.sleep(fault.seconds)
+    def _answer(self, path: str, rec: Record, body: bool) -> None:
+        fault = self.srv.take_fault(path)
+        if fault is not None and fault.kind == "status":
+            headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
+            return self._empty(rec, fault.status, headers)
+        target = (self.srv.root / path.lstrip("/")).resolve()
+        if self.srv.root not in target.parents or not target.is_file():
+            return self._empty(rec, 404, {})
+        st = target.stat()
+        size = st.st_size
+        etag = f'"{size:x}-{st.st_mtime_ns:x}"'
+        if self.headers.get("If-None-Match") == etag:
+            return self._empty(rec, 304, {"ETag": etag})
+        rng = _parse_range(self.headers.get("Range"), size)
+        status, lo, hi = (206, *rng) if rng else (200, 0, size)
+        if rng and lo >= size:
+            return self._empty(rec, 416, {"Content-Range": f"bytes */{size}"})
+        rec.status = status
+        self.send_response(status)
+        self.send_header("Content-Length", str(hi - lo))
+        self.send_header("ETag", etag)
+        self.send_header("Accept-Ranges", "bytes")
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {lo}-{hi - 1}/{size}")
+        self.end_headers()
+        if body:
+            with open(target, "rb") as f:
+                f.seek(lo)
+                self._body(rec, f, hi - lo, fault)
 
-        def _empty(self, rec: Record, status: int, headers: dict[str, str]) -> None:
-            rec.status = status
-            self.send_response(status)
-            for k, v in headers.items():
-                self.send_header(k, v)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+    def _body(self, rec: Record, f: Any, length: int, fault: Fault | None) -> None:
+        pos = 0
+        while pos < length:
+            n = min(_PIECE, length - pos)
+            if fault is not None and pos < fault.after <= pos + n:
+                n = fault.after - pos
+            self.srv.throttle.take(n)
+            self.wfile.write(f.read(n))
+            self.wfile.flush()
+            pos += n
+            with self.srv.body_started:
+                rec.sent = pos
+                self.srv.body_started.notify_all()
+            if fault is not None and pos == fault.after:
+                if fault.kind == "drop":
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if fault.kind == "stall":
+                    time.sleep(fault.seconds)
 
-    return Handler
+    def _empty(self, rec: Record, status: int, headers: dict[str, str]) -> None:
+        rec.status = status
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
 
 def free_port() -> int:
