@@ -316,3 +316,26 @@ def test_cache_cli_warm_stat_clean(shards: Manifest, server: RangeServer, tmp_pa
     assert cached_files(tmp_path / "cache") == []
     res = runner.invoke(cli, ["cache", "clean", "--cache-dir", cache])
     assert res.exit_code == 2 and "--keep" in res.output
+
+
+def test_node_manifest_copy_is_revalidated_with_its_etag(
+    shards: Manifest, server: RangeServer, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    url = server.url("manifest.json")
+    fresh = make_opener(cache_dir=cache)  # default ttl: the node's copy is used as is
+    first = load_manifest(url, fresh)
+    assert load_manifest(url, make_opener(cache_dir=cache)).shards == first.shards
+    assert len(server.requests("/manifest.json")) == 1
+    stale = make_opener(cache_dir=cache, manifest_ttl=0)  # always ask, conditionally
+    assert load_manifest(url, stale).shards == first.shards
+    reqs = server.requests("/manifest.json")
+    assert len(reqs) == 2 and reqs[1].status == 304
+    path = Path(str(shards.base)) / "manifest.json"
+    st = path.stat()
+    assert reqs[1].headers["If-None-Match"] == f'"{st.st_size:x}-{st.st_mtime_ns:x}"'
+    path.write_text(Manifest(shards=first.shards[:3]).dumps())
+    os.utime(path, ns=(1, 1))  # a new ETag even within the same clock tick
+    assert len(load_manifest(url, stale).shards) == 3
+    assert server.requests("/manifest.json")[-1].status == 200
+    assert len(load_manifest(url, make_opener(cache_dir=cache)).shards) == 3  # the new copy
