@@ -9,6 +9,8 @@ import datetime
 import json
 import os
 import socket
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -93,3 +95,32 @@ def test_three_ranks_two_workers_equal_batches_every_sample_once(
         assert r["first-0"]["all"] != r["first-1"]["all"], "epochs 0 and 1 have the same order"
     shares = [set(keys) for keys in ranks[0]["first-0"]["all"]]
     assert shares != [set(keys) for keys in ranks[0]["first-1"]["all"]]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _torchrun(tmp: Path, log: str, ckpt: str, *extra: str) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd += [str(ROOT / "examples" / "train_ddp.py"), "--data", str(tmp / "data"), "--docs", "150"]
+    cmd += ["--ckpt", str(tmp / ckpt), "--step-log", str(tmp / log), "--save-every", "3", *extra]
+    subprocess.run(cmd, cwd=tmp, check=True, timeout=240, capture_output=True)
+
+
+def _steps(path: Path) -> list[tuple[int, int, int, str, float]]:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return sorted((r["rank"], r["epoch"], r["step"], r["batch"], r["loss"]) for r in rows)
+
+
+def test_the_example_resumes_training_exactly(tmp_path: Path) -> None:
+    """examples/train_ddp.py under torchrun: stopped mid-epoch and rerun, it trains on the
+    same batches with the same losses as an uninterrupted run."""
+    _torchrun(tmp_path, "full.jsonl", "full.pt")
+    _torchrun(tmp_path, "parts.jsonl", "parts.pt", "--stop-after", "29")
+    assert max(s[2] for s in _steps(tmp_path / "parts.jsonl")) == 29
+    _torchrun(tmp_path, "parts.jsonl", "parts.pt")
+    full = _steps(tmp_path / "full.jsonl")
+    assert len(full) == 2 * max(s[2] for s in full) and {s[1] for s in full} == {0, 1}
+    end_of_epoch_0 = max(s[2] for s in full if s[1] == 0)
+    assert end_of_epoch_0 < 29 < max(s[2] for s in full), "the stop should fall in epoch 1"
+    assert _steps(tmp_path / "parts.jsonl") == full
