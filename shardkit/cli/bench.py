@@ -29,9 +29,11 @@ def measure(
     decode: bool = False,
     shuffle: int = 0,
     progress: bool | None = False,
+    max_epochs: int | None = None,
     **io_options: Any,
 ) -> dict[str, Any]:
-    """Stream ``source`` for about ``seconds``; return the loader's stats and the setup."""
+    """Stream ``source`` for about ``seconds`` (or ``max_epochs`` epochs, whichever ends
+    first); return the loader's stats and the setup."""
     from shardkit.dataset import ShardDataset
     from shardkit.loader import WebLoader
 
@@ -45,7 +47,7 @@ def measure(
     bar = tqdm(desc="bench", unit=" batches", disable=None if progress is None else not progress)
     epoch = 0
     with bar:
-        while time.perf_counter() < deadline:
+        while time.perf_counter() < deadline and (max_epochs is None or epoch < max_epochs):
             loader.set_epoch(epoch)
             got = 0
             for _ in loader:

@@ -81,11 +81,15 @@ def _steps(out: str, samples: int, kind: str, workers: int, maxsize: str) -> dic
         fields = (parse_field_spec("text=txt"), parse_field_spec("tokens=npy:int32"))
     result = build([raw], shards, maxsize=maxsize, workers=workers, fields=fields)
     report = verify(result.manifest, level="deep", jobs=2, source=result.manifest_path)
+    from shardkit.cli.bench import measure  # imports torch: only when streaming
+
+    stream = measure(result.manifest_path, workers=workers, seconds=60, max_epochs=1, decode=True)
     return {
         "dir": out,
         "generate": {"samples": samples, "kind": kind, "bytes": raw_bytes, "seconds": gen_secs},
         "build": result.to_dict(),
         "verify": report.to_dict(),
+        "stream": stream,
     }
 
 
@@ -101,6 +105,9 @@ def _lines(d: dict[str, Any]) -> list[str]:
         f"{b['mb_per_s']:.1f} MB/s of input",
         f"verified {v['shards']} shards ({v['level']}: size, checksum, sample count, index) "
         f"in {v['seconds']:.2f} s: {status}",
+        f"streamed {d['stream']['samples']:,} samples through WebLoader "
+        f"({d['stream']['workers']} workers, batches of 32, decoded): "
+        f"{d['stream']['samples_per_s']:,.0f} samples/s, {d['stream']['mb_per_s']:.1f} MB/s",
     ]
 
 

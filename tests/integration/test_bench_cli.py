@@ -85,3 +85,11 @@ def test_plan_sets_the_need_against_a_measured_rate(manifest: str, tmp_path: Pat
     assert json.loads(measured_now.output)["measured_bytes_per_s"] > 0
     bad = CliRunner().invoke(cli, [*base, "--measured", "fast"])
     assert bad.exit_code == 2
+
+
+def test_demo_streams_what_it_built() -> None:
+    res = CliRunner().invoke(cli, ["demo", "--samples", "120", "--maxsize", "64KB", "--json"])
+    assert res.exit_code == 0, res.output
+    stream = json.loads(res.output)["stream"]
+    assert stream["samples"] == 120 and stream["epochs"] == 1 and stream["decode"] is True
+    assert stream["samples_per_s"] > 0 and stream["skipped_shards"] == 0
