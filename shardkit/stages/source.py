@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 
 from shardkit.errors import ShardFormatError, StateDictError
 from shardkit.io import Opener, make_opener
+from shardkit.io.config import IoConfig
 from shardkit.manifest import Manifest
 from shardkit.order import Window, iter_order, nth_output, resume_window
 from shardkit.plan import Generation, PlanConfig, Ranges, ResampledStream, shuffle_window
@@ -82,6 +83,7 @@ class ShardSource(Stage):
         self.policy = check_policy(handler)
         self.allow_unsafe_urls = allow_unsafe_urls
         self.io_options = dict(io_options or {})
+        IoConfig.make(**self.io_options)  # a bad option fails here, not in a worker
         self.bufsize: int | None = None
         self.initial: int | None = None
         self.by_node = False

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from shardkit import ShardDataset, WebLoader
 from shardkit.errors import ConfigError
 from shardkit.manifest import Manifest
+from tests.helpers.servers import RangeServer
 
 MakeShards = Callable[..., Manifest]
 SIZES = [7, 11, 3, 9, 13, 10, 7]
@@ -117,3 +119,38 @@ def test_options_that_would_break_the_plan_are_refused(make_shards: MakeShards) 
         WebLoader([1, 2, 3])  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         len(WebLoader(ShardDataset(m).select(bool)))
+
+
+def test_remote_shards_stream_through_the_node_cache_and_resume(
+    make_shards: MakeShards, tmp_path: Path
+) -> None:
+    """The same pipeline over a real HTTP Range server, with the node-local cache."""
+    m = make_shards([10] * 6, tokens=500, subdir="remote")
+    local = WebLoader(pipeline(m), num_workers=2, multiprocessing_context="fork")
+    want = epoch_keys(local, 0)
+    with RangeServer(str(m.base)) as srv:
+
+        def make() -> WebLoader:
+            ds = ShardDataset(srv.url("manifest.json"), seed=1, cache_dir=str(tmp_path / "c"))
+            ds = ds.shuffle(12).decode().to_tuple("__key__", "tokens.npy").batched(4)
+            return WebLoader(ds, num_workers=2, multiprocessing_context="fork")
+
+        remote = make()
+        assert epoch_keys(remote, 0) == want
+        io = remote.stats()["io"]  # summed over both workers
+        assert io["bytes_fetched"] >= m.total_bytes and io["requests"] >= 6, io
+        shard_requests = len(srv.requests("/data-*.tar"))
+        assert {r.path for r in srv.requests("/data-*.tar")} == {
+            f"/data-{i:06d}.tar" for i in range(6)
+        }
+        again = make()
+        it = iter(again)
+        head = [list(next(it)[0]) for _ in range(5)]
+        state = again.state_dict()
+        del it
+        resumed = make()
+        resumed.load_state_dict(state)
+        assert head + [list(b[0]) for b in resumed] == want
+        assert len(srv.requests("/data-*.tar")) == shard_requests, (
+            "a cached shard was fetched again"
+        )

@@ -72,6 +72,11 @@ def test_ranks_split_shards_by_sample_range(make_shards: MakeShards) -> None:
     assert sorted(seen) == list(range(60))
 
 
+def test_unknown_io_options_fail_when_the_data_set_is_made(make_shards: MakeShards) -> None:
+    with pytest.raises(ConfigError, match="range_sise"):
+        ShardDataset(make_shards([2]), range_sise="1MB")
+
+
 def test_the_order_follows_seed_and_epoch(make_shards: MakeShards) -> None:
     m = make_shards(SIZES)
 
