@@ -279,7 +279,9 @@ def build(
 ) -> BuildResult:
     """Build shards from ``sources`` into ``out_dir``; ``options`` are :class:`BuildConfig`'s.
 
-    ``build(["raw/"], "shards/", maxsize="512MB", workers=2)``.
+    ``build(["raw/"], "shards/", maxsize="512MB", workers=2)``. With ``workers > 1`` the
+    workers are started with ``spawn``, so a script that calls this must guard its entry
+    point with ``if __name__ == "__main__":`` (the usual multiprocessing rule).
     """
     return run_build(plan_build(sources, out_dir, BuildConfig(**options)), progress=progress)
 

@@ -198,6 +198,7 @@ def make_jobs(plan: BuildPlan) -> list[Job]:
 def _collect(procs: dict[int, Any], q: Any, progress: Progress | None) -> tuple[int, int]:
     """Wait for every worker; pass progress on; raise the first worker's error."""
     pending = set(procs)
+    quiet: set[int] = set()  # ended with code 0 but no word yet: one more empty poll decides
     written = kept = 0
     while pending:
         try:
@@ -205,8 +206,10 @@ def _collect(procs: dict[int, Any], q: Any, progress: Progress | None) -> tuple[
         except queue_mod.Empty:
             for i in sorted(pending):
                 code = procs[i].exitcode
-                if code is not None and code != 0:
+                if code is not None and (code != 0 or i in quiet):
                     raise WriterError(f"build worker {i} died (exit code {code})") from None
+                if code == 0:
+                    quiet.add(i)
             continue
         kind, i = msg[0], msg[1]
         if kind == "progress":

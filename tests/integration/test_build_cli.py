@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from shardkit.cli import main
 from shardkit.codecs import decode_field
 from shardkit.manifest import Manifest
 from tests.helpers.data import make_shards
@@ -134,7 +135,9 @@ def test_reshard_a_brace_pattern_with_zstd(tmp_path: Path) -> None:
         (["build", "SRC", "-o", "DONE"], "--resume"),
     ],
 )
-def test_usage_errors_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+def test_usage_errors_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
     src = write_jsonl(tmp_path / "a.jsonl", [{"a": 1}])
     done = tmp_path / "done"
     done.mkdir()
@@ -145,9 +148,11 @@ def test_usage_errors_exit_2(tmp_path: Path, args: list[str], message: str) -> N
         "NOPE": str(tmp_path / "nope"),
         "DONE": str(done),
     }
-    r = shardkit(*(subs.get(a, a) for a in args))
-    assert r.returncode == 2, r.stderr
-    assert message in r.stderr
+    with pytest.raises(SystemExit) as info:  # the real entry point, in this process
+        main([subs.get(a, a) for a in args])
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
