@@ -26,13 +26,15 @@ from shardkit.cache.locks import NodeSlots, unlock
 from shardkit.cache.manifests import fetch_manifest_once
 from shardkit.cache.store import CacheKey, CacheStore
 from shardkit.cache.stream import CacheStream
-from shardkit.errors import CacheError, ChecksumError
+from shardkit.errors import CacheError, ChecksumError, ConfigError
 from shardkit.io.config import IoConfig
+from shardkit.io.opener import url_scheme
 from shardkit.io.remote import RangeSource, RemoteOpener, buffered
 
 __all__ = ["CachingOpener"]
 
 log = logging.getLogger(__name__)
+_CACHED = ("http", "https", "s3")  # schemes read through the cache
 
 
 class _Local:
@@ -143,9 +145,12 @@ class CachingOpener:
             return
         local = self._local
         for url, size, checksum in shards[: self.cfg.prefetch_depth]:
-            if size is None or checksum is None or self.remote.source(url) is None:
+            if size is None or checksum is None or url_scheme(url) not in _CACHED:
                 continue
-            key = CacheKey.of(checksum, size)
+            try:
+                key = CacheKey.of(checksum, size)
+            except ConfigError:
+                continue  # a hint only: its open() reports the bad checksum
             with local.lock:
                 running = local.fills.get(key.name)
                 busy = key.name in local.queued or key.name in local.leases

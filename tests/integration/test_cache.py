@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import pickle
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -51,6 +52,9 @@ def test_second_read_is_served_from_the_cache(
     assert len(server.requests("/data-*")) == 8
     assert read_samples(opener, m) == want
     assert len(server.requests("/data-*")) == 8  # no new request
+    clone = pickle.loads(pickle.dumps(opener))  # as a DataLoader worker would get it
+    assert clone.stats() == {}
+    assert read_samples(clone, m) == want and clone.stats()["cache_hits"] == 8
     stats = opener.stats()
     assert stats["cache_misses"] == 8 and stats["cache_hits"] == 8
     assert [p.name for p in cached_files(cache)] == sorted(
