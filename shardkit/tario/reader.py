@@ -15,7 +15,7 @@ import stat
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from shardkit.errors import ShardFormatError
+from shardkit.errors import ShardFormatError, ShardkitError
 from shardkit.tario.headers import parse_number, parse_pax, ustar_name
 from shardkit.tario.names import name_problem, split_key
 
@@ -93,6 +93,8 @@ class TarReader:
             return self.f.read(n)
         except ShardFormatError as exc:  # a decoding stream below (zstd) found bad data
             raise ShardFormatError(str(exc), url=self.url, offset=at) from exc
+        except ShardkitError:
+            raise  # a FetchError or CacheError from the io below keeps its own type
         except OSError as exc:
             raise ShardFormatError(f"read failed: {exc}", url=self.url, offset=at) from exc
 
