@@ -206,6 +206,7 @@ def environment() -> dict[str, Any]:
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
+        "loadavg_at_end": os.getloadavg(),
         "argv": sys.argv,
         "versions": versions,
     }

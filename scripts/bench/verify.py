@@ -89,14 +89,16 @@ def contenders(manifest_path: str, algo: str) -> list[tuple[str, Callable[[], An
 
 def report(series: dict[str, Series], nbytes: int) -> tuple[list[list[str]], list[dict[str, Any]]]:
     rows, records = [], []
-    single: dict[str, float] = {}
+    hashed: dict[tuple[str, int], float] = {}  # (algo, threads) -> plain hash rate
     for name, s in series.items():
-        if name.endswith("hash, 1 thread"):
-            single[name.split()[0]] = nbytes / s.median
+        if " hash, " in name:
+            hashed[(name.split()[0], int(name.split()[2]))] = nbytes / s.median
     for name, s in series.items():
         rate = nbytes / s.median
         jobs = 2 if ("jobs=2" in name or "2 threads" in name) else 1
-        pct = rate / jobs / single[name.split()[0]] * 100
+        algo = name.split()[0]
+        pct = rate / jobs / hashed[(algo, 1)] * 100
+        same = rate / hashed[(algo, jobs)] * 100
         records.append(
             {
                 "name": name,
@@ -105,9 +107,11 @@ def report(series: dict[str, Series], nbytes: int) -> tuple[list[list[str]], lis
                 "mb_per_s": rate / 1e6,
                 "jobs": jobs,
                 "pct_single_core_per_job": pct,
+                "pct_of_hash_same_threads": same,
             }
         )
         row = [name, fmt(s.median, ".3f"), fmt(rate / 1e6), str(jobs), fmt(pct, ".0f") + "%"]
+        row.append(fmt(same, ".0f") + "%")
         rows.append(row)
     return rows, records
 
@@ -140,6 +144,7 @@ def main() -> None:
             rows += r
             records += rec
         head = ["contender", "median s", "MB/s", "jobs", "% of 1-core hash per job"]
+        head.append("% of hash, same threads")
         texts.append(f"### verify, {describe(ds)}, {nbytes / 1e6:.0f} MB of shards\n\n")
         texts[-1] += table(head, rows) + "\n"
         results["profiles"][profile] = {"shard_bytes": nbytes, "contenders": records}
