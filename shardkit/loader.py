@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -34,13 +33,12 @@ from torch.utils.data._utils.collate import default_collate
 
 from shardkit.dataset import ShardDataset, state_epoch
 from shardkit.errors import ConfigError, StateDictError
-from shardkit.metrics import LoaderStats
+from shardkit.metrics import LoaderStats, counter_delta
 from shardkit.order import stream_seed
-from shardkit.stages import Context, check_state, elastic_merge
+from shardkit.stages import Context, check_state, resume_plan
 
-__all__ = ["WebLoader"]
+__all__ = ["PackedBytes", "WebLoader"]
 
-log = logging.getLogger(__name__)
 _END = object()
 _MAILBOX = 1 << 18
 _REFUSED = ("sampler", "batch_sampler", "shuffle", "in_order")
@@ -74,26 +72,86 @@ def _seed_everything(seed: int) -> None:
 
 
 _NESTED = (np.ndarray, dict, tuple, list)
+_PACK_MIN = 256 << 10  # smaller lists of bytes pickle faster than a shared segment is made
 
 
-def _to_torch(x: Any) -> Any:
-    """Numpy arrays in a batch become tensors (which cross processes in shared memory)."""
+def _shared_bytes(n: int) -> torch.Tensor:
+    """A uint8 tensor made in shared memory (``share_memory_()`` would allocate, then copy)."""
+    new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
+    if new_shared is None:  # pragma: no cover - older or newer torch
+        fallback: torch.Tensor = torch.empty(n, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
+        return fallback
+    out: torch.Tensor = torch.empty(0, dtype=torch.uint8).set_(new_shared(n))
+    return out
+
+
+class PackedBytes(Sequence[bytes]):
+    """A batch's list of ``bytes`` as it arrives from a worker: one shared-memory tensor.
+
+    A read-only sequence: ``len``, indexing and iteration give ``bytes`` (copied out on
+    access); :attr:`tensor` and :attr:`offsets` give zero-copy access to all of it.
+    """
+
+    def __init__(self, items: list[bytes]) -> None:
+        ends = np.cumsum([len(b) for b in items])
+        self.tensor = _shared_bytes(int(ends[-1]))
+        view = self.tensor.numpy()
+        start = 0
+        for b, end in zip(items, ends.tolist(), strict=True):
+            view[start:end] = np.frombuffer(b, dtype=np.uint8)
+            start = end
+        self.offsets: list[int] = [0, *ends.tolist()]
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @overload
+    def __getitem__(self, i: int) -> bytes: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[bytes]: ...
+    def __getitem__(self, i: int | slice) -> bytes | list[bytes]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"index {i} of {n} items")
+        i %= n
+        return self.tensor.numpy()[self.offsets[i] : self.offsets[i + 1]].tobytes()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PackedBytes({len(self)} items, {self.offsets[-1]} bytes)"
+
+
+def _to_torch(x: Any, pack: bool) -> Any:
+    """Numpy arrays become tensors and (in a worker) big lists of bytes a
+    :class:`PackedBytes`, so batches cross to the training process in shared memory."""
     t = type(x)
     if t is np.ndarray:
         if x.dtype.kind not in "biufc":
             return x
         return torch.from_numpy(x if x.flags.writeable else x.copy())
     if t is dict:
-        return {k: _to_torch(v) for k, v in x.items()}
+        return {k: _to_torch(v, pack) for k, v in x.items()}
     if t is tuple:
-        return tuple(_to_torch(v) for v in x)
-    if t is list and x and isinstance(x[0], _NESTED):
-        return [_to_torch(v) for v in x]
-    return x  # bytes, strings, numbers and lists of them go as they are
-
-
-def _delta(now: Mapping[str, float], base: Mapping[str, float]) -> dict[str, float]:
-    return {k: float(v) - float(base.get(k, 0.0)) for k, v in now.items()}
+        return tuple(_to_torch(v, pack) for v in x)
+    if t is list and x:
+        if isinstance(x[0], _NESTED):
+            return [_to_torch(v, pack) for v in x]
+        if (
+            pack
+            and type(x[0]) is bytes
+            and all(type(b) is bytes for b in x)
+            and sum(len(b) for b in x) >= _PACK_MIN
+        ):
+            return PackedBytes(x)
+    return x  # strings, numbers, small lists of bytes go as they are
 
 
 class _WorkerSide(IterableDataset[Any]):
@@ -128,8 +186,8 @@ class _WorkerSide(IterableDataset[Any]):
             return {
                 "w": logical,
                 "s": pipeline.state_dict(),
-                "c": _delta(ds.counters(), base),
-                "io": _delta(ds.io_stats(), base_io),
+                "c": counter_delta(ds.counters(), base),
+                "io": counter_delta(ds.io_stats(), base_io),
             }
 
         it = iter(pipeline)
@@ -154,10 +212,11 @@ class _Collate:
         self.batched = batched
 
     def __call__(self, items: Any) -> tuple[Any, Any]:
+        in_worker = get_worker_info() is not None
         if not self.batched:
             item, meta = items
-            return _to_torch(item), meta
-        return self.fn([x[0] for x in items]), items[-1][1]
+            return _to_torch(item, in_worker), meta
+        return _to_torch(self.fn([x[0] for x in items]), in_worker), items[-1][1]
 
 
 class WebLoader:
@@ -238,33 +297,16 @@ class WebLoader:
         """Decide how this iteration starts (fresh, exact resume, elastic) for the mailbox."""
         rank, world = self.dataset.world()
         self._where = (rank, world)
-        n = self._logical
-        st, self._pending = self._pending, None
-        if st is not None and st["epoch"] != self._epoch:
-            log.info("loader state is for epoch %s, not %s: ignored", st["epoch"], self._epoch)
-            st = None
         split_world = any(s.by_node for s in self.dataset._sources)
-        rotation, states = 0, None
-        self._batches, self._initial = 0, None
-        if st is not None and st["num_workers"] == n and (st["world"] == world or not split_world):
-            rotation, states = int(st["next_worker"]), list(st["workers"])
-            self._batches, self._initial = int(st["batches"]), states
-        elif st is not None:
-            log.info(
-                "resuming a state of %s ranks x %s workers on %s x %s: re-planning the rest "
-                "of epoch %s",
-                st["world"],
-                st["num_workers"],
-                world,
-                n,
-                self._epoch,
-            )
-            merged = elastic_merge(st["workers"])
-            states, self._initial = [merged], [merged] * n
-        self._states = [None] * n
-        self._next_worker = rotation
-        box = {"epoch": self._epoch, "rank": rank, "world": world, "rotation": rotation}
-        return {**box, "states": states}
+        st, self._pending = self._pending, None
+        plan = resume_plan(
+            st, epoch=self._epoch, workers=self._logical, world=world, split_world=split_world
+        )
+        self._batches, self._initial = plan.batches, plan.initial
+        self._states = [None] * self._logical
+        self._next_worker = plan.rotation
+        box = {"epoch": self._epoch, "rank": rank, "world": world, "rotation": plan.rotation}
+        return {**box, "states": plan.states}
 
     def _iterate(self, it: Iterator[Any]) -> Iterator[Any]:
         n = self._logical

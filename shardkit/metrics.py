@@ -14,9 +14,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LoaderStats"]
+__all__ = ["LoaderStats", "counter_delta"]
 
 _COUNTERS = ("samples", "bytes", "skipped_shards", "skipped_samples")
+
+
+def counter_delta(now: Mapping[str, float], base: Mapping[str, float]) -> dict[str, float]:
+    """Counters since ``base`` was taken."""
+    return {k: float(v) - float(base.get(k, 0.0)) for k, v in now.items()}
 
 
 def _add(into: dict[str, float], more: Mapping[str, float]) -> None:

@@ -6,7 +6,7 @@ from shardkit.stages.base import Context, Stage, check_state, merge_counters
 from shardkit.stages.basic import Batched, Map, Select, ToTuple
 from shardkit.stages.collate import collate_numpy
 from shardkit.stages.decode import Decode
-from shardkit.stages.elastic import elastic_merge
+from shardkit.stages.elastic import ResumePlan, elastic_merge, resume_plan
 from shardkit.stages.policy import POLICIES, check_policy
 from shardkit.stages.source import ShardSource
 from shardkit.stages.tokens import PackTokens
@@ -18,6 +18,7 @@ __all__ = [
     "Decode",
     "Map",
     "PackTokens",
+    "ResumePlan",
     "Select",
     "ShardSource",
     "Stage",
@@ -27,4 +28,5 @@ __all__ = [
     "collate_numpy",
     "elastic_merge",
     "merge_counters",
+    "resume_plan",
 ]

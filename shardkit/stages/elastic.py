@@ -11,14 +11,17 @@ draw sequence).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from shardkit.errors import StateDictError
 from shardkit.plan import Generation
 
-__all__ = ["elastic_merge"]
+__all__ = ["ResumePlan", "elastic_merge", "resume_plan"]
 
+log = logging.getLogger("shardkit.stages")
 _RESET: dict[str, dict[str, Any]] = {"pack_tokens": {"skip": 0}, "mix": {"draws": 0}}
 
 
@@ -81,3 +84,39 @@ def _merge_source(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         worker=None,
     )
     return out
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """How a loader's iteration starts: the worker rotation, the worker states to load
+    (None: fresh; one per logical worker; or one merged state for all) and the count of
+    batches already delivered."""
+
+    rotation: int = 0
+    states: list[dict[str, Any]] | None = None
+    initial: list[dict[str, Any]] | None = None
+    batches: int = 0
+
+
+def resume_plan(
+    state: Mapping[str, Any] | None, *, epoch: int, workers: int, world: int, split_world: bool
+) -> ResumePlan:
+    """Exact resume when the loader state fits this run, elastic when it does not."""
+    if state is None:
+        return ResumePlan()
+    if state["epoch"] != epoch:
+        log.info("loader state is for epoch %s, not %s: ignored", state["epoch"], epoch)
+        return ResumePlan()
+    states = [dict(s) for s in state["workers"]]
+    if state["num_workers"] == workers and (state["world"] == world or not split_world):
+        return ResumePlan(int(state["next_worker"]), states, states, int(state["batches"]))
+    log.info(
+        "resuming a state of %s ranks x %s workers on %s x %s: re-planning the rest of epoch %s",
+        state["world"],
+        state["num_workers"],
+        world,
+        workers,
+        epoch,
+    )
+    merged = elastic_merge(states)
+    return ResumePlan(0, [merged], [merged] * workers, 0)

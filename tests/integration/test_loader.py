@@ -8,12 +8,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from shardkit import ShardDataset, WebLoader
 from shardkit.errors import ConfigError
+from shardkit.loader import PackedBytes
 from shardkit.manifest import Manifest
+from shardkit.writer import ShardWriter
+from tests.helpers.resumable import assert_resumable
 from tests.helpers.servers import RangeServer
 
 MakeShards = Callable[..., Manifest]
@@ -154,3 +158,40 @@ def test_remote_shards_stream_through_the_node_cache_and_resume(
         assert len(srv.requests("/data-*.tar")) == shard_requests, (
             "a cached shard was fetched again"
         )
+
+
+def test_big_byte_fields_cross_as_one_shared_tensor(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    with ShardWriter(tmp_path, maxsize="1MB") as w:
+        for i in range(24):
+            w.write({"__key__": f"k{i:03d}", "bin": rng.bytes(100_000 + i), "cls": i})
+    m = Manifest.load(tmp_path / "manifest.json")
+
+    def batches(workers: int) -> list[Any]:
+        ds = ShardDataset(m, seed=3).shuffle(5).to_tuple("bin", "cls").batched(4)
+        ctx = "fork" if workers else None
+        return list(WebLoader(ds, num_workers=workers, multiprocessing_context=ctx))
+
+    plain, shared = batches(0), batches(2)
+    assert len(plain) == len(shared) == 6
+    assert all(type(b[0]) is list for b in plain)
+    bins = sorted((bytes(x) for b in shared for x in b[0]), key=len)
+    assert bins == sorted((x for b in plain for x in b[0]), key=len)
+    packed = shared[0][0]
+    assert isinstance(packed, PackedBytes) and packed.tensor.is_shared()
+    assert len(packed) == 4 and packed[-1] == packed[3] and packed[1:3] == [packed[1], packed[2]]
+    assert packed.offsets[-1] == sum(len(x) for x in packed) == packed.tensor.numel()
+    with pytest.raises(IndexError):
+        packed[4]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_loader_meets_the_resume_contract(make_shards: MakeShards, workers: int) -> None:
+    m = make_shards(SIZES)
+    ctx = "fork" if workers else None
+    assert_resumable(
+        lambda: WebLoader(pipeline(m, seed=4), num_workers=workers, multiprocessing_context=ctx),
+        rounds=2,
+        seed=workers,
+        prepare=lambda loader: loader.set_epoch(2),
+    )
