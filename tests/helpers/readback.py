@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -62,3 +64,14 @@ def shard_digests(manifest_path: str | os.PathLike[str]) -> list[tuple[str, str,
     """``(url, checksum, nsamples)`` of every shard: equal lists mean equal shard bytes."""
     m = Manifest.load(manifest_path)
     return [(s.url, s.checksum, s.nsamples) for s in m.shards]
+
+
+def shardkit(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
+    """Run the ``shardkit`` CLI in a fresh process, as a user does."""
+    return subprocess.run(
+        [sys.executable, "-m", "shardkit", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,17 +14,14 @@ from shardkit.cli import main
 from shardkit.codecs import decode_field
 from shardkit.manifest import Manifest
 from tests.helpers.data import make_shards
-from tests.helpers.readback import assert_whole, keys_of, read_samples, shard_digests, write_jsonl
-
-
-def shardkit(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "shardkit", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+from tests.helpers.readback import (
+    assert_whole,
+    keys_of,
+    read_samples,
+    shard_digests,
+    shardkit,
+    write_jsonl,
+)
 
 
 def _corpus(root: Path, files: int = 5, per_file: int = 120) -> Path:

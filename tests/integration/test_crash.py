@@ -18,7 +18,7 @@ import pytest
 from shardkit.build import build
 from shardkit.manifest import Manifest
 from shardkit.sources import parse_field_spec
-from tests.helpers.readback import assert_whole, shard_digests, write_jsonl
+from tests.helpers.readback import assert_whole, shard_digests, shardkit, write_jsonl
 
 ARGS = ["--maxsize", "512KB", "--field", "tokens=npy:int32"]
 
@@ -87,8 +87,7 @@ def _listed(path: Path) -> int:
 
 
 def _resume(corpus: Path, out: Path, *extra: str) -> None:
-    cmd = [sys.executable, "-m", "shardkit", "build", str(corpus), "-o", str(out), *ARGS, *extra]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    r = shardkit("build", corpus, "-o", out, *ARGS, *extra)
     assert r.returncode == 0, r.stderr
     assert not [n for n in os.listdir(out) if n.startswith(".")]  # no temp file, no work dir
 

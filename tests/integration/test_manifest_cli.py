@@ -6,8 +6,6 @@ import gc
 import hashlib
 import json
 import os
-import subprocess
-import sys
 import tarfile
 import warnings
 from pathlib import Path
@@ -18,17 +16,7 @@ from shardkit.manifest import Manifest
 from shardkit.tario.index import read_index
 from shardkit.tario.reader import read_shard
 from tests.helpers.data import make_shards
-from tests.helpers.readback import write_jsonl
-
-
-def shardkit(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "shardkit", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+from tests.helpers.readback import shardkit, write_jsonl
 
 
 def _webdataset_shards(out: Path, n: int = 230, maxcount: int = 100) -> list[Path]:
