@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import jsonschema
 import numpy as np
 import pytest
 import zstandard
@@ -297,6 +298,11 @@ def test_parts_cover_every_sample_once_and_merge(tmp_path: Path) -> None:
         merge_parts([parts[0].manifest_path], out / "manifest.json")
     merged = merge_parts([p.manifest_path for p in reversed(parts)], out / "manifest.json")
     assert merged.total_samples == 150 and merged.part is None
+    schema = json.loads(
+        (Path(__file__).parents[2] / "manifests" / "manifest.schema.json").read_text()
+    )
+    for doc in (out / "manifest.json", Path(parts[1].manifest_path)):
+        jsonschema.validate(json.loads(doc.read_text()), schema)
     got = sorted(keys_of(read_samples(out / "manifest.json")))
     assert got == sorted(f"f{i}/{j:09d}" for i in range(len(srcs)) for j in range(1, 31))
     assert_whole(out / "manifest.json")
