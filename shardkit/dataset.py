@@ -249,6 +249,19 @@ class ShardDataset(IterableDataset[Any]):
     def epoch(self) -> int:
         return self._epoch
 
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    @property
+    def sources(self) -> list[ShardSource]:
+        """The shard sources this data set reads (several after ``mix``)."""
+        return list(self._sources)
+
+    @property
+    def splits_by_node(self) -> bool:
+        return any(s.by_node for s in self._sources)
+
     def world(self) -> tuple[int, int]:
         """``(rank, world_size)`` this data set splits by."""
         if self._world_given is not None:

@@ -174,7 +174,7 @@ class _WorkerSide(IterableDataset[Any]):
         states = box["states"]
         if states is not None:
             ds.pipeline().load_state_dict(states[logical % len(states)])
-        _seed_everything(stream_seed(ds._seed, box["epoch"], box["rank"], logical, 0xBEEF))
+        _seed_everything(stream_seed(ds.seed, box["epoch"], box["rank"], logical, 0xBEEF))
         return self._run(ds, logical, ds.counters(), ds.io_stats())
 
     def _run(
@@ -297,7 +297,7 @@ class WebLoader:
         """Decide how this iteration starts (fresh, exact resume, elastic) for the mailbox."""
         rank, world = self.dataset.world()
         self._where = (rank, world)
-        split_world = any(s.by_node for s in self.dataset._sources)
+        split_world = self.dataset.splits_by_node
         st, self._pending = self._pending, None
         plan = resume_plan(
             st, epoch=self._epoch, workers=self._logical, world=world, split_world=split_world
@@ -363,7 +363,7 @@ class WebLoader:
         workers = st["workers"]
         if not isinstance(workers, list) or len(workers) != st["num_workers"] or not workers:
             raise StateDictError("webloader: key 'workers' needs one state per worker")
-        for source in self.dataset._sources:
+        for source in self.dataset.sources:
             source.catalog()  # loaded once, then copied
         probe = copy.deepcopy(self.dataset)
         for w in workers:  # fail here, not in a worker, when the pipeline does not fit

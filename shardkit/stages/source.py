@@ -10,11 +10,10 @@ shuffle window and emits exactly the rest.
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Generator, Iterator, Mapping, Sequence
-from typing import Any, BinaryIO
+from typing import Any
 
-from shardkit.errors import ShardFormatError, StateDictError
+from shardkit.errors import StateDictError
 from shardkit.io import Opener, make_opener
 from shardkit.io.config import IoConfig
 from shardkit.manifest import Manifest
@@ -23,35 +22,18 @@ from shardkit.plan import Generation, PlanConfig, Ranges, ResampledStream, shuff
 from shardkit.plan import worker_stream as plan_stream
 from shardkit.stages.base import Context, Stage, check_state
 from shardkit.stages.catalog import Catalog, load_catalog
-from shardkit.stages.policy import DATA_ERRORS, check_policy, report
-from shardkit.tario.reader import iter_samples
+from shardkit.stages.policy import check_policy
+from shardkit.stages.reader import read_stream
 
 __all__ = ["ShardSource"]
 
 log = logging.getLogger("shardkit.stages")
 Sample = dict[str, Any]
 Stream = Ranges | ResampledStream
-_LOOKAHEAD = 8
 
 
 def _length(stream: Stream) -> int | None:
     return stream.total if isinstance(stream, Ranges) else stream.length
-
-
-class _Counting:
-    """A read-only stream wrapper that counts the bytes it hands out."""
-
-    def __init__(self, f: BinaryIO, counts: dict[str, float]) -> None:
-        self.f = f
-        self.counts = counts
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.f.read(n)
-        self.counts["bytes"] += len(data)
-        return data
-
-    def seekable(self) -> bool:
-        return False
 
 
 class ShardSource(Stage):
@@ -245,6 +227,12 @@ class ShardSource(Stage):
     def counters(self) -> dict[str, float]:
         return dict(self._counts)
 
+    def _read(self, stream: Stream, start: int) -> Generator[tuple[int, Sample], None, None]:
+        """Yield ``(stream position, sample)`` from ``start`` on (see :mod:`.reader`)."""
+        return read_stream(
+            stream.iter_ranges(start), self.catalog(), self.opener(), self._counts, self.policy
+        )
+
     def _plain(self, stream: Stream) -> Iterator[Sample]:
         counts = self._counts
         for spos, sample in self._read(stream, self._pos):
@@ -288,112 +276,3 @@ class ShardSource(Stage):
                         yield sample
         finally:
             reader.close()
-
-    def _read(self, stream: Stream, start: int) -> Generator[tuple[int, Sample], None, None]:
-        """Yield ``(stream position, sample)`` from ``start`` on; bad ranges go to the policy."""
-        for shard, lo, hi, spos in self._hinted(stream.iter_ranges(start)):
-            got = 0
-            try:
-                for sample in self._read_range(shard, lo, hi):
-                    yield spos + got, sample
-                    got += 1
-            except DATA_ERRORS as exc:
-                if self.policy == "raise":
-                    raise
-                self._counts["skipped_shards"] += 1
-                self._counts["skipped_samples"] += hi - lo - got
-                report(self.policy, exc, f"{hi - lo - got} samples of shard {shard}")
-
-    def _hinted(
-        self, ranges: Iterator[tuple[int, int, int, int]]
-    ) -> Iterator[tuple[int, int, int, int]]:
-        """Pass ranges through, telling the opener which shards come next."""
-        shards = self.catalog().shards
-        opener = self.opener()
-        ahead: deque[tuple[int, int, int, int]] = deque()
-        for item in ranges:
-            ahead.append(item)
-            if len(ahead) <= _LOOKAHEAD:
-                continue
-            yield from self._hint_and_pop(ahead, shards, opener)
-        while ahead:
-            yield from self._hint_and_pop(ahead, shards, opener)
-
-    @staticmethod
-    def _hint_and_pop(
-        ahead: deque[tuple[int, int, int, int]], shards: list[Any], opener: Opener
-    ) -> Iterator[tuple[int, int, int, int]]:
-        cur = ahead.popleft()
-        seen = {cur[0]}
-        hints = []
-        for s, _, _, _ in ahead:
-            if s not in seen:
-                seen.add(s)
-                info = shards[s]
-                hints.append((info.url, info.size, info.checksum))
-        if hints:
-            opener.prefetch(hints)
-        yield cur
-
-    def _read_range(self, shard: int, lo: int, hi: int) -> Iterator[Sample]:
-        catalog = self.catalog()
-        opener = self.opener()
-        info = catalog.shards[shard]
-        start, end, skip = catalog.byte_range(opener, shard, lo, hi)
-        zst = info.url.endswith(".zst")
-        f = opener.open(
-            info.url,
-            start=0 if zst else start,
-            end=None if zst else end,
-            size=info.size,
-            checksum=info.checksum,
-        )
-        with f:
-            yield from self._samples(_Counting(f, self._counts), info, start, end, skip, hi - lo)
-
-    def _samples(
-        self, f: Any, info: Any, start: int, end: int | None, skip: int, want: int
-    ) -> Iterator[Sample]:
-        url = info.url
-        if url.endswith(".zst"):
-            from shardkit.codecs import zstd_reader
-
-            with zstd_reader(f) as z:
-                _discard(z, start)
-                yield from _take(
-                    iter_samples(z, url=url, start=start, end=end), url, skip, want, info
-                )
-            return
-        size = info.size
-        yield from _take(
-            iter_samples(f, url=url, start=start, end=end, size=size), url, skip, want, info
-        )
-
-
-def _take(
-    samples: Iterator[tuple[int, Sample]], url: str, skip: int, want: int, info: Any
-) -> Iterator[Sample]:
-    """Drop ``skip`` samples, then yield ``want`` (tagged with ``__url__``)."""
-    got = 0
-    for _, sample in samples:
-        if skip:
-            skip -= 1
-            continue
-        sample["__url__"] = url
-        yield sample
-        got += 1
-        if got == want:
-            return
-    raise ShardFormatError(
-        f"the shard ends {want - got} samples short of the range asked for; the manifest "
-        f"says it holds {info.nsamples}",
-        url=url,
-    )
-
-
-def _discard(f: Any, n: int) -> None:
-    while n > 0:
-        data = f.read(min(n, 1 << 20))
-        if not data:
-            return
-        n -= len(data)

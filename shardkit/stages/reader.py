@@ -1,0 +1,151 @@
+"""Reading a worker's stream: shard ranges through the opener, samples out, errors to the policy.
+
+Each range ``(shard, lo, hi)`` is one ranged open: the sample index turns ``lo`` and ``hi``
+into byte offsets (a whole shard needs none), so a resume or a rank's share starting in
+the middle of a shard costs two 8-byte index reads, not a scan. The opener is told which
+shards come next (``prefetch``), and the bytes it hands out are counted.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Generator, Iterator
+from typing import Any, BinaryIO
+
+from shardkit.errors import ShardFormatError
+from shardkit.io import Opener
+from shardkit.stages.catalog import Catalog, ShardInfo
+from shardkit.stages.policy import DATA_ERRORS, report
+from shardkit.tario.reader import iter_samples
+
+__all__ = ["read_stream"]
+
+Sample = dict[str, Any]
+RangeRow = tuple[int, int, int, int]
+_LOOKAHEAD = 8
+
+
+class _Counting:
+    """A read-only stream wrapper that counts the bytes it hands out."""
+
+    def __init__(self, f: BinaryIO, counts: dict[str, float]) -> None:
+        self.f = f
+        self.counts = counts
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        self.counts["bytes"] += len(data)
+        return data
+
+    def seekable(self) -> bool:
+        return False
+
+
+def read_stream(
+    ranges: Iterator[RangeRow],
+    catalog: Catalog,
+    opener: Opener,
+    counts: dict[str, float],
+    policy: str,
+) -> Generator[tuple[int, Sample], None, None]:
+    """Yield ``(stream position, sample)`` for ``(shard, lo, hi, position of lo)`` ranges.
+
+    A range that fails (missing, truncated, hostile, bad checksum) raises under the
+    ``raise`` policy; otherwise the rest of it is dropped, logged and counted.
+    """
+    for shard, lo, hi, spos in _hinted(ranges, catalog.shards, opener):
+        got = 0
+        try:
+            for sample in _read_range(catalog, opener, counts, shard, lo, hi):
+                yield spos + got, sample
+                got += 1
+        except DATA_ERRORS as exc:
+            if policy == "raise":
+                raise
+            counts["skipped_shards"] += 1
+            counts["skipped_samples"] += hi - lo - got
+            report(policy, exc, f"{hi - lo - got} samples of shard {shard}")
+
+
+def _hinted(
+    ranges: Iterator[RangeRow], shards: list[ShardInfo], opener: Opener
+) -> Iterator[RangeRow]:
+    """Pass ranges through, telling the opener which shards come next."""
+    ahead: deque[RangeRow] = deque()
+    for item in ranges:
+        ahead.append(item)
+        if len(ahead) > _LOOKAHEAD:
+            yield _hint_and_pop(ahead, shards, opener)
+    while ahead:
+        yield _hint_and_pop(ahead, shards, opener)
+
+
+def _hint_and_pop(ahead: deque[RangeRow], shards: list[ShardInfo], opener: Opener) -> RangeRow:
+    cur = ahead.popleft()
+    seen = {cur[0]}
+    hints = []
+    for s, _, _, _ in ahead:
+        if s not in seen:
+            seen.add(s)
+            info = shards[s]
+            hints.append((info.url, info.size, info.checksum))
+    if hints:
+        opener.prefetch(hints)
+    return cur
+
+
+def _read_range(
+    catalog: Catalog, opener: Opener, counts: dict[str, float], shard: int, lo: int, hi: int
+) -> Iterator[Sample]:
+    info = catalog.shards[shard]
+    start, end, skip = catalog.byte_range(opener, shard, lo, hi)
+    zst = info.url.endswith(".zst")
+    f = opener.open(
+        info.url,
+        start=0 if zst else start,
+        end=None if zst else end,
+        size=info.size,
+        checksum=info.checksum,
+    )
+    with f:
+        counted: Any = _Counting(f, counts)
+        if zst:  # offsets are in the decompressed tar: decompress from the start
+            from shardkit.codecs import zstd_reader
+
+            with zstd_reader(counted) as z:
+                _discard(z, start)
+                samples = iter_samples(z, url=info.url, start=start, end=end)
+                yield from _take(samples, info, skip, hi - lo)
+            return
+        samples = iter_samples(counted, url=info.url, start=start, end=end, size=info.size)
+        yield from _take(samples, info, skip, hi - lo)
+
+
+def _take(
+    samples: Iterator[tuple[int, Sample]], info: ShardInfo, skip: int, want: int
+) -> Iterator[Sample]:
+    """Drop ``skip`` samples, then yield ``want`` (tagged with ``__url__``)."""
+    url = info.url
+    got = 0
+    for _, sample in samples:
+        if skip:
+            skip -= 1
+            continue
+        sample["__url__"] = url
+        yield sample
+        got += 1
+        if got == want:
+            return
+    raise ShardFormatError(
+        f"the shard ends {want - got} samples short of the range asked for; the manifest "
+        f"says it holds {info.nsamples}",
+        url=url,
+    )
+
+
+def _discard(f: Any, n: int) -> None:
+    while n > 0:
+        data = f.read(min(n, 1 << 20))
+        if not data:
+            return
+        n -= len(data)
