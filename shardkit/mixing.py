@@ -12,6 +12,8 @@ WebDataset's ``RandomMix``); ``longest=True`` goes on with the others, re-weight
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -25,6 +27,7 @@ from shardkit.stages import Context, ShardSource, Stage, check_state
 __all__ = ["Mix", "mix"]
 
 _BLOCK = 1024
+_END = object()
 
 
 class Mix(Stage):
@@ -83,27 +86,35 @@ class Mix(Stage):
         return self._mix([iter(s) for s in self.stages])
 
     def _choices(self, first: int) -> np.ndarray:
+        """Uniforms for draws ``first ..``: draw ``t`` depends on ``t`` only (resumable)."""
         ctx = self._ctx
         seed = stream_seed(self.seed, ctx.epoch, self._generation, ctx.rank, ctx.worker, 0x313)
-        u = uniforms(seed, np.arange(first, first + _BLOCK, dtype=np.int64))
-        return u
+        return uniforms(seed, np.arange(first, first + _BLOCK, dtype=np.int64))
 
     def _mix(self, its: list[Iterator[Any]]) -> Iterator[Any]:
+        n = len(its)
         while not all(self._exhausted):
-            block = self._choices(self._draws)
-            for u in block.tolist():
-                w = np.where(self._exhausted, 0.0, self.weights)
-                if w.sum() <= 0:
-                    return
-                c = min(int(np.searchsorted(np.cumsum(w), u * w.sum(), side="right")), len(w) - 1)
-                self._draws += 1
-                item = next(its[c], None)
-                if item is None:
-                    self._exhausted[c] = True
-                    if not self.longest:
-                        return
-                    break  # the weights changed: draw on from a fresh block
-                yield item
+            weights = [
+                0.0 if gone else float(w)
+                for gone, w in zip(self._exhausted, self.weights, strict=True)
+            ]
+            total = sum(weights)
+            if total <= 0:
+                return
+            cum = list(itertools.accumulate(weights))
+            active = True
+            while active:  # until a data set runs out and the weights change
+                for u in self._choices(self._draws).tolist():
+                    c = min(bisect.bisect_right(cum, u * total), n - 1)
+                    self._draws += 1
+                    item = next(its[c], _END)
+                    if item is _END:
+                        self._exhausted[c] = True
+                        if not self.longest:
+                            return
+                        active = False
+                        break
+                    yield item
 
     def state_dict(self) -> dict[str, Any]:
         if self._pending is not None:

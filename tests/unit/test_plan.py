@@ -158,3 +158,23 @@ def test_resampled_streams_are_seeded_weighted_and_sized() -> None:
     assert lengths == [4, 3, 3, 4, 3, 3]
     with pytest.raises(ConfigError):
         ResampledStream([0, 0], seed=1, length=None)
+
+
+def test_resampled_elastic_generations_keep_the_epoch_length() -> None:
+    """40 samples per epoch at 2 ranks; 2 x (4 + 6) consumed; 20 left for 3 ranks: 6 each."""
+    cfg = PlanConfig(seed=1, resampled=True, epoch_length=20)
+    gen = Generation(world=2, workers=2, positions=(4, 6))
+    lengths = []
+    streams = []
+    for rank in range(3):
+        stream = worker_stream(COUNTS, cfg, 0, 3, rank, 2, 0, [gen])
+        assert isinstance(stream, ResampledStream)
+        lengths.append(stream.length)
+        streams.append(stream)
+        again = worker_stream(COUNTS, cfg, 0, 3, rank, 2, 0, [gen])
+        assert isinstance(again, ResampledStream)
+        assert (again.draws(0, 50) == stream.draws(0, 50)).all()
+    assert lengths == [3, 3, 3]
+    first = worker_stream(COUNTS, cfg, 0, 3, 0, 2, 0)
+    assert isinstance(first, ResampledStream)
+    assert (first.draws(0, 50) != streams[0].draws(0, 50)).any(), "a new generation draws anew"
