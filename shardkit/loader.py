@@ -174,7 +174,8 @@ class _WorkerSide(IterableDataset[Any]):
         states = box["states"]
         if states is not None:
             ds.pipeline().load_state_dict(states[logical % len(states)])
-        _seed_everything(stream_seed(ds.seed, box["epoch"], box["rank"], logical, 0xBEEF))
+        if info is not None:  # a worker process: seed user code's RNGs (never the trainer's)
+            _seed_everything(stream_seed(ds.seed, box["epoch"], box["rank"], logical, 0xBEEF))
         return self._run(ds, logical, ds.counters(), ds.io_stats())
 
     def _run(
@@ -247,6 +248,8 @@ class WebLoader:
         for key in _REFUSED:
             if key in dataloader_kwargs:
                 raise ConfigError(f"WebLoader: {key}= is not supported (the plan orders samples)")
+        for source in dataset.sources:
+            source.catalog()  # read the manifest once here; workers get it pickled
         self.dataset = dataset
         self.batch_size = batch_size
         self.drop_last = drop_last

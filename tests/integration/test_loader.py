@@ -195,3 +195,27 @@ def test_the_loader_meets_the_resume_contract(make_shards: MakeShards, workers: 
         seed=workers,
         prepare=lambda loader: loader.set_epoch(2),
     )
+
+
+def _noisy(item: tuple[str]) -> tuple[str, float]:
+    return item[0], float(np.random.random())  # user code using the global RNG
+
+
+def test_workers_are_seeded_by_seed_epoch_and_rank_not_the_trainer(
+    make_shards: MakeShards,
+) -> None:
+    m = make_shards([8, 8])
+
+    def run(epoch: int, workers: int = 2) -> list[tuple[str, float]]:
+        ds = ShardDataset(m, seed=5).to_tuple("__key__").map(_noisy)
+        ctx = "fork" if workers else None
+        loader = WebLoader(ds, num_workers=workers, multiprocessing_context=ctx)
+        loader.set_epoch(epoch)
+        return [tuple(x) for x in loader]  # type: ignore[misc]
+
+    assert run(0) == run(0)
+    assert [v for _, v in run(0)] != [v for _, v in run(1)]
+    np.random.seed(123)
+    drawn = [v for _, v in run(0, workers=0)]
+    np.random.seed(123)
+    assert drawn == [np.random.random() for _ in range(16)], "the loader reseeded the trainer"
