@@ -319,3 +319,39 @@ def test_states_that_do_not_fit_are_refused(make_shards: MakeShards) -> None:
     moved.load_state_dict(state)
     with pytest.raises(StateDictError, match="WebLoader"):
         iter(moved)
+
+
+def _npy(arr: np.ndarray, version: tuple[int, int] | None = None) -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, arr, version=version, allow_pickle=True)
+    return buf.getvalue()
+
+
+def test_npy_fields_decode_like_numpy_with_cached_headers(tmp_path: Path) -> None:
+    arrays = [
+        np.arange(12, dtype=np.int32).reshape(3, 4),
+        np.asfortranarray(np.arange(6, dtype=np.float64).reshape(2, 3)),
+        np.array(7, dtype=np.uint16),
+        np.zeros((0, 5), dtype=np.int8),
+        np.arange(5, dtype=">i8"),
+    ]
+    samples = [{"__key__": f"a{i}", "x.npy": _npy(a)} for i, a in enumerate(arrays)]
+    samples += [{"__key__": f"b{i}", "x.npy": _npy(a, (2, 0))} for i, a in enumerate(arrays)]
+    samples.append({"__key__": "c0", "x.npy": _npy(np.arange(3, dtype=np.int32))})
+    m = write_custom(tmp_path, samples)
+    got = [s["x.npy"] for s in ShardDataset(m, shardshuffle=False).decode()]
+    for a, b in zip([*arrays, *arrays, np.arange(3, dtype=np.int32)], got, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+        assert b.flags.writeable
+    bad = write_custom(
+        tmp_path / "bad",
+        [
+            {"__key__": "obj", "x.npy": _npy(np.array([{"a": 1}], dtype=object))},
+            {"__key__": "short", "x.npy": _npy(np.arange(100, dtype=np.int64))[:-8]},
+            {"__key__": "junk", "x.npy": b"not an array at all"},
+        ],
+    )
+    ds = ShardDataset(bad, shardshuffle=False, handler="warn").decode()
+    assert list(ds) == [] and ds.counters()["skipped_samples"] == 3
+    with pytest.raises(DecodeError, match=r"obj.*pickle"):
+        list(ShardDataset(bad, shardshuffle=False).decode())
