@@ -25,6 +25,7 @@ main process (also when the data set is pickled to spawned DataLoader workers).
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -88,7 +89,7 @@ class ShardDataset(IterableDataset[Any]):
 
     def __init__(
         self,
-        source: str | Sequence[str] | Manifest,
+        source: str | os.PathLike[str] | Sequence[str] | Manifest,
         *,
         seed: int = 0,
         shardshuffle: bool = True,

@@ -10,6 +10,7 @@ shuffle window and emits exactly the rest.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -52,7 +53,7 @@ class ShardSource(Stage):
 
     def __init__(
         self,
-        source: str | Sequence[str] | Manifest,
+        source: str | os.PathLike[str] | Sequence[str] | Manifest,
         *,
         config: PlanConfig,
         handler: str = "raise",
@@ -60,6 +61,8 @@ class ShardSource(Stage):
         io_options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(None)
+        if isinstance(source, os.PathLike):
+            source = os.fspath(source)
         self.spec = source if isinstance(source, (str, Manifest)) else list(source)
         self.config = config
         self.policy = check_policy(handler)

@@ -51,6 +51,7 @@ def test_manifest_path_url_list_and_brace_pattern_agree(make_shards: MakeShards)
     m = make_shards([4, 6, 5], prefix="part")
     base = os.path.dirname(shard_path(m, 0))
     by_manifest = keys(ShardDataset(os.path.join(base, "manifest.json"), shardshuffle=False))
+    assert keys(ShardDataset(Path(base) / "manifest.json", shardshuffle=False)) == by_manifest
     urls = [shard_path(m, i) for i in range(3)]
     assert keys(ShardDataset(urls, shardshuffle=False)) == by_manifest
     pattern = os.path.join(base, "part-{000000..000002}.tar")
