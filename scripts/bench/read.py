@@ -109,6 +109,7 @@ def part_inprocess(ds: Dataset, fm: Formats, args: Any) -> tuple[str, list[dict[
     paths = fm.sk_paths
     contenders: list[tuple[str, Callable[[], Any]]] = [
         ("raw read", lambda: _readers.read_raw(paths)),
+        ("raw readinto", lambda: _readers.read_raw_into(paths)),
         ("shardkit read_shard", lambda: _readers.read_sk_shards(paths)),
         ("webdataset WebDataset", lambda: _readers.read_wds(paths)),
         ("webdataset tarfile_to_samples", lambda: _readers.read_wds_tar(paths)),
@@ -118,13 +119,13 @@ def part_inprocess(ds: Dataset, fm: Formats, args: Any) -> tuple[str, list[dict[
         contenders.insert(2, sk_ds)
     series = interleave(args.repeats, contenders, before=before_factory(args.cold))
     n, nbytes = len(ds.samples), fm.sk_bytes
-    check_counts(series, n, skip=("raw read",))
+    check_counts(series, n, skip=("raw read", "raw readinto"))
     wds_s = series["webdataset WebDataset"].median
     raw_s = series["raw read"].median
     rows, records = [], []
     for name, s in series.items():
         med = s.median
-        rate = None if name == "raw read" else n / med
+        rate = None if name.startswith("raw") else n / med
         rec = {
             "name": name,
             "median_s": med,
