@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from shardkit.checksum import Hasher, new_hasher, split_checksum
-from shardkit.errors import ConfigError, FetchError, ShardkitError
+from shardkit.errors import ConfigError, FetchError, ShardFormatError, ShardkitError
 from shardkit.manifest import Manifest, ShardEntry
 from shardkit.tario.index import read_index
 from shardkit.tario.reader import TarReader, stream_size
@@ -222,7 +222,7 @@ def _check_deep(
                     offsets, end = _scan(z, entry.url, None)
             else:
                 offsets, end = _scan(tee, entry.url, size)  # type: ignore[arg-type]
-        except ShardkitError as exc:
+        except ShardFormatError as exc:
             if isinstance(exc.__cause__, OSError):  # the bytes could not be read at all
                 raise exc.__cause__ from exc
             offset = getattr(exc, "offset", None)
@@ -302,7 +302,7 @@ def verify_shard(
             size, checksum, problems = _check_deep(manifest, entry, url, opener, progress)
         else:
             size, checksum = _check_bytes(entry, url, opener, progress)
-    except OSError as exc:  # FetchError is an OSError too
+    except (OSError, ShardkitError) as exc:  # FetchError, or a CacheError of the io below
         return [_open_problem(entry.url, exc)]
     head: list[Problem] = []
     if size != entry.size:
