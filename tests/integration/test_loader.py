@@ -93,11 +93,15 @@ def test_dataloader_side_batching_resumes_and_drops_last(make_shards: MakeShards
     assert len(make(True)) == 12
 
 
-def test_batches_cross_from_workers_in_shared_memory(make_shards: MakeShards) -> None:
-    m = make_shards([16, 16])
-    loader = WebLoader(pipeline(m), num_workers=2, multiprocessing_context="fork")
-    batch = next(iter(loader))
-    assert isinstance(batch[1], torch.Tensor) and batch[1].is_shared()
+def test_big_batches_cross_from_workers_in_shared_memory(make_shards: MakeShards) -> None:
+    """Big arrays travel as shared-memory tensors; small ones pickle and arrive as tensors."""
+    big = make_shards([8, 8], tokens=20_000)  # 4 x 80 KB a batch
+    small = make_shards([8, 8])  # 4 x 256 bytes a batch
+    for m, shared in ((big, True), (small, False)):
+        loader = WebLoader(pipeline(m), num_workers=2, multiprocessing_context="fork")
+        batch = next(iter(loader))
+        assert isinstance(batch[1], torch.Tensor) and batch[1].dtype == torch.int32
+        assert batch[1].is_shared() is shared
 
 
 def test_stats_report_rates_waits_and_skips(make_shards: MakeShards) -> None:
