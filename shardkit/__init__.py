@@ -42,6 +42,7 @@ def __getattr__(name: str) -> object:
 
     return getattr(importlib.import_module(_LAZY[name]), name)
 
+
 __all__ = [
     "CacheError",
     "ChecksumError",

@@ -13,8 +13,10 @@ uninterrupted run. A state saved with another world size or worker count is merg
 
 What to iterate and from where reaches the workers through a small shared-memory mailbox
 written before every ``iter()``, so persistent workers follow ``set_epoch`` and
-``load_state_dict`` too. Numpy arrays become tensors in the worker, so batches cross to
-the training process in shared memory rather than pickled bytes.
+``load_state_dict`` too. Batches arrive with numpy arrays as tensors. Big arrays and big
+lists of bytes (256 KB and up) cross from the workers in shared memory (a tensor, a
+:class:`PackedBytes`); smaller ones pickle through the worker's pipe, which costs less
+than making a shared segment.
 """
 
 from __future__ import annotations
