@@ -352,10 +352,13 @@ class WebLoader:
             self._stats.stop()
 
     # -- state ---------------------------------------------------------------------
-    def _fresh_state(self, worker: int) -> dict[str, Any]:
+    def _unreported(self, worker: int) -> dict[str, Any]:
+        """The state of a worker that has not yet sent a batch: where it started."""
         rank, world = self._where
         ds = copy.deepcopy(self.dataset)
         ds.configure(Context(self._epoch, rank, world, worker, self._logical))
+        if self._initial is not None:
+            ds.pipeline().load_state_dict(self._initial[worker])
         return ds.pipeline().state_dict()
 
     def state_dict(self) -> dict[str, Any]:
@@ -366,7 +369,7 @@ class WebLoader:
         for w in range(self._logical):
             st = self._states[w]
             if st is None:
-                st = self._initial[w] if self._initial is not None else self._fresh_state(w)
+                st = self._unreported(w)
             workers.append(st)
         return {
             "stage": "webloader",

@@ -142,9 +142,12 @@ class ShardSource(Stage):
 
     # -- state ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        if self._pending is not None:
-            return dict(self._pending)
         world, rank, workers, worker = self._who(self._ctx)
+        if self._pending is not None:
+            st = dict(self._pending)
+            if st.get("world") is None:  # an elastic merge: position 0 of this run's share
+                st.update(world=world, rank=rank, workers=workers, worker=worker)
+            return st
         catalog = self.catalog()
         return {
             "stage": self.name,

@@ -119,3 +119,27 @@ def test_elastic_resume_reads_every_sample_of_the_epoch_once(
 
 if __name__ == "__main__":
     child(sys.argv[1], int(sys.argv[2]), sys.argv[4:], sys.argv[3])
+
+
+def test_elastic_resumes_chain_even_before_every_worker_reported(make_shards: MakeShards) -> None:
+    """2x2 -> 3x2 (saved when only worker 0 of each rank had sent a batch) -> 3x1."""
+    m = make_shards([17, 30, 9, 21, 12, 19, 12])
+    manifest = str(Path(m.base or "") / "manifest.json")
+    consumed: list[str] = []
+    state: dict[str, Any] = {}
+    for world, workers, stop in ((2, 2, 1), (3, 2, 1), (3, 1, None)):
+        saved = None
+        for rank in range(world):
+            loader = make_loader(manifest, workers, rank, world)
+            if state:
+                loader.load_state_dict(state)
+            it = iter(loader)
+            for taken, batch in enumerate(it, start=1):
+                consumed += list(batch[0])
+                if taken == stop:
+                    break
+            if rank == 0:
+                saved = json.loads(json.dumps(loader.state_dict()))
+            del it
+        state = saved or {}
+    assert sorted(consumed) == [f"sample-{i:08d}" for i in range(120)]
