@@ -223,3 +223,16 @@ def test_workers_are_seeded_by_seed_epoch_and_rank_not_the_trainer(
     drawn = [v for _, v in run(0, workers=0)]
     np.random.seed(123)
     assert drawn == [np.random.random() for _ in range(16)], "the loader reseeded the trainer"
+
+
+def test_resume_after_a_worker_ran_out_keeps_the_round_robin(make_shards: MakeShards) -> None:
+    """Workers of 31 and 30 samples in batches of 2: 16 and 15 batches, the last one
+    alone; every stop near the end resumes into the same tail."""
+    m = make_shards([31, 30])
+
+    def make() -> WebLoader:
+        ds = ShardDataset(m, seed=8).shuffle(7).to_tuple("__key__").batched(2)
+        return WebLoader(ds, num_workers=2, multiprocessing_context="fork")
+
+    assert len(make()) == 31
+    assert_resumable(make, stops=[0, 1, 2, 15, 28, 29, 30, 31])
