@@ -10,6 +10,10 @@
 Only data errors (:class:`ShardError`, :class:`FetchError`, :class:`DecodeError`) are
 handled; bugs always propagate. Every drop is counted (``skipped_shards``,
 ``skipped_samples``) and shows in the loader's stats: nothing is skipped silently.
+
+Under DDP a drop makes that rank's epoch shorter than the others': stop the epoch at the
+first rank to run out (one ``all_reduce`` per step, as ``examples/train_ddp.py`` does) or
+use ``"raise"``.
 """
 
 from __future__ import annotations
