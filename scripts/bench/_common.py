@@ -202,8 +202,15 @@ def environment() -> dict[str, Any]:
             versions[dist] = md.version(dist)
         except md.PackageNotFoundError:
             versions[dist] = None
+    import subprocess
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    rev = subprocess.run(
+        ["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": rev or None,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "loadavg_at_end": os.getloadavg(),
