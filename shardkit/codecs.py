@@ -41,13 +41,28 @@ def extension(field: str) -> str:
     return field.rsplit(".", 1)[-1].lower()
 
 
+_NPY_HEADERS: dict[tuple[str, tuple[int, ...]], bytes] = {}
+
+
 def _encode_npy(value: Any) -> bytes:
     arr = np.asarray(value)
     if arr.dtype.hasobject:
         raise TypeError("object arrays cannot be stored as npy without pickle")
+    # numpy's header writer costs more than the data for small arrays: keep each
+    # (dtype, shape) header once and append the C-order bytes.
+    contiguous = arr.flags.c_contiguous and not arr.dtype.fields
+    hkey = (arr.dtype.str, arr.shape)
+    header = _NPY_HEADERS.get(hkey) if contiguous else None
+    if header is not None:
+        return header + arr.tobytes()
     buf = io.BytesIO()
     np.lib.format.write_array(buf, arr, allow_pickle=False)
-    return buf.getvalue()
+    out = buf.getvalue()
+    if contiguous and arr.nbytes < len(out):
+        if len(_NPY_HEADERS) >= 4096:
+            _NPY_HEADERS.clear()
+        _NPY_HEADERS[hkey] = out[: len(out) - arr.nbytes]
+    return out
 
 
 def encode_field(key: str, field: str, value: Any) -> bytes:

@@ -131,6 +131,7 @@ class ShardWriter:
         self._offsets: list[int] = []
         self._keys: set[str] = set()
         self._closed = False
+        self._good_fields: set[str] = set()  # field names already checked
 
     # -- public --------------------------------------------------------------------
     @property
@@ -172,9 +173,8 @@ class ShardWriter:
         if self._pending_size >= _FLUSH:
             self._flush()
 
-    @staticmethod
     def _encode(
-        key: str, sample: Mapping[str, Any]
+        self, key: str, sample: Mapping[str, Any]
     ) -> tuple[list[bytes | bytearray | memoryview], int, dict[str, int]]:
         """The tar pieces of one sample, their total size, and each field's payload size."""
         pieces: list[bytes | bytearray | memoryview] = []
@@ -185,7 +185,9 @@ class ShardWriter:
                 raise WriterError(f"sample {key!r}: field names must be strings, got {field!r}")
             if field.startswith("__"):
                 continue
-            check_field(key, field)
+            if field not in self._good_fields:
+                check_field(key, field)
+                self._good_fields.add(field)
             data = encode_field(key, field, value)
             header = member_header(f"{key}.{field}", len(data))
             pad = padding(len(data))

@@ -78,9 +78,30 @@ def padding(size: int) -> bytes:
     return _ZERO_PAD[: (-size) % BLOCK]
 
 
+# The constant parts of a plain ustar header as _raw_header writes it, for the fast path.
+_MID = _octal(0o444, 8) + _octal(0, 8) + _octal(0, 8)  # mode, uid, gid
+_MTIME = _octal(0, 12)
+_TAIL = (
+    b"0"  # typeflag: regular file
+    + b"\0" * 100  # linkname
+    + b"ustar\x0000"  # magic, version
+    + b"\0" * 64  # uname, gname
+    + _octal(0, 8)
+    + _octal(0, 8)  # devmajor, devminor
+    + b"\0" * 167  # prefix and the block's padding
+)
+_CONST_SUM = sum(_MID) + sum(_MTIME) + sum(_TAIL) + 8 * 32  # checksum field counts as spaces
+_NUL100 = b"\0" * 100
+
+
 def member_header(name: str, size: int) -> bytes:
     """Return the header block(s) for a regular file ``name`` of ``size`` bytes."""
     raw = name.encode("utf-8")
+    if len(raw) <= 100 and size <= _MAX_OCTAL_SIZE and raw.isascii():
+        # the common case, byte for byte what _raw_header(raw, b"", size, b"0") gives
+        sizef = b"%011o\0" % size
+        chk = b"%06o\0 " % (_CONST_SUM + sum(raw) + sum(sizef))
+        return b"".join((raw, _NUL100[len(raw) :], _MID, sizef, _MTIME, chk, _TAIL))
     pax: list[bytes] = []
     split = _split_ustar(raw) if raw.isascii() else None
     if split is None:
