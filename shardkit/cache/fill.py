@@ -10,6 +10,7 @@ readers go on without the cache, or it is raised (``on_cache_error="raise"``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -114,30 +115,40 @@ def _attempt(fill: Fill, store: CacheStore, stream: Stream, counters: Counters) 
         fill.update(bypass=True)
         return True, key.checksum
     try:
-        fill.update(inode=os.fstat(fd).st_ino, written=0)
-        hasher = new_hasher(key.algo)
-        n = 0
-        for chunk in stream():
-            _write_all(fd, chunk, store)
-            hasher.update(chunk)
-            n += len(chunk)
-            fill.update(written=n)
-        actual = f"{key.algo}:{hasher.hexdigest()}"
-        if n == key.size and actual == key.checksum:
-            try:
-                store.publish(key, fd)
-            except OSError as exc:
-                raise CacheError(f"cache dir {store.root}: cannot publish: {exc}") from exc
-            counters.add("cache_fills")
-            return True, actual
-        counters.add("checksum_failures")
-        store.mark_failed(key, fd, actual if n == key.size else f"{n} bytes")
-        return False, actual
+        try:
+            inode = os.fstat(fd).st_ino
+            fill.update(inode=inode, written=0)
+            n, actual = _download(fill, stream, fd, store)
+            verified = n == key.size and actual == key.checksum
+            if verified:
+                try:
+                    store.publish(key, fd)
+                except OSError as exc:
+                    raise CacheError(f"cache dir {store.root}: cannot publish: {exc}") from exc
+        finally:
+            os.close(fd)  # its lease goes with it: from here on, only readers hold the file
     except BaseException:
-        store.discard(key)
+        with contextlib.suppress(OSError, CacheError):  # else the next reservation does it
+            store.discard(key)
         raise
-    finally:
-        os.close(fd)
+    if verified:
+        counters.add("cache_fills")
+        return True, actual
+    counters.add("checksum_failures")
+    store.mark_failed(key, inode, actual if n == key.size else f"{n} bytes")
+    return False, actual
+
+
+def _download(fill: Fill, stream: Stream, fd: int, store: CacheStore) -> tuple[int, str]:
+    """Write the remote bytes to ``fd``; ``(bytes written, their checksum)``."""
+    hasher = new_hasher(fill.key.algo)
+    n = 0
+    for chunk in stream():
+        _write_all(fd, chunk, store)
+        hasher.update(chunk)
+        n += len(chunk)
+        fill.update(written=n)
+    return n, f"{fill.key.algo}:{hasher.hexdigest()}"
 
 
 def _write_all(fd: int, data: bytes, store: CacheStore) -> None:

@@ -88,9 +88,9 @@ def is_locked(path: str) -> bool:
 
 
 @contextlib.contextmanager
-def locked(path: str) -> Iterator[int]:
-    """Hold an exclusive lock on ``path`` for the block."""
-    fd = lock_file(path)
+def locked(path: str, *, exclusive: bool = True) -> Iterator[int]:
+    """Hold a lock on ``path`` (exclusive, or shared) for the block."""
+    fd = lock_file(path, exclusive=exclusive)
     try:
         yield fd
     finally:

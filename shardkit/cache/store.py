@@ -4,6 +4,7 @@ Layout under the cache root (shared by every process and job that names it)::
 
     data/<algo>/<hex[:2]>/<hex>         verified shards, addressed by checksum
     tmp/<algo>-<hex>-<size>.part        a download in progress (its size is reserved)
+    tmp/<algo>-<hex>-<size>.part.gone-N a given-up temp file a reader still holds (counted)
     tmp/<algo>-<hex>.failed             the inode of a download that failed verification
     locks/<algo>-<hex>.lock             held (flock) by the one process downloading it
     locks/evict.lock                    serialises reservations and evictions
@@ -11,15 +12,22 @@ Layout under the cache root (shared by every process and job that names it)::
 
 A shard becomes visible in ``data/`` only by ``os.replace`` after its size and checksum
 were verified, so a crash or SIGKILL never leaves a file that is later served as whole.
-Readers hold a shared ``flock`` (a *lease*) on the file they read; eviction takes an
-exclusive one without waiting and skips a shard it cannot get. A temp file whose download
-lock is not held belongs to a dead process and is removed by the next reservation.
+Readers hold a shared ``flock`` (a *lease*) on the file they read, and so does the download
+on its temp file until it closes it; eviction takes an exclusive one without waiting and
+skips a shard it cannot get. A temp file whose download lock is not held belongs to a dead
+process and is removed by the next reservation.
+
+The limit holds for the bytes on disk, not only for the names: a file is unlinked only
+under an exclusive ``flock`` taken under the eviction lock, and leases are taken under that
+lock too (shared), so no process can be between opening a file and leasing it when it is
+unlinked, and no unlinked file keeps bytes that the cache no longer counts. A temp file
+given up while a reader still holds it is renamed aside and stays counted until the last
+reader lets go.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import logging
@@ -27,66 +35,24 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
+from shardkit.cache.layout import (
+    CachedShard,
+    CacheKey,
+    CacheStat,
+    TempFile,
+    inode_of,
+    listdir,
+    try_lock_existing,
+)
 from shardkit.cache.locks import is_locked, locked, try_lock
-from shardkit.checksum import split_checksum
-from shardkit.errors import CacheError, ConfigError
+from shardkit.errors import CacheError
 
-__all__ = ["CacheKey", "CacheStat", "CacheStore", "CachedShard"]
+__all__ = ["CacheKey", "CacheStat", "CacheStore", "CachedShard", "TempFile"]
 
 log = logging.getLogger(__name__)
-_HEX = re.compile(r"[0-9a-f]{16,128}")
-_PART = re.compile(r"(?P<name>[a-z0-9_]+-[0-9a-f]+)-(?P<size>\d+)\.part")
+_PART = re.compile(r"(?P<name>[a-z0-9_]+-[0-9a-f]+)-(?P<size>\d+)\.part(?P<gone>\.gone-\d+)?")
 _TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# shardkit node-local shard cache\n"
-
-
-@dataclass(frozen=True)
-class CacheKey:
-    """Where a shard with a given checksum and size lives in the cache."""
-
-    algo: str
-    digest: str
-    size: int
-
-    @classmethod
-    def of(cls, checksum: str, size: int) -> CacheKey:
-        """The key of ``checksum`` (``algo:hex``); a digest that is not hex is refused."""
-        algo, digest = split_checksum(checksum)
-        if not _HEX.fullmatch(digest):
-            raise ConfigError(f"checksum {checksum!r} is not a hex digest; cannot cache it")
-        return cls(algo, digest, size)
-
-    @property
-    def name(self) -> str:
-        return f"{self.algo}-{self.digest}"
-
-    @property
-    def checksum(self) -> str:
-        return f"{self.algo}:{self.digest}"
-
-
-@dataclass(frozen=True)
-class CachedShard:
-    """One verified shard in the cache."""
-
-    path: str
-    size: int
-    mtime: float
-
-
-@dataclass(frozen=True)
-class CacheStat:
-    """A look at a cache dir (``shardkit cache stat``)."""
-
-    root: str
-    shards: int
-    bytes: int
-    in_use: int
-    downloading: int
-    downloading_bytes: int
-    dead_temp_files: int
-    oldest_use: float | None
 
 
 class CacheStore:
@@ -133,17 +99,35 @@ class CacheStore:
     def marker_path(self, key: CacheKey) -> str:
         return os.path.join(self.root, "tmp", f"{key.name}.failed")
 
+    def evict_lock_path(self) -> str:
+        return os.path.join(self.root, "locks", "evict.lock")
+
     # -- reading -------------------------------------------------------------------
+    def lease(self, path: str) -> int | None:
+        """Open ``path`` under a lease (a shared ``flock``); None if it is not there.
+
+        Opened and locked under the eviction lock (shared), so no eviction falls between
+        the two: a lease is never taken on a file that eviction has already unlinked.
+        """
+        self.ensure()
+        with locked(self.evict_lock_path(), exclusive=False):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH)  # never waits long: see the module docstring
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd
+
     def open_published(self, key: CacheKey) -> int | None:
         """Open a verified shard with a lease (shared lock), or None if it is not cached."""
-        path = self.path(key)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        with contextlib.suppress(OSError):
-            os.utime(fd)  # least recently used goes first
+        fd = self.lease(self.path(key))
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.utime(fd)  # least recently used goes first
         return fd
 
     def try_download_lock(self, key: CacheKey) -> int | None:
@@ -163,26 +147,35 @@ class CacheStore:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    def is_retired(self, fd: int, key: CacheKey) -> bool:
+        """Whether ``fd`` holds a temp file of ``key`` that was given up and renamed aside."""
+        st = os.fstat(fd)
+        here = (inode_of(self.part_path(key)), inode_of(self.path(key)))
+        return st.st_nlink > 0 and st.st_ino not in here
+
     # -- writing (the download lock of the key is held) ----------------------------
     def reserve(self, key: CacheKey) -> int | None:
         """Make room for ``key`` and create its temp file; its fd, or None if no room.
 
         Runs under the eviction lock: removes temp files of dead downloads, then evicts
-        least recently used shards that nobody is reading until the new one fits.
+        least recently used shards that nobody is reading until the new one fits, and only
+        then creates the temp file. The fd holds a lease: eviction spares the file until
+        the download closes it, also after it was published.
         """
         self.ensure()
         if self.limit is not None and key.size > self.limit:
             return None
         part = self.part_path(key)
-        with locked(os.path.join(self.root, "locks", "evict.lock")):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(part)
-            used = self._remove_dead_parts() + sum(s.size for s in self.shards())
+        with locked(self.evict_lock_path()):
+            self._retire(part)  # a try of ours that failed, or a dead process's
+            used = self._sweep() + sum(s.size for s in self.shards())
             if self.limit is not None and used + key.size > self.limit:
                 used -= self._evict(used + key.size - self.limit)
                 if used + key.size > self.limit:
                     return None
-            return os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            return fd
 
     def publish(self, key: CacheKey, fd: int) -> None:
         """Make a verified temp file visible as the cached shard."""
@@ -194,9 +187,9 @@ class CacheStore:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.marker_path(key))
 
-    def mark_failed(self, key: CacheKey, fd: int, actual: str) -> None:
-        """Record that the temp file on ``fd`` failed verification, and remove it."""
-        rec = {"inode": os.fstat(fd).st_ino, "actual": actual, "time": time.time()}
+    def mark_failed(self, key: CacheKey, inode: int, actual: str) -> None:
+        """Record that the temp file ``inode`` failed verification, and give it up."""
+        rec = {"inode": inode, "actual": actual, "time": time.time()}
         tmp = self.marker_path(key) + f".{os.getpid()}"
         with open(tmp, "w") as f:
             json.dump(rec, f)
@@ -204,41 +197,68 @@ class CacheStore:
         self.discard(key)
 
     def discard(self, key: CacheKey) -> None:
-        """Remove the temp file of ``key`` (readers holding it open keep their bytes)."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.part_path(key))
+        """Give up the temp file of ``key`` (closed by its download): removed, or renamed
+        aside and still counted while readers hold it."""
+        self.ensure()
+        with locked(self.evict_lock_path()):
+            self._retire(self.part_path(key))
+
+    def sweep(self) -> None:
+        """Remove the temp files that nobody downloads or reads any more."""
+        self.ensure()
+        with locked(self.evict_lock_path()):
+            self._sweep()
 
     # -- accounting and eviction ---------------------------------------------------
     def shards(self) -> Iterator[CachedShard]:
         """Every verified shard in the cache."""
         data = os.path.join(self.root, "data")
-        for algo in _listdir(data):
-            for sub in _listdir(os.path.join(data, algo)):
+        for algo in listdir(data):
+            for sub in listdir(os.path.join(data, algo)):
                 d = os.path.join(data, algo, sub)
-                for name in _listdir(d):
+                for name in listdir(d):
                     with contextlib.suppress(FileNotFoundError):
                         st = os.stat(os.path.join(d, name))
                         yield CachedShard(os.path.join(d, name), st.st_size, st.st_mtime)
 
-    def parts(self) -> Iterator[tuple[str, str, int]]:
-        """Every temp file: ``(path, key name, reserved size)``."""
+    def parts(self) -> Iterator[TempFile]:
+        """Every temp file, with the bytes reserved for it."""
         tmp = os.path.join(self.root, "tmp")
-        for name in _listdir(tmp):
+        for name in listdir(tmp):
             m = _PART.fullmatch(name)
             if m is not None:
-                yield os.path.join(tmp, name), m.group("name"), int(m.group("size"))
+                path, retired = os.path.join(tmp, name), m.group("gone") is not None
+                yield TempFile(path, m.group("name"), int(m.group("size")), retired)
 
-    def _remove_dead_parts(self) -> int:
-        """Remove temp files nobody is downloading; the bytes reserved by live ones."""
-        live = 0
-        for path, name, size in list(self.parts()):
-            if is_locked(os.path.join(self.root, "locks", f"{name}.lock")):
-                live += size
-            else:
-                log.info("removing %s left by a dead download", path)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-        return live
+    def _live(self, t: TempFile) -> bool:
+        return not t.retired and is_locked(os.path.join(self.root, "locks", f"{t.name}.lock"))
+
+    def _sweep(self) -> int:
+        """Remove temp files nobody downloads or reads; the bytes the others hold.
+        Called under the eviction lock."""
+        held = 0
+        for t in list(self.parts()):
+            if self._live(t) or not self._retire(t.path):
+                held += t.size
+            elif not t.retired:
+                log.info("removed %s left by a dead download", t.path)
+        return held
+
+    def _retire(self, path: str) -> bool:
+        """Remove the temp file ``path`` unless a reader holds it (then a ``.part`` is
+        renamed aside, its name free for a new download); True if it is gone. Called
+        under the eviction lock."""
+        fd = try_lock_existing(path)
+        if fd is None:
+            ino = inode_of(path)
+            if ino is not None and path.endswith(".part"):
+                os.replace(path, f"{path}.gone-{ino}")
+            return ino is None
+        try:
+            os.unlink(path)
+        finally:
+            os.close(fd)  # after the unlink: nobody could lease it in between
+        return True
 
     def _evict(self, need: int) -> int:
         """Evict unleased shards, least recently used first, to free ``need`` bytes; if
@@ -263,7 +283,7 @@ class CacheStore:
             return freed
         finally:
             for fd, _ in taken:
-                os.close(fd)
+                os.close(fd)  # the bytes are gone once this last fd on them is closed
 
     def _evict_one(self, path: str) -> bool:
         fd = try_lock_existing(path)
@@ -279,28 +299,31 @@ class CacheStore:
             os.close(fd)
 
     def usage(self) -> int:
-        """Bytes held: verified shards plus the reservations of downloads in progress."""
-        return sum(s.size for s in self.shards()) + sum(p[2] for p in self.parts())
+        """Bytes held: verified shards plus the reservations of temp files."""
+        return sum(s.size for s in self.shards()) + sum(p.size for p in self.parts())
 
     def stat(self) -> CacheStat:
         """What the cache holds: shards, bytes, shards being read, downloads, dead files."""
         shards = list(self.shards())
         in_use = 0
-        for s in shards:
-            fd = try_lock_existing(s.path)
-            if fd is None:
-                in_use += 1
-            else:
-                os.close(fd)
+        if shards:
+            self.ensure()  # its locks dir
+            with locked(self.evict_lock_path(), exclusive=False):  # as leases are taken
+                for s in shards:
+                    fd = try_lock_existing(s.path)
+                    if fd is None:
+                        in_use += 1
+                    else:
+                        os.close(fd)
         parts = list(self.parts())
-        live = [p for p in parts if is_locked(os.path.join(self.root, "locks", f"{p[1]}.lock"))]
+        live = [p for p in parts if self._live(p)]
         return CacheStat(
             root=self.root,
             shards=len(shards),
             bytes=sum(s.size for s in shards),
             in_use=in_use,
             downloading=len(live),
-            downloading_bytes=sum(p[2] for p in live),
+            downloading_bytes=sum(p.size for p in live),
             dead_temp_files=len(parts) - len(live),
             oldest_use=min((s.mtime for s in shards), default=None),
         )
@@ -310,8 +333,8 @@ class CacheStore:
         files; returns ``(shards evicted, bytes freed)``.
         """
         self.ensure()
-        with locked(os.path.join(self.root, "locks", "evict.lock")):
-            self._remove_dead_parts()
+        with locked(self.evict_lock_path()):
+            self._sweep()
             shards = sorted(self.shards(), key=lambda s: s.mtime)
             total = sum(s.size for s in shards)
             n = freed = 0
@@ -324,20 +347,6 @@ class CacheStore:
             return n, freed
 
 
-def try_lock_existing(path: str) -> int | None:
-    """An exclusive lock on an existing file without waiting (None: busy or gone)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
-
-
 def _sync_dir(path: str) -> None:
     """Make a rename in ``path`` durable (best effort)."""
     with contextlib.suppress(OSError):
@@ -346,14 +355,3 @@ def _sync_dir(path: str) -> None:
             os.fsync(dfd)
         finally:
             os.close(dfd)
-
-
-def _listdir(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        if exc.errno == errno.ENOTDIR:
-            return []
-        raise

@@ -19,7 +19,7 @@ Every file is read under a lease (a shared ``flock``) that keeps eviction off it
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import io
 import os
 import time
@@ -27,8 +27,9 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from shardkit.cache.fill import Fill
+from shardkit.cache.layout import inode_of
 from shardkit.cache.store import CacheKey, CacheStore
-from shardkit.errors import ChecksumError
+from shardkit.errors import CacheError, ChecksumError
 from shardkit.io.remote import ChunkStream
 from shardkit.io.retry import Counters
 
@@ -47,13 +48,6 @@ class StreamHost(Protocol):
     def take_over(self, key: CacheKey, url: str) -> Fill | None: ...
 
     def direct(self, url: str, start: int, end: int) -> Iterator[bytes]: ...
-
-
-def _inode(path: str) -> int | None:
-    try:
-        return os.stat(path).st_ino
-    except FileNotFoundError:
-        return None
 
 
 class CacheStream(io.RawIOBase):
@@ -123,14 +117,14 @@ class CacheStream(io.RawIOBase):
                 new_file = fill.inode is not None and fill.inode != self._inode
                 return "switch-part" if new_file else "wait-fill"
             self._fill = None
-            if fill.error is not None and _inode(self._store.path(self._key)) is None:
+            if fill.error is not None and inode_of(self._store.path(self._key)) is None:
                 raise fill.error
         held = self._store.downloading(self._key)  # before looking for the published file
-        published = _inode(self._store.path(self._key))
+        published = inode_of(self._store.path(self._key))
         if published is not None:
             return "published" if published == self._inode else "switch-published"
         if held:
-            part = _inode(self._store.part_path(self._key))
+            part = inode_of(self._store.part_path(self._key))
             return "switch-part" if part is not None and part != self._inode else "wait"
         failed = self._store.failed_inode(self._key)
         if failed is not None and failed[0] == self._inode:
@@ -196,12 +190,18 @@ class CacheStream(io.RawIOBase):
         return not until_done and (new_file or fill.written > self._pos)
 
     def _open(self, path: str) -> int | None:
+        return self._store.lease(path)  # eviction skips a file being read
+
+    def _let_go(self, fd: int) -> None:
+        """Close ``fd``; a temp file given up while it was read can be removed now."""
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None
-        fcntl.flock(fd, fcntl.LOCK_SH)  # the lease: eviction skips a file being read
-        return fd
+            retired = self._store.is_retired(fd, self._key)
+        except OSError:
+            retired = False
+        os.close(fd)
+        if retired:
+            with contextlib.suppress(OSError, CacheError):  # else the next reservation does it
+                self._store.sweep()
 
     def _switch(self, published: bool) -> None:
         path = self._store.path(self._key) if published else self._store.part_path(self._key)
@@ -212,7 +212,7 @@ class CacheStream(io.RawIOBase):
             if self._pos > self._start and self._old is None:
                 self._old = self._fd
             else:
-                os.close(self._fd)
+                self._let_go(self._fd)
         self._fd, self._inode = fd, os.fstat(fd).st_ino
         self._verified = published
         self._final = False
@@ -221,7 +221,7 @@ class CacheStream(io.RawIOBase):
         """The new file holds what the old one handed out, or it is a ChecksumError."""
         assert self._old is not None and self._fd is not None
         self._compare(self._old, self._fd, self._pos)
-        os.close(self._old)
+        self._let_go(self._old)
         self._old = None
 
     def _compare(self, a: int | None, b: int, stop: int) -> None:
@@ -246,7 +246,7 @@ class CacheStream(io.RawIOBase):
     def _close_files(self) -> None:
         for fd in (self._fd, self._old):
             if fd is not None:
-                os.close(fd)
+                self._let_go(fd)
         self._fd = self._old = None
 
     def close(self) -> None:

@@ -6,6 +6,7 @@ import contextlib
 import itertools
 import os
 import pickle
+import stat
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -136,6 +137,7 @@ def test_corrupt_byte_is_detected_and_never_cached(
             list(read_shard(f, url=urls[4]))
         assert info.value.url == urls[4] and info.value.expected == entry.checksum
         assert cached_files(cache) == []
+        assert list(CacheStore(str(cache)).parts()) == []  # its readers let go of it
     assert len(server.requests("/" + entry.url)) == 4  # fetched again once, per try
     assert opener.stats()["checksum_failures"] == 4
     (Path(str(shards.base)) / entry.url).write_bytes(good)  # the server is fixed
@@ -144,14 +146,53 @@ def test_corrupt_byte_is_detected_and_never_cached(
     assert len(cached_files(cache)) == 1
 
 
-def disk_bytes(cache: Path) -> int:
-    """Bytes of shards and temp files in the cache dir right now."""
-    total = 0
-    for sub in ("data", "tmp"):
-        for p in (cache / sub).rglob("*"):
-            with contextlib.suppress(FileNotFoundError):
-                total += p.stat().st_size if p.is_file() else 0
-    return total
+Look = tuple[frozenset[tuple[str, int, int]], dict[tuple[int, int], int]]
+
+
+def look(cache: Path) -> Look:
+    """One look at what holds the cache's bytes: the directories and files under data/
+    and tmp/ and the files there this process has open (removed or not), each as
+    ``(where, dev, inode)``; and the size of each file's inode."""
+    where: set[tuple[str, int, int]] = set()
+    sizes: dict[tuple[int, int], int] = {}
+    dirs = [str(cache / "tmp"), str(cache / "data")]
+    while dirs:
+        with contextlib.suppress(FileNotFoundError), os.scandir(dirs.pop()) as entries:
+            for e in entries:
+                with contextlib.suppress(FileNotFoundError):  # gone: not there at that time
+                    st = e.stat(follow_symlinks=False)
+                    where.add((e.path, st.st_dev, st.st_ino))
+                    if stat.S_ISDIR(st.st_mode):
+                        dirs.append(e.path)
+                    else:
+                        sizes[st.st_dev, st.st_ino] = st.st_size
+    inside = (str(cache / "data") + os.sep, str(cache / "tmp") + os.sep)
+    for fd in os.listdir("/proc/self/fd"):
+        link = f"/proc/self/fd/{fd}"
+        with contextlib.suppress(OSError):  # closed meanwhile: not open at that time
+            st, target, again = os.stat(link), os.readlink(link), os.stat(link)
+            same = (st.st_dev, st.st_ino) == (again.st_dev, again.st_ino)  # fd not reused
+            if same and target.startswith(inside) and not stat.S_ISDIR(st.st_mode):
+                where.add((f"fd:{target}", st.st_dev, st.st_ino))
+                sizes[st.st_dev, st.st_ino] = st.st_size
+    return frozenset(where), sizes
+
+
+def disk_bytes(first: Look, second: Look) -> int | None:
+    """The bytes the cache held on disk at one instant between two looks, or None if its
+    files changed in between.
+
+    One look is no snapshot: a shard evicted after its directory was read and a temp file
+    created before the next directory was read are both counted, although they never
+    were on disk together. Two looks that find the same files are one (the "double
+    collect"): each file was there from the first look at it to the second, so all of
+    them were there together at the instant between the two looks. Temp files only grow,
+    so the smaller of the two sizes seen is at most what that instant held. Removed files
+    still open count: their bytes are still on disk.
+    """
+    if first[0] != second[0]:
+        return None
+    return sum(min(size, second[1][f]) for f, size in first[1].items())
 
 
 def test_eviction_keeps_the_limit_and_spares_a_shard_in_use(
@@ -167,9 +208,10 @@ def test_eviction_keeps_the_limit_and_spares_a_shard_in_use(
     peak = [0]
     stop = threading.Event()
 
-    def watch() -> None:  # samples the disk use all through the run
+    def watch() -> None:  # snapshots of the disk use all through the run
         while not stop.wait(0.002):
-            peak[0] = max(peak[0], disk_bytes(cache))
+            held = disk_bytes(look(cache), look(cache))
+            peak[0] = max(peak[0], held or 0)
 
     watcher = threading.Thread(target=watch)
     watcher.start()

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
+import fcntl
 import hashlib
 import io
 import os
 import pickle
 import random
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import shardkit.cache.store as store_module
 from shardkit.cache.locks import NodeSlots, is_locked, try_lock, unlock
 from shardkit.cache.store import CacheKey, CacheStore
 from shardkit.errors import ChecksumError, ConfigError, FetchError
@@ -235,6 +239,111 @@ def test_dead_parts_are_removed_live_ones_counted(tmp_path: Path) -> None:
     assert not os.path.exists(store.part_path(live))
     os.close(fd)
     unlock(my_lock)
+
+
+def test_an_eviction_never_falls_between_opening_a_shard_and_leasing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A reader stopped after its open and before its lock, and an eviction that wants the
+    # shard: evicting it then would unlink bytes the reader keeps on disk, uncounted.
+    store = CacheStore(str(tmp_path), limit=250)
+    store.ensure()
+    shard = put(store, 1, 100, 1000.0)
+    inode = os.stat(store.path(shard)).st_ino
+    opened, go, decided = threading.Event(), threading.Event(), threading.Event()
+    real_flock, real_locked = fcntl.flock, store_module.locked
+
+    def flock(fd: int, op: int) -> None:
+        if threading.current_thread().name == "reader" and os.fstat(fd).st_ino == inode:
+            opened.set()
+            assert go.wait(30)
+        real_flock(fd, op)
+
+    @contextlib.contextmanager
+    def probed(path: str, *, exclusive: bool = True) -> Iterator[int]:
+        if exclusive and threading.current_thread().name == "evictor":
+            free = try_lock(path)
+            if free is None:
+                decided.set()  # the eviction waits for the reader
+            else:
+                unlock(free)
+        with real_locked(path, exclusive=exclusive) as fd:
+            yield fd
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    monkeypatch.setattr(store_module, "locked", probed)
+    leases: list[int | None] = []
+    reserved: list[int | None] = []
+
+    def evict() -> None:
+        try:
+            reserved.append(store.reserve(put_key(2, 200)))  # fits only without the shard
+        finally:
+            decided.set()  # or it did not wait
+
+    reader = threading.Thread(target=lambda: leases.append(store.open_published(shard)))
+    reader.name = "reader"
+    reader.start()
+    assert opened.wait(30)
+    evictor = threading.Thread(target=evict, name="evictor")
+    evictor.start()
+    assert decided.wait(30)
+    go.set()
+    reader.join()
+    evictor.join()
+    monkeypatch.undo()
+    (lease,) = leases
+    assert lease is not None
+    assert os.fstat(lease).st_nlink == 1  # the reader holds the shard, not a removed file
+    assert os.stat(store.path(shard)).st_ino == inode
+    assert reserved == [None]  # no room: the only shard that could go is being read
+    os.close(lease)
+    assert reserve(store, put_key(2, 200))  # read: now it can go
+
+
+def test_a_download_keeps_its_published_shard_until_it_closes_it(tmp_path: Path) -> None:
+    store = CacheStore(str(tmp_path), limit=250)
+    store.ensure()
+    key = put_key(1, 100)
+    fd = store.reserve(key)
+    assert fd is not None
+    os.write(fd, bytes(100))
+    store.publish(key, fd)  # visible; its download has not closed it yet
+    assert not reserve(store, put_key(2, 200))  # evicting it would free no byte yet
+    assert os.path.exists(store.path(key))
+    os.close(fd)
+    assert reserve(store, put_key(2, 200))
+    assert not os.path.exists(store.path(key))
+
+
+def test_a_given_up_temp_file_stays_counted_while_it_is_read(tmp_path: Path) -> None:
+    store = CacheStore(str(tmp_path), limit=250)
+    store.ensure()
+    key = put_key(1, 100)
+    download = store.try_download_lock(key)
+    fd = store.reserve(key)
+    assert download is not None and fd is not None
+    os.write(fd, bytes(60))
+    os.close(fd)
+    along = store.lease(store.part_path(key))  # a reader reading along
+    assert along is not None
+    store.mark_failed(key, os.fstat(along).st_ino, "sha256:" + "0" * 64)
+    assert not os.path.exists(store.part_path(key))  # the name is free for another try
+    assert store.failed_inode(key) == (os.fstat(along).st_ino, "sha256:" + "0" * 64)
+    assert store.usage() == 100  # the bytes are still on disk: still counted
+    assert not reserve(store, put_key(2, 200))
+    store.sweep()
+    assert [(p.size, p.retired) for p in store.parts()] == [(100, True)]
+    assert store.stat().dead_temp_files == 1
+    again = store.reserve(key)  # the next try of the same shard fits beside it
+    assert again is not None
+    os.close(along)  # the reader lets go
+    store.sweep()
+    assert [(p.size, p.retired) for p in store.parts()] == [(100, False)]  # the new try
+    os.close(again)
+    store.discard(key)
+    assert list(store.parts()) == [] and store.usage() == 0
+    unlock(download)
 
 
 def test_clean_keeps_leased_shards(tmp_path: Path) -> None:
