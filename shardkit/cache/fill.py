@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from shardkit.cache.locks import unlock
 from shardkit.cache.store import CacheKey, CacheStore
@@ -25,6 +26,7 @@ from shardkit.io.retry import Counters
 __all__ = ["Fill", "run_fill"]
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 Stream = Callable[[], Iterator[bytes]]
 """Opens the remote bytes ``[0, size)`` of the shard being filled."""
@@ -35,7 +37,9 @@ class Fill:
 
     ``inode`` is the temp file being written, ``written`` how many bytes it holds;
     ``bypass`` says the shard will not be cached (no room, a write error) and readers
-    should read remotely; ``error`` is what readers raise.
+    should read remotely; ``error`` is what readers raise. ``on_verified`` is called
+    once the temp file is verified and closed, before it is published (a prefetch leases
+    it there, so no eviction can fall between the publish and its lease).
     """
 
     def __init__(self, key: CacheKey, url: str) -> None:
@@ -47,6 +51,7 @@ class Fill:
         self.done = False
         self.bypass = False
         self.error: BaseException | None = None
+        self.on_verified: Callable[[], None] | None = None
 
     def update(self, **changes: object) -> None:
         with self.cond:
@@ -121,12 +126,13 @@ def _attempt(fill: Fill, store: CacheStore, stream: Stream, counters: Counters) 
             n, actual = _download(fill, stream, fd, store)
             verified = n == key.size and actual == key.checksum
             if verified:
-                try:
-                    store.publish(key, fd)
-                except OSError as exc:
-                    raise CacheError(f"cache dir {store.root}: cannot publish: {exc}") from exc
+                _publishing(store, os.fsync, fd)
         finally:
-            os.close(fd)  # its lease goes with it: from here on, only readers hold the file
+            os.close(fd)  # before the publish: once visible, only its readers hold the shard
+        if verified:
+            if fill.on_verified is not None:
+                fill.on_verified()
+            _publishing(store, store.publish, key)
     except BaseException:
         with contextlib.suppress(OSError, CacheError):  # else the next reservation does it
             store.discard(key)
@@ -149,6 +155,13 @@ def _download(fill: Fill, stream: Stream, fd: int, store: CacheStore) -> tuple[i
         n += len(chunk)
         fill.update(written=n)
     return n, f"{fill.key.algo}:{hasher.hexdigest()}"
+
+
+def _publishing(store: CacheStore, step: Callable[[_T], None], arg: _T) -> None:
+    try:
+        step(arg)
+    except OSError as exc:
+        raise CacheError(f"cache dir {store.root}: cannot publish: {exc}") from exc
 
 
 def _write_all(fd: int, data: bytes, store: CacheStore) -> None:

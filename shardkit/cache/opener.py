@@ -223,7 +223,14 @@ class CachingOpener:
             return False
         return True
 
-    def _start_fill(self, key: CacheKey, url: str, *, inline: bool = False) -> Fill | None:
+    def _start_fill(
+        self,
+        key: CacheKey,
+        url: str,
+        *,
+        inline: bool = False,
+        on_verified: Callable[[], None] | None = None,
+    ) -> Fill | None:
         """Start downloading ``key`` here unless someone is at it; the Fill, or None."""
         local = self._local
         with local.lock:
@@ -239,6 +246,7 @@ class CachingOpener:
             for name in [n for n, f in local.fills.items() if f.done]:
                 del local.fills[name]
             fill = Fill(key, url)
+            fill.on_verified = on_verified
             local.fills[key.name] = fill
         gate = self.slots.slot if self.cfg.node_requests else None
 
@@ -260,26 +268,39 @@ class CachingOpener:
         return fill
 
     def _prefetch_one(self, key: CacheKey, url: str) -> None:
-        """Fetch one shard ahead and lease it, so eviction spares it until it is read."""
+        """Fetch one shard ahead and lease it, so eviction spares it until it is read.
+
+        The lease is taken on the verified temp file before it is published, so no
+        eviction falls in between (its mtime is fresh, yet it may be the only shard
+        not in use when the next one needs room).
+        """
         local = self._local
         try:
             if not os.path.exists(self.store.path(key)):
                 self.counters.add("prefetches")
-                self._start_fill(key, url, inline=True)
-            fd = self.store.open_published(key)
+                keep = functools.partial(self._keep, key, self.store.part_path(key))
+                self._start_fill(key, url, inline=True, on_verified=keep)
+            self._keep(key, self.store.path(key))  # cached before, or by another process
         except Exception:  # a prefetch is a hint: its reader will meet the error itself
             log.debug("prefetch of %s failed", url, exc_info=True)
-            fd = None
         with local.lock:
-            if key.name in local.queued:  # else its reader opened it already
-                local.queued.discard(key.name)
-                if fd is not None:
-                    local.leases[key.name] = fd
-                    fd = None
-            if fd is not None:
-                os.close(fd)
+            local.queued.discard(key.name)
             while len(local.leases) > 2 * max(1, self.cfg.prefetch_depth):
                 os.close(local.leases.pop(next(iter(local.leases))))  # the oldest hint
+
+    def _keep(self, key: CacheKey, path: str) -> None:
+        """Lease ``path`` for the prefetch of ``key`` unless its reader opened it already.
+
+        Under the lock its reader takes the lease over with, so a prefetch never holds,
+        even for a moment, a shard its reader is done with (that shard may be the one the
+        next reservation has to evict).
+        """
+        local = self._local
+        with local.lock:
+            if key.name in local.queued and key.name not in local.leases:
+                fd = self.store.lease(path)
+                if fd is not None:
+                    local.leases[key.name] = fd
 
     def _drop_lease(self, key: CacheKey) -> None:
         """The shard is being opened: its reader takes over from a prefetch lease."""

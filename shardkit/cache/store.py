@@ -12,10 +12,11 @@ Layout under the cache root (shared by every process and job that names it)::
 
 A shard becomes visible in ``data/`` only by ``os.replace`` after its size and checksum
 were verified, so a crash or SIGKILL never leaves a file that is later served as whole.
-Readers hold a shared ``flock`` (a *lease*) on the file they read, and so does the download
-on its temp file until it closes it; eviction takes an exclusive one without waiting and
-skips a shard it cannot get. A temp file whose download lock is not held belongs to a dead
-process and is removed by the next reservation.
+Readers hold a shared ``flock`` (a *lease*) on the file they read; eviction takes an
+exclusive one without waiting and skips a shard it cannot get. A download closes its temp
+file before it publishes it, so a shard in ``data/`` is held only by its readers. A temp
+file whose download lock is not held belongs to a dead process and is removed by the
+next reservation.
 
 The limit holds for the bytes on disk, not only for the names: a file is unlinked only
 under an exclusive ``flock`` taken under the eviction lock, and leases are taken under that
@@ -159,8 +160,7 @@ class CacheStore:
 
         Runs under the eviction lock: removes temp files of dead downloads, then evicts
         least recently used shards that nobody is reading until the new one fits, and only
-        then creates the temp file. The fd holds a lease: eviction spares the file until
-        the download closes it, also after it was published.
+        then creates the temp file.
         """
         self.ensure()
         if self.limit is not None and key.size > self.limit:
@@ -173,13 +173,10 @@ class CacheStore:
                 used -= self._evict(used + key.size - self.limit)
                 if used + key.size > self.limit:
                     return None
-            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            return fd
+            return os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
 
-    def publish(self, key: CacheKey, fd: int) -> None:
-        """Make a verified temp file visible as the cached shard."""
-        os.fsync(fd)
+    def publish(self, key: CacheKey) -> None:
+        """Make a verified temp file (synced and closed) visible as the cached shard."""
         path = self.path(key)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         os.replace(self.part_path(key), path)

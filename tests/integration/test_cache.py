@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from shardkit.cache import CacheKey, CacheStore
+from shardkit.cache.layout import try_lock_existing
 from shardkit.errors import ChecksumError
 from shardkit.io import load_manifest, make_opener
 from shardkit.manifest import Manifest
@@ -265,6 +266,44 @@ def test_prefetch_fetches_the_next_shards_in_the_background(
         assert os.path.exists(store.path(CacheKey.of(e.checksum, e.size)))
     assert opener.stats()["prefetches"] == 2
     assert [len(server.requests("/" + s.url)) for s in m.shards] == [1, 1, 1, 0, 0, 0, 0, 0]
+
+
+def test_a_prefetched_shard_is_leased_before_it_is_published(
+    shards: Manifest, server: RangeServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # else an eviction between its publish and its lease could throw it away unread
+    cache = tmp_path / "cache"
+    opener = make_opener(cache_dir=cache, prefetch_depth=1)
+    m, urls = entries(opener, server)
+    store = CacheStore(str(cache))
+    e = m.shards[1]
+    key = CacheKey.of(e.checksum, e.size)
+    leased: list[bool] = []
+    published = threading.Event()
+    real_replace = os.replace
+
+    def replace(src: str, dst: str) -> None:
+        if src == store.part_path(key):
+            fd = try_lock_existing(src)  # an eviction's lock: None while a lease is held
+            leased.append(fd is None)
+            if fd is not None:
+                os.close(fd)
+        real_replace(src, dst)
+        if src == store.part_path(key):
+            published.set()
+
+    monkeypatch.setattr(os, "replace", replace)
+    opener.prefetch([(urls[1], e.size, e.checksum)])
+    assert published.wait(30)
+    monkeypatch.undo()
+    assert leased == [True]
+    assert try_lock_existing(store.path(key)) is None  # still leased, now as the shard
+    with opener.open(urls[1], size=e.size, checksum=e.checksum) as f:
+        assert len(list(read_shard(f, url=urls[1]))) == 10
+    fd = try_lock_existing(store.path(key))  # read: its reader let go, and so did the hint
+    assert fd is not None
+    os.close(fd)
+    assert len(server.requests("/" + e.url)) == 1
 
 
 def test_node_request_cap(shards: Manifest, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import shardkit.cache.store as store_module
+from shardkit.cache.fill import Fill, run_fill
 from shardkit.cache.locks import NodeSlots, is_locked, try_lock, unlock
 from shardkit.cache.store import CacheKey, CacheStore
 from shardkit.errors import ChecksumError, ConfigError, FetchError
@@ -301,18 +302,49 @@ def test_an_eviction_never_falls_between_opening_a_shard_and_leasing_it(
     assert reserve(store, put_key(2, 200))  # read: now it can go
 
 
-def test_a_download_keeps_its_published_shard_until_it_closes_it(tmp_path: Path) -> None:
+def fds_on(inode: int) -> list[str]:
+    """This process's fds open on ``inode``."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.stat(f"/proc/self/fd/{fd}").st_ino == inode:
+                found.append(fd)
+    return found
+
+
+def test_a_download_closes_its_temp_file_before_publishing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # else an eviction right after the publish would unlink bytes the download still holds
     store = CacheStore(str(tmp_path), limit=250)
     store.ensure()
-    key = put_key(1, 100)
-    fd = store.reserve(key)
-    assert fd is not None
-    os.write(fd, bytes(100))
-    store.publish(key, fd)  # visible; its download has not closed it yet
-    assert not reserve(store, put_key(2, 200))  # evicting it would free no byte yet
-    assert os.path.exists(store.path(key))
-    os.close(fd)
-    assert reserve(store, put_key(2, 200))
+    key = CacheKey.of("sha256:" + hashlib.sha256(DATA[:100]).hexdigest(), 100)
+    download = store.try_download_lock(key)
+    assert download is not None
+    held: list[list[str]] = []
+    real_replace = os.replace
+
+    def replace(src: str, dst: str) -> None:
+        if src == store.part_path(key):
+            held.append(fds_on(os.stat(src).st_ino))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    fill = Fill(key, "mem://shard")
+    chunks = [DATA[:60], DATA[60:100]]
+    run_fill(
+        fill,
+        store=store,
+        stream=lambda: iter(chunks),
+        lock_fd=download,
+        counters=Counters(),
+        raise_cache_errors=True,
+    )
+    monkeypatch.undo()
+    assert fill.error is None and not fill.bypass
+    assert held == [[]]  # published once, with no fd of its download open on it
+    assert Path(store.path(key)).read_bytes() == DATA[:100]
+    assert reserve(store, put_key(2, 200))  # evicted at once: nobody holds it
     assert not os.path.exists(store.path(key))
 
 
