@@ -18,6 +18,11 @@ file before it publishes it, so a shard in ``data/`` is held only by its readers
 file whose download lock is not held belongs to a dead process and is removed by the
 next reservation.
 
+Everything that changes what the cache holds runs under the eviction lock: reservations,
+evictions and giving up temp files hold it exclusively, publishing holds it shared, so a
+reservation counts shards and temp files at one instant (a shard being renamed from
+``tmp/`` to ``data/`` is never counted twice, nor missed).
+
 The limit holds for the bytes on disk, not only for the names: a file is unlinked only
 under an exclusive ``flock`` taken under the eviction lock, and leases are taken under that
 lock too (shared), so no process can be between opening a file and leasing it when it is
@@ -179,7 +184,8 @@ class CacheStore:
         """Make a verified temp file (synced and closed) visible as the cached shard."""
         path = self.path(key)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        os.replace(self.part_path(key), path)
+        with locked(self.evict_lock_path(), exclusive=False):  # not while bytes are counted
+            os.replace(self.part_path(key), path)
         _sync_dir(os.path.dirname(path))
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.marker_path(key))
@@ -296,8 +302,14 @@ class CacheStore:
             os.close(fd)
 
     def usage(self) -> int:
-        """Bytes held: verified shards plus the reservations of temp files."""
-        return sum(s.size for s in self.shards()) + sum(p.size for p in self.parts())
+        """Bytes held: verified shards plus the reservations of temp files.
+
+        Counted under the eviction lock, as a reservation counts them: no eviction, new
+        temp file or publish falls between reading ``tmp/`` and ``data/``.
+        """
+        self.ensure()
+        with locked(self.evict_lock_path()):
+            return sum(p.size for p in self.parts()) + sum(s.size for s in self.shards())
 
     def stat(self) -> CacheStat:
         """What the cache holds: shards, bytes, shards being read, downloads, dead files."""

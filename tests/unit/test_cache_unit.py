@@ -20,7 +20,7 @@ import pytest
 import shardkit.cache.store as store_module
 from shardkit.cache.fill import Fill, run_fill
 from shardkit.cache.locks import NodeSlots, is_locked, try_lock, unlock
-from shardkit.cache.store import CacheKey, CacheStore
+from shardkit.cache.store import CachedShard, CacheKey, CacheStore
 from shardkit.errors import ChecksumError, ConfigError, FetchError
 from shardkit.io.config import IoConfig
 from shardkit.io.remote import ChunkStream
@@ -346,6 +346,59 @@ def test_a_download_closes_its_temp_file_before_publishing_it(
     assert Path(store.path(key)).read_bytes() == DATA[:100]
     assert reserve(store, put_key(2, 200))  # evicted at once: nobody holds it
     assert not os.path.exists(store.path(key))
+
+
+def test_a_reservation_never_counts_a_shard_being_published_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A publish (a rename from tmp/ to data/) between the reservation's look at tmp/ and
+    # its look at data/ would count that shard twice: it would evict a shard, or find no
+    # room, for room that is there.
+    store = CacheStore(str(tmp_path), limit=250)
+    store.ensure()
+    done = put_key(1, 100)
+    download = store.try_download_lock(done)
+    fd = store.reserve(done)
+    assert download is not None and fd is not None
+    os.write(fd, bytes(100))
+    os.close(fd)  # verified: about to be published
+    decided = threading.Event()
+    real_locked, real_shards = store_module.locked, store.shards
+
+    @contextlib.contextmanager
+    def probed(path: str, *, exclusive: bool = True) -> Iterator[int]:
+        if threading.current_thread().name == "publisher":
+            free = try_lock(path, exclusive=exclusive)
+            if free is None:
+                decided.set()  # the publish waits for the reservation
+            else:
+                unlock(free)
+        with real_locked(path, exclusive=exclusive) as fd:
+            yield fd
+
+    def publish() -> None:
+        try:
+            store.publish(done)
+        finally:
+            decided.set()  # or it did not wait
+
+    publisher = threading.Thread(target=publish, name="publisher")
+
+    def shards() -> Iterator[CachedShard]:  # tmp/ has been read, data/ is next
+        if not publisher.is_alive() and not decided.is_set():
+            publisher.start()
+            assert decided.wait(30)
+        return real_shards()
+
+    monkeypatch.setattr(store_module, "locked", probed)
+    monkeypatch.setattr(store, "shards", shards)
+    other = store.reserve(put_key(2, 150))
+    publisher.join()
+    monkeypatch.undo()
+    assert other is not None and os.path.exists(store.path(done))  # 100 + 150 fit
+    os.close(other)
+    assert store.usage() == 250
+    unlock(download)
 
 
 def test_a_given_up_temp_file_stays_counted_while_it_is_read(tmp_path: Path) -> None:
