@@ -12,8 +12,9 @@ import pickle
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -242,6 +243,24 @@ def test_dead_parts_are_removed_live_ones_counted(tmp_path: Path) -> None:
     unlock(my_lock)
 
 
+def telling_waits(name: str, waits: threading.Event) -> Callable[..., Any]:
+    """The store's ``locked``, which sets ``waits`` when thread ``name`` has to wait."""
+    real = store_module.locked
+
+    @contextlib.contextmanager
+    def probed(path: str, *, exclusive: bool = True) -> Iterator[int]:
+        if threading.current_thread().name == name:
+            free = try_lock(path, exclusive=exclusive)
+            if free is None:
+                waits.set()
+            else:
+                unlock(free)
+        with real(path, exclusive=exclusive) as fd:
+            yield fd
+
+    return probed
+
+
 def test_an_eviction_never_falls_between_opening_a_shard_and_leasing_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -252,7 +271,7 @@ def test_an_eviction_never_falls_between_opening_a_shard_and_leasing_it(
     shard = put(store, 1, 100, 1000.0)
     inode = os.stat(store.path(shard)).st_ino
     opened, go, decided = threading.Event(), threading.Event(), threading.Event()
-    real_flock, real_locked = fcntl.flock, store_module.locked
+    real_flock = fcntl.flock
 
     def flock(fd: int, op: int) -> None:
         if threading.current_thread().name == "reader" and os.fstat(fd).st_ino == inode:
@@ -260,19 +279,8 @@ def test_an_eviction_never_falls_between_opening_a_shard_and_leasing_it(
             assert go.wait(30)
         real_flock(fd, op)
 
-    @contextlib.contextmanager
-    def probed(path: str, *, exclusive: bool = True) -> Iterator[int]:
-        if exclusive and threading.current_thread().name == "evictor":
-            free = try_lock(path)
-            if free is None:
-                decided.set()  # the eviction waits for the reader
-            else:
-                unlock(free)
-        with real_locked(path, exclusive=exclusive) as fd:
-            yield fd
-
     monkeypatch.setattr(fcntl, "flock", flock)
-    monkeypatch.setattr(store_module, "locked", probed)
+    monkeypatch.setattr(store_module, "locked", telling_waits("evictor", decided))
     leases: list[int | None] = []
     reserved: list[int | None] = []
 
@@ -282,8 +290,9 @@ def test_an_eviction_never_falls_between_opening_a_shard_and_leasing_it(
         finally:
             decided.set()  # or it did not wait
 
-    reader = threading.Thread(target=lambda: leases.append(store.open_published(shard)))
-    reader.name = "reader"
+    reader = threading.Thread(
+        target=lambda: leases.append(store.open_published(shard)), name="reader"
+    )
     reader.start()
     assert opened.wait(30)
     evictor = threading.Thread(target=evict, name="evictor")
@@ -363,18 +372,7 @@ def test_a_reservation_never_counts_a_shard_being_published_twice(
     os.write(fd, bytes(100))
     os.close(fd)  # verified: about to be published
     decided = threading.Event()
-    real_locked, real_shards = store_module.locked, store.shards
-
-    @contextlib.contextmanager
-    def probed(path: str, *, exclusive: bool = True) -> Iterator[int]:
-        if threading.current_thread().name == "publisher":
-            free = try_lock(path, exclusive=exclusive)
-            if free is None:
-                decided.set()  # the publish waits for the reservation
-            else:
-                unlock(free)
-        with real_locked(path, exclusive=exclusive) as fd:
-            yield fd
+    real_shards = store.shards
 
     def publish() -> None:
         try:
@@ -390,7 +388,7 @@ def test_a_reservation_never_counts_a_shard_being_published_twice(
             assert decided.wait(30)
         return real_shards()
 
-    monkeypatch.setattr(store_module, "locked", probed)
+    monkeypatch.setattr(store_module, "locked", telling_waits("publisher", decided))
     monkeypatch.setattr(store, "shards", shards)
     other = store.reserve(put_key(2, 150))
     publisher.join()
