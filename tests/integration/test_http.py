@@ -190,3 +190,24 @@ def test_pipe_urls_only_when_allowed_in_code(shards: Manifest) -> None:
     assert opener.read(f"pipe:cat {path}", start=100, end=600) == path.read_bytes()[100:600]
     with pytest.raises(FetchError, match="status 3"):
         opener.read("pipe:exit 3")
+
+
+def test_a_drop_past_the_retries_reaches_the_reader_as_a_fetch_error(
+    shards: Manifest, server: RangeServer
+) -> None:
+    # the tar reader must not relabel a network failure as a corrupt shard
+    from shardkit.tario.reader import read_shard
+
+    entry = shards.shards[1]
+    server.add_fault("/" + entry.url, "drop", after=30_000, times=1)
+    server.add_fault("/" + entry.url, "status", status=503, times=100)  # then no way back
+    opener = make_opener(max_attempts=2, **FAST)
+    url = server.url(entry.url)
+    got = []
+    with (
+        opener.open(url, size=entry.size, checksum=entry.checksum) as f,
+        pytest.raises(FetchError) as info,
+    ):
+        got.extend(read_shard(f, url=url))
+    assert info.value.url == url and info.value.status == 503
+    assert len(got) < entry.nsamples
