@@ -155,6 +155,30 @@ def sync() -> None:
     os.sync()
 
 
+def before_runs(cold: bool) -> Callable[[], None]:
+    """What runs before every timed run: sync, and with ``cold`` drop the page cache."""
+
+    def before() -> None:
+        sync()
+        if cold:
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("1\n")
+
+    return before
+
+
+def run_script(script: str, flag: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """Run ``script flag SPEC`` in a fresh interpreter; return the JSON of its last line."""
+    import subprocess
+
+    cmd = [sys.executable, os.path.abspath(script), flag, json.dumps(spec)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{flag} {spec.get('kind')} {spec.get('impl')} failed:\n{proc.stderr}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
 def dir_bytes(path: str) -> int:
     """Bytes of all files under ``path``."""
     total = 0
@@ -226,6 +250,18 @@ def save_results(out_dir: str, name: str, results: dict[str, Any]) -> str:
     with open(path, "w") as f:
         json.dump({"benchmark": name, "env": environment(), **results}, f, indent=1)
     return path
+
+
+def finish(out_dir: str, name: str, results: dict[str, Any], texts: list[str], note: str) -> None:
+    """Save the JSON results, print the tables and a closing note naming the file."""
+    path = save_results(out_dir, name, results)
+    print("\n".join(texts))
+    print(f"({note}; JSON: {path})")
+
+
+def reads_note(repeats: int, cold: bool) -> str:
+    cache = "cold (page cache dropped)" if cold else "warm page-cache"
+    return f"medians of {repeats}; {cache} reads"
 
 
 def describe(ds: Dataset) -> str:

@@ -20,9 +20,7 @@ to spare), unless ``--cold`` drops the page cache (root only) before every timed
 from __future__ import annotations
 
 import glob
-import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -32,14 +30,16 @@ import _readers
 from _common import (
     Dataset,
     base_parser,
+    before_runs,
     describe,
+    finish,
     fmt,
     interleave,
     log,
     make_dataset,
     parse_common,
-    save_results,
-    sync,
+    reads_note,
+    run_script,
     table,
 )
 
@@ -54,24 +54,9 @@ def has_streaming_api() -> bool:
     return hasattr(shardkit, "ShardDataset") and hasattr(shardkit, "WebLoader")
 
 
-def before_factory(cold: bool) -> Callable[[], None]:
-    def before() -> None:
-        sync()
-        if cold:
-            with open("/proc/sys/vm/drop_caches", "w") as f:
-                f.write("1\n")
-
-    return before
-
-
 def child(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one measurement in a fresh interpreter; return its JSON answer."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=1800)
-    if proc.returncode != 0:
-        raise RuntimeError(f"child {spec['kind']} {spec.get('impl')} failed:\n{proc.stderr}")
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+    return run_script(__file__, "--child", spec)
 
 
 class Formats:
@@ -117,7 +102,7 @@ def part_inprocess(ds: Dataset, fm: Formats, args: Any) -> tuple[str, list[dict[
     if has_streaming_api():
         sk_ds = ("shardkit ShardDataset", lambda: _readers.read_sk_dataset(fm.manifest))
         contenders.insert(2, sk_ds)
-    series = interleave(args.repeats, contenders, before=before_factory(args.cold))
+    series = interleave(args.repeats, contenders, before=before_runs(args.cold))
     n, nbytes = len(ds.samples), fm.sk_bytes
     check_counts(series, n, skip=("raw read", "raw readinto"))
     wds_s = series["webdataset WebDataset"].median
@@ -164,7 +149,7 @@ def loader_specs(fm: Formats, args: Any) -> list[dict[str, Any]]:
 
 def part_loader(ds: Dataset, fm: Formats, args: Any) -> tuple[str, list[dict[str, Any]]]:
     contenders = [(s["impl"], lambda s=s: child(s)) for s in loader_specs(fm, args)]
-    series = interleave(args.repeats, contenders, before=before_factory(args.cold))
+    series = interleave(args.repeats, contenders, before=before_runs(args.cold))
     n = len(ds.samples)
     check_counts(series, n)
     wds_rate = n / _median(series["webdataset"].extra["seconds"])
@@ -323,10 +308,7 @@ def main() -> None:
     if "resume" in args.part_list and has_streaming_api():
         text, results["resume"] = part_resume(args)
         texts.append(f"### resume in one {args.resume_size} shard (small profile)\n\n{text}\n")
-    path = save_results(args.out, "read", results)
-    print("\n".join(texts))
-    cache = "cold (page cache dropped)" if args.cold else "warm page-cache"
-    print(f"(medians of {args.repeats}; {cache} reads; JSON: {path})")
+    finish(args.out, "read", results, texts, reads_note(args.repeats, args.cold))
 
 
 if __name__ == "__main__":

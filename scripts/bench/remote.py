@@ -132,12 +132,9 @@ def client(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_client(spec: dict[str, Any]) -> dict[str, Any]:
-    cmd = [sys.executable, os.path.abspath(__file__), "--client", json.dumps(spec)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=1800)
-    if proc.returncode != 0:
-        raise RuntimeError(f"client {spec['impl']} failed:\n{proc.stderr}")
-    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return out
+    from _common import run_script
+
+    return run_script(__file__, "--client", spec)
 
 
 def count_requests(log: list[list[Any]], lo: float, hi: float) -> dict[str, int]:
@@ -322,9 +319,8 @@ def main() -> None:
             "shard_bytes": nbytes,
             "contenders": records,
         }
-    path = _common.save_results(args.out, "remote", results)
-    print("\n".join(texts))
-    print(f"(medians of {args.repeats}; local reads are warm page-cache reads; JSON: {path})")
+    note = f"medians of {args.repeats}; local reads are warm page-cache reads"
+    _common.finish(args.out, "remote", results, texts, note)
 
 
 if __name__ == "__main__":

@@ -29,15 +29,16 @@ import xxhash
 from _common import (
     Series,
     base_parser,
+    before_runs,
     describe,
+    finish,
     fmt,
     fresh_dir,
     interleave,
     log,
     make_dataset,
     parse_common,
-    save_results,
-    sync,
+    reads_note,
     table,
 )
 
@@ -121,13 +122,7 @@ def main() -> None:
     p.add_argument("--cold", action="store_true", help="drop the page cache before runs")
     args = p.parse_args()
     parse_common(args)
-
-    def before() -> None:
-        sync()
-        if args.cold:
-            with open("/proc/sys/vm/drop_caches", "w") as f:
-                f.write("1\n")
-
+    before = before_runs(args.cold)
     results: dict[str, Any] = {"size": args.size, "repeats": args.repeats, "profiles": {}}
     texts = []
     for profile in args.profile_list:
@@ -149,10 +144,7 @@ def main() -> None:
         texts[-1] += table(head, rows) + "\n"
         results["profiles"][profile] = {"shard_bytes": nbytes, "contenders": records}
         del ds
-    path = save_results(args.out, "verify", results)
-    print("\n".join(texts))
-    cache = "cold (page cache dropped)" if args.cold else "warm page-cache"
-    print(f"(medians of {args.repeats}; {cache} reads; JSON: {path})")
+    finish(args.out, "verify", results, texts, reads_note(args.repeats, args.cold))
 
 
 if __name__ == "__main__":
