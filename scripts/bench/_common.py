@@ -85,8 +85,23 @@ def make_dataset(profile: str, total: int, *, seed: int = 0) -> Dataset:
 
 
 # -- arguments ---------------------------------------------------------------------------
+_START_COMMIT: list[str | None] = []  # the tree may move on during a long run
+
+
+def git_commit() -> str | None:
+    """The short commit of the checkout these scripts are in, if any."""
+    import subprocess
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run(
+        ["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return proc.stdout.strip() or None
+
+
 def base_parser(description: str) -> argparse.ArgumentParser:
     """The options every benchmark takes."""
+    _START_COMMIT[:] = [git_commit()]
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--size", default="1GB", help="payload bytes per profile (e.g. 100MB)")
     p.add_argument("--repeats", type=int, default=3, help="repetitions (medians reported)")
@@ -226,15 +241,10 @@ def environment() -> dict[str, Any]:
             versions[dist] = md.version(dist)
         except md.PackageNotFoundError:
             versions[dist] = None
-    import subprocess
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    rev = subprocess.run(
-        ["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "commit": rev or None,
+        "commit_at_start": _START_COMMIT[0] if _START_COMMIT else None,
+        "commit_at_end": git_commit(),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "loadavg_at_end": os.getloadavg(),
