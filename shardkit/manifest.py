@@ -49,7 +49,8 @@ __all__ = [
 @dataclass(frozen=True)
 class ShardEntry:
     """One shard: ``url`` (relative to the manifest unless absolute), its ``size`` in bytes,
-    ``nsamples``, ``checksum`` as ``algo:hex`` and optionally the url of its sample index.
+    ``nsamples``, ``checksum`` as ``algo:hex`` and optionally the url of its sample index
+    and that index file's checksum (which lets a node-local cache keep the index too).
     """
 
     url: str
@@ -57,6 +58,7 @@ class ShardEntry:
     nsamples: int
     checksum: str
     index: str | None = None
+    index_checksum: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -67,6 +69,8 @@ class ShardEntry:
         }
         if self.index is not None:
             d["index"] = self.index
+        if self.index_checksum is not None:
+            d["index_checksum"] = self.index_checksum
         return d
 
 

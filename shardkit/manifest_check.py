@@ -53,7 +53,7 @@ def csv_entry(row: list[str], source: str | None, i: int, line: int) -> dict[str
     return check_entry(raw, source, i, line=line)
 
 
-_ENTRY_KEYS = frozenset({"url", "size", "nsamples", "checksum", "index"})
+_ENTRY_KEYS = frozenset({"url", "size", "nsamples", "checksum", "index", "index_checksum"})
 _TOP_KEYS = frozenset(
     {
         "format",
@@ -99,7 +99,19 @@ def check_entry(raw: Any, path: str | None, i: int, *, line: int | None = None) 
     index = raw.get("index")
     if index is not None and (not isinstance(index, str) or not index or "\0" in index):
         raise bad(f"must be a non-empty string, got {index!r}", "index")
-    return {k: raw[k] for k in ("url", "size", "nsamples", "checksum")} | {"index": index}
+    index_checksum = raw.get("index_checksum")
+    if index_checksum is not None:
+        if index is None:
+            raise bad("is given without an index", "index_checksum")
+        try:
+            split_checksum(index_checksum)
+        except (ConfigError, TypeError, AttributeError):
+            msg = f"must look like 'sha256:<hex>', got {index_checksum!r}"
+            raise bad(msg, "index_checksum") from None
+    return {k: raw[k] for k in ("url", "size", "nsamples", "checksum")} | {
+        "index": index,
+        "index_checksum": index_checksum,
+    }
 
 
 def check_fields(raw: Any, path: str | None) -> dict[str, dict[str, int]]:

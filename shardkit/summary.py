@@ -188,11 +188,15 @@ def manifest_from_shards(
             raise ConfigError(f"shard {p} is outside {base}, where the manifest goes")
         url = rel.replace(os.sep, "/")
         scan = scan_shard(p, algo=algo, nkeys=0, url=url, progress=progress)
+        idx = idx_sum = None
         if index:
-            atomic_write(p + ".idx", write_index(scan.offsets, scan.end))
+            data = write_index(scan.offsets, scan.end)
+            atomic_write(p + ".idx", data)
+            h = new_hasher(algo)
+            h.update(data)
+            idx, idx_sum = url + ".idx", f"{algo}:{h.hexdigest()}"
         _add_fields(fields, scan.fields)
-        idx = url + ".idx" if index else None
-        shards.append(ShardEntry(url, scan.size, scan.nsamples, scan.checksum, idx))
+        shards.append(ShardEntry(url, scan.size, scan.nsamples, scan.checksum, idx, idx_sum))
     created = creation_info(source="shardkit manifest from-shards")
     return Manifest(shards, algo, fields, created, base=base), manifest_path
 

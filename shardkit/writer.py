@@ -283,9 +283,10 @@ class ShardWriter:
         name = self._shard_name()
         final = os.path.join(self.out_dir, name)
         index_name = name + ".idx"
-        atomic_write(
-            os.path.join(self.out_dir, index_name), write_index(self._offsets, self._offset)
-        )
+        index_bytes = write_index(self._offsets, self._offset)
+        index_hash = new_hasher(self.algo)
+        index_hash.update(index_bytes)
+        atomic_write(os.path.join(self.out_dir, index_name), index_bytes)
         os.replace(self._tmp_path, final)
         self._tmp_path = None
         entry = ShardEntry(
@@ -294,6 +295,7 @@ class ShardWriter:
             nsamples=len(self._offsets),
             checksum=f"{self.algo}:{self._hashing.hasher.hexdigest()}",
             index=index_name,
+            index_checksum=f"{self.algo}:{index_hash.hexdigest()}",
         )
         self.manifest.shards.append(entry)
         for field, st in self._shard_fields.items():

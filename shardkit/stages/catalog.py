@@ -12,10 +12,12 @@ import struct
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
+
 from shardkit.errors import FetchError, ShardFormatError
 from shardkit.io import Opener, load_manifest
 from shardkit.manifest import Manifest
-from shardkit.tario.index import INDEX_MAGIC, index_entry_range
+from shardkit.tario.index import INDEX_MAGIC, index_entry_range, read_index
 from shardkit.tario.reader import iter_samples
 from shardkit.urls import expand_braces
 
@@ -34,6 +36,7 @@ class ShardInfo(NamedTuple):
     size: int | None = None
     checksum: str | None = None
     index_url: str | None = None
+    index_checksum: str | None = None
 
 
 def _is_manifest(source: str) -> bool:
@@ -54,7 +57,7 @@ def load_catalog(
             index = (
                 source.resolve(e.index, allow_unsafe_urls=allow_unsafe_urls) if e.index else None
             )
-            out.append(ShardInfo(url, e.nsamples, e.size, e.checksum, index))
+            out.append(ShardInfo(url, e.nsamples, e.size, e.checksum, index, e.index_checksum))
         return out
     urls = expand_braces(source) if isinstance(source, str) else list(source)
     return [_probe(url, opener) for url in urls]
@@ -83,6 +86,7 @@ class Catalog:
         self.counts = [s.nsamples for s in shards]
         self.total = sum(self.counts)
         self._checked: set[str] = set()
+        self._indexes: dict[str, np.ndarray] = {}  # whole indexes this process has read
 
     def byte_range(
         self, opener: Opener, shard: int, lo: int, hi: int
@@ -109,8 +113,41 @@ class Catalog:
             )
         return start, end, 0
 
+    def _whole_index(self, opener: Opener, info: ShardInfo) -> np.ndarray:
+        """The shard's whole index, read once per process through the (caching) opener.
+
+        With its checksum in the manifest the index is an object like a shard: a node-local
+        cache keeps and verifies it, so later epochs and other workers read it from disk.
+        """
+        assert info.index_url is not None
+        arr = self._indexes.get(info.index_url)
+        if arr is None:
+            size = _HEAD.size + 8 * (info.nsamples + 1)
+            with opener.open(info.index_url, size=size, checksum=info.index_checksum) as f:
+                data = f.read()
+            arr = read_index(data, url=info.index_url)
+            if len(arr) != info.nsamples + 1:
+                raise ShardFormatError(
+                    f"sample index lists {len(arr) - 1} samples, the manifest says {info.nsamples}",
+                    url=info.index_url,
+                    offset=8,
+                )
+            if len(self._indexes) >= 64:  # bound the memory: indexes of recent shards only
+                self._indexes.pop(next(iter(self._indexes)))
+            self._indexes[info.index_url] = arr
+        return arr
+
     def _offset(self, opener: Opener, info: ShardInfo, i: int) -> int:
         assert info.index_url is not None
+        if info.index_checksum is not None:
+            value = int(self._whole_index(opener, info)[i])
+            if info.size is not None and value > info.size and not info.url.endswith(".zst"):
+                raise ShardFormatError(
+                    f"sample index points at byte {value}, past the shard's {info.size} bytes",
+                    url=info.index_url,
+                    offset=_HEAD.size + 8 * i,
+                )
+            return value
         if info.index_url not in self._checked:
             head = opener.read(info.index_url, start=0, end=_HEAD.size)
             if len(head) != _HEAD.size or head[:8] != INDEX_MAGIC:

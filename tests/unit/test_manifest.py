@@ -97,6 +97,8 @@ MALFORMED = [
     (("shards", 1, "checksum"), "sha256:" + "0" * 63, 1, "checksum", False),
     (("shards", 1, "checksum"), "md5:" + "0" * 32, 1, "checksum", False),
     (("shards", 0, "index"), 7, 0, "index", True),
+    (("shards", 0, "index_checksum"), "sha256:xyz", 0, "index_checksum", True),
+    (("shards", 1, "index_checksum"), "sha256:" + "0" * 64, 1, "index_checksum", False),
     (("shards", 0, "extra"), 1, 0, None, True),
     (("surprise",), 1, None, None, True),
 ]
