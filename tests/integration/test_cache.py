@@ -240,7 +240,10 @@ def test_eviction_keeps_the_limit_and_spares_a_shard_in_use(
         stop.set()
         watcher.join()
     assert got == want[:10]
-    assert 0 < peak[0] <= limit
+    after = next(filter(None, (disk_bytes(look(cache), look(cache)) for _ in range(50))), None)
+    # the run is over: the cached shards, nothing in tmp/ and no removed file still open
+    assert after == sum(p.stat().st_size for p in cached_files(cache))
+    assert 0 < max(peak[0], after) <= limit
     stats = opener.stats()
     assert stats["cache_misses"] + stats.get("cache_hits", 0) == 8
     # every shard was fetched whole exactly once, although some were evicted for others
