@@ -16,7 +16,7 @@ from shardkit.errors import ShardFormatError
 from shardkit.io import Opener
 from shardkit.stages.catalog import Catalog, ShardInfo
 from shardkit.stages.policy import DATA_ERRORS, report
-from shardkit.tario.reader import iter_samples
+from shardkit.tario.reader import iter_samples, skip_bytes
 
 __all__ = ["read_stream"]
 
@@ -113,7 +113,7 @@ def _read_range(
             from shardkit.codecs import zstd_reader
 
             with zstd_reader(counted) as z:
-                _discard(z, start)
+                skip_bytes(z, start)
                 samples = iter_samples(z, url=info.url, start=start, end=end)
                 yield from _take(samples, info, skip, hi - lo)
             return
@@ -141,11 +141,3 @@ def _take(
         f"says it holds {info.nsamples}",
         url=url,
     )
-
-
-def _discard(f: Any, n: int) -> None:
-    while n > 0:
-        data = f.read(min(n, 1 << 20))
-        if not data:
-            return
-        n -= len(data)

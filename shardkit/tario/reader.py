@@ -21,7 +21,15 @@ from shardkit.errors import ShardFormatError, ShardkitError
 from shardkit.tario.headers import parse_number, parse_pax, ustar_name
 from shardkit.tario.names import name_problem, split_key
 
-__all__ = ["TarReader", "iter_members", "iter_samples", "read_shard", "split_key", "stream_size"]
+__all__ = [
+    "TarReader",
+    "iter_members",
+    "iter_samples",
+    "read_shard",
+    "skip_bytes",
+    "split_key",
+    "stream_size",
+]
 
 BLOCK = 512
 _ZERO = b"\0" * BLOCK
@@ -457,7 +465,7 @@ def _read_path(path: str, url: str, start: int, end: int | None) -> Iterator[Sam
 
             with zstd_reader(f) as z:
                 if start:
-                    _discard(z, start)
+                    skip_bytes(z, start)
                 yield from (s for _, s in iter_samples(z, url=url, start=start, end=end))
             return
         if start:
@@ -465,8 +473,9 @@ def _read_path(path: str, url: str, start: int, end: int | None) -> Iterator[Sam
         yield from (s for _, s in iter_samples(f, url=url, start=start, end=end))
 
 
-def _discard(f: BinaryIO, n: int) -> None:
-    while n:
+def skip_bytes(f: BinaryIO, n: int) -> None:
+    """Read and drop ``n`` bytes of a stream that cannot seek (a zstd decoder)."""
+    while n > 0:
         got = f.read(min(n, _CHUNK))
         if not got:
             return
