@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from shardkit.read.policy import POLICIES, check_policy
 from shardkit.stages.base import Context, Stage, check_state, merge_counters
 from shardkit.stages.basic import Batched, Map, Select, ToTuple
 from shardkit.stages.collate import collate_numpy
 from shardkit.stages.decode import Decode
 from shardkit.stages.elastic import ResumePlan, elastic_merge, resume_plan
-from shardkit.stages.policy import POLICIES, check_policy
 from shardkit.stages.source import ShardSource
 from shardkit.stages.tokens import PackTokens
 

@@ -22,8 +22,8 @@ import numpy as np
 
 from shardkit.codecs import decode_field
 from shardkit.errors import ConfigError, DecodeError
+from shardkit.read.policy import check_policy, report
 from shardkit.stages.base import Stage
-from shardkit.stages.policy import check_policy, report
 
 __all__ = ["IMAGE_EXTS", "IMAGE_MODES", "Decode"]
 

@@ -21,10 +21,10 @@ from shardkit.manifest import Manifest
 from shardkit.order import Window, iter_order, nth_output, resume_window
 from shardkit.plan import Generation, PlanConfig, Ranges, ResampledStream, shuffle_window
 from shardkit.plan import worker_stream as plan_stream
+from shardkit.read.catalog import Catalog, load_catalog
+from shardkit.read.policy import check_policy
+from shardkit.read.ranges import read_stream
 from shardkit.stages.base import Context, Stage, check_state
-from shardkit.stages.catalog import Catalog, load_catalog
-from shardkit.stages.policy import check_policy
-from shardkit.stages.reader import read_stream
 
 __all__ = ["ShardSource"]
 

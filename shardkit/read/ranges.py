@@ -14,8 +14,8 @@ from typing import Any, BinaryIO
 
 from shardkit.errors import ShardFormatError
 from shardkit.io import Opener
-from shardkit.stages.catalog import Catalog, ShardInfo
-from shardkit.stages.policy import DATA_ERRORS, report
+from shardkit.read.catalog import Catalog, ShardInfo
+from shardkit.read.policy import DATA_ERRORS, report
 from shardkit.tario.reader import iter_samples, skip_bytes
 
 __all__ = ["read_stream"]

@@ -11,9 +11,9 @@ Only data errors (:class:`ShardError`, :class:`FetchError`, :class:`DecodeError`
 handled; bugs always propagate. Every drop is counted (``skipped_shards``,
 ``skipped_samples``) and shows in the loader's stats: nothing is skipped silently.
 
-Under DDP a drop makes that rank's epoch shorter than the others': stop the epoch at the
-first rank to run out (one ``all_reduce`` per step, as ``examples/train_ddp.py`` does) or
-use ``"raise"``.
+Under DDP a drop makes that rank's data shorter than the others': the loader's shared
+epoch end (:class:`~shardkit.WebLoader`) stops the epoch on every rank when the first one
+runs out, so ranks stay in step.
 """
 
 from __future__ import annotations
