@@ -31,6 +31,7 @@ from shardkit.manifest_check import (
     check_top,
     csv_entry,
 )
+from shardkit.pieces import Pieces
 from shardkit.urls import dirname, expand_braces, is_absolute, join, resolve_url
 
 __all__ = [
@@ -50,7 +51,8 @@ __all__ = [
 class ShardEntry:
     """One shard: ``url`` (relative to the manifest unless absolute), its ``size`` in bytes,
     ``nsamples``, ``checksum`` as ``algo:hex`` and optionally the url of its sample index
-    and that index file's checksum (which lets a node-local cache keep the index too).
+    and that index file's checksum (which lets a node-local cache keep the index too), and
+    optionally the checksums of its fixed-size ``pieces`` (:mod:`shardkit.pieces`).
     """
 
     url: str
@@ -59,6 +61,7 @@ class ShardEntry:
     checksum: str
     index: str | None = None
     index_checksum: str | None = None
+    pieces: Pieces | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -71,6 +74,8 @@ class ShardEntry:
             d["index"] = self.index
         if self.index_checksum is not None:
             d["index_checksum"] = self.index_checksum
+        if self.pieces is not None:
+            d["pieces"] = self.pieces.to_dict()
         return d
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from shardkit.checksum import ALGORITHMS, split_checksum
 from shardkit.errors import ConfigError, ManifestError
+from shardkit.pieces import Pieces
 
 __all__ = [
     "CSV_HEADER",
@@ -53,7 +54,9 @@ def csv_entry(row: list[str], source: str | None, i: int, line: int) -> dict[str
     return check_entry(raw, source, i, line=line)
 
 
-_ENTRY_KEYS = frozenset({"url", "size", "nsamples", "checksum", "index", "index_checksum"})
+_ENTRY_KEYS = frozenset(
+    {"url", "size", "nsamples", "checksum", "index", "index_checksum", "pieces"}
+)
 _TOP_KEYS = frozenset(
     {
         "format",
@@ -108,9 +111,16 @@ def check_entry(raw: Any, path: str | None, i: int, *, line: int | None = None) 
         except (ConfigError, TypeError, AttributeError):
             msg = f"must look like 'sha256:<hex>', got {index_checksum!r}"
             raise bad(msg, "index_checksum") from None
+    pieces = None
+    if raw.get("pieces") is not None:
+        try:
+            pieces = Pieces.from_raw(raw["pieces"], raw["size"])
+        except ConfigError as exc:
+            raise bad(str(exc), "pieces") from None
     return {k: raw[k] for k in ("url", "size", "nsamples", "checksum")} | {
         "index": index,
         "index_checksum": index_checksum,
+        "pieces": pieces,
     }
 
 

@@ -22,6 +22,7 @@ from shardkit.checksum import Hasher, new_hasher
 from shardkit.codecs import zstd_reader
 from shardkit.errors import ConfigError, ShardFormatError
 from shardkit.manifest import Manifest, ShardEntry, atomic_write, creation_info
+from shardkit.pieces import DEFAULT_PIECE_SIZE, PieceHasher, Pieces
 from shardkit.sources import discover
 from shardkit.tario.index import write_index
 from shardkit.tario.reader import TarReader, read_shard
@@ -56,6 +57,7 @@ class ShardScan:
     end: int
     fields: FieldStats = field(default_factory=dict)
     first_keys: list[str] = field(default_factory=list)
+    pieces: Pieces | None = None
 
     @property
     def nsamples(self) -> int:
@@ -65,9 +67,16 @@ class ShardScan:
 class _HashingReader(io.RawIOBase):
     """Reads through ``f``, hashing and counting every byte that passes."""
 
-    def __init__(self, f: BinaryIO, hasher: Hasher, progress: Callable[[int], object] | None):
+    def __init__(
+        self,
+        f: BinaryIO,
+        hasher: Hasher,
+        progress: Callable[[int], object] | None,
+        pieces: PieceHasher | None = None,
+    ):
         self._f = f
         self.hasher = hasher
+        self.pieces = pieces
         self.size = 0
         self._progress = progress
 
@@ -78,6 +87,8 @@ class _HashingReader(io.RawIOBase):
         n = self._f.readinto(b)  # type: ignore[attr-defined]
         if n:
             self.hasher.update(memoryview(b)[:n])
+            if self.pieces is not None:
+                self.pieces.update(memoryview(b)[:n])
             self.size += n
             if self._progress is not None:
                 self._progress(n)
@@ -115,8 +126,10 @@ def scan_shard(
     nkeys: int = 5,
     url: str | None = None,
     progress: Callable[[int], object] | None = None,
+    piece_size: int | None = None,
 ) -> ShardScan:
-    """Read the shard at ``path`` once: checksum, sample offsets, field stats, first keys.
+    """Read the shard at ``path`` once: checksum, sample offsets, field stats, first keys
+    (and with ``piece_size`` the checksums of its pieces, hashed in the same pass).
 
     Raises :class:`ShardFormatError` (naming the shard and byte offset) for a tar that is
     truncated, corrupt or hostile. ``progress(nbytes)`` is called as bytes are read.
@@ -127,7 +140,8 @@ def scan_shard(
     except OSError as exc:
         raise ShardFormatError(f"cannot open shard: {exc.strerror}", url=name) from exc
     with raw:
-        src = _HashingReader(raw, new_hasher(algo), progress)
+        pieces = PieceHasher(piece_size) if piece_size else None
+        src = _HashingReader(raw, new_hasher(algo), progress, pieces)
         if path.endswith(".zst"):
             import zstandard
 
@@ -142,7 +156,8 @@ def scan_shard(
             src.drain()
     offsets, end, stats, keys = found
     checksum = f"{algo}:{src.hasher.hexdigest()}"
-    return ShardScan(path, src.size, checksum, offsets, end, stats, keys)
+    found_pieces = pieces.result() if pieces is not None else None
+    return ShardScan(path, src.size, checksum, offsets, end, stats, keys, found_pieces)
 
 
 def _add_fields(acc: FieldStats, more: FieldStats) -> None:
@@ -159,10 +174,12 @@ def manifest_from_shards(
     algo: str = "sha256",
     index: bool = True,
     progress: Callable[[int], object] | None = None,
+    piece_size: int | None = DEFAULT_PIECE_SIZE,
 ) -> tuple[Manifest, str]:
     """A manifest for existing shards: a directory (searched recursively) or a pattern.
 
-    Each shard is read once. With ``index`` a ``.idx`` sample index is written beside
+    Each shard is read once (its piece checksums, with ``piece_size``, in the same pass).
+    With ``index`` a ``.idx`` sample index is written beside
     each shard. Returns the manifest and where it belongs (``manifest_path``, by default
     ``manifest.json`` in the directory, or in the shards' common directory); the shards
     must lie under that directory since manifest urls are relative to it. The caller
@@ -187,7 +204,7 @@ def manifest_from_shards(
         if rel.startswith(".."):
             raise ConfigError(f"shard {p} is outside {base}, where the manifest goes")
         url = rel.replace(os.sep, "/")
-        scan = scan_shard(p, algo=algo, nkeys=0, url=url, progress=progress)
+        scan = scan_shard(p, algo=algo, nkeys=0, url=url, progress=progress, piece_size=piece_size)
         idx = idx_sum = None
         if index:
             data = write_index(scan.offsets, scan.end)
@@ -196,7 +213,9 @@ def manifest_from_shards(
             h.update(data)
             idx, idx_sum = url + ".idx", f"{algo}:{h.hexdigest()}"
         _add_fields(fields, scan.fields)
-        shards.append(ShardEntry(url, scan.size, scan.nsamples, scan.checksum, idx, idx_sum))
+        shards.append(
+            ShardEntry(url, scan.size, scan.nsamples, scan.checksum, idx, idx_sum, scan.pieces)
+        )
     created = creation_info(source="shardkit manifest from-shards")
     return Manifest(shards, algo, fields, created, base=base), manifest_path
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from shardkit.checksum import Hasher, new_hasher, split_checksum
 from shardkit.errors import ConfigError, FetchError, ShardFormatError, ShardkitError
 from shardkit.manifest import Manifest, ShardEntry
+from shardkit.pieces import PieceHasher
 from shardkit.tario.index import read_index
 from shardkit.tario.reader import TarReader, stream_size
 
@@ -45,8 +46,8 @@ class Problem:
     """One thing wrong with one shard.
 
     ``kind`` is one of ``missing``, ``unreadable``, ``url``, ``size``, ``checksum``,
-    ``format``, ``nsamples``, ``index``; ``offset`` is a byte offset in the shard
-    (``format`` problems) when known.
+    ``pieces``, ``format``, ``nsamples``, ``index``; ``offset`` is a byte offset in the
+    shard (``format`` problems, the first byte of a ``pieces`` problem) when known.
     """
 
     url: str
@@ -103,9 +104,12 @@ class VerifyReport:
 class _Tee:
     """A read-only stream that hashes, counts and reports every byte read through it."""
 
-    def __init__(self, f: BinaryIO, hasher: Hasher, progress: Progress | None) -> None:
+    def __init__(
+        self, f: BinaryIO, hasher: Hasher, progress: Progress | None, entry: ShardEntry
+    ) -> None:
         self.f = f
         self.hasher = hasher
+        self.pieces = PieceHasher(entry.pieces.size) if entry.pieces is not None else None
         self.progress = progress
         self.nbytes = 0
 
@@ -113,6 +117,8 @@ class _Tee:
         n = len(data)
         if n:
             self.hasher.update(data)
+            if self.pieces is not None:
+                self.pieces.update(data)
             self.nbytes += n
             if self.progress is not None:
                 self.progress(n)
@@ -190,16 +196,29 @@ def _check_quick(
     return size
 
 
+def _check_pieces(entry: ShardEntry, tee: _Tee) -> list[Problem]:
+    """The manifest's piece checksums against the bytes read: the first piece that differs."""
+    if entry.pieces is None or tee.pieces is None or tee.nbytes != entry.size:
+        return []  # a size problem says it already
+    found = tee.pieces.result()
+    for k, (want, got) in enumerate(zip(entry.pieces.digests, found.digests, strict=True)):
+        if want != got:
+            lo, hi = entry.pieces.span(k, entry.size)
+            msg = f"piece {k} (bytes {lo}..{hi}) differs from the manifest's piece checksum"
+            return [Problem(entry.url, "pieces", msg, want, got, offset=lo)]
+    return []
+
+
 def _check_bytes(
     entry: ShardEntry, url: str, opener: Opener, progress: Progress | None
-) -> tuple[int, str]:
-    """Hash the whole shard in big chunks; return ``(size, "algo:hex")``."""
+) -> tuple[int, str, list[Problem]]:
+    """Hash the whole shard in big chunks; ``(size, "algo:hex", piece problems)``."""
     algo = split_checksum(entry.checksum)[0]
     buf = _buffer()
     with opener.open(url) as f:
-        tee = _Tee(f, new_hasher(algo), progress)
+        tee = _Tee(f, new_hasher(algo), progress, entry)
         tee.drain(buf)
-    return tee.nbytes, f"{algo}:{tee.hasher.hexdigest()}"
+    return tee.nbytes, f"{algo}:{tee.hasher.hexdigest()}", _check_pieces(entry, tee)
 
 
 def _check_deep(
@@ -211,7 +230,7 @@ def _check_deep(
     buf = _buffer()
     with opener.open(url) as f:
         size = stream_size(f)
-        tee = _Tee(f, new_hasher(algo), progress)
+        tee = _Tee(f, new_hasher(algo), progress, entry)
         offsets: list[int] = []
         end: int | None = None
         try:
@@ -228,6 +247,7 @@ def _check_deep(
             offset = getattr(exc, "offset", None)
             problems.append(Problem(entry.url, "format", str(exc), offset=offset))
         tee.drain(buf)
+    problems.extend(_check_pieces(entry, tee))
     if not problems:
         problems.extend(_check_samples(manifest, entry, opener, offsets, end))
     return tee.nbytes, f"{algo}:{tee.hasher.hexdigest()}", problems
@@ -301,14 +321,21 @@ def verify_shard(
         elif level == "deep":
             size, checksum, problems = _check_deep(manifest, entry, url, opener, progress)
         else:
-            size, checksum = _check_bytes(entry, url, opener, progress)
+            size, checksum, problems = _check_bytes(entry, url, opener, progress)
     except (OSError, ShardkitError) as exc:  # FetchError, or a CacheError of the io below
         return [_open_problem(entry.url, exc)]
     head: list[Problem] = []
     if size != entry.size:
         head.append(Problem(entry.url, "size", "size differs", entry.size, size))
     if checksum is not None and checksum != entry.checksum.lower():
-        head.append(Problem(entry.url, "checksum", "checksum differs", entry.checksum, checksum))
+        # the shard is corrupt, not the manifest's pieces: the offset of its first bad piece
+        bad = next((p for p in problems if p.kind == "pieces"), None)
+        if bad is not None:
+            problems.remove(bad)
+        offset = bad.offset if bad is not None else None
+        head.append(
+            Problem(entry.url, "checksum", "checksum differs", entry.checksum, checksum, offset)
+        )
     return head + problems
 
 

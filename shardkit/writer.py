@@ -20,6 +20,7 @@ from shardkit.checksum import new_hasher
 from shardkit.codecs import encode_field, zstd_writer
 from shardkit.errors import ConfigError, ManifestError, WriterError
 from shardkit.manifest import Manifest, ShardEntry, atomic_write, creation_info
+from shardkit.pieces import DEFAULT_PIECE_SIZE, PieceHasher
 from shardkit.tario.index import write_index
 from shardkit.tario.writer import END_OF_ARCHIVE, check_field, check_key, member_header, padding
 from shardkit.units import parse_size
@@ -42,15 +43,18 @@ def _alive(pid: int) -> bool:
 
 
 class _HashingFile:
-    """A write-only file that hashes and counts what passes through it."""
+    """A write-only file that hashes (whole and per piece) and counts what passes."""
 
-    def __init__(self, f: BinaryIO, algo: str) -> None:
+    def __init__(self, f: BinaryIO, algo: str, piece_size: int | None) -> None:
         self.f = f
         self.hasher = new_hasher(algo)
+        self.pieces = PieceHasher(piece_size) if piece_size else None
         self.size = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         self.hasher.update(data)
+        if self.pieces is not None:
+            self.pieces.update(data)
         self.f.write(data)
         self.size += len(data)
         return len(data)
@@ -76,6 +80,8 @@ class ShardWriter:
         resume: keep the shards an existing manifest in ``out_dir`` lists and continue
             after them (see :attr:`resumed_samples` for how many samples to skip).
         part: ``(i, n)`` marks the manifest as part ``i`` of ``n`` for a later merge.
+        piece_size: bytes per piece of the per-piece checksums (:mod:`shardkit.pieces`);
+            None: none.
     """
 
     def __init__(
@@ -91,6 +97,7 @@ class ShardWriter:
         start_index: int = 0,
         resume: bool = False,
         part: tuple[int, int] | None = None,
+        piece_size: int | str | None = DEFAULT_PIECE_SIZE,
     ) -> None:
         self.out_dir = os.fspath(out_dir)
         if not prefix or "/" in prefix or prefix.startswith("."):
@@ -107,6 +114,9 @@ class ShardWriter:
         if compress not in (None, "zstd"):
             raise ConfigError(f"compress must be None or 'zstd', got {compress!r}")
         self.compress = compress
+        self.piece_size = parse_size(piece_size) if piece_size is not None else None
+        if self.piece_size is not None and self.piece_size < 4096:
+            raise ConfigError(f"piece_size {self.piece_size} is too small (at least 4 KB)")
         self.manifest_path = os.path.join(self.out_dir, manifest)
         os.makedirs(self.out_dir, exist_ok=True)
         self.manifest = Manifest(
@@ -256,7 +266,7 @@ class ShardWriter:
         name = self._shard_name()
         self._tmp_path = os.path.join(self.out_dir, f".{name}.tmp-{os.getpid()}")
         self._file = open(self._tmp_path, "wb", buffering=0)  # noqa: SIM115
-        self._hashing = _HashingFile(self._file, self.algo)
+        self._hashing = _HashingFile(self._file, self.algo, self.piece_size)
         self._sink = zstd_writer(self._hashing) if self.compress else self._hashing  # type: ignore[arg-type]
         self._offset = 0
         self._offsets = []
@@ -296,6 +306,7 @@ class ShardWriter:
             checksum=f"{self.algo}:{self._hashing.hasher.hexdigest()}",
             index=index_name,
             index_checksum=f"{self.algo}:{index_hash.hexdigest()}",
+            pieces=self._hashing.pieces.result() if self._hashing.pieces else None,
         )
         self.manifest.shards.append(entry)
         for field, st in self._shard_fields.items():

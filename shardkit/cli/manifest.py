@@ -12,9 +12,10 @@ from shardkit.build import merge_parts
 from shardkit.checksum import ALGORITHMS
 from shardkit.errors import ConfigError
 from shardkit.manifest import Manifest
+from shardkit.pieces import DEFAULT_PIECE_SIZE
 from shardkit.sources import discover
 from shardkit.summary import manifest_from_shards
-from shardkit.units import format_bytes
+from shardkit.units import format_bytes, parse_size
 
 __all__ = ["command"]
 
@@ -51,15 +52,22 @@ def _echo_manifest(m: Manifest, path: str, as_json: bool, what: str) -> None:
     show_default=True,
     help="Write a .idx sample index beside each shard.",
 )
+@click.option(
+    "--piece-size",
+    default=str(DEFAULT_PIECE_SIZE),
+    show_default=True,
+    help="Bytes per piece of the per-piece checksums a cache verifies (0: none).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar on a terminal.")
-def from_shards(source: str, out_path: str | None, checksum: str, index: bool, as_json: bool,
-                progress: bool) -> None:  # fmt: skip
+def from_shards(source: str, out_path: str | None, checksum: str, index: bool, piece_size: str,
+                as_json: bool, progress: bool) -> None:  # fmt: skip
     """Write a manifest for shards someone else wrote (webdataset, GNU tar, ...).
 
     Each shard is read once: checksum, sample count and sample offsets in one pass.
     """
     try:
+        pieces = parse_size(piece_size)
         total = sum(u.size for u in discover([source], source_type="tar"))
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
@@ -67,7 +75,12 @@ def from_shards(source: str, out_path: str | None, checksum: str, index: bool, a
                disable=None if progress else True)  # fmt: skip
     with bar:
         m, path = manifest_from_shards(
-            source, manifest_path=out_path, algo=checksum, index=index, progress=bar.update
+            source,
+            manifest_path=out_path,
+            algo=checksum,
+            index=index,
+            progress=bar.update,
+            piece_size=pieces or None,
         )
     m.save(path)
     _echo_manifest(m, path, as_json, "wrote")

@@ -143,3 +143,27 @@ def test_merge_refuses_missing_and_unfinished_parts(tmp_path: Path) -> None:
     unfinished = shardkit("manifest", "merge", *parts, "-o", out / "manifest.json")
     assert unfinished.returncode == 1 and "did not finish" in unfinished.stderr
     assert not (out / "manifest.json").exists()
+
+
+def test_from_shards_lists_the_piece_checksums_the_writer_wrote(tmp_path: Path) -> None:
+    import xxhash
+
+    m = make_shards(tmp_path / "ds", [30, 7], tokens=700, piece_size="8KB", compress="zstd")
+    m2 = make_shards(tmp_path / "plain", [30, 7], tokens=700, piece_size="8KB")
+    for written, d in ((m, "ds"), (m2, "plain")):
+        out = tmp_path / d / "scan.json"
+        r = shardkit("manifest", "from-shards", tmp_path / d, "-o", out, "--piece-size", "8KB")
+        assert r.returncode == 0, r.stderr
+        scanned = Manifest.load(out)
+        assert [s.pieces for s in scanned] == [s.pieces for s in written]
+        for s in scanned:
+            data = (tmp_path / d / s.url).read_bytes()
+            assert s.pieces is not None and s.pieces.size == 8000
+            assert list(s.pieces.digests) == [
+                xxhash.xxh3_128(data[i : i + 8000]).hexdigest() for i in range(0, len(data), 8000)
+            ]
+    r = shardkit("manifest", "from-shards", tmp_path / "plain", "-o", tmp_path / "plain" / "n.json",
+                 "--piece-size", "0")  # fmt: skip
+    assert r.returncode == 0 and all(
+        s.pieces is None for s in Manifest.load(tmp_path / "plain" / "n.json")
+    )

@@ -49,12 +49,13 @@ def _report(*args: str) -> dict[str, Any]:
 
 
 def _adopt(manifest: Path, i: int) -> None:
-    """Make the manifest agree with shard ``i``'s bytes (size and checksum) as they are now."""
+    """Make the manifest agree with shard ``i``'s bytes (size and checksum) as they are now;
+    its piece checksums are dropped, as an older manifest has none."""
     m = Manifest.load(manifest)
     path = manifest.parent / m.shards[i].url
     with open(path, "rb") as f:
         checksum, size = file_checksum(f, m.checksum_algorithm)
-    m.shards[i] = replace(m.shards[i], size=size, checksum=checksum)
+    m.shards[i] = replace(m.shards[i], size=size, checksum=checksum, pieces=None)
     m.save(manifest)
 
 
@@ -322,3 +323,44 @@ def test_library_api_progress_and_bad_level(shards: Path) -> None:
         assert sum(seen) == m.total_bytes  # the bar ends exactly at the total
     with pytest.raises(ConfigError, match="level"):
         verify(m, level="thorough")
+
+
+def test_pieces_of_another_shard_are_a_pieces_problem(tmp_path: Path) -> None:
+    with ShardWriter(tmp_path, maxcount=20, piece_size="8KB") as w:
+        for s in make_samples(40, tokens=600):
+            w.write(s)
+    manifest = tmp_path / "manifest.json"
+    m = Manifest.load(manifest)
+    assert m.shards[0].pieces is not None and len(m.shards[0].pieces.digests) > 3
+    assert run(str(manifest)).exit_code == 0
+    digests = list(m.shards[0].pieces.digests)
+    digests[2] = m.shards[1].pieces.digests[2]  # type: ignore[union-attr]
+    _edit(manifest, 0, pieces=replace(m.shards[0].pieces, digests=tuple(digests)))
+    for level in ("--checksum", "--deep"):
+        report = _report(str(manifest), level)
+        (problem,) = report["problems"]
+        assert problem["kind"] == "pieces" and problem["url"] == "data-000000.tar"
+        assert (
+            problem["offset"] == 2 * 8000 and "piece 2 (bytes 16000..24000)" in problem["message"]
+        )
+    # a corrupt shard is a checksum problem, at the first byte of its first bad piece
+    _edit(manifest, 0, pieces=m.shards[0].pieces)
+    path = tmp_path / "data-000001.tar"
+    data = bytearray(path.read_bytes())
+    data[3 * 8000 + 100] ^= 0x01
+    path.write_bytes(bytes(data))
+    (problem,) = _report(str(manifest))["problems"]
+    assert problem["kind"] == "checksum" and problem["offset"] == 3 * 8000
+
+
+def test_a_manifest_with_pieces_that_do_not_add_up_is_refused(tmp_path: Path) -> None:
+    with ShardWriter(tmp_path, maxcount=20, piece_size="8KB") as w:
+        for s in make_samples(20, tokens=600):
+            w.write(s)
+    manifest = tmp_path / "manifest.json"
+    raw = json.loads(manifest.read_text())
+    raw["shards"][0]["pieces"]["digests"].pop()
+    manifest.write_text(json.dumps(raw))
+    result = run(str(manifest))
+    assert result.exit_code == 2
+    assert "entry 0" in result.output and "pieces" in result.output and "digests" in result.output
