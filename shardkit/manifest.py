@@ -30,6 +30,8 @@ from shardkit.manifest_check import (
     check_shards,
     check_top,
     csv_entry,
+    normalize_url,
+    parse_int,
 )
 from shardkit.pieces import Pieces
 from shardkit.urls import dirname, expand_braces, is_absolute, join, resolve_url
@@ -126,7 +128,7 @@ class Manifest:
         if source is not None and source.lower().endswith(".csv"):
             return cls._from_csv(text, source)
         try:
-            raw = json.loads(text)
+            raw = json.loads(text, parse_int=parse_int)
         except json.JSONDecodeError as exc:
             raise ManifestError(
                 f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
@@ -257,9 +259,9 @@ class Manifest:
         for p in ordered:
             for s in p.shards:
                 url = p.rebase(s.url, ordered[0].base)
-                if url in seen:
+                if normalize_url(url) in seen:
                     raise ManifestError(f"shard {url} is in more than one part")
-                seen.add(url)
+                seen.add(normalize_url(url))
                 index = p.rebase(s.index, ordered[0].base) if s.index else None
                 shards.append(replace(s, url=url, index=index))
             for name, st in p.fields.items():

@@ -8,8 +8,10 @@ add up) are checked here only.
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from shardkit.checksum import ALGORITHMS, split_checksum
 from shardkit.errors import ConfigError, ManifestError
@@ -25,8 +27,11 @@ __all__ = [
     "check_top",
     "csv_entry",
     "is_count",
+    "normalize_url",
+    "parse_int",
 ]
 
+_MAX_DIGITS = 20  # a count or size with more digits is not one (2**64 has 20)
 FORMAT_NAME = "shardkit.manifest"
 FORMAT_VERSION = 1
 CSV_HEADER = ("url", "size", "nsamples", "checksum")
@@ -43,9 +48,9 @@ def csv_entry(row: list[str], source: str | None, i: int, line: int) -> dict[str
     raw: dict[str, Any] = dict(zip(CSV_HEADER, row, strict=True))
     for name in ("size", "nsamples"):
         text = raw[name].strip()
-        if not text.isdigit():
+        if not (text.isascii() and text.isdigit() and len(text) <= _MAX_DIGITS):
             raise ManifestError(
-                f"line {line}: must be a non-negative integer, got {raw[name]!r}",
+                f"line {line}: must be a non-negative integer, got {_short(raw[name])}",
                 path=source,
                 entry=i,
                 field=name,
@@ -72,6 +77,25 @@ _TOP_KEYS = frozenset(
 )
 
 
+class BigNumber(str):
+    """A JSON integer too long to be a count, kept as its text (see :func:`parse_int`)."""
+
+    def __repr__(self) -> str:
+        return f"<an integer of {len(self)} digits>"
+
+
+def parse_int(text: str) -> int | BigNumber:
+    """``json.loads``' integer hook: a number of more digits than any count stays text,
+    so a 5,000-digit value fails validation naming its entry and field, not as a
+    traceback from Python's int-conversion limit."""
+    return BigNumber(text) if len(text.lstrip("-")) > _MAX_DIGITS else int(text)
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def is_count(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
@@ -94,7 +118,7 @@ def check_entry(raw: Any, path: str | None, i: int, *, line: int | None = None) 
     for name in ("size", "nsamples"):
         v = raw.get(name)
         if not is_count(v):
-            raise bad(f"must be a non-negative integer, got {v!r}", name)
+            raise bad(f"must be a non-negative integer, got {_short(v)}", name)
     try:
         split_checksum(raw["checksum"])
     except ConfigError as exc:
@@ -166,7 +190,7 @@ def check_top(raw: dict[str, Any], path: str | None) -> None:
     for name in ("total_samples", "total_bytes"):
         if name in raw and not is_count(raw[name]):
             raise ManifestError(
-                f"must be a non-negative integer, got {raw[name]!r}", path=path, field=name
+                f"must be a non-negative integer, got {_short(raw[name])}", path=path, field=name
             )
     if not isinstance(raw.get("created", {}), dict):
         raise ManifestError("must be an object", path=path, field="created")
@@ -192,7 +216,7 @@ def check_shards(
     seen: dict[str, int] = {}
     for i, s in enumerate(shards):
         where = f"line {lines[i]}: " if lines else ""
-        url, checksum = s["url"], s["checksum"]
+        url, checksum = normalize_url(s["url"]), s["checksum"]
         if not checksum.startswith(algo + ":"):
             raise ManifestError(
                 f"{where}checksum {checksum[:20]}... is not {algo}",
@@ -202,9 +226,28 @@ def check_shards(
             )
         if url in seen:
             raise ManifestError(
-                f"{where}url {url!r} is listed twice (also entry {seen[url]})",
+                f"{where}url {s['url']!r} is listed twice (also entry {seen[url]}, "
+                f"{shards[seen[url]]['url']!r})",
                 path=path,
                 entry=i,
                 field="url",
             )
         seen[url] = i
+
+
+def normalize_url(url: str) -> str:
+    """One spelling per shard: ``./a.tar``, ``x/../a.tar`` and ``a.tar`` are one url.
+
+    The path is normalised (``.``, ``..``, doubled slashes); a scheme and host are
+    lower-cased. Percent-escapes are left alone (a local file name may hold a ``%``).
+    Used to find a shard listed twice.
+    """
+    if "://" in url:
+        parts = urlsplit(url)
+        path = posixpath.normpath(parts.path or "/")
+        return parts._replace(
+            scheme=parts.scheme.lower(), netloc=parts.netloc.lower(), path=path
+        ).geturl()
+    if url.startswith("pipe:"):
+        return url
+    return posixpath.normpath(url)

@@ -14,7 +14,7 @@ import io
 import itertools
 import os
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -25,7 +25,7 @@ from shardkit.manifest import Manifest, ShardEntry, atomic_write, creation_info
 from shardkit.pieces import DEFAULT_PIECE_SIZE, PieceHasher, Pieces
 from shardkit.sources import discover
 from shardkit.tario.index import write_index
-from shardkit.tario.reader import TarReader, read_shard
+from shardkit.tario.reader import TarReader
 
 __all__ = [
     "GOOD_SHARD_BYTES",
@@ -102,7 +102,7 @@ class _HashingReader(io.RawIOBase):
 
 
 def _scan_tar(f: BinaryIO, url: str, size: int | None, nkeys: int) -> tuple[Any, ...]:
-    reader = TarReader(f, url=url, size=size)
+    reader = TarReader(f, url=url, size=size, keep_data=False)  # sizes only: nothing held
     offsets: list[int] = []
     stats: FieldStats = {}
     keys: list[str] = []
@@ -114,7 +114,7 @@ def _scan_tar(f: BinaryIO, url: str, size: int | None, nkeys: int) -> tuple[Any,
             if fld != "__key__":
                 st = stats.setdefault(fld, {"count": 0, "bytes": 0})
                 st["count"] += 1
-                st["bytes"] += len(data)  # type: ignore[arg-type]
+                st["bytes"] += data  # type: ignore[operator]
     end = reader.end_offset if reader.end_offset is not None else reader.offset
     return offsets, end, stats, keys
 
@@ -225,21 +225,26 @@ def first_keys(source: str | BinaryIO, n: int = 5, *, url: str | None = None) ->
     if n <= 0:
         return []
     name = url or (source if isinstance(source, str) else "<stream>")
-    if not isinstance(source, str) and name.endswith(".zst"):
+    if isinstance(source, str):
+        try:
+            raw = open(source, "rb")  # noqa: SIM115 - closed below
+        except OSError as exc:
+            raise ShardFormatError(f"cannot open shard: {exc.strerror}", url=name) from exc
+        with raw:
+            return first_keys(raw, n, url=name)
+    if name.endswith(".zst"):
         with zstd_reader(source) as z:
-            return _take_keys(read_shard(z, url=name), n)
-    return _take_keys(read_shard(source, url=name), n)
+            return _take_keys(z, name, n)
+    return _take_keys(source, name, n)
 
 
-def _take_keys(samples: Iterable[dict[str, object]], n: int) -> list[str]:
+def _take_keys(f: BinaryIO, url: str, n: int) -> list[str]:
+    """The first ``n`` keys, reading past member data without keeping it."""
     keys: list[str] = []
-    for s in samples:
+    for _, s in TarReader(f, url=url, keep_data=False).samples():
         keys.append(str(s["__key__"]))
         if len(keys) >= n:
             break
-    close = getattr(samples, "close", None)
-    if close is not None:
-        close()
     return keys
 
 

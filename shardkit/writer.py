@@ -275,7 +275,11 @@ class ShardWriter:
 
     def _flush(self) -> None:
         if self._pending:
-            self._sink.write(b"".join(self._pending))
+            if self._pending_size <= _FLUSH * 4:
+                self._sink.write(b"".join(self._pending))
+            else:  # a large member goes out as it is: joining would copy it
+                for piece in self._pending:
+                    self._sink.write(piece)
             self._pending = []
             self._pending_size = 0
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardkit.errors import ConfigError
+from shardkit.tario.reader import DEFAULT_MAX_MEMBER
 from shardkit.units import parse_size
 
 __all__ = ["DEFAULT_RANGE_SIZE", "IoConfig"]
@@ -40,6 +41,8 @@ class IoConfig:
         node_requests: concurrent remote requests per node for cache fills (0: no cap).
         manifest_ttl: seconds a node's cached manifest is reused without asking the server.
         on_cache_error: ``"bypass"`` (log a :class:`CacheError`, read uncached) or ``"raise"``.
+        max_member: the largest tar member (bytes, or "2GiB") a reader holds in memory;
+            a larger one is a :class:`ShardFormatError` before any of it is read.
     """
 
     cache_dir: str | None = None
@@ -58,6 +61,7 @@ class IoConfig:
     node_requests: int = 16
     manifest_ttl: float = 300.0
     on_cache_error: str = "bypass"
+    max_member: int = DEFAULT_MAX_MEMBER
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout", "read_timeout", "backoff_base", "backoff_max"):
@@ -66,8 +70,10 @@ class IoConfig:
         for name in ("prefetch_depth", "node_requests", "retry_after_max", "manifest_ttl"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        if self.max_attempts < 1 or self.prefetch_threads < 1 or self.range_size < 1:
-            raise ConfigError("max_attempts, prefetch_threads and range_size must be >= 1")
+        if min(self.max_attempts, self.prefetch_threads, self.range_size, self.max_member) < 1:
+            raise ConfigError(
+                "max_attempts, prefetch_threads, range_size and max_member must be >= 1"
+            )
         if self.on_cache_error not in ("bypass", "raise"):
             raise ConfigError(
                 f"on_cache_error must be 'bypass' or 'raise', got {self.on_cache_error!r}"
@@ -87,7 +93,7 @@ class IoConfig:
         unknown = sorted(set(options) - known)
         if unknown:
             raise ConfigError(f"unknown io options {unknown}; known: {sorted(known)}")
-        for name in ("range_size",):
+        for name in ("range_size", "max_member"):
             if name in options and isinstance(options[name], str):
                 options[name] = parse_size(options[name])
         return cls(

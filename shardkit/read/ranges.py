@@ -16,7 +16,7 @@ from shardkit.errors import ShardFormatError
 from shardkit.io import Opener
 from shardkit.read.catalog import Catalog, ShardInfo
 from shardkit.read.policy import DATA_ERRORS, report
-from shardkit.tario.reader import iter_samples, skip_bytes
+from shardkit.tario.reader import DEFAULT_MAX_MEMBER, iter_samples, skip_bytes
 
 __all__ = ["read_stream"]
 
@@ -100,6 +100,7 @@ def _read_range(
     info = catalog.shards[shard]
     start, end, skip = catalog.byte_range(opener, shard, lo, hi)
     zst = info.url.endswith(".zst")
+    limit = getattr(getattr(opener, "cfg", None), "max_member", DEFAULT_MAX_MEMBER)
     f = opener.open(
         info.url,
         start=0 if zst else start,
@@ -114,10 +115,12 @@ def _read_range(
 
             with zstd_reader(counted) as z:
                 skip_bytes(z, start)
-                samples = iter_samples(z, url=info.url, start=start, end=end)
+                samples = iter_samples(z, url=info.url, start=start, end=end, max_member=limit)
                 yield from _take(samples, info, skip, hi - lo)
             return
-        samples = iter_samples(counted, url=info.url, start=start, end=end, size=info.size)
+        samples = iter_samples(
+            counted, url=info.url, start=start, end=end, size=info.size, max_member=limit
+        )
         yield from _take(samples, info, skip, hi - lo)
 
 

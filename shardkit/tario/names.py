@@ -26,6 +26,11 @@ def name_problem(name: str) -> str | None:
         return "has a backslash in its name"
     if ".." in name.split("/"):
         return "escapes its directory ('..')"
+    if not name.isascii():
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that were not UTF-8, kept as surrogates
+            return "has a name that is not valid UTF-8"
     return None
 
 
@@ -41,10 +46,6 @@ def key_problem(key: str) -> str | None:
         return "has an empty or '.' path part"
     if "." in parts[-1]:
         return "has a '.' in its last part; readers split keys at the first dot"
-    try:
-        key.encode("utf-8")
-    except UnicodeEncodeError:
-        return "is not valid UTF-8"
     return None
 
 

@@ -14,7 +14,7 @@ import os
 import stat
 import struct
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import BinaryIO, cast
 from zlib import adler32
 
 from shardkit.errors import ShardFormatError, ShardkitError
@@ -22,6 +22,7 @@ from shardkit.tario.headers import parse_number, parse_pax, ustar_name
 from shardkit.tario.names import name_problem, split_key
 
 __all__ = [
+    "DEFAULT_MAX_MEMBER",
     "TarReader",
     "iter_members",
     "iter_samples",
@@ -37,6 +38,7 @@ _CHUNK = 1 << 20  # buffered read size, and the largest read of a stream of unkn
 _PIECE = 64 << 20  # large members are read in pieces of this size
 _DISCARD = 8 << 20  # the largest read when passing over data that is not kept
 _MAX_META = 1 << 20  # pax / GNU long-name records larger than this are hostile
+DEFAULT_MAX_MEMBER = 1 << 30  # the largest member a reader holds in memory, by default
 _REGULAR = (b"0", b"\0", b"7")
 # name, size, checksum, typeflag and the first byte of the ustar prefix, in one call
 _HEADER = struct.Struct("100s24x12s12x8sc188xc")
@@ -65,7 +67,11 @@ class TarReader:
             the size is unknown, reads are bounded pieces, so a false claim costs memory
             only for the bytes really there.
         keep_data: False reads past member data without keeping it (fields come back
-            as ``b""``): a check of the structure that still reads every byte.
+            as their size in bytes, an ``int``): a check of the structure, or a count of
+            field sizes, that still reads every byte and holds none of it.
+        max_member: the largest member (bytes) whose data is kept in memory; a larger
+            one is a :class:`ShardFormatError` raised before any of its data is read
+            (a 65 KB zstd bomb can claim gigabytes). Not applied when ``keep_data`` is off.
 
     Errors name the header block at fault: :attr:`ShardFormatError.offset` is the start
     of the (extended) header of the bad or truncated member, of a partial header, or
@@ -81,10 +87,12 @@ class TarReader:
         end: int | None = None,
         size: int | None = None,
         keep_data: bool = True,
+        max_member: int = DEFAULT_MAX_MEMBER,
     ) -> None:
         self.f = f
         self.url = url
         self.keep_data = keep_data
+        self.max_member = max_member
         self.end = end
         self.size = size if size is not None else stream_size(f)
         self._buf = b""
@@ -143,13 +151,29 @@ class TarReader:
             p = self._pos
             self._pos = p + n
             return self._buf[p : p + n]
-        pieces = []
-        left = n
-        while left:
-            piece = min(left, _PIECE)
-            pieces.append(self._take(piece, what, at))
-            left -= piece
-        return b"".join(pieces)
+        return self._take_large(n, what, at)
+
+    def _take_large(self, n: int, what: str, at: int) -> bytes:
+        """``n`` bytes read in bounded pieces into one growing buffer: no joined copy.
+
+        BytesIO grows its bytes object in place (realloc) and ``getvalue()`` hands that
+        same object out, so the peak is the member plus one piece, not twice the member.
+        """
+        out = io.BytesIO()
+        avail = len(self._buf) - self._pos
+        if avail:
+            out.write(memoryview(self._buf)[self._pos :])
+        self._base += len(self._buf)
+        self._buf, self._pos = b"", 0
+        left = n - avail
+        while left > 0:
+            data = self._read(min(left, _PIECE), self._base)
+            if not data:
+                raise self._truncated(what, n, at)
+            out.write(data)
+            self._base += len(data)
+            left -= len(data)
+        return out.getvalue()
 
     def _skip(self, n: int, what: str, at: int) -> None:
         avail = len(self._buf) - self._pos
@@ -196,6 +220,13 @@ class TarReader:
         if not keep:
             self._discard(size + (-size) % BLOCK, what, at)
             return b""
+        if size > self.max_member:
+            raise ShardFormatError(
+                f"{what} is {size} bytes, over the largest-member limit of {self.max_member} "
+                "bytes (raise it with max_member= if this shard is trusted)",
+                url=self.url,
+                offset=at,
+            )
         data = self._take(size, what, at)
         pad = (-size) % BLOCK
         if pad:
@@ -204,7 +235,7 @@ class TarReader:
             self._pos += pad
         return data
 
-    def __iter__(self) -> Iterator[tuple[str, bytes]]:
+    def __iter__(self) -> Iterator[tuple[str, bytes | int]]:
         return self.members()
 
     def _header(self, off: int, first: int | None) -> bytes | None:
@@ -230,9 +261,21 @@ class TarReader:
                 raise ShardFormatError(
                     "end-of-archive right after an extended header", url=self.url, offset=first
                 )
+            if self.end is None:
+                self._second_zero_block(off)
             self.end_offset = off
             return None
         return hdr
+
+    def _second_zero_block(self, off: int) -> None:
+        """The end-of-archive marker is two zero blocks: a lone one means a cut-off shard."""
+        if not self._fill(BLOCK) or self._buf[self._pos : self._pos + BLOCK] != _ZERO:
+            raise ShardFormatError(
+                "truncated: the end-of-archive marker has one zero block, not two",
+                url=self.url,
+                offset=off,
+            )
+        self._pos += BLOCK
 
     def _size_of(self, hdr: bytes, off: int) -> int:
         stored = hdr[148:156]
@@ -268,7 +311,7 @@ class TarReader:
         """The checked name and size of a regular member whose headers start at ``first``."""
         name = pax.get("path") or ustar_name(hdr)
         if "size" in pax:
-            if not pax["size"].isdigit():
+            if not (pax["size"].isascii() and pax["size"].isdigit()):
                 raise ShardFormatError("pax size is not a number", url=self.url, offset=first)
             size = int(pax["size"])
         problem = name_problem(name)
@@ -276,15 +319,18 @@ class TarReader:
             raise ShardFormatError(f"member {name!r} {problem}", url=self.url, offset=first)
         return name, size
 
-    def members(self) -> Iterator[tuple[str, bytes]]:
-        """Yield ``(name, data)`` for each regular file; ``member_offset`` is its start."""
+    def members(self) -> Iterator[tuple[str, bytes | int]]:
+        """Yield ``(name, data)`` for each regular file; ``member_offset`` is its start.
+
+        ``data`` is the member's size (an ``int``) when ``keep_data`` is off.
+        """
         while True:
             item = self._next_member()
             if item is None:
                 return
             yield item
 
-    def _next_member(self) -> tuple[str, bytes] | None:
+    def _next_member(self) -> tuple[str, bytes | int] | None:
         """The next regular member (through any extended headers), or None at the end."""
         pax: dict[str, str] = {}  # extended records (and a GNU long name as "path")
         first: int | None = None  # offset of the current member's first (extended) header
@@ -303,7 +349,8 @@ class TarReader:
             if typeflag in _REGULAR:
                 name, size = self._regular(hdr, size, first, pax)
                 self.member_offset = first
-                return name, self._member_data(size, first, name, keep=self.keep_data)
+                data = self._member_data(size, first, name, keep=self.keep_data)
+                return name, (data if self.keep_data else size)
             if typeflag == b"5":
                 self._check_claim(size, off, "<directory>")
                 self._skip(size + (-size) % BLOCK, "directory", off)
@@ -346,7 +393,7 @@ class TarReader:
         while True:
             buf = self._buf
             p = self._pos
-            item = None
+            item: tuple[str, bytes | int] | None = None
             if len(buf) - p >= BLOCK and (end is None or self._base + p < end):
                 raw, sizef, chkf, tf, prefix0 = unpack(buf, p)
                 if (
@@ -370,12 +417,14 @@ class TarReader:
                         and b"\\" not in raw
                         and raw[1:2] != b":"
                     ):
-                        self.member_offset = self._base + p
-                        self._pos = p + total
-                        item = (
-                            raw.decode("utf-8", "surrogateescape"),
-                            buf[p + BLOCK : p + BLOCK + size] if keep else b"",
-                        )
+                        try:
+                            name = raw.decode()
+                        except UnicodeDecodeError:  # not UTF-8: the slow path refuses it
+                            name = ""
+                        if name:
+                            self.member_offset = self._base + p
+                            self._pos = p + total
+                            item = (name, buf[p + BLOCK : p + BLOCK + size] if keep else size)
             if item is None:
                 item = slow()
                 if item is None:
@@ -417,7 +466,7 @@ def iter_members(
     f: BinaryIO, *, url: str = "<stream>", start: int = 0, end: int | None = None
 ) -> Iterator[tuple[str, bytes]]:
     """Yield ``(name, data)`` for each regular file member of a tar stream."""
-    return TarReader(f, url=url, start=start, end=end).members()
+    return cast(Iterator[tuple[str, bytes]], TarReader(f, url=url, start=start, end=end).members())
 
 
 def iter_samples(
@@ -427,9 +476,11 @@ def iter_samples(
     start: int = 0,
     end: int | None = None,
     size: int | None = None,
+    max_member: int = DEFAULT_MAX_MEMBER,
 ) -> Iterator[tuple[int, Sample]]:
     """Yield ``(byte_offset, sample)`` of a tar stream (see :meth:`TarReader.samples`)."""
-    return TarReader(f, url=url, start=start, end=end, size=size).samples()
+    reader = TarReader(f, url=url, start=start, end=end, size=size, max_member=max_member)
+    return reader.samples()
 
 
 def read_shard(
@@ -438,23 +489,28 @@ def read_shard(
     url: str | None = None,
     start: int = 0,
     end: int | None = None,
+    max_member: int = DEFAULT_MAX_MEMBER,
 ) -> Iterator[Sample]:
     """Iterate the samples of a tar shard (a path or a binary stream).
 
     Each sample is a dict with ``__key__`` and one ``bytes`` value per field. A path ending
     in ``.zst`` is decompressed on the fly. ``start``/``end`` read a byte range (a sample
     range taken from the shard's index; offsets in the decompressed tar for ``.zst``): a
-    path is opened there, a stream must already be positioned at ``start``.
+    path is opened there, a stream must already be positioned at ``start``. A member
+    larger than ``max_member`` bytes is a :class:`ShardFormatError`.
     """
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         name = url or path
-        return _read_path(path, name, start, end)
+        return _read_path(path, name, start, end, max_member)
     name = url or getattr(source, "name", None) or "<stream>"
-    return (s for _, s in iter_samples(source, url=str(name), start=start, end=end))
+    samples = iter_samples(source, url=str(name), start=start, end=end, max_member=max_member)
+    return (s for _, s in samples)
 
 
-def _read_path(path: str, url: str, start: int, end: int | None) -> Iterator[Sample]:
+def _read_path(
+    path: str, url: str, start: int, end: int | None, max_member: int
+) -> Iterator[Sample]:
     try:
         f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by the generator
     except OSError as exc:
@@ -466,11 +522,13 @@ def _read_path(path: str, url: str, start: int, end: int | None) -> Iterator[Sam
             with zstd_reader(f) as z:
                 if start:
                     skip_bytes(z, start)
-                yield from (s for _, s in iter_samples(z, url=url, start=start, end=end))
+                samples = iter_samples(z, url=url, start=start, end=end, max_member=max_member)
+                yield from (s for _, s in samples)
             return
         if start:
             f.seek(start)
-        yield from (s for _, s in iter_samples(f, url=url, start=start, end=end))
+        samples = iter_samples(f, url=url, start=start, end=end, max_member=max_member)
+        yield from (s for _, s in samples)
 
 
 def skip_bytes(f: BinaryIO, n: int) -> None:

@@ -7,7 +7,13 @@ partial header, or where an end-of-archive marker was expected.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 BLOCK = 512
 EOA = b"\0" * (2 * BLOCK)
@@ -119,13 +125,13 @@ def cases() -> list[Case]:
         _after_good(
             "huge-octal",
             header("big.bin", size_field=octal(0o77777777777, 12)) + b"x" * 9000,
-            "claims|truncated",
+            "claims|truncated|largest-member",
             tail=b"",
         ),
         _after_good(
             "huge-base256",
             header("big.bin", size_field=base256(1 << 80)) + b"x" * 9000,
-            "claims|truncated",
+            "claims|truncated|largest-member",
             tail=b"",
         ),
         _after_good("negative-base256", header("n.bin", size_field=base256(-5)), "size field"),
@@ -139,6 +145,24 @@ def cases() -> list[Case]:
         _after_good("truncated-padding", header("t.bin", 100) + b"y" * 100, "padding", tail=b""),
         _after_good("truncated-header", header("t.txt", 1)[:300], "partial tar header", tail=b""),
         _after_good("missing-eoa", b"", "end-of-archive", tail=b""),
+        _after_good("lone-zero-block", b"\0" * BLOCK, "one zero block", tail=b""),
+        _after_good("lone-zero-block-then-junk", b"\0" * BLOCK + b"j" * BLOCK, "one zero block"),
+        _after_good("non-utf8-name", member(b"caf\xe9.txt", b"x"), "not valid UTF-8"),
+        _after_good(
+            "non-utf8-pax-path",
+            pax(pax_record("path", b"\xff\xfe.txt")) + member("a.txt", b"a"),
+            "not valid UTF-8",
+        ),
+        _after_good(
+            "pax-size-unicode-digits",
+            pax(pax_record("size", "\u00b2")) + member("a.txt", b"a"),
+            "pax size",
+        ),
+        _after_good(
+            "pax-size-arabic-digits",
+            pax(pax_record("size", "\u0661\u0662")) + member("a.txt", b"a"),
+            "pax size",
+        ),
         _after_good("pax-huge", pax(b"", size=2 << 20) + b"z" * 4096, "too large"),
         _after_good("pax-no-length", pax(b"abc path=x\n") + member("a.txt", b"a"), "malformed"),
         _after_good("pax-long-length", pax(b"99 path=x\n") + member("a.txt", b"a"), "malformed"),
@@ -178,7 +202,74 @@ def cases() -> list[Case]:
             "pax-size-past-end",
             lead + pax(pax_record("size", str(1 << 40))) + member("a.txt", b"a") + EOA,
             len(lead),
-            "claims|truncated",
+            "claims|truncated|largest-member",
         )
     )
     return out
+
+
+# -- whole hostile data sets, for every entry point ---------------------------------------
+def zstd_bomb(path: str | os.PathLike[str], size: int = 2 << 30, name: str = "bomb.bin") -> int:
+    """A ``.tar.zst`` of one ``size``-byte member of zeros (~65 KB for 2 GiB); its size."""
+    import zstandard
+
+    with open(path, "wb") as f:
+        z = zstandard.ZstdCompressor(level=1).stream_writer(f)
+        z.write(header(name, size))
+        zeros = bytes(8 << 20)
+        left = size
+        while left:
+            n = min(left, len(zeros))
+            z.write(zeros[:n])
+            left -= n
+        z.write(b"\0" * ((-size) % BLOCK))
+        z.write(EOA)
+        z.close()
+    return os.path.getsize(path)
+
+
+def one_shard_set(directory: Path, name: str, data: bytes, nsamples: int = 1) -> Path:
+    """``directory`` with the shard ``name`` holding ``data`` and a manifest that lists it
+    truthfully (size, checksum, ``nsamples``): every entry point reaches the tar parser."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / name).write_bytes(data)
+    entry = {
+        "url": name,
+        "size": len(data),
+        "nsamples": nsamples,
+        "checksum": "sha256:" + hashlib.sha256(data).hexdigest(),
+    }
+    doc = {"format": "shardkit.manifest", "version": 1, "shards": [entry]}
+    path = directory / "manifest.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+_PEAK = (
+    "import atexit, resource, sys\n"
+    "def _peak():\n"
+    "    me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+    "    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
+    "    sys.stderr.write(f'\\nPEAK_KB {max(me, kids)}\\n')\n"
+    "atexit.register(_peak)\n"
+)
+
+
+def run_measured(code: str, timeout: float = 120) -> tuple[int, str, int]:
+    """Run ``code`` in a fresh interpreter: ``(exit code, stderr without the peak line,
+    peak RSS in bytes of it or of any child it waited for, DataLoader workers included)``."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _PEAK + code],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    head, _, peak = proc.stderr.rpartition("\nPEAK_KB ")
+    return proc.returncode, head.strip(), int(peak.strip() or 0) * 1024
+
+
+def run_cli_measured(*args: str | os.PathLike[str], timeout: float = 120) -> tuple[int, str, int]:
+    """The ``shardkit`` CLI in a fresh process, measured as :func:`run_measured`."""
+    argv = [str(a) for a in args]
+    return run_measured(f"from shardkit.cli import main\nmain({argv!r})\n", timeout)
