@@ -39,7 +39,7 @@ from shardkit.build_workers import (
     write_job,
 )
 from shardkit.checksum import new_hasher
-from shardkit.errors import ConfigError, ManifestError
+from shardkit.errors import ConfigError, ManifestError, ShardkitError, WriterError
 from shardkit.manifest import Manifest, creation_info
 from shardkit.sources import FieldMap, Unit, discover
 from shardkit.units import parse_size
@@ -243,8 +243,18 @@ def run_build(plan: BuildPlan, *, progress: Progress | None = None) -> BuildResu
     ``progress(samples, input_bytes)`` is called about ten times a second in this process
     with what was done since the last call. Raises :class:`ShardkitError` subclasses for
     bad input (naming the file and line) and keeps the whole shards written so far, so
-    the build can be resumed.
+    the build can be resumed. A write that fails (a full disk) is a :class:`WriterError`.
     """
+    try:
+        return _run_build(plan, progress)
+    except ShardkitError:
+        raise
+    except OSError as exc:  # the work dir, a move or the final manifest: disk full
+        where = exc.filename or plan.out_dir
+        raise WriterError(f"{where}: {exc.strerror or exc}; the build stopped") from exc
+
+
+def _run_build(plan: BuildPlan, progress: Progress | None) -> BuildResult:
     t0 = time.perf_counter()
     nbytes = 0
 

@@ -203,6 +203,12 @@ def manifest_from_shards(
         rel = os.path.relpath(p, base)
         if rel.startswith(".."):
             raise ConfigError(f"shard {p} is outside {base}, where the manifest goes")
+        real = os.path.realpath(p)
+        if not real.startswith(os.path.realpath(base).rstrip(os.sep) + os.sep):
+            raise ConfigError(
+                f"shard {p} is a link to {real}, outside {base}, where the manifest goes: "
+                "readers would refuse it"
+            )
         url = rel.replace(os.sep, "/")
         scan = scan_shard(p, algo=algo, nkeys=0, url=url, progress=progress, piece_size=piece_size)
         idx = idx_sum = None

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from shardkit.checksum import Hasher, new_hasher, split_checksum
 from shardkit.errors import ConfigError, FetchError, ShardFormatError, ShardkitError
+from shardkit.io.local import check_within
 from shardkit.manifest import Manifest, ShardEntry
 from shardkit.pieces import PieceHasher
 from shardkit.tario.index import read_index
@@ -276,7 +277,9 @@ def _check_samples(
     if entry.index is None or end is None:
         return out
     try:
-        index = read_index(opener.read(manifest.resolve(entry.index)), url=entry.index)
+        index_url = manifest.resolve(entry.index)
+        check_within(index_url, manifest.base)
+        index = read_index(opener.read(index_url), url=entry.index)
     except (ShardkitError, OSError) as exc:
         out.append(Problem(entry.url, "index", f"sample index {entry.index}: {exc}"))
         return out
@@ -311,6 +314,7 @@ def verify_shard(
     """Check one shard at ``level``; return its problems (empty when it is good)."""
     try:
         url = manifest.resolve(entry.url)
+        check_within(url, manifest.base)  # a symbolic link may not lead out of the base
     except ShardkitError as exc:
         return [Problem(entry.url, "url", str(exc))]
     problems: list[Problem] = []

@@ -9,10 +9,11 @@ shards. A ``with`` block that raises finishes no shard: the one being written is
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from types import TracebackType
 from typing import Any, BinaryIO
 
@@ -55,7 +56,12 @@ class _HashingFile:
         self.hasher.update(data)
         if self.pieces is not None:
             self.pieces.update(data)
-        self.f.write(data)
+        view = memoryview(data).cast("B")
+        while view:  # an unbuffered write may take a part (a disk filling up): go on
+            n = self.f.write(view)
+            if not n:
+                raise OSError(errno.EIO, "the file took no bytes")
+            view = view[n:]
         self.size += len(data)
         return len(data)
 
@@ -165,11 +171,13 @@ class ShardWriter:
             self._offset + size + len(END_OF_ARCHIVE) > self.maxsize
             or (self.maxcount is not None and len(self._offsets) >= self.maxcount)
         ):
-            self._finish_shard()
+            with self._disk():
+                self._finish_shard()
         if self._file is not None and key in self._keys:
             raise WriterError(f"sample key {key!r} appears twice in shard {self._shard_name()}")
         if self._file is None:
-            self._open_shard()
+            with self._disk():
+                self._open_shard()
         self._keys.add(str(key))
         self._offsets.append(self._offset)
         self._offset += size
@@ -181,7 +189,8 @@ class ShardWriter:
             st["count"] += 1
             st["bytes"] += nbytes
         if self._pending_size >= _FLUSH:
-            self._flush()
+            with self._disk():
+                self._flush()
 
     def _encode(
         self, key: str, sample: Mapping[str, Any]
@@ -214,16 +223,31 @@ class ShardWriter:
     def next_shard(self) -> None:
         """Finish the shard being written now (if any); the next sample starts a new one."""
         if self._file is not None:
-            self._finish_shard()
+            with self._disk():
+                self._finish_shard()
 
     def close(self) -> Manifest:
         """Finish the open shard and write the final manifest; return it."""
         if not self._closed:
-            if self._file is not None:
-                self._finish_shard()
-            self._write_manifest()
+            with self._disk():
+                if self._file is not None:
+                    self._finish_shard()
+                self._write_manifest()
             self._closed = True
         return self.manifest
+
+    @contextlib.contextmanager
+    def _disk(self) -> Iterator[None]:
+        """A failed write (a full disk, a file size limit) as a WriterError: the shard
+        being written is dropped by ``abort`` and the manifest lists whole shards only."""
+        try:
+            yield
+        except OSError as exc:
+            raise WriterError(
+                f"{self.out_dir}: writing shard {self._shard_name()} failed: "
+                f"{exc.strerror or exc}; the manifest lists only the "
+                f"{len(self.manifest.shards)} whole shards written before it"
+            ) from exc
 
     def abort(self) -> None:
         """Drop the shard being written (its temp file) and keep the finished ones."""
@@ -241,7 +265,10 @@ class ShardWriter:
         if not self._closed:
             self._closed = True
             if self.manifest.shards or not os.path.exists(self.manifest_path):
-                self._write_manifest()
+                try:
+                    self._write_manifest()
+                except OSError as exc:  # the disk is still full: the last manifest stands
+                    log.info("%s: cannot rewrite the manifest: %r", self.out_dir, exc)
 
     def __enter__(self) -> ShardWriter:
         return self

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from shardkit.io import load_manifest, make_opener
+from shardkit.io.local import check_within
 from shardkit.summary import first_keys, scan_shard, summarize_manifest, summarize_shard
 from shardkit.units import format_bytes
 
@@ -22,6 +23,7 @@ def _manifest_summary(source: str, nkeys: int) -> dict[str, Any]:
     if m.shards and nkeys:
         first = m.shards[0]
         url = m.resolve(first.url)
+        check_within(url, m.base)
         with make_opener().open(url, size=first.size, checksum=first.checksum) as f:
             keys = first_keys(f, nkeys, url=url)
     d = summarize_manifest(m, keys=keys)

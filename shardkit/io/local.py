@@ -7,9 +7,10 @@ import os
 from typing import BinaryIO
 from urllib.parse import unquote, urlsplit
 
-from shardkit.errors import FetchError
+from shardkit.errors import FetchError, ManifestError
+from shardkit.io.opener import url_scheme
 
-__all__ = ["LocalOpener", "local_path", "open_local"]
+__all__ = ["LocalOpener", "check_within", "local_path", "open_local"]
 
 
 def local_path(url: str) -> str:
@@ -17,6 +18,25 @@ def local_path(url: str) -> str:
     if url.startswith("file://"):
         return unquote(urlsplit(url).path)
     return url
+
+
+def check_within(url: str, base: str | None) -> None:
+    """Refuse a local ``url`` whose real path (every link followed) is outside ``base``.
+
+    A manifest's urls are checked as text when it is loaded; a symbolic link in the shard
+    directory can still point anywhere, so where a local shard or index is opened its real
+    path is checked too (:class:`ManifestError`). Remote urls and a None base pass.
+    """
+    if base is None or "://" in base or url_scheme(url) != "file":
+        return
+    real = os.path.realpath(local_path(url))
+    root = os.path.realpath(base)
+    if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+        raise ManifestError(
+            f"refusing {url!r}: its real path {real!r} (through a symbolic link) is outside "
+            f"the manifest's base {root!r} (pass allow_unsafe_urls=True in code to allow it)",
+            field="url",
+        )
 
 
 class _Bounded(io.RawIOBase):

@@ -16,6 +16,7 @@ import numpy as np
 
 from shardkit.errors import FetchError, ShardFormatError
 from shardkit.io import Opener, load_manifest
+from shardkit.io.local import check_within
 from shardkit.manifest import Manifest
 from shardkit.tario.index import INDEX_MAGIC, index_entry_range, read_index
 from shardkit.tario.reader import iter_samples
@@ -37,6 +38,7 @@ class ShardInfo(NamedTuple):
     checksum: str | None = None
     index_url: str | None = None
     index_checksum: str | None = None
+    base: str | None = None  # a local shard's real path must lie under it (links too)
 
 
 def _is_manifest(source: str) -> bool:
@@ -52,12 +54,15 @@ def load_catalog(
         source = load_manifest(source, opener)
     if isinstance(source, Manifest):
         out = []
+        base = None if allow_unsafe_urls else source.base
         for e in source.shards:
             url = source.resolve(e.url, allow_unsafe_urls=allow_unsafe_urls)
             index = (
                 source.resolve(e.index, allow_unsafe_urls=allow_unsafe_urls) if e.index else None
             )
-            out.append(ShardInfo(url, e.nsamples, e.size, e.checksum, index, e.index_checksum))
+            out.append(
+                ShardInfo(url, e.nsamples, e.size, e.checksum, index, e.index_checksum, base)
+            )
         return out
     urls = expand_braces(source) if isinstance(source, str) else list(source)
     return [_probe(url, opener) for url in urls]
@@ -87,6 +92,16 @@ class Catalog:
         self.total = sum(self.counts)
         self._checked: set[str] = set()
         self._indexes: dict[str, np.ndarray] = {}  # whole indexes this process has read
+        self._within: set[str] = set()  # local urls whose real path was checked
+
+    def check_within(self, info: ShardInfo, url: str) -> str:
+        """``url`` (the shard's or its index's) once its real path is known to be inside
+        the manifest's base: a symbolic link out of the data set is refused where it is
+        opened, not only when the manifest is read."""
+        if info.base is not None and url not in self._within:
+            check_within(url, info.base)
+            self._within.add(url)
+        return url
 
     def byte_range(
         self, opener: Opener, shard: int, lo: int, hi: int
@@ -123,7 +138,8 @@ class Catalog:
         arr = self._indexes.get(info.index_url)
         if arr is None:
             size = _HEAD.size + 8 * (info.nsamples + 1)
-            with opener.open(info.index_url, size=size, checksum=info.index_checksum) as f:
+            url = self.check_within(info, info.index_url)
+            with opener.open(url, size=size, checksum=info.index_checksum) as f:
                 data = f.read()
             arr = read_index(data, url=info.index_url)
             if len(arr) != info.nsamples + 1:
@@ -149,6 +165,7 @@ class Catalog:
                 )
             return value
         if info.index_url not in self._checked:
+            self.check_within(info, info.index_url)
             head = opener.read(info.index_url, start=0, end=_HEAD.size)
             if len(head) != _HEAD.size or head[:8] != INDEX_MAGIC:
                 raise ShardFormatError("not a shardkit sample index", url=info.index_url, offset=0)

@@ -102,7 +102,7 @@ def _read_range(
     zst = info.url.endswith(".zst")
     limit = getattr(getattr(opener, "cfg", None), "max_member", DEFAULT_MAX_MEMBER)
     f = opener.open(
-        info.url,
+        catalog.check_within(info, info.url),
         start=0 if zst else start,
         end=None if zst else end,
         size=info.size,

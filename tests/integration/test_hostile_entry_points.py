@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from shardkit import ShardDataset, ShardFormatError, WebLoader, read_shard
+from shardkit import ShardDataset, ShardFormatError, ShardkitError, WebLoader, read_shard
 from shardkit.io import load_manifest
+from shardkit.manifest import Manifest
 from shardkit.verify import verify
 from tests.helpers import hostile
 from tests.helpers.hostile import EOA, member, one_shard_set, pax, pax_record, run_cli_measured
@@ -222,3 +223,65 @@ def test_malformed_manifest_is_one_named_line(
     code, err, _ = run_cli_measured("inspect", path)
     _one_line_error(code, err, str(path), where)
     assert len(err) < 400, err  # a 5,000-digit number is not echoed back
+
+
+# -- a symbolic link out of the manifest's base -------------------------------------------
+@pytest.fixture(params=["shard", "directory", "index"])
+def escaping(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """A good data set, then one shard (or its directory, or its index) swapped for a link
+    to a copy outside the base: same bytes, so only the real path can tell."""
+    from tests.helpers.data import make_shards
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    base = tmp_path / "set"
+    m = make_shards(base / "sub", [3, 3])
+    doc = json.loads((base / "sub" / "manifest.json").read_text())
+    for e in doc["shards"]:
+        e["url"] = "sub/" + e["url"]
+        e["index"] = "sub/" + e["index"]
+    (base / "manifest.json").write_text(json.dumps(doc))
+    name = m.shards[1].url if request.param != "index" else str(m.shards[1].index)
+    if request.param == "directory":
+        (base / "sub").rename(outside / "sub")
+        (base / "sub").symlink_to(outside / "sub")
+    else:
+        (base / "sub" / name).rename(outside / name)
+        (base / "sub" / name).symlink_to(outside / name)
+    return base / "manifest.json"
+
+
+@pytest.mark.timeout(90)
+def test_symlink_out_of_the_base_is_refused(escaping: Path) -> None:
+    manifest = load_manifest(str(escaping))
+    report = verify(manifest, level="deep")
+    assert report.problems and {p.kind for p in report.problems} <= {"url", "index"}
+    assert "outside the manifest's base" in report.problems[0].message
+    r = shardkit("verify", escaping, "--deep")
+    assert r.returncode == 1 and "outside the manifest's base" in r.stdout + r.stderr
+    with pytest.raises(ShardkitError, match="outside the manifest's base"):
+        for rank in range(4):  # shares of one sample: ranged reads that need the index
+            ds = ShardDataset(str(escaping), shardshuffle=False)
+            ds = ds.split_by_node(rank=rank, world_size=4)
+            list(WebLoader(ds, num_workers=2, multiprocessing_context="fork"))
+
+
+@pytest.mark.timeout(60)
+def test_symlink_out_of_the_base_in_inspect_and_from_shards(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    base = tmp_path / "set"
+    m = hostile_free_set(outside)
+    base.mkdir()
+    for s in m.shards:
+        (base / s.url).symlink_to(outside / s.url)
+    (base / "manifest.json").write_text((outside / "manifest.json").read_text())
+    code, err, _ = run_cli_measured("inspect", base / "manifest.json")
+    _one_line_error(code, err, "outside the manifest's base", s.url[:-5])
+    code, err, _ = run_cli_measured("manifest", "from-shards", base, "-o", base / "m2.json")
+    _one_line_error(code, err, "outside", "readers would refuse it")
+
+
+def hostile_free_set(directory: Path) -> Manifest:
+    from tests.helpers.data import make_shards
+
+    return make_shards(directory, [2])
