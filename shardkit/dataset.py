@@ -15,7 +15,8 @@ epoch, the world size, the rank and the worker count (:mod:`shardkit.plan`,
 :mod:`shardkit.order`): ``shuffle``, ``split_by_node`` and ``split_by_worker`` configure
 the source, whatever their place before ``batched``/``pack_tokens``. Samples are dicts
 with ``__key__`` and ``__url__`` and one ``bytes`` value per field until ``decode`` and
-``to_tuple``. Fluent methods change the data set and return it.
+``to_tuple``. Fluent methods return a new data set (the one they are called on does not
+change), so two pipelines built from one base never share a stage.
 
 Rank and world size come from ``split_by_node(rank=, world_size=)``, else from an
 initialised ``torch.distributed`` group or torchrun's ``RANK``/``WORLD_SIZE``, read in the
@@ -24,7 +25,9 @@ main process (also when the data set is pickled to spawned DataLoader workers).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -35,6 +38,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from shardkit.errors import ConfigError, StateDictError
 from shardkit.manifest import Manifest
 from shardkit.plan import PlanConfig
+from shardkit.resume import check_fingerprint, fits_epoch
 from shardkit.stages import (
     Batched,
     Context,
@@ -45,24 +49,21 @@ from shardkit.stages import (
     ShardSource,
     Stage,
     ToTuple,
+    check_state,
     merge_counters,
+    sources_of,
 )
+from shardkit.stages.base import check_int
 from shardkit.world import WorldInfo
 
-__all__ = ["ShardDataset", "state_epoch"]
+__all__ = ["EPOCH_MISMATCH", "ShardDataset"]
+
+EPOCH_MISMATCH = ("raise", "discard")
+_STATE = "dataset"
+_VERSION = 2
 
 
-def state_epoch(state: Mapping[str, Any]) -> int | None:
-    """The epoch recorded in a pipeline state (that of its first source)."""
-    if state.get("stage") == "shards":
-        epoch = state.get("epoch")
-        return int(epoch) if isinstance(epoch, int) else None
-    for sub in [state.get("source"), *(state.get("sources") or [])]:
-        if isinstance(sub, Mapping):
-            found = state_epoch(sub)
-            if found is not None:
-                return found
-    return None
+log = logging.getLogger("shardkit.dataset")
 
 
 def _torch_collate(samples: list[Any]) -> Any:
@@ -122,6 +123,9 @@ class ShardDataset(IterableDataset[Any]):
         self._grouped = False
         self._world_given: tuple[int, int] | None = None
         self._world_hint: tuple[int, int] | None = None
+        self._resume: dict[str, Any] | None = None  # a loaded state's epoch facts
+        self._discard = False
+        self._complete = False
 
     @classmethod
     def _from_stage(
@@ -130,6 +134,14 @@ class ShardDataset(IterableDataset[Any]):
         obj = cls.__new__(cls)
         obj._setup(tail, sources, handler, seed)
         return obj
+
+    def _derive(self) -> ShardDataset:
+        """A copy with its own stages (user code shared): what every fluent method returns."""
+        new = copy.copy(self)
+        new._tail = self._tail.clone()
+        new._sources = sources_of(new._tail)
+        new._resume = None
+        return new
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -151,19 +163,18 @@ class ShardDataset(IterableDataset[Any]):
         self._before_grouping("split_by_node()")
         if (rank is None) != (world_size is None):
             raise ConfigError("split_by_node: give both rank and world_size, or neither")
+        new = self._derive()
         if rank is not None and world_size is not None:
             WorldInfo(rank, world_size, 0, 1)  # validates
-            self._world_given = (rank, world_size)
-        for s in self._sources:
+            new._world_given = (rank, world_size)
+        for s in new._sources:
             s.by_node = True
-        return self
+        return new
 
     def split_by_worker(self) -> ShardDataset:
         """DataLoader workers split their rank's share (the default; kept for WebDataset code)."""
         self._before_grouping("split_by_worker()")
-        for s in self._sources:
-            s.by_worker = True
-        return self
+        return self._derive()
 
     def shuffle(self, bufsize: int, initial: int | None = None) -> ShardDataset:
         """Shuffle samples within a window of ``bufsize`` (see :mod:`shardkit.order`)."""
@@ -171,45 +182,52 @@ class ShardDataset(IterableDataset[Any]):
         initial = bufsize if initial is None else initial
         if bufsize < 0 or not 0 < initial <= max(bufsize, 1):
             raise ConfigError(f"shuffle({bufsize}, initial={initial}): need 0 < initial <= bufsize")
-        for s in self._sources:
+        new = self._derive()
+        for s in new._sources:
             s.bufsize, s.initial = (bufsize, initial) if bufsize > 1 else (None, None)
-        return self
+        return new
 
     def with_epoch(self, n: int) -> ShardDataset:
         """Make a resampled stream's epoch ``n`` samples per rank."""
         self._before_grouping("with_epoch()")
-        for s in self._sources:
-            if not s.config.resampled:
-                raise ConfigError(
-                    "with_epoch() needs resampled=True: otherwise an epoch is the whole data set"
-                )
+        if not all(s.config.resampled for s in self._sources):
+            raise ConfigError(
+                "with_epoch() needs resampled=True: otherwise an epoch is the whole data set"
+            )
+        new = self._derive()
+        for s in new._sources:
             s.config = dataclasses.replace(s.config, epoch_length=n)
-        return self
+        return new
 
-    # -- stages --------------------------------------------------------------------
+    # -- stages ---------------------------------------------------------------------
+    def _then(self, make: Callable[[Stage], Stage], *, grouped: bool = False) -> ShardDataset:
+        new = self._derive()
+        new._tail = make(new._tail)
+        new._grouped = self._grouped or grouped
+        return new
+
+    # -- stages (WebDataset's names) -------------------------------------------------
     def decode(
         self,
         *handlers: str | Mapping[str, Callable[[bytes], Any]] | Callable[[str, bytes], Any],
         allow_pickle: bool = False,
     ) -> ShardDataset:
         """Decode fields by extension; images with Pillow; user handlers first."""
-        self._tail = Decode(self._tail, *handlers, allow_pickle=allow_pickle, handler=self._handler)
-        return self
+        return self._then(
+            lambda up: Decode(up, *handlers, allow_pickle=allow_pickle, handler=self._handler)
+        )
 
     def map(self, fn: Callable[[Any], Any]) -> ShardDataset:
         """Apply ``fn`` to every item."""
-        self._tail = Map(self._tail, fn)
-        return self
+        return self._then(lambda up: Map(up, fn))
 
     def select(self, predicate: Callable[[Any], bool]) -> ShardDataset:
         """Keep the items ``predicate`` accepts (the epoch's length is then unknown)."""
-        self._tail = Select(self._tail, predicate)
-        return self
+        return self._then(lambda up: Select(up, predicate))
 
     def to_tuple(self, *fields: str) -> ShardDataset:
         """Turn samples into tuples of these fields (``"jpg;png"``: the first present)."""
-        self._tail = ToTuple(self._tail, *fields)
-        return self
+        return self._then(lambda up: ToTuple(up, *fields))
 
     def batched(
         self,
@@ -229,22 +247,34 @@ class ShardDataset(IterableDataset[Any]):
             raise ConfigError(
                 f"batched: collate must be callable, 'numpy' or 'torch', not {collate!r}"
             )
-        self._tail = Batched(self._tail, n, fn, partial)
-        self._grouped = True
-        return self
+        return self._then(lambda up: Batched(up, n, fn, partial), grouped=True)
 
     def pack_tokens(self, field: str, seq_len: int, *, eos: int | None = None) -> ShardDataset:
         """Concatenate ``field`` token arrays into ``seq_len``-token sequences."""
-        self._tail = PackTokens(self._tail, field, seq_len, eos=eos)
-        self._grouped = True
-        return self
+        return self._then(lambda up: PackTokens(up, field, seq_len, eos=eos), grouped=True)
 
     # -- where and when ------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Iterate epoch ``epoch`` next (the order changes with it)."""
-        if epoch < 0:
-            raise ConfigError(f"epoch must not be negative, got {epoch}")
-        self._epoch = int(epoch)
+        """Iterate epoch ``epoch`` next (the order changes with it).
+
+        A loaded state fits its own epoch (and, saved after that epoch ended, the next):
+        any other raises :class:`StateDictError`, unless it was loaded with
+        ``epoch_mismatch="discard"``.
+        """
+        if type(epoch) is not int or epoch < 0:
+            raise ConfigError(f"epoch must be an int >= 0, got {epoch!r}")
+        st = self._resume
+        if st is not None and not fits_epoch(st, epoch):
+            if not self._discard:
+                raise StateDictError(
+                    f"dataset: the loaded state is for epoch {st['epoch']}"
+                    f"{' (ended)' if st['complete'] else ''}, not epoch {epoch}: fix the "
+                    "start epoch, or load it with epoch_mismatch='discard'"
+                )
+            log.warning("dataset: state for epoch %s discarded for epoch %s", st["epoch"], epoch)
+            self._resume = None
+            self._tail.clear_state()
+        self._epoch = epoch
 
     @property
     def epoch(self) -> int:
@@ -287,8 +317,19 @@ class ShardDataset(IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         ctx = self.context(info.id, info.num_workers) if info is not None else self.context()
+        st, self._resume = self._resume, None
+        if st is not None and st["complete"]:
+            self._tail.clear_state()
+            if st["epoch"] == self._epoch:  # the epoch had ended: nothing is left
+                self._complete = True
+                return iter(())
         self._tail.configure(ctx)
-        return iter(self._tail)
+        self._complete = False
+        return self._run(iter(self._tail))
+
+    def _run(self, it: Iterator[Any]) -> Iterator[Any]:
+        yield from it
+        self._complete = True
 
     def lengths(self, workers: int = 1) -> list[int] | None:
         """Items each of ``workers`` workers yields this epoch (None: not known up front)."""
@@ -308,16 +349,50 @@ class ShardDataset(IterableDataset[Any]):
         return sum(lengths)
 
     # -- state ---------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """The cursor of the pipeline (valid between two items it hands out)."""
-        return self._tail.state_dict()
+    def fingerprint(self) -> list[Any]:
+        """What a state of this pipeline fits: each stage and its parameters, the manifest's
+        content digest included."""
+        for src in self._sources:
+            src.catalog()
+        return self._tail.spec()
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from ``state`` at the next ``iter()`` (the epoch is taken from it)."""
-        epoch = state_epoch(state)
-        if epoch is None:
-            raise StateDictError("dataset: the state holds no source state with an epoch")
-        self._tail.load_state_dict(state)
+    def state_dict(self) -> dict[str, Any]:
+        """Where this process's iteration is (valid between two items it hands out).
+
+        For a loader with workers or under DDP use :meth:`WebLoader.state_dict`.
+        """
+        st = self._resume
+        return {
+            "stage": _STATE,
+            "version": _VERSION,
+            "epoch": self._epoch if st is None else st["epoch"],
+            "complete": self._complete if st is None else st["complete"],
+            "pipeline": self.fingerprint(),
+            "state": self._tail.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], *, epoch_mismatch: str = "raise") -> None:
+        """Resume from ``state`` at the next ``iter()``, in the state's epoch.
+
+        Args:
+            state: from :meth:`state_dict`.
+            epoch_mismatch: ``"raise"`` (default) when a later ``set_epoch`` names an
+                epoch the state does not fit, or ``"discard"`` the state then.
+        """
+        if epoch_mismatch not in EPOCH_MISMATCH:
+            raise ConfigError(f"epoch_mismatch must be one of {EPOCH_MISMATCH}")
+        st = check_state(state, _STATE, _VERSION, ("epoch", "complete", "pipeline", "state"))
+        epoch = check_int(st, _STATE, "epoch")
+        if not isinstance(st["complete"], bool):
+            raise StateDictError("dataset: key 'complete' must be true or false")
+        check_fingerprint(st["pipeline"], self.fingerprint())
+        tail = st["state"]
+        if not isinstance(tail, Mapping) or self._tail.state_epoch(tail) != epoch:
+            raise StateDictError("dataset: the pipeline state is for another epoch")
+        self._tail.configure(self.context(epoch=epoch))
+        self._tail.load_state_dict(tail)
+        self._resume = {"epoch": epoch, "complete": st["complete"]}
+        self._discard = epoch_mismatch == "discard"
         self._epoch = epoch
 
     def counters(self) -> dict[str, float]:

@@ -23,24 +23,36 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, overload
+from typing import Any, cast, overload
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
-from shardkit.dataset import ShardDataset, state_epoch
+from shardkit.dataset import EPOCH_MISMATCH, ShardDataset
 from shardkit.errors import ConfigError, StateDictError
 from shardkit.metrics import LoaderStats, counter_delta
 from shardkit.order import stream_seed
-from shardkit.stages import Context, check_state, resume_plan
+from shardkit.resume import (
+    STAGE,
+    VERSION,
+    check_fingerprint,
+    check_job_state,
+    fits_epoch,
+    merge_rank_states,
+    resume_plan,
+)
+from shardkit.stages import Context
 
 __all__ = ["PackedBytes", "WebLoader"]
 
+log = logging.getLogger("shardkit.loader")
 _END = object()
 _MAILBOX = 1 << 18
 _REFUSED = ("sampler", "batch_sampler", "shuffle", "in_order")
@@ -191,8 +203,11 @@ class _WorkerSide(IterableDataset[Any]):
         ds.set_epoch(int(box["epoch"]))
         ds.configure(Context(int(box["epoch"]), int(box["rank"]), int(box["world"]), logical, n))
         states = box["states"]
-        if states is not None:
-            ds.pipeline().load_state_dict(states[logical % len(states)])
+        mine = None if states is None else states[logical % len(states)]
+        if mine is None:
+            ds.pipeline().clear_state()
+        else:
+            ds.pipeline().load_state_dict(mine)
         if info is not None:  # a worker process: seed user code's RNGs (never the trainer's)
             _seed_everything(stream_seed(ds.seed, box["epoch"], box["rank"], logical, 0xBEEF))
         return self._run(ds, logical, ds.counters(), ds.io_stats())
@@ -222,6 +237,45 @@ class _WorkerSide(IterableDataset[Any]):
                 m = meta()
             yield item, m
             item = nxt
+
+
+class _EpochEnd:
+    """The shared end of an epoch under a process group: before each batch is handed out,
+    one all_reduce of three int64 (this rank has no batch; its skipped samples and shards)
+    on a CPU (gloo) group decides whether every rank has one. When one rank's data ends,
+    the epoch ends for all, so ranks never yield different numbers of batches."""
+
+    def __init__(self) -> None:
+        self._group: Any = None
+        self._made = False
+
+    @staticmethod
+    def active(mode: bool | None) -> bool:
+        if mode is False or not dist.is_available() or not dist.is_initialized():
+            if mode is True:
+                raise ConfigError("WebLoader(sync=True) needs an initialised process group")
+            return False
+        return dist.get_world_size() > 1
+
+    def group(self) -> Any:
+        """The default group when it runs gloo for CPU tensors, else a gloo group of our own
+        (made once, by every rank at its first iteration, as new_group requires)."""
+        if not self._made:
+            backend = str(dist.get_backend())
+            self._group = None if "gloo" in backend else dist.new_group(backend="gloo")
+            self._made = True
+        return self._group
+
+    def agree(self, have: bool, skips: Sequence[int]) -> tuple[bool, list[int]]:
+        """``(every rank has a batch, skips summed over ranks)``."""
+        t = torch.tensor([0 if have else 1, *skips], dtype=torch.int64)
+        dist.all_reduce(t, group=self.group())
+        return int(t[0]) == 0, [int(x) for x in t[1:]]
+
+    def gather(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(out, obj, group=self.group())
+        return out
 
 
 class _Collate:
@@ -260,6 +314,7 @@ class WebLoader:
         num_workers: int = 0,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         drop_last: bool = False,
+        sync: bool | None = None,
         **dataloader_kwargs: Any,
     ) -> None:
         if not isinstance(dataset, ShardDataset):
@@ -267,8 +322,7 @@ class WebLoader:
         for key in _REFUSED:
             if key in dataloader_kwargs:
                 raise ConfigError(f"WebLoader: {key}= is not supported (the plan orders samples)")
-        for source in dataset.sources:
-            source.catalog()  # read the manifest once here; workers get it pickled
+        self._fingerprint = dataset.fingerprint()  # reads the manifest once; workers get it
         self.dataset = dataset
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -285,25 +339,61 @@ class WebLoader:
             **dataloader_kwargs,
         )
         self._epoch = dataset.epoch
+        self._sync = sync
+        self._end = _EpochEnd()
         self._pending: dict[str, Any] | None = None
-        self._initial: list[dict[str, Any]] | None = None
+        self._discard = False
         self._states: list[dict[str, Any] | None] = [None] * self._logical
         self._where: tuple[int, int] = (0, 1)
         self._batches = 0
         self._next_worker = 0
+        self._complete = False
+        self._job_skips: dict[str, int] | None = None
         self._stats = LoaderStats()
 
     # -- epochs and length ---------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Iterate epoch ``epoch`` next; a loaded state for another epoch is dropped."""
+        """Iterate epoch ``epoch`` next.
+
+        A loaded state fits its own epoch and, when saved after that epoch ended, the next;
+        another epoch raises :class:`StateDictError` (unless the state was loaded with
+        ``epoch_mismatch="discard"``): an off-by-one start epoch never replays or skips
+        data silently.
+        """
+        st = self._pending
+        if st is not None and not fits_epoch(st, epoch):
+            if not self._discard:
+                raise StateDictError(
+                    f"webloader: the loaded state is for epoch {st['epoch']}"
+                    f"{' (ended)' if st['complete'] else ''}, not epoch {epoch}: start at "
+                    f"epoch {st['epoch']}{' or ' + str(st['epoch'] + 1) if st['complete'] else ''}"
+                    ", or load it with epoch_mismatch='discard'"
+                )
+            log.warning("webloader: state for epoch %s discarded for epoch %s", st["epoch"], epoch)
+            self._pending = None
         self.dataset.set_epoch(epoch)
         self._epoch = int(epoch)
 
+    @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter()`` runs (after a load: the state's)."""
+        return self._epoch
+
     def __len__(self) -> int:
-        """Batches this rank gets in a whole epoch."""
+        """Batches this rank gets in a whole epoch.
+
+        Exact when the pipeline's length is known up front (no ``select``, ``pack_tokens``,
+        shortest-``mix`` or endless resampling): every rank then has the same length by
+        construction. Under a skip policy (``handler="warn"``/``"skip_shard"``) it is an
+        upper bound: skipped data ends the epoch earlier, on every rank at once. Otherwise
+        ``TypeError``.
+        """
         lengths = self.dataset.lengths(self._logical)
         if lengths is None:
-            raise TypeError("the length of this loader is not known up front")
+            raise TypeError(
+                "the length of this loader is not known up front (select, pack_tokens, mix "
+                "or endless resampling): every rank still yields the same number of batches"
+            )
         if self.batch_size is None:
             return sum(lengths)
         bs = self.batch_size
@@ -311,34 +401,55 @@ class WebLoader:
 
     # -- iteration -----------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        self._mailbox.write(self._begin())
+        box = self._begin()
         self._stats.start()
-        return self._iterate(iter(self._loader))
+        if box is None:  # the loaded state had ended this epoch: nothing is left
+            self._stats.stop()
+            return iter(())
+        self._mailbox.write(box)
+        return self._iterate(iter(self._loader), _EpochEnd.active(self._sync))
 
-    def _begin(self) -> dict[str, Any]:
+    def _begin(self) -> dict[str, Any] | None:
         """Decide how this iteration starts (fresh, exact resume, elastic) for the mailbox."""
         rank, world = self.dataset.world()
         self._where = (rank, world)
-        split_world = self.dataset.splits_by_node
         st, self._pending = self._pending, None
         plan = resume_plan(
-            st, epoch=self._epoch, workers=self._logical, world=world, split_world=split_world
+            st,
+            pipeline=self.dataset.pipeline(),
+            epoch=self._epoch,
+            rank=rank,
+            world=world,
+            workers=self._logical,
         )
-        self._batches, self._initial = plan.batches, plan.initial
-        self._states = [None] * self._logical
+        self._batches = plan.batches
+        self._states = list(plan.states) if plan.states else [None] * self._logical
         self._next_worker = plan.rotation
+        self._complete = plan.done
+        if plan.done:
+            return None
         box = {"epoch": self._epoch, "rank": rank, "world": world, "rotation": plan.rotation}
         return {**box, "states": plan.states}
 
-    def _iterate(self, it: Iterator[Any]) -> Iterator[Any]:
+    def _iterate(self, it: Iterator[Any], synced: bool) -> Iterator[Any]:
         n = self._logical
+        stats = self._stats
         try:
             while True:
                 t = time.perf_counter()
-                try:
-                    batch, meta = next(it)
-                except StopIteration:
+                got = next(it, _END)
+                if synced:
+                    counts = stats.totals()[0]
+                    skips = [int(counts["skipped_samples"]), int(counts["skipped_shards"])]
+                    ok, job = self._end.agree(got is not _END, skips)
+                    self._job_skips = {"skipped_samples": job[0], "skipped_shards": job[1]}
+                    if not ok:  # a rank's data ended: the epoch ends for every rank
+                        self._complete = True
+                        return
+                elif got is _END:
+                    self._complete = True
                     return
+                batch, meta = cast(tuple[Any, dict[str, Any]], got)
                 if self.num_workers:
                     batch = _arrived(batch)
                 wait = time.perf_counter() - t
@@ -346,61 +457,102 @@ class WebLoader:
                 self._states[w] = meta["s"]
                 self._batches += 1
                 self._next_worker = (w + 1) % n
-                self._stats.record(wait, w, meta["c"], meta["io"])
+                stats.record(wait, w, meta["c"], meta["io"])
                 yield batch
         finally:
-            self._stats.stop()
+            stats.stop()
 
     # -- state ---------------------------------------------------------------------
-    def _unreported(self, worker: int) -> dict[str, Any]:
-        """The state of a worker that has not yet sent a batch: where it started."""
-        rank, world = self._where
-        ds = copy.deepcopy(self.dataset)
-        ds.configure(Context(self._epoch, rank, world, worker, self._logical))
-        if self._initial is not None:
-            ds.pipeline().load_state_dict(self._initial[worker])
-        return ds.pipeline().state_dict()
-
     def state_dict(self) -> dict[str, Any]:
-        """Where this rank is in the epoch: a small JSON-safe dict (cursors, not data)."""
-        if self._pending is not None:
+        """The job's resume state (see :mod:`shardkit.resume`): small, JSON-safe, cursors only.
+
+        Under a process group (with ``sync`` on) it gathers every rank's cursors, so it is
+        the same on every rank and every rank must call it at the same step; save it once
+        (rank 0) and load it on every rank of the next run. Without one it holds this rank's
+        cursors (join the ranks' states with :meth:`merge_states`).
+        """
+        if self._pending is not None:  # loaded and not iterated yet: the state as loaded
             return copy.deepcopy(self._pending)
-        workers = []
-        for w in range(self._logical):
-            st = self._states[w]
-            if st is None:
-                st = self._unreported(w)
-            workers.append(st)
-        return {
-            "stage": "webloader",
-            "version": 1,
-            "epoch": self._epoch,
-            "rank": self._where[0],
-            "world": self._where[1],
-            "num_workers": self._logical,
+        rank, world = self._where
+        entry = {
+            "rank": rank,
             "batches": self._batches,
             "next_worker": self._next_worker,
-            "workers": copy.deepcopy(workers),
+            "workers": copy.deepcopy(self._states),
+        }
+        ranks: list[dict[str, Any]] = [entry]
+        if _EpochEnd.active(self._sync):
+            ranks = sorted(self._end.gather(entry), key=lambda e: int(e["rank"]))
+        return {
+            "stage": STAGE,
+            "version": VERSION,
+            "epoch": self._epoch,
+            "complete": self._complete,
+            "world": world,
+            "num_workers": self._logical,
+            "pipeline": self._fingerprint,
+            "ranks": ranks,
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from ``state`` at the next ``iter()`` (exactly, or elastically re-planned)."""
-        keys = ("epoch", "world", "num_workers", "batches", "next_worker", "workers")
-        st = check_state(state, "webloader", 1, keys)
-        workers = st["workers"]
-        if not isinstance(workers, list) or len(workers) != st["num_workers"] or not workers:
-            raise StateDictError("webloader: key 'workers' needs one state per worker")
-        for source in self.dataset.sources:
-            source.catalog()  # loaded once, then copied
-        probe = copy.deepcopy(self.dataset)
-        for w in workers:  # fail here, not in a worker, when the pipeline does not fit
-            if state_epoch(w) != st["epoch"]:
-                raise StateDictError("webloader: a worker state is for another epoch")
-            probe.pipeline().load_state_dict(w)
+    def load_state_dict(self, state: Mapping[str, Any], *, epoch_mismatch: str = "raise") -> None:
+        """Resume from the job state ``state`` at the next ``iter()``: exactly when it was
+        saved by a run of this world size and worker count, else elastically re-planned.
+
+        Args:
+            state: from :meth:`state_dict` (or :meth:`merge_states`).
+            epoch_mismatch: ``"raise"`` (default): a later :meth:`set_epoch` for an epoch
+                the state does not fit raises; ``"discard"``: the state is dropped then.
+
+        Raises :class:`StateDictError` naming the stage and field when the state does not
+        fit: another pipeline (stages, seed, shuffle buffer, batch size...), manifest
+        content, or a cursor out of range.
+        """
+        if epoch_mismatch not in EPOCH_MISMATCH:
+            raise ConfigError(f"epoch_mismatch must be one of {EPOCH_MISMATCH}")
+        st = check_job_state(state)
+        check_fingerprint(st["pipeline"], self._fingerprint)
+        pipeline = self.dataset.pipeline()
+        for entry in st["ranks"]:
+            for w in entry["workers"]:
+                if w is not None and pipeline.state_epoch(w) != st["epoch"]:
+                    raise StateDictError(
+                        f"webloader: rank {entry['rank']}'s worker state is for epoch "
+                        f"{pipeline.state_epoch(w)}, the state for epoch {st['epoch']}"
+                    )
+        self._check_plan(st)
         self._pending = copy.deepcopy(st)
-        self.set_epoch(int(st["epoch"]))
+        self._discard = epoch_mismatch == "discard"
+        self.dataset.set_epoch(int(st["epoch"]))
+        self._epoch = int(st["epoch"])
+
+    def _check_plan(self, st: Mapping[str, Any]) -> None:
+        """Load what this rank's workers would load into the (idle) pipeline: a state that
+        does not fit fails here, in the training process, not in a worker."""
+        rank, world = self.dataset.world()
+        pipeline = self.dataset.pipeline()
+        plan = resume_plan(
+            st, pipeline=pipeline, epoch=st["epoch"], rank=rank, world=world, workers=self._logical
+        )
+        try:
+            for w, ws in enumerate(plan.states or []):
+                if ws is not None:
+                    self.dataset.configure(Context(st["epoch"], rank, world, w, self._logical))
+                    pipeline.load_state_dict(ws)
+        finally:
+            pipeline.clear_state()
+
+    @staticmethod
+    def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """One job state from the states each rank of a job saved on its own (jobs without
+        a process group, where ``state_dict()`` holds only its rank's cursors)."""
+        return merge_rank_states(states)
 
     # -- stats ---------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """samples/s, MB/s, mean and p99 wait for a batch, wait fraction, skips, io counters."""
-        return self._stats.summary()
+        """samples/s, MB/s, mean and p99 wait for a batch, wait fraction, skips, io counters;
+        under the shared epoch end also ``job_skipped_samples``/``job_skipped_shards``: the
+        skips of every rank, summed (as of this rank's latest batch)."""
+        out = self._stats.summary()
+        if self._job_skips is not None:
+            out.update({f"job_{k}": v for k, v in self._job_skips.items()})
+        return out

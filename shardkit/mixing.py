@@ -13,6 +13,7 @@ WebDataset's ``RandomMix``); ``longest=True`` goes on with the others, re-weight
 from __future__ import annotations
 
 import bisect
+import copy
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -22,7 +23,8 @@ import numpy as np
 from shardkit.dataset import ShardDataset
 from shardkit.errors import ConfigError, StateDictError
 from shardkit.order import stream_seed, uniforms
-from shardkit.stages import Context, ShardSource, Stage, check_state
+from shardkit.stages import Context, Stage, check_state, sources_of
+from shardkit.stages.base import Grid, check_int
 
 __all__ = ["Mix", "mix"]
 
@@ -65,7 +67,12 @@ class Mix(Stage):
         self._draws = 0
         self._generation = 0
         self._exhausted = [False] * len(stages)
-        self._pending: dict[str, Any] | None = None
+
+    def clone(self) -> Mix:
+        new = copy.copy(self)
+        new._pending = None
+        new.stages = [s.clone() for s in self.stages]
+        return new
 
     def children(self) -> list[Stage]:
         return list(self.stages)
@@ -75,7 +82,7 @@ class Mix(Stage):
         super().configure(ctx)
 
     def __iter__(self) -> Iterator[Any]:
-        st, self._pending = self._pending, None
+        st = self._take_pending()
         self._draws, self._exhausted = 0, [False] * len(self.stages)
         if st is not None:
             self._draws = int(st["draws"])
@@ -132,17 +139,55 @@ class Mix(Stage):
         st = check_state(
             state, self.name, self.version, ("draws", "generation", "exhausted", "sources")
         )
+        check_int(st, self.name, "draws")
+        check_int(st, self.name, "generation")
         subs = st["sources"]
         if not isinstance(subs, list) or len(subs) != len(self.stages):
             raise StateDictError(
                 f"mix: the state has {len(subs) if isinstance(subs, list) else '?'} sources, "
                 f"this mixture {len(self.stages)}"
             )
-        if len(st["exhausted"]) != len(self.stages):
+        flags = st["exhausted"]
+        if not isinstance(flags, list) or len(flags) != len(self.stages):
             raise StateDictError("mix: key 'exhausted' needs one flag per source")
+        if not all(isinstance(f, bool) for f in flags):
+            raise StateDictError("mix: key 'exhausted' must hold true/false flags")
         for stage, sub in zip(self.stages, subs, strict=True):
-            stage.load_state_dict(sub)
+            if sub is None:  # a merged state of a source nothing was read from
+                stage.clear_state()
+            else:
+                stage.load_state_dict(sub)
         self._pending = st
+
+    def params(self) -> dict[str, Any]:
+        return {"weights": self.weights.tolist(), "seed": self.seed, "longest": self.longest}
+
+    def spec(self) -> list[Any]:
+        return [{"stage": self.name, **self.params(), "sources": [s.spec() for s in self.stages]}]
+
+    def merge(self, grid: Grid) -> dict[str, Any] | None:
+        """Each source merged on its own; a new draw sequence (a new generation)."""
+        subs = [
+            s.merge([[None if st is None else st["sources"][i] for st in row] for row in grid])
+            for i, s in enumerate(self.stages)
+        ]
+        found = [st for row in grid for st in row if st is not None]
+        if not found or all(sub is None for sub in subs):
+            return None
+        return {
+            "stage": self.name,
+            "version": self.version,
+            "draws": 0,
+            "generation": max(int(st["generation"]) for st in found) + 1,
+            "exhausted": [False] * len(self.stages),
+            "sources": subs,
+        }
+
+    def state_epoch(self, state: Mapping[str, Any]) -> int:
+        for stage, sub in zip(self.stages, state["sources"], strict=True):
+            if sub is not None:
+                return stage.state_epoch(sub)
+        raise StateDictError("mix: the state holds no source state")
 
     def lengths(self, ctx: Context) -> list[int] | None:
         if not self.longest:
@@ -170,14 +215,13 @@ def mix(
     """
     if not datasets:
         raise ConfigError("mix needs at least one data set")
-    sources: list[ShardSource] = []
     for d in datasets:
         if not isinstance(d, ShardDataset):
             raise ConfigError(f"mix takes ShardDatasets, not {type(d).__name__}")
         if d._grouped:
             raise ConfigError("mix samples, not batches: call batched()/pack_tokens() after mix()")
-        sources.extend(d._sources)
-    stage = Mix([d.pipeline() for d in datasets], weights, seed=seed, longest=longest)
+    stage = Mix([d.pipeline().clone() for d in datasets], weights, seed=seed, longest=longest)
+    sources = sources_of(stage)
     out = ShardDataset._from_stage(stage, sources, handler=datasets[0]._handler, seed=seed)
     out._world_given = datasets[0]._world_given
     return out

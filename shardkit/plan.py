@@ -16,8 +16,8 @@ For epoch ``e`` of a data set whose shards hold ``counts[i]`` samples:
    one), so every rank has the same per-worker lengths and the same batch counts.
 
 **Elastic resume**: a run of the epoch with another world size or worker count is a
-*generation*. Its record (world, workers, samples each worker had emitted - the same on
-every rank, since ranks run in lockstep - and the shuffle window it used) fixes exactly
+*generation*. Its record (world, workers, the stream positions each ``(rank, worker)``
+had emitted - ranks need not be in lockstep - and the shuffle window it used) fixes exactly
 which samples it consumed; what is left, in order, is split again among the new ranks and
 workers. Nothing consumed is read again and nothing left is lost (beyond the remainder
 rule above when what is left does not divide by the new world size).
@@ -173,43 +173,77 @@ class PlanConfig:
 
 @dataclass(frozen=True)
 class Generation:
-    """A finished part of an epoch run with another world size or worker count."""
+    """A finished part of an epoch: a run with some world size and worker count, and how
+    many stream positions each of its ``(rank, worker)`` streams had emitted.
+
+    ``positions[rank][worker]``: ranks need not be in lockstep (a filter, packing, a
+    skipped shard make them consume at different rates).
+    """
 
     world: int
     workers: int
-    positions: tuple[int, ...]
+    positions: tuple[tuple[int, ...], ...]
     bufsize: int | None = None
     initial: int | None = None
+
+    def __post_init__(self) -> None:
+        rows = self.positions
+        if len(rows) != self.world or any(len(r) != self.workers for r in rows):
+            raise StateDictError(
+                f"generation of {self.world} ranks x {self.workers} workers needs "
+                f"{self.world} rows of {self.workers} positions"
+            )
+        for row in rows:
+            for p in row:
+                if type(p) is not int or p < 0:
+                    raise StateDictError(f"generation: position {p!r} must be an int >= 0")
+
+    def position(self, rank: int, worker: int) -> int:
+        return self.positions[rank][worker]
+
+    def consumed(self) -> int:
+        """Stream positions emitted by every stream of the generation together."""
+        return sum(sum(row) for row in self.positions)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "world": self.world,
             "workers": self.workers,
-            "positions": list(self.positions),
+            "positions": [list(row) for row in self.positions],
             "bufsize": self.bufsize,
             "initial": self.initial,
         }
 
     @classmethod
     def from_dict(cls, raw: Any) -> Generation:
+        """Read a history entry; a flat list of positions (shardkit <= 0.1: one per worker,
+        the same on every rank) is read as that list on every rank."""
         try:
-            gen = cls(
-                int(raw["world"]),
-                int(raw["workers"]),
-                tuple(int(p) for p in raw["positions"]),
-                None if raw.get("bufsize") is None else int(raw["bufsize"]),
-                None if raw.get("initial") is None else int(raw["initial"]),
+            world, workers = _count(raw["world"]), _count(raw["workers"])
+            rows = raw["positions"]
+            if not isinstance(rows, list):
+                raise TypeError("positions must be a list")
+            if rows and not isinstance(rows[0], list):
+                rows = [rows] * world
+            bufsize, initial = raw.get("bufsize"), raw.get("initial")
+            return cls(
+                world,
+                workers,
+                tuple(tuple(row) for row in rows),
+                None if bufsize is None else _count(bufsize),
+                None if initial is None else _count(initial),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StateDictError(f"source state: bad history entry {raw!r}: {exc}") from None
-        if len(gen.positions) != gen.workers:
-            raise StateDictError(
-                f"source state: history entry {raw!r} needs one position per worker"
-            )
-        return gen
 
     def window(self, seed: int, epoch: int, gen: int, rank: int, worker: int) -> Window | None:
         return shuffle_window(self.bufsize, self.initial, seed, epoch, gen, rank, worker)
+
+
+def _count(x: Any) -> int:
+    if type(x) is not int or x < 1:
+        raise ValueError(f"{x!r} is not a positive int")
+    return x
 
 
 def shuffle_window(
@@ -279,7 +313,13 @@ def remaining_sequence(
             for worker in range(gen.workers):
                 stream = split(seq, gen.world, rank, gen.workers, worker, cfg.remainder)
                 window = gen.window(cfg.seed, epoch, g, rank, worker)
-                scattered, tail = remaining_after(stream.total, window, gen.positions[worker])
+                pos = gen.position(rank, worker)
+                if pos > stream.total:
+                    raise StateDictError(
+                        f"history entry {g}: rank {rank} worker {worker} emitted {pos} of a "
+                        f"stream of {stream.total}"
+                    )
+                scattered, tail = remaining_after(stream.total, window, pos)
                 parts.append(stream.pick(scattered))
                 parts.append(stream.take(tail, stream.total))
         seq = Ranges.concat(parts)
@@ -342,6 +382,6 @@ def worker_stream(
         return ResampledStream(counts, seed, None)
     left = cfg.epoch_length * (history[0].world if history else world)
     for h in history:
-        left -= h.world * sum(h.positions)
+        left -= h.consumed()
     per = rank_length(max(left, 0), world, cfg.remainder)
     return ResampledStream(counts, seed, worker_lengths(per, workers)[worker])

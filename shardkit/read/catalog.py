@@ -7,6 +7,7 @@ shard's ``.idx`` sidecar (one 16-byte read) or, without one, by scanning the sha
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import struct
 from collections.abc import Sequence
@@ -93,6 +94,19 @@ class Catalog:
         self._checked: set[str] = set()
         self._indexes: dict[str, np.ndarray] = {}  # whole indexes this process has read
         self._within: set[str] = set()  # local urls whose real path was checked
+        self._digest: str | None = None
+
+    @property
+    def digest(self) -> str:
+        """A fingerprint of the shards' content, in order: each one's checksum (its url
+        where there is none), size and sample count. A resume state carries it."""
+        if self._digest is None:
+            h = hashlib.sha256()
+            for s in self.shards:
+                ident = s.checksum or s.url.rsplit("/", 1)[-1]
+                h.update(f"{ident}|{s.size}|{s.nsamples}\n".encode())
+            self._digest = h.hexdigest()[:32]
+        return self._digest
 
     def check_within(self, info: ShardInfo, url: str) -> str:
         """``url`` (the shard's or its index's) once its real path is known to be inside

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from shardkit.read.policy import POLICIES, check_policy
-from shardkit.stages.base import Context, Stage, check_state, merge_counters
+from shardkit.stages.base import Context, Grid, Stage, check_state, merge_counters
 from shardkit.stages.basic import Batched, Map, Select, ToTuple
 from shardkit.stages.collate import collate_numpy
 from shardkit.stages.decode import Decode
-from shardkit.stages.elastic import ResumePlan, elastic_merge, resume_plan
-from shardkit.stages.source import ShardSource
+from shardkit.stages.source import ShardSource, sources_of
 from shardkit.stages.tokens import PackTokens
 
 __all__ = [
@@ -16,9 +15,9 @@ __all__ = [
     "Batched",
     "Context",
     "Decode",
+    "Grid",
     "Map",
     "PackTokens",
-    "ResumePlan",
     "Select",
     "ShardSource",
     "Stage",
@@ -26,7 +25,6 @@ __all__ = [
     "check_policy",
     "check_state",
     "collate_numpy",
-    "elastic_merge",
     "merge_counters",
-    "resume_plan",
+    "sources_of",
 ]

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from shardkit.errors import ConfigError, DecodeError
-from shardkit.stages.base import Context, Stage
+from shardkit.stages.base import Context, Stage, callable_name
 from shardkit.stages.collate import collate_numpy
 
 __all__ = ["Batched", "Map", "Select", "ToTuple"]
@@ -20,6 +20,9 @@ class Map(Stage):
     def __init__(self, upstream: Stage, fn: Callable[[Any], Any]) -> None:
         super().__init__(upstream)
         self.fn = fn
+
+    def params(self) -> dict[str, Any]:
+        return {"fn": callable_name(self.fn)}
 
     def __iter__(self) -> Iterator[Any]:
         fn = self.fn
@@ -35,6 +38,9 @@ class Select(Stage):
     def __init__(self, upstream: Stage, predicate: Callable[[Any], bool]) -> None:
         super().__init__(upstream)
         self.predicate = predicate
+
+    def params(self) -> dict[str, Any]:
+        return {"predicate": callable_name(self.predicate)}
 
     def __iter__(self) -> Iterator[Any]:
         pred = self.predicate
@@ -56,6 +62,9 @@ class ToTuple(Stage):
         if not fields:
             raise ConfigError("to_tuple needs at least one field name")
         self.fields = [f.split(";") for f in fields]
+
+    def params(self) -> dict[str, Any]:
+        return {"fields": [";".join(f) for f in self.fields]}
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         fields = self.fields
@@ -110,6 +119,9 @@ class Batched(Stage):
         self.n = n
         self.collate = collate or collate_numpy
         self.partial = partial
+
+    def params(self) -> dict[str, Any]:
+        return {"n": self.n, "partial": self.partial, "collate": callable_name(self.collate)}
 
     def __iter__(self) -> Iterator[Any]:
         n, collate = self.n, self.collate

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from shardkit.codecs import decode_field
-from shardkit.errors import ConfigError, DecodeError
+from shardkit.errors import ConfigError, DecodeError, StateDictError
 from shardkit.read.policy import check_policy, report
-from shardkit.stages.base import Stage
+from shardkit.stages.base import Grid, Stage, callable_name, check_state, sub_grid
 
 __all__ = ["IMAGE_EXTS", "IMAGE_MODES", "Decode"]
 
@@ -105,6 +105,7 @@ class Decode(Stage):
     """
 
     name = "decode"
+    version = 1
 
     def __init__(
         self,
@@ -134,6 +135,7 @@ class Decode(Stage):
         self.policy = check_policy(handler)
         self._skipped = {"skipped_samples": 0.0, "skipped_shards": 0.0}
         self._table: dict[str, Callable[[bytes], Any]] | None = None
+        self._bad: set[str] = set()  # shards given up on under "skip_shard" (in the state)
 
     def _handlers(self) -> dict[str, Callable[[bytes], Any]]:
         if self._table is None:
@@ -177,9 +179,61 @@ class Decode(Stage):
             out[field] = value
         return out
 
+    def clone(self) -> Decode:
+        new = super().clone()
+        assert isinstance(new, Decode)
+        new._skipped = dict.fromkeys(self._skipped, 0.0)
+        new._bad = set()
+        return new
+
+    # -- resume: the shards given up on are part of the cursor -----------------------
+    def state_dict(self) -> dict[str, Any]:
+        if self._pending is not None:
+            return dict(self._pending)
+        source = self._up().state_dict()
+        return {
+            "stage": self.name,
+            "version": self.version,
+            "bad_urls": sorted(self._bad),
+            "source": source,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        st = check_state(state, self.name, self.version, ("bad_urls", "source"))
+        bad = st["bad_urls"]
+        if not isinstance(bad, list) or not all(isinstance(u, str) for u in bad):
+            raise StateDictError("decode: key 'bad_urls' must be a list of urls")
+        self._up().load_state_dict(st["source"])
+        self._pending = st
+
+    def params(self) -> dict[str, Any]:
+        names = sorted(self.by_name)
+        fns = [callable_name(fn) for fn in self.callables]
+        return {
+            "images": self.image_mode,
+            "fields": names,
+            "callables": fns,
+            "handler": self.policy,
+        }
+
+    def merge(self, grid: Grid) -> dict[str, Any] | None:
+        source = self._up().merge(sub_grid(grid, "source"))
+        bad = sorted({u for row in grid for st in row if st is not None for u in st["bad_urls"]})
+        if source is None:
+            return None
+        return {"stage": self.name, "version": self.version, "bad_urls": bad, "source": source}
+
+    def state_epoch(self, state: Mapping[str, Any]) -> int:
+        return self._up().state_epoch(state["source"])
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        st = self._take_pending()
+        self._bad = set() if st is None else set(st["bad_urls"])
+        return self._decode_all()
+
+    def _decode_all(self) -> Iterator[dict[str, Any]]:
         policy = self.policy
-        bad_urls: set[Any] = set()
+        bad_urls = self._bad
         for sample in self._up():
             if bad_urls and sample.get("__url__") in bad_urls:
                 self._skipped["skipped_samples"] += 1
@@ -191,7 +245,7 @@ class Decode(Stage):
                     raise
                 self._skipped["skipped_samples"] += 1
                 if policy == "skip_shard":
-                    bad_urls.add(sample.get("__url__"))
+                    bad_urls.add(str(sample.get("__url__")))
                     self._skipped["skipped_shards"] += 1
                 report(policy, exc, f"sample {sample.get('__key__')!r}")
                 continue

@@ -9,6 +9,7 @@ shuffle window and emits exactly the rest.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from collections.abc import Generator, Iterator, Mapping, Sequence
@@ -24,9 +25,9 @@ from shardkit.plan import worker_stream as plan_stream
 from shardkit.read.catalog import Catalog, load_catalog
 from shardkit.read.policy import check_policy
 from shardkit.read.ranges import read_stream
-from shardkit.stages.base import Context, Stage, check_state
+from shardkit.stages.base import Context, Grid, Stage, check_int, check_state
 
-__all__ = ["ShardSource"]
+__all__ = ["ShardSource", "sources_of"]
 
 log = logging.getLogger("shardkit.stages")
 Sample = dict[str, Any]
@@ -63,7 +64,7 @@ class ShardSource(Stage):
         super().__init__(None)
         if isinstance(source, os.PathLike):
             source = os.fspath(source)
-        self.spec = source if isinstance(source, (str, Manifest)) else list(source)
+        self.what = source if isinstance(source, (str, Manifest)) else list(source)
         self.config = config
         self.policy = check_policy(handler)
         self.allow_unsafe_urls = allow_unsafe_urls
@@ -72,14 +73,12 @@ class ShardSource(Stage):
         self.bufsize: int | None = None
         self.initial: int | None = None
         self.by_node = False
-        self.by_worker = True
         self._catalog: Catalog | None = None
         self._opener: Opener | None = None
         self._ctx = Context()
         self._history: tuple[Generation, ...] = ()
         self._pos = 0
         self._last = -1
-        self._pending: dict[str, Any] | None = None
         self._counts: dict[str, float] = self._zero()
 
     @staticmethod
@@ -91,6 +90,13 @@ class ShardSource(Stage):
         state["_opener"] = None  # made again in each process (sessions do not pickle)
         return state
 
+    def clone(self) -> ShardSource:
+        new = copy.copy(self)
+        new._pending = None
+        new._counts = self._zero()
+        new.io_options = dict(self.io_options)
+        return new
+
     # -- setup ---------------------------------------------------------------------
     def opener(self) -> Opener:
         if self._opener is None:
@@ -101,7 +107,7 @@ class ShardSource(Stage):
         """The shard list, loaded once (in the main process it then pickles to workers)."""
         if self._catalog is None:
             shards = load_catalog(
-                self.spec, self.opener(), allow_unsafe_urls=self.allow_unsafe_urls
+                self.what, self.opener(), allow_unsafe_urls=self.allow_unsafe_urls
             )
             self._catalog = Catalog(shards)
         return self._catalog
@@ -111,8 +117,7 @@ class ShardSource(Stage):
 
     def _who(self, ctx: Context) -> tuple[int, int, int, int]:
         world, rank = (ctx.world, ctx.rank) if self.by_node else (1, 0)
-        workers, worker = (ctx.workers, ctx.worker) if self.by_worker else (1, 0)
-        return world, rank, workers, worker
+        return world, rank, ctx.workers, ctx.worker
 
     def _stream(self, ctx: Context, history: Sequence[Generation], worker: int) -> Stream:
         world, rank, workers, _ = self._who(ctx)
@@ -136,11 +141,33 @@ class ShardSource(Stage):
             if n is None:
                 return None
             out.append(n)
-        if not self.by_worker:  # every worker reads the whole share
-            out = out * ctx.workers
         return out
 
     # -- state ---------------------------------------------------------------------
+    def params(self) -> dict[str, Any]:
+        catalog = self.catalog()
+        c = self.config
+        return {
+            "seed": c.seed,
+            "shardshuffle": c.shuffle_shards,
+            "remainder": c.remainder,
+            "resampled": c.resampled,
+            "epoch_length": c.epoch_length,
+            "bufsize": self.bufsize,
+            "initial": self.initial,
+            "split_by_node": self.by_node,
+            "handler": self.policy,
+            "nshards": len(catalog.shards),
+            "nsamples": catalog.total,
+            "manifest": catalog.digest,
+        }
+
+    def spec(self) -> list[Any]:
+        return [{"stage": self.name, **self.params()}]
+
+    def state_epoch(self, state: Mapping[str, Any]) -> int:
+        return check_int(state, self.name, "epoch")
+
     def state_dict(self) -> dict[str, Any]:
         world, rank, workers, worker = self._who(self._ctx)
         if self._pending is not None:
@@ -164,9 +191,51 @@ class ShardSource(Stage):
             "history": [g.to_dict() for g in self._history],
             "nshards": len(catalog.shards),
             "nsamples": catalog.total,
+            "manifest": catalog.digest,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Check ``state`` against this pipeline and where it runs; resume at ``iter()``."""
+        st = self._check_fit(state)
+        history = self._history_of(st)
+        if st["world"] is None:  # an elastic merge, not started since
+            if st["position"] != 0:
+                raise StateDictError("shards: a merged state must be at position 0")
+            self._pending = st
+            return
+        world, rank, workers, worker = self._who(self._ctx)
+        for key in ("world", "rank", "workers", "worker"):
+            check_int(st, self.name, key, 1 if key in ("world", "workers") else 0)
+        if (st["world"], st["workers"]) != (world, workers):
+            raise StateDictError(
+                f"shards: the state was saved by a run of {st['world']} ranks x "
+                f"{st['workers']} workers, this is {world} x {workers}: load it through "
+                "WebLoader.load_state_dict, which re-plans the rest of the epoch"
+            )
+        if (st["rank"], st["worker"]) != (rank, worker):
+            raise StateDictError(
+                f"shards: the state is rank {st['rank']} worker {st['worker']}'s, this is "
+                f"rank {rank} worker {worker}: every rank loads the job's state through "
+                "WebLoader.load_state_dict"
+            )
+        ctx = Context(st["epoch"], self._ctx.rank, self._ctx.world, worker, self._ctx.workers)
+        stream = self._stream(ctx, history, worker)
+        n = _length(stream)
+        if n is not None and st["position"] > n:
+            raise StateDictError(
+                f"shards: key 'position' is {st['position']}, past the end of this stream "
+                f"of {n} (rank {rank} worker {worker})"
+            )
+        want = self._last_of(n, self._window(ctx, len(history)), st["position"])
+        if st.get("last", want) != want:
+            raise StateDictError(
+                f"shards: key 'last' is {st.get('last')!r}; position {st['position']} of "
+                f"this stream ends at {want}"
+            )
+        self._pending = st
+
+    def _check_fit(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """The parts of a state that must match this pipeline whatever the world."""
         keys = ("seed", "epoch", "world", "workers", "position", "history", "nshards", "nsamples")
         st = check_state(state, self.name, self.version, keys)
         catalog = self.catalog()
@@ -176,13 +245,74 @@ class ShardSource(Stage):
                 f"{st['nsamples']} samples, this data set has {len(catalog.shards)} with "
                 f"{catalog.total}"
             )
+        if "manifest" in st and st["manifest"] != catalog.digest:
+            raise StateDictError(
+                "shards: key 'manifest': the state was saved for shards of other content "
+                f"(fingerprint {st['manifest']!r}, these are {catalog.digest!r})"
+            )
         if st["seed"] != self.config.seed:
             raise StateDictError(
                 f"shards: the state was saved with seed {st['seed']}, this pipeline has "
                 f"seed {self.config.seed}"
             )
-        self._history_of(st)  # validates
-        self._pending = st
+        if list(st.get("shuffle") or [None, None]) != [self.bufsize, self.initial]:
+            raise StateDictError(
+                f"shards: key 'shuffle': the state was saved with a shuffle buffer of "
+                f"{st.get('shuffle')}, this pipeline has {[self.bufsize, self.initial]}"
+            )
+        check_int(st, self.name, "epoch")
+        check_int(st, self.name, "position")
+        return st
+
+    @staticmethod
+    def _last_of(n: int | None, window: Window | None, pos: int) -> int:
+        """The stream position of the last of ``pos`` outputs (-1 for none)."""
+        if pos == 0:
+            return -1
+        return nth_output(n, window, pos - 1)
+
+    def merge(self, grid: Grid) -> dict[str, Any] | None:
+        """One more generation in the history: what every ``(rank, worker)`` emitted."""
+        rows = [list(r) for r in (grid if self.by_node else grid[:1])]
+        found = [st for row in rows for st in row if st is not None]
+        if not found:
+            return None
+        first = self._check_fit(found[0])
+        for st in found[1:]:
+            same = self._check_fit(st)
+            for key in ("epoch", "history"):
+                if same[key] != first[key]:
+                    raise StateDictError(
+                        f"shards: key {key!r} differs between the worker states of one run"
+                    )
+        world, workers = len(rows), len(rows[0])
+        positions = []
+        for r, row in enumerate(rows):
+            line = []
+            for w, cur in enumerate(row):
+                if cur is None or cur["world"] is None:  # had not started: nothing consumed
+                    line.append(0)
+                    continue
+                where = (cur["world"], cur["workers"], cur["rank"], cur["worker"])
+                if where != (world, workers, r, w):
+                    raise StateDictError(
+                        f"shards: the state in place of rank {r} worker {w} of a {world} x "
+                        f"{workers} run is (world, workers, rank, worker) {where}"
+                    )
+                line.append(cur["position"])
+            positions.append(tuple(line))
+        gen = Generation(world, workers, tuple(positions), self.bufsize, self.initial)
+        out = dict(first)
+        out.update(
+            history=[*first["history"], gen.to_dict()],
+            position=0,
+            last=-1,
+            world=None,
+            workers=None,
+            rank=None,
+            worker=None,
+        )
+        return out
 
     @staticmethod
     def _history_of(state: Mapping[str, Any]) -> tuple[Generation, ...]:
@@ -192,27 +322,13 @@ class ShardSource(Stage):
         return tuple(Generation.from_dict(g) for g in raw)
 
     def _restore(self, ctx: Context, stream: Stream, window: Window | None) -> None:
-        """Apply a loaded state to this epoch's iteration (or drop it for another epoch)."""
-        st, self._pending = self._pending, None
+        """Apply a loaded (and checked) state to this epoch's iteration."""
+        st = self._take_pending()
         self._pos, self._last = 0, -1
-        if st is None:
+        if st is None or st["world"] is None:
             return
-        world, rank, workers, worker = self._who(ctx)
-        if st["world"] is not None and (st["world"], st["workers"]) != (world, workers):
-            raise StateDictError(
-                f"shards: the state was saved by a run of {st['world']} ranks x "
-                f"{st['workers']} workers, this is {world} x {workers}: load it through "
-                "WebLoader.load_state_dict, which re-plans the rest of the epoch"
-            )
-        pos = int(st["position"])
-        n = _length(stream)
-        if pos < 0 or (n is not None and pos > n):
-            raise StateDictError(f"shards: position {pos} is outside this stream of {n}")
-        self._pos = pos
-        if pos and (st.get("rank"), st.get("worker")) == (rank, worker) and "last" in st:
-            self._last = int(st["last"])
-        elif pos:  # another rank's cursor (ranks run in lockstep): find our last output
-            self._last = nth_output(n, window, pos - 1) if n is None or pos <= n else n - 1
+        self._pos = int(st["position"])
+        self._last = self._last_of(_length(stream), window, self._pos)
 
     # -- iteration -----------------------------------------------------------------
     def __iter__(self) -> Iterator[Sample]:
@@ -220,8 +336,10 @@ class ShardSource(Stage):
         self.catalog()
         st = self._pending
         if st is not None and st["epoch"] != ctx.epoch:
-            log.info("resume state is for epoch %s, not %s: ignored", st["epoch"], ctx.epoch)
-            st = self._pending = None
+            self._pending = None
+            raise StateDictError(
+                f"shards: the state is for epoch {st['epoch']}, this iteration is epoch {ctx.epoch}"
+            )
         self._history = self._history_of(st) if st is not None else ()
         stream = self._stream(ctx, self._history, self._who(ctx)[3])
         window = self._window(ctx, len(self._history))
@@ -282,3 +400,10 @@ class ShardSource(Stage):
                         yield sample
         finally:
             reader.close()
+
+
+def sources_of(stage: Stage) -> list[ShardSource]:
+    """The shard sources a pipeline reads, in order."""
+    if isinstance(stage, ShardSource):
+        return [stage]
+    return [s for child in stage.children() for s in sources_of(child)]

@@ -6,7 +6,9 @@ cut into arrays of exactly ``seq_len`` tokens; a document can span two sequences
 tokens left at the end of an epoch (fewer than ``seq_len``) are dropped.
 
 State: the upstream's state *before* the document being cut, and how many of its tokens
-are used (``skip``). A restore re-reads that one document and skips its used tokens.
+are used (``skip``). A restore re-reads that one document and skips its used tokens. An
+elastic resume (another world size or worker count) continues *after* that document: the
+rest of a document a worker was cutting is left out, so nothing is read twice.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.errors import ConfigError, DecodeError, StateDictError
-from shardkit.stages.base import Context, Stage, check_state
+from shardkit.errors import ConfigError, DecodeError
+from shardkit.stages.base import Context, Grid, Stage, check_int, check_state
 
 __all__ = ["PackTokens"]
 
@@ -53,7 +55,6 @@ class PackTokens(Stage):
         self.eos = eos
         self.dtype = dtype
         self._state: dict[str, Any] | None = None
-        self._pending: dict[str, Any] | None = None
 
     def _tokens(self, sample: Any) -> np.ndarray:
         try:
@@ -83,10 +84,8 @@ class PackTokens(Stage):
 
     def __iter__(self) -> Iterator[np.ndarray]:
         up = self._up()
-        skip = 0
-        if self._pending is not None:  # the upstream took its part in load_state_dict
-            skip = int(self._pending["skip"])
-            self._pending = None
+        st = self._take_pending()  # the upstream took its part in load_state_dict
+        skip = 0 if st is None else int(st["skip"])
         self._state = None
         return self._pack(up, skip)
 
@@ -124,21 +123,34 @@ class PackTokens(Stage):
         if self._pending is not None:
             return dict(self._pending)
         held = self._state
-        return {
-            "stage": self.name,
-            "version": self.version,
-            "skip": held["skip"] if held else 0,
-            "source": held["source"] if held else self._up().state_dict(),
-        }
+        now = self._up().state_dict()
+        out = {"stage": self.name, "version": self.version, "skip": 0, "source": now}
+        if held:  # a document is being cut: resume re-reads it; "after" has it consumed
+            out.update(skip=held["skip"], source=held["source"], after=now)
+        return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         st = check_state(state, self.name, self.version, ("skip", "source"))
-        if not isinstance(st["skip"], int) or st["skip"] < 0:
-            raise StateDictError(
-                f"pack_tokens: key 'skip' must be a non-negative int, got {st['skip']!r}"
-            )
+        check_int(st, self.name, "skip")
         self._up().load_state_dict(st["source"])
         self._pending = st
+
+    def params(self) -> dict[str, Any]:
+        dtype = None if self.dtype is None else np.dtype(self.dtype).str
+        return {"field": self.field, "seq_len": self.seq_len, "eos": self.eos, "dtype": dtype}
+
+    def merge(self, grid: Grid) -> dict[str, Any] | None:
+        """Every worker goes on after the document it was cutting (its rest is dropped)."""
+        after = [
+            [None if st is None else st.get("after", st["source"]) for st in row] for row in grid
+        ]
+        source = self._up().merge(after)
+        if source is None:
+            return None
+        return {"stage": self.name, "version": self.version, "skip": 0, "source": source}
+
+    def state_epoch(self, state: Mapping[str, Any]) -> int:
+        return self._up().state_epoch(state["source"])
 
     def lengths(self, ctx: Context) -> list[int] | None:
         return None

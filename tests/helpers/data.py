@@ -31,13 +31,14 @@ def make_shards(
     *,
     tokens: int = 64,
     prefix: str = "data",
+    seed: int = 0,
     **writer_kwargs: Any,
 ) -> Manifest:
     """Write one shard per entry of ``sizes`` (that many samples each); return the manifest.
 
     Sample ids run 0..sum(sizes)-1 across the shards, in order.
     """
-    samples = make_samples(sum(sizes), tokens=tokens)
+    samples = make_samples(sum(sizes), tokens=tokens, seed=seed)
     with ShardWriter(out_dir, prefix=prefix, maxsize="2GB", **writer_kwargs) as w:
         for n in sizes:
             for _ in range(n):

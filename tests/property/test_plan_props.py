@@ -120,7 +120,7 @@ def _consumed(
             window = shuffle_window(gen.bufsize, gen.initial, cfg.seed, epoch, g, rank, w)
             order = np.concatenate([np.empty(0, dtype=np.int64), *iter_order(s.total, window)])
             sid = ids(s, counts)
-            out += [sid[i] for i in order[: gen.positions[w]]]
+            out += [sid[i] for i in order[: gen.position(rank, w)]]
     return out
 
 
@@ -145,9 +145,9 @@ def test_elastic_resume_never_repeats_and_loses_only_the_remainder(
     consumed: list[int] = []
     left = sum(counts)  # what each generation's plan splits (the remainder rule drops some)
     for g, (gw, gk, bufsize) in enumerate(gens):
-        row = streams(counts, cfg, 0, gw, gk, history)[0]
-        # ranks run in lockstep: one position per worker, the same on every rank
-        positions = tuple(data.draw(st.integers(0, s.total)) for s in row)
+        rows = streams(counts, cfg, 0, gw, gk, history)
+        # ranks need not be in lockstep: a position per (rank, worker)
+        positions = tuple(tuple(data.draw(st.integers(0, s.total)) for s in row) for row in rows)
         gen = Generation(gw, max(gk, 1), positions, bufsize or None, bufsize or None)
         now = _consumed(counts, cfg, 0, gen, g, history)
         consumed += now

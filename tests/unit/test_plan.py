@@ -108,14 +108,25 @@ def consumed_by(gen: Generation, cfg: PlanConfig, epoch: int) -> list[int]:
             window = gen.window(cfg.seed, epoch, 0, rank, w)
             order = np.concatenate(list(iter_order(stream.total, window)))
             sid = ids(stream, COUNTS)
-            out += [sid[i] for i in order[: gen.positions[w]]]
+            out += [sid[i] for i in order[: gen.position(rank, w)]]
     return out
 
 
-@pytest.mark.parametrize("positions", [(5, 10), (5, 9), (0, 0), (15, 15)])
+@pytest.mark.parametrize(
+    "positions",
+    [
+        ((5, 10), (5, 10)),
+        ((5, 9), (5, 9)),
+        ((0, 0), (0, 0)),
+        ((15, 15), (15, 15)),
+        ((15, 2), (0, 11)),
+        ((3, 0), (15, 15)),
+    ],
+)
 def test_elastic_generation_leaves_exactly_the_unconsumed_samples(
-    positions: tuple[int, int],
+    positions: tuple[tuple[int, int], tuple[int, int]],
 ) -> None:
+    """Ranks in lockstep or not (a filter or a skip makes them consume at other rates)."""
     cfg = PlanConfig(seed=3)
     gen = Generation(world=2, workers=2, positions=positions, bufsize=6, initial=6)
     consumed = consumed_by(gen, cfg, 0)
@@ -134,12 +145,26 @@ def test_elastic_generation_leaves_exactly_the_unconsumed_samples(
 
 
 def test_generation_state_round_trip_and_validation() -> None:
-    gen = Generation(2, 2, (3, 4), 10, 5)
+    gen = Generation(2, 2, ((3, 4), (5, 0)), 10, 5)
     assert Generation.from_dict(gen.to_dict()) == gen
-    with pytest.raises(StateDictError):
-        Generation.from_dict({"world": 2, "workers": 3, "positions": [1]})
-    with pytest.raises(StateDictError):
-        Generation.from_dict({"world": "x"})
+    legacy = Generation.from_dict({"world": 2, "workers": 2, "positions": [3, 4]})
+    assert legacy.positions == ((3, 4), (3, 4)), "a flat list is the same on every rank"
+    bad: list[object] = [
+        {"world": 2, "workers": 3, "positions": [1]},
+        {"world": "x"},
+        {"world": 2, "workers": 1, "positions": [[1], [-7]]},
+        {"world": 2, "workers": 1, "positions": [[1], [True]]},
+        {"world": 2, "workers": 1, "positions": [[1]]},
+        {"world": 0, "workers": 1, "positions": []},
+        {"world": 1, "workers": 1, "positions": [[1]], "bufsize": "8"},
+        "not a dict",
+    ]
+    for raw in bad:
+        with pytest.raises(StateDictError):
+            Generation.from_dict(raw)
+    too_far = Generation(1, 1, ((10**9,),))
+    with pytest.raises(StateDictError, match="emitted 1000000000"):
+        remaining_sequence(COUNTS, PlanConfig(), 0, [too_far])
 
 
 def test_resampled_streams_are_seeded_weighted_and_sized() -> None:
@@ -163,7 +188,7 @@ def test_resampled_streams_are_seeded_weighted_and_sized() -> None:
 def test_resampled_elastic_generations_keep_the_epoch_length() -> None:
     """40 samples per epoch at 2 ranks; 2 x (4 + 6) consumed; 20 left for 3 ranks: 6 each."""
     cfg = PlanConfig(seed=1, resampled=True, epoch_length=20)
-    gen = Generation(world=2, workers=2, positions=(4, 6))
+    gen = Generation(world=2, workers=2, positions=((4, 6), (4, 6)))
     lengths = []
     streams = []
     for rank in range(3):

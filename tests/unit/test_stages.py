@@ -7,6 +7,7 @@ import io
 import json
 import logging
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -302,24 +303,90 @@ def test_every_stateful_stage_resumes_exactly(make_shards: MakeShards, name: str
 
 
 def test_states_that_do_not_fit_are_refused(make_shards: MakeShards) -> None:
-    m, other = make_shards(SIZES), make_shards([3, 3])
-    ds = ShardDataset(m, seed=1).shuffle(5)
+    """Every unfit state is a StateDictError naming the field, never silent wrong data."""
+    m = make_shards(SIZES)
+    twin = make_shards(SIZES, seed=5)  # same shard count, sizes and counts; other content
+    assert [s.size for s in twin.shards] == [s.size for s in m.shards]
+    ds = ShardDataset(m, seed=1).shuffle(10)
     it = iter(ds)
-    next(it)
+    for _ in range(7):
+        next(it)
     state = ds.state_dict()
     assert json.loads(json.dumps(state)) == state
-    with pytest.raises(StateDictError, match="seed"):
-        ShardDataset(m, seed=2).load_state_dict(state)
-    with pytest.raises(StateDictError, match="samples"):
-        ShardDataset(other, seed=1).load_state_dict(state)
-    with pytest.raises(StateDictError, match="pack_tokens"):
-        ShardDataset(m, seed=1).pack_tokens("t", 4).load_state_dict(state)
-    with pytest.raises(StateDictError, match="version"):
-        ShardDataset(m, seed=1).load_state_dict({**state, "version": 99})
-    moved = ShardDataset(m, seed=1).shuffle(5).split_by_node(0, 2)
-    moved.load_state_dict(state)
-    with pytest.raises(StateDictError, match="WebLoader"):
-        iter(moved)
+    inner = state["state"]
+    refused: list[tuple[Callable[[], ShardDataset], dict[str, Any], str]] = [
+        (lambda: ShardDataset(m, seed=2).shuffle(10), state, "'seed' is 1 in the state, 2"),
+        (lambda: ShardDataset(m, seed=1).shuffle(50), state, "'bufsize' is 10 in the state, 50"),
+        (lambda: ShardDataset(m, seed=1), state, "'bufsize' is 10 in the state, None"),
+        (lambda: ShardDataset(twin, seed=1).shuffle(10), state, "'manifest'"),
+        (lambda: ShardDataset(m, seed=1).shuffle(10).batched(4), state, "stages"),
+        (lambda: ShardDataset(m, seed=1).shuffle(10).split_by_node(0, 2), state, "split_by_node"),
+        (lambda: ShardDataset(m, seed=1).shuffle(10), {**state, "version": 99}, "version"),
+        (lambda: ShardDataset(m, seed=1).shuffle(10), {**state, "epoch": -1}, "'epoch'"),
+        (lambda: ShardDataset(m, seed=1).shuffle(10), {**state, "epoch": True}, "'epoch'"),
+    ]
+    for last in (10**9, -7, inner["last"] + 1):
+        bad = {**state, "state": {**inner, "last": last}}
+        refused.append((lambda: ShardDataset(m, seed=1).shuffle(10), bad, "'last'"))
+    for pos in (10**9, -1, 2.5):
+        bad = {**state, "state": {**inner, "position": pos}}
+        refused.append((lambda: ShardDataset(m, seed=1).shuffle(10), bad, "'position'"))
+    bad = {
+        **state,
+        "state": {**inner, "history": [{"world": 1, "workers": 1, "positions": [[-3]]}]},
+    }
+    refused.append((lambda: ShardDataset(m, seed=1).shuffle(10), bad, "history"))
+    for make, st, field in refused:
+        with pytest.raises(StateDictError, match=re.escape(field)):
+            make().load_state_dict(st)
+    # an epoch mismatch raises unless the user says to discard the state
+    resumed = ShardDataset(m, seed=1).shuffle(10)
+    resumed.load_state_dict(state)
+    with pytest.raises(StateDictError, match="epoch 0"):
+        resumed.set_epoch(1)
+    tail = keys(resumed)
+    assert len(tail) == sum(SIZES) - 7, "the failed set_epoch lost the state"
+    fresh = ShardDataset(m, seed=1).shuffle(10)
+    fresh.load_state_dict(state, epoch_mismatch="discard")
+    fresh.set_epoch(1)
+    assert len(keys(fresh)) == sum(SIZES)
+
+
+def test_a_state_saved_after_the_epoch_fits_that_epoch_and_the_next(
+    make_shards: MakeShards,
+) -> None:
+    m = make_shards(SIZES)
+    ds = ShardDataset(m, seed=1).shuffle(10)
+    ds.set_epoch(2)
+    everything = keys(ds)
+    state = ds.state_dict()
+    assert state["complete"] and state["epoch"] == 2
+    same = ShardDataset(m, seed=1).shuffle(10)
+    same.load_state_dict(state)
+    assert keys(same) == [], "epoch 2 had ended: nothing is left of it"
+    nxt = ShardDataset(m, seed=1).shuffle(10)
+    nxt.load_state_dict(state)
+    nxt.set_epoch(3)
+    epoch3 = keys(nxt)
+    assert sorted(epoch3) == sorted(everything) and epoch3 != everything
+    later = ShardDataset(m, seed=1).shuffle(10)
+    later.load_state_dict(state)
+    with pytest.raises(StateDictError, match="epoch 2 \\(ended\\), not epoch 4"):
+        later.set_epoch(4)
+
+
+def test_fluent_methods_return_new_pipelines(make_shards: MakeShards) -> None:
+    """Two pipelines built from one base share no stage (webdataset's compose semantics)."""
+    m = make_shards(SIZES)
+    base = ShardDataset(m, seed=1)
+    shuffled = base.shuffle(20)
+    ranked = base.split_by_node(1, 2)
+    assert base.sources[0].bufsize is None and not base.sources[0].by_node
+    assert shuffled.sources[0].bufsize == 20 and not shuffled.sources[0].by_node
+    assert ranked.sources[0].by_node and ranked.sources[0].bufsize is None
+    assert len(ranked) == sum(SIZES) // 2 and len(base) == sum(SIZES)
+    a, b = base.select(lambda s: True), base.to_tuple("__key__")
+    assert a.pipeline() is not b.pipeline() and a.pipeline().upstream is not b.pipeline().upstream
 
 
 def _npy(arr: np.ndarray, version: tuple[int, int] | None = None) -> bytes:

@@ -1,0 +1,196 @@
+"""The job's resume state: what :class:`~shardkit.WebLoader` saves and how a run starts from it.
+
+A loader state is the *job's*, the same on every rank: for each rank of the run that saved
+it, the cursor of each of its logical workers (a pipeline state, or None for a worker that
+had not started), how many batches the rank had delivered and whose turn was next::
+
+    {"stage": "webloader", "version": 2, "epoch": 3, "complete": false,
+     "world": 3, "num_workers": 2, "pipeline": [...fingerprint...],
+     "ranks": [{"rank": 0, "batches": 41, "next_worker": 1, "workers": [{...}, {...}]}, ...]}
+
+Under an initialised process group every rank's ``state_dict()`` gathers all ranks'
+entries; without one, a rank's state holds its own entry and :func:`merge_rank_states`
+joins the states of every rank. ``pipeline`` is the fingerprint (:meth:`Stage.spec`): the
+stages in order with their parameters and the manifest's content digest; a state whose
+fingerprint differs is refused naming the stage and the field.
+
+How a run starts from a state (:func:`resume_plan`): with the same world size and worker
+count, each rank takes its own entry and continues exactly; with another, every
+``(rank, worker)`` cursor of the old run is folded by the pipeline's stages
+(:meth:`Stage.merge`) into one state from which the new ranks and workers re-plan what is
+left of the epoch. A state saved after the epoch ended (``complete``) fits that epoch
+(nothing is left) and the next (it starts fresh).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shardkit.errors import StateDictError
+from shardkit.stages import Stage, check_state
+from shardkit.stages.base import check_int
+
+__all__ = [
+    "STAGE",
+    "VERSION",
+    "ResumePlan",
+    "check_fingerprint",
+    "check_job_state",
+    "fits_epoch",
+    "merge_rank_states",
+    "resume_plan",
+]
+
+log = logging.getLogger("shardkit.loader")
+STAGE = "webloader"
+VERSION = 2
+
+
+def check_fingerprint(saved: Any, here: Sequence[Any], where: str = "pipeline") -> None:
+    """Refuse a state whose pipeline fingerprint differs from ``here``, naming the stage and
+    the field."""
+    if not isinstance(saved, list):
+        raise StateDictError(f"{where}: the state has no pipeline fingerprint (key 'pipeline')")
+    if len(saved) != len(here):
+        names = [s.get("stage") if isinstance(s, Mapping) else s for s in saved]
+        now = [s.get("stage") if isinstance(s, Mapping) else s for s in here]
+        raise StateDictError(f"{where}: the state was saved by stages {names}, this is {now}")
+    for i, (a, b) in enumerate(zip(saved, here, strict=True)):
+        if isinstance(a, list) and isinstance(b, list):
+            check_fingerprint(a, b, f"{where}[{i}]")
+            continue
+        if not isinstance(a, Mapping) or not isinstance(b, Mapping):
+            if a != b:
+                raise StateDictError(f"{where}: item {i} is {a!r} in the state, {b!r} here")
+            continue
+        stage = b.get("stage")
+        if a.get("stage") != stage:
+            raise StateDictError(
+                f"{where}: stage {i} is {a.get('stage')!r} in the state, {stage!r} here"
+            )
+        for key in sorted(set(a) | set(b)):
+            if key == "sources":
+                for j, (sa, sb) in enumerate(zip(a.get(key, []), b.get(key, []), strict=False)):
+                    check_fingerprint(sa, sb, f"{where} {stage} source {j}")
+                if len(a.get(key, [])) != len(b.get(key, [])):
+                    raise StateDictError(f"{where}: {stage}: the number of sources differs")
+            elif a.get(key) != b.get(key):
+                raise StateDictError(
+                    f"{where}: stage {i} ({stage}): {key!r} is {a.get(key)!r} in the state, "
+                    f"{b.get(key)!r} here"
+                )
+
+
+def check_job_state(state: Any) -> dict[str, Any]:
+    """Check a loader state's shape and every integer in it (type, sign, range)."""
+    keys = ("epoch", "complete", "world", "num_workers", "pipeline", "ranks")
+    st = check_state(state, STAGE, VERSION, keys)
+    check_int(st, STAGE, "epoch")
+    world = check_int(st, STAGE, "world", 1)
+    workers = check_int(st, STAGE, "num_workers", 1)
+    if not isinstance(st["complete"], bool):
+        raise StateDictError(f"{STAGE}: key 'complete' must be true or false")
+    ranks = st["ranks"]
+    if not isinstance(ranks, list) or not ranks:
+        raise StateDictError(f"{STAGE}: key 'ranks' must be a non-empty list")
+    seen: set[int] = set()
+    for entry in ranks:
+        if not isinstance(entry, Mapping):
+            raise StateDictError(f"{STAGE}: every item of 'ranks' must be a dict")
+        rank = check_int(entry, STAGE, "rank")
+        if rank >= world or rank in seen:
+            raise StateDictError(f"{STAGE}: rank {rank} is out of range or twice in 'ranks'")
+        seen.add(rank)
+        check_int(entry, STAGE, "batches")
+        if check_int(entry, STAGE, "next_worker") >= workers:
+            raise StateDictError(f"{STAGE}: rank {rank}: 'next_worker' is out of range")
+        states = entry.get("workers")
+        if not isinstance(states, list) or len(states) != workers:
+            raise StateDictError(f"{STAGE}: rank {rank}: 'workers' needs {workers} states")
+        if not all(w is None or isinstance(w, Mapping) for w in states):
+            raise StateDictError(f"{STAGE}: rank {rank}: a worker state must be a dict or null")
+    return st
+
+
+def fits_epoch(state: Mapping[str, Any], epoch: int) -> bool:
+    """A state fits its own epoch; one saved after the epoch ended also fits the next."""
+    return epoch == state["epoch"] or (bool(state["complete"]) and epoch == state["epoch"] + 1)
+
+
+def merge_rank_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One job state from the states the ranks of a job saved each on its own (a job run
+    without a process group): same epoch, world, workers and fingerprint, one entry each."""
+    if not states:
+        raise StateDictError(f"{STAGE}: no states to merge")
+    checked = [check_job_state(s) for s in states]
+    first = checked[0]
+    for st in checked[1:]:
+        for key in ("epoch", "complete", "world", "num_workers", "pipeline"):
+            if st[key] != first[key]:
+                raise StateDictError(f"{STAGE}: the rank states differ in {key!r}")
+    entries = {int(e["rank"]): e for st in checked for e in st["ranks"]}
+    return {**first, "ranks": [entries[r] for r in sorted(entries)]}
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """How a loader's iteration starts: the worker rotation, the worker states to load
+    (None: fresh; else one per logical worker, each a state or None) and the count of
+    batches already delivered; ``done``: the epoch had ended, nothing is left."""
+
+    rotation: int = 0
+    states: list[dict[str, Any] | None] | None = None
+    batches: int = 0
+    done: bool = False
+
+
+def resume_plan(
+    state: Mapping[str, Any] | None,
+    *,
+    pipeline: Stage,
+    epoch: int,
+    rank: int,
+    world: int,
+    workers: int,
+) -> ResumePlan:
+    """Exact resume when ``state`` was saved by a run like this one, elastic when not."""
+    if state is None:
+        return ResumePlan()
+    if state["epoch"] != epoch:  # a state that ended epoch - 1 (see fits_epoch)
+        return ResumePlan()
+    if state["complete"]:
+        return ResumePlan(done=True)
+    ranks = {int(e["rank"]): e for e in state["ranks"]}
+    if state["world"] == world and state["num_workers"] == workers:
+        mine = ranks.get(rank)
+        if mine is None:
+            raise StateDictError(
+                f"{STAGE}: the state holds the cursors of ranks {sorted(ranks)}, not rank "
+                f"{rank}'s: save it with every rank calling state_dict() under the process "
+                "group, or join per-rank states with WebLoader.merge_states"
+            )
+        states = [None if w is None else dict(w) for w in mine["workers"]]
+        return ResumePlan(int(mine["next_worker"]), states, int(mine["batches"]))
+    missing = sorted(set(range(int(state["world"]))) - set(ranks))
+    if missing:
+        raise StateDictError(
+            f"{STAGE}: an elastic resume ({state['world']} ranks x {state['num_workers']} "
+            f"workers -> {world} x {workers}) needs every rank's cursors; ranks {missing} "
+            "are missing"
+        )
+    log.info(
+        "resuming a state of %s ranks x %s workers on %s x %s: re-planning the rest of epoch %s",
+        state["world"],
+        state["num_workers"],
+        world,
+        workers,
+        epoch,
+    )
+    grid = [ranks[r]["workers"] for r in range(int(state["world"]))]
+    merged = pipeline.merge(grid)
+    if merged is None:
+        return ResumePlan()
+    return ResumePlan(0, [merged] * workers, 0)
