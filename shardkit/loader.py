@@ -21,7 +21,6 @@ than making a shared segment.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import random
@@ -44,6 +43,7 @@ from shardkit.resume import (
     VERSION,
     check_fingerprint,
     check_job_state,
+    encode_job_state,
     fits_epoch,
     merge_rank_states,
     resume_plan,
@@ -472,27 +472,29 @@ class WebLoader:
         cursors (join the ranks' states with :meth:`merge_states`).
         """
         if self._pending is not None:  # loaded and not iterated yet: the state as loaded
-            return copy.deepcopy(self._pending)
+            return encode_job_state(self._pending)
         rank, world = self._where
         entry = {
             "rank": rank,
             "batches": self._batches,
             "next_worker": self._next_worker,
-            "workers": copy.deepcopy(self._states),
+            "workers": self._states,
         }
         ranks: list[dict[str, Any]] = [entry]
         if _EpochEnd.active(self._sync):
             ranks = sorted(self._end.gather(entry), key=lambda e: int(e["rank"]))
-        return {
-            "stage": STAGE,
-            "version": VERSION,
-            "epoch": self._epoch,
-            "complete": self._complete,
-            "world": world,
-            "num_workers": self._logical,
-            "pipeline": self._fingerprint,
-            "ranks": ranks,
-        }
+        return encode_job_state(
+            {
+                "stage": STAGE,
+                "version": VERSION,
+                "epoch": self._epoch,
+                "complete": self._complete,
+                "world": world,
+                "num_workers": self._logical,
+                "pipeline": self._fingerprint,
+                "ranks": ranks,
+            }
+        )
 
     def load_state_dict(self, state: Mapping[str, Any], *, epoch_mismatch: str = "raise") -> None:
         """Resume from the job state ``state`` at the next ``iter()``: exactly when it was
@@ -520,7 +522,7 @@ class WebLoader:
                         f"{pipeline.state_epoch(w)}, the state for epoch {st['epoch']}"
                     )
         self._check_plan(st)
-        self._pending = copy.deepcopy(st)
+        self._pending = st
         self._discard = epoch_mismatch == "discard"
         self.dataset.set_epoch(int(st["epoch"]))
         self._epoch = int(st["epoch"])

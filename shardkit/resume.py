@@ -5,8 +5,12 @@ it, the cursor of each of its logical workers (a pipeline state, or None for a w
 had not started), how many batches the rank had delivered and whose turn was next::
 
     {"stage": "webloader", "version": 2, "epoch": 3, "complete": false,
-     "world": 3, "num_workers": 2, "pipeline": [...fingerprint...],
-     "ranks": [{"rank": 0, "batches": 41, "next_worker": 1, "workers": [{...}, {...}]}, ...]}
+     "world": 3, "num_workers": 2, "pipeline": "[...fingerprint...]",
+     "ranks": "[{\"rank\": 0, \"batches\": 41, \"next_worker\": 1, \"workers\": [...]}, ...]"}
+
+``pipeline`` and ``ranks`` are JSON text, so that every state has the same shape whatever
+the job: checkpoint libraries that match a state against the one they load into by its
+keys (``torch.distributed.checkpoint``) then take it as it is.
 
 Under an initialised process group every rank's ``state_dict()`` gathers all ranks'
 entries; without one, a rank's state holds its own entry and :func:`merge_rank_states`
@@ -24,6 +28,7 @@ left of the epoch. A state saved after the epoch ended (``complete``) fits that 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +44,7 @@ __all__ = [
     "ResumePlan",
     "check_fingerprint",
     "check_job_state",
+    "encode_job_state",
     "fits_epoch",
     "merge_rank_states",
     "resume_plan",
@@ -84,10 +90,25 @@ def check_fingerprint(saved: Any, here: Sequence[Any], where: str = "pipeline") 
                 )
 
 
+def encode_job_state(st: Mapping[str, Any]) -> dict[str, Any]:
+    """The state as saved: ``pipeline`` and ``ranks`` as JSON text."""
+    out = dict(st)
+    for key in ("pipeline", "ranks"):
+        out[key] = json.dumps(st[key], separators=(",", ":"), sort_keys=True)
+    return out
+
+
 def check_job_state(state: Any) -> dict[str, Any]:
-    """Check a loader state's shape and every integer in it (type, sign, range)."""
+    """Decode a saved loader state and check its shape and every integer in it (type,
+    sign, range)."""
     keys = ("epoch", "complete", "world", "num_workers", "pipeline", "ranks")
     st = check_state(state, STAGE, VERSION, keys)
+    for key in ("pipeline", "ranks"):
+        if isinstance(st[key], str):
+            try:
+                st[key] = json.loads(st[key])
+            except ValueError as exc:
+                raise StateDictError(f"{STAGE}: key {key!r} is not valid JSON: {exc}") from None
     check_int(st, STAGE, "epoch")
     world = check_int(st, STAGE, "world", 1)
     workers = check_int(st, STAGE, "num_workers", 1)
@@ -132,7 +153,7 @@ def merge_rank_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             if st[key] != first[key]:
                 raise StateDictError(f"{STAGE}: the rank states differ in {key!r}")
     entries = {int(e["rank"]): e for st in checked for e in st["ranks"]}
-    return {**first, "ranks": [entries[r] for r in sorted(entries)]}
+    return encode_job_state({**first, "ranks": [entries[r] for r in sorted(entries)]})
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,235 @@
+"""The DDP data contract with real ranks: spawned processes, a gloo process group on
+127.0.0.1, 2 DataLoader workers each, one collective per step standing for DDP's gradient
+all-reduce (a short timeout: a rank with fewer batches fails the test instead of hanging).
+
+Pipelines that make ranks consume at different rates: a filter over a damaged shard read
+with ``handler="skip_shard"``, ``pack_tokens`` over documents of random length, a ``mix``
+of two data sets, and the plain one. For each: equal batch counts on every rank, no sample
+twice; exact resume through the README pattern (every rank calls ``state_dict()`` at the
+same step, one state loaded on every rank) at several steps, also before every worker has
+sent a batch, and through ``torch.distributed.checkpoint``; elastic 3 -> 2 and 2 -> 3 ranks
+with a filter: nothing consumed is read again.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+
+import shardkit as sk
+from shardkit import ShardDataset, WebLoader
+from tests.helpers.data import make_shards
+
+SIZES = [5, 17, 9, 23, 2, 11, 14]  # 81 samples: 27 per rank of 3
+WORKERS = 2
+DOC_LENGTHS = np.random.default_rng(1).integers(3, 41, size=120).tolist()
+TIMEOUT = datetime.timedelta(seconds=30)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_data(root: Path) -> None:
+    """Three data sets: plain shards, a copy with one damaged shard, token documents."""
+    make_shards(root / "plain", SIZES)
+    make_shards(root / "other", [6, 9, 4], prefix="other", seed=3)
+    damaged = make_shards(root / "damaged", SIZES)
+    shard = root / "damaged" / damaged.shards[3].url
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # truncated mid-shard
+    with sk.ShardWriter(root / "docs", maxcount=20) as w:
+        for i, n in enumerate(DOC_LENGTHS):  # document i is the token i, n times
+            w.write({"__key__": f"doc-{i:04d}", "tokens.npy": np.full(n, i, dtype=np.int32)})
+
+
+def keep(sample: dict[str, Any]) -> bool:
+    return int(str(sample["__key__"])[-2:]) % 3 != 0
+
+
+def ident(batch: Any) -> list[str]:
+    """What a batch holds, as strings: sample keys with their shard, or packed tokens."""
+    if isinstance(batch, torch.Tensor):  # pack_tokens: one row per sequence
+        return [" ".join(str(int(t)) for t in row) for row in batch]
+    return [f"{u.rsplit('/', 1)[-1]}:{k}" for k, u in zip(batch[0], batch[1], strict=True)]
+
+
+def pipeline(name: str, root: Path, seed: int = 7) -> ShardDataset:
+    def src(d: str, **kw: Any) -> ShardDataset:
+        return ShardDataset(str(root / d / "manifest.json"), seed=seed, **kw).split_by_node()
+
+    if name == "plain":
+        return src("plain").shuffle(8).to_tuple("__key__", "__url__").batched(4)
+    if name == "filter-skip":
+        ds = src("damaged", handler="skip_shard").shuffle(8).select(keep)
+        return ds.to_tuple("__key__", "__url__").batched(3)
+    if name == "filter":
+        return src("plain").shuffle(8).select(keep).to_tuple("__key__", "__url__").batched(3)
+    if name == "pack":
+        return src("docs").shuffle(6).decode().pack_tokens("tokens.npy", 16).batched(2)
+    if name == "mix":
+        a, b = src("plain").shuffle(8), src("other")
+        return sk.mix([a, b], [0.6, 0.4], seed=3).to_tuple("__key__", "__url__").batched(4)
+    raise AssertionError(name)
+
+
+def loader_for(name: str, root: Path, **kw: Any) -> WebLoader:
+    ds = pipeline(name, root)
+    return WebLoader(ds, num_workers=WORKERS, multiprocessing_context="fork", **kw)
+
+
+def run(it: Any, steps: int | None = None) -> list[list[str]]:
+    """Iterate with one collective per step (a gradient all-reduce stand-in)."""
+    out = []
+    for batch in it:
+        dist.all_reduce(torch.ones(1))
+        out.append(ident(batch))
+        if steps is not None and len(out) == steps:
+            break
+    return out
+
+
+def _init(rank: int, world: int, port: int) -> None:
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=TIMEOUT
+    )
+
+
+def _contract_rank(rank: int, world: int, port: int, root: str, names: list[str]) -> None:
+    _init(rank, world, port)
+    data = Path(root)
+    results: dict[str, Any] = {}
+    try:
+        for name in names:
+            unsynced = len(list(loader_for(name, data, sync=False)))  # no collective here
+            first = loader_for(name, data)
+            full = run(first)
+            stats = first.stats()
+            resumed = {}
+            for stop in (0, 1, 5):  # 1: only worker 0 has sent a batch
+                loader = loader_for(name, data)
+                it = iter(loader)
+                head = run(it, stop) if stop else []
+                state = json.loads(json.dumps(loader.state_dict()))  # every rank, same step
+                del it
+                again = loader_for(name, data)
+                again.load_state_dict(state)
+                resumed[str(stop)] = {"head": head, "tail": run(again), "state": state}
+            results[name] = {"full": full, "resumed": resumed, "stats": stats, "own": unsynced}
+        # torch.distributed.checkpoint: the loader is Stateful
+        loader = loader_for("filter-skip", data)
+        it = iter(loader)
+        head = run(it, 4)
+        dcp.save({"data": loader}, checkpoint_id=str(data / "dcp"))
+        del it
+        again = loader_for("filter-skip", data)
+        dcp.load({"data": again}, checkpoint_id=str(data / "dcp"))
+        results["dcp"] = {"head": head, "tail": run(again)}
+        with open(data / f"contract-{rank}.json", "w", encoding="utf-8") as f:
+            json.dump(results, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(fn: Callable[..., None], world: int, *args: Any) -> None:
+    mp.spawn(fn, args=(world, _free_port(), *args), nprocs=world, join=True)
+
+
+def _load(root: Path, stem: str, world: int) -> list[Any]:
+    return [json.loads((root / f"{stem}-{r}.json").read_text()) for r in range(world)]
+
+
+NAMES = ["plain", "filter-skip", "pack", "mix"]
+
+
+def test_every_pipeline_keeps_ranks_equal_and_resumes_exactly(tmp_path: Path) -> None:
+    make_data(tmp_path)
+    _spawn(_contract_rank, 3, str(tmp_path), NAMES)
+    ranks = _load(tmp_path, "contract", 3)
+    for name in NAMES:
+        steps = [len(r[name]["full"]) for r in ranks]
+        assert len(set(steps)) == 1 and steps[0] > 0, f"{name}: batches per rank {steps}"
+        own = [r[name]["own"] for r in ranks]  # each rank's own data, without the shared end
+        assert steps[0] == min(own), f"{name}: the epoch ends with the first rank's data"
+        if name in ("filter-skip", "pack"):
+            assert len(set(own)) > 1, f"{name}: the ranks' data should differ in length"
+        items = [x for r in ranks for b in r[name]["full"] for x in b]
+        if name == "pack":  # no document's tokens twice: count each token id
+            tokens = [int(t) for seq in items for t in seq.split()]
+            counts = np.bincount(tokens, minlength=120)
+            assert all(c <= n for c, n in zip(counts, DOC_LENGTHS, strict=True)), name
+        else:
+            assert len(set(items)) == len(items), f"{name}: a sample was read twice"
+        for stop, res in ranks[0][name]["resumed"].items():
+            for r in ranks:  # the state is the job's: the same on every rank
+                assert r[name]["resumed"][stop]["state"] == res["state"], f"{name}@{stop}"
+                got = r[name]["resumed"][stop]["head"] + r[name]["resumed"][stop]["tail"]
+                assert got == r[name]["full"], f"{name}: resumed at step {stop} differs"
+    for r in ranks:
+        assert r["dcp"]["head"] + r["dcp"]["tail"] == r["filter-skip"]["full"]
+    # the damaged shard was skipped on some rank; every rank reports the job's skips
+    mine = [r["filter-skip"]["stats"]["skipped_shards"] for r in ranks]
+    job = {r["filter-skip"]["stats"]["job_skipped_shards"] for r in ranks}
+    assert sum(mine) >= 1 and job == {sum(mine)}, (mine, job)
+
+
+def _elastic_rank(rank: int, world: int, port: int, root: str, phase: str, stop: int) -> None:
+    """Phase "save": run ``stop`` steps, save the job state. Phase "load": resume from it."""
+    _init(rank, world, port)
+    data = Path(root)
+    try:
+        loader = loader_for("filter", data)
+        if phase == "save":
+            it = iter(loader)
+            got = run(it, stop)
+            state = loader.state_dict()
+            if rank == 0:
+                (data / "elastic-state.json").write_text(json.dumps(state))
+            del it
+        else:
+            loader.load_state_dict(json.loads((data / "elastic-state.json").read_text()))
+            got = run(loader)
+        with open(data / f"elastic-{phase}-{rank}.json", "w", encoding="utf-8") as f:
+            json.dump(got, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_elastic_resume_with_a_filter_across_world_sizes(tmp_path: Path) -> None:
+    """3 -> 2 and 2 -> 3 ranks (2 workers each) with a filter: ranks stay equal, nothing
+    consumed is read again, nothing is read twice."""
+    make_data(tmp_path)
+    for old, new in ((3, 2), (2, 3)):
+        _spawn(_elastic_rank, old, str(tmp_path), "save", 3)
+        _spawn(_elastic_rank, new, str(tmp_path), "load", 0)
+        before = [x for r in _load(tmp_path, "elastic-save", old) for b in r for x in b]
+        runs = _load(tmp_path, "elastic-load", new)
+        after = [x for r in runs for b in r for x in b]
+        assert len({len(r) for r in runs}) == 1 and runs[0], f"{old}->{new}: unequal ranks"
+        assert not set(before) & set(after), f"{old}->{new}: consumed samples read again"
+        assert len(set(after)) == len(after), f"{old}->{new}: a sample read twice"
+        wanted = {f"data-{i:06d}.tar:sample-{k:08d}" for i, k in _kept()}
+        assert set(before) | set(after) <= wanted
+        assert len(before) == old * 3 * 3  # 3 steps of 3 on every rank
+
+
+def _kept() -> list[tuple[int, int]]:
+    """(shard, sample id) of the plain set's samples the filter keeps."""
+    out, k = [], 0
+    for shard, n in enumerate(SIZES):
+        for _ in range(n):
+            if k % 100 % 3 != 0:
+                out.append((shard, k))
+            k += 1
+    return out
