@@ -10,9 +10,10 @@ and goes on with exactly the batches the uninterrupted run would have trained on
 
 The data set (made on first use with :class:`shardkit.ShardWriter`) holds documents of
 random length; ``pack_tokens`` cuts them into fixed-length training sequences. Ranks hold
-the same number of documents, not tokens, so an epoch ends at the first rank to run out
-(one collective per step decides). Each rank's data state is saved (gathered to rank 0),
-since packing makes the ranks' positions differ.
+the same number of documents, not tokens, so they would run out at different steps: the
+loader ends the epoch on every rank when the first runs out (no hand-written all_reduce).
+Every rank calls ``loader.state_dict()`` at the same step (it gathers every rank's
+cursors); rank 0 saves it; every rank of the next run loads it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -84,16 +84,15 @@ def save(
     epoch: int,
     step: int,
 ) -> None:
-    """Rank 0 writes model, optimizer and every rank's data state, atomically."""
-    states: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(states, loader.state_dict())
+    """Rank 0 writes model, optimizer and the job's data state, atomically."""
+    data = loader.state_dict()  # on every rank: it gathers every rank's cursors
     if dist.get_rank() == 0:
         ckpt = {
             "model": model.state_dict(),
             "opt": opt.state_dict(),
             "epoch": epoch,
             "step": step,
-            "data": states,
+            "data": data,
         }
         tmp = path.with_suffix(".tmp")
         torch.save(ckpt, tmp)
@@ -132,21 +131,14 @@ def main() -> None:
         ckpt = torch.load(args.ckpt, weights_only=False)
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["opt"])
-        loader.load_state_dict(ckpt["data"][rank])
+        loader.load_state_dict(ckpt["data"])  # the same state on every rank
         start_epoch, step = ckpt["epoch"], ckpt["step"]
         if rank == 0:
             print(f"resumed at epoch {start_epoch}, step {step}", flush=True)
 
     for epoch in range(start_epoch, args.epochs):
         loader.set_epoch(epoch)
-        batches = iter(loader)
-        while True:
-            batch = next(batches, None)
-            have = torch.tensor([0 if batch is None else 1])
-            dist.all_reduce(have, op=dist.ReduceOp.MIN)  # the epoch ends for everyone at once
-            if not have.item():
-                break
-            assert batch is not None
+        for batch in loader:  # the same number of batches on every rank
             logits = model(batch[:, :-1])
             loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
             opt.zero_grad()

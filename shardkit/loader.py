@@ -407,7 +407,15 @@ class WebLoader:
             self._stats.stop()
             return iter(())
         self._mailbox.write(box)
-        return self._iterate(iter(self._loader), _EpochEnd.active(self._sync))
+        synced = _EpochEnd.active(self._sync) and (self._sync is True or not self._lockstep())
+        return self._iterate(iter(self._loader), synced)
+
+    def _lockstep(self) -> bool:
+        """Ranks yield equal batch counts by construction: lengths known up front (the
+        plan gives every rank equal shares) and no skip policy can shorten a rank's data."""
+        if any(s.policy != "raise" for s in self.dataset.sources):
+            return False
+        return self.dataset.lengths(self._logical) is not None
 
     def _begin(self) -> dict[str, Any] | None:
         """Decide how this iteration starts (fresh, exact resume, elastic) for the mailbox."""

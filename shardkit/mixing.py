@@ -100,6 +100,8 @@ class Mix(Stage):
 
     def _mix(self, its: list[Iterator[Any]]) -> Iterator[Any]:
         n = len(its)
+        if not self.longest and any(self._exhausted):  # resumed after the mixture ended
+            return
         while not all(self._exhausted):
             weights = [
                 0.0 if gone else float(w)

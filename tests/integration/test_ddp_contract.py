@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,62 +25,17 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
-import shardkit as sk
 from shardkit import ShardDataset, WebLoader
-from tests.helpers.data import make_shards
+from tests.helpers.ddp import DOC_LENGTHS, contract_pipeline, free_port, ident, kept, make_data
 
-SIZES = [5, 17, 9, 23, 2, 11, 14]  # 81 samples: 27 per rank of 3
 WORKERS = 2
-DOC_LENGTHS = np.random.default_rng(1).integers(3, 41, size=120).tolist()
 TIMEOUT = datetime.timedelta(seconds=30)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def make_data(root: Path) -> None:
-    """Three data sets: plain shards, a copy with one damaged shard, token documents."""
-    make_shards(root / "plain", SIZES)
-    make_shards(root / "other", [6, 9, 4], prefix="other", seed=3)
-    damaged = make_shards(root / "damaged", SIZES)
-    shard = root / "damaged" / damaged.shards[3].url
-    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # truncated mid-shard
-    with sk.ShardWriter(root / "docs", maxcount=20) as w:
-        for i, n in enumerate(DOC_LENGTHS):  # document i is the token i, n times
-            w.write({"__key__": f"doc-{i:04d}", "tokens.npy": np.full(n, i, dtype=np.int32)})
-
-
-def keep(sample: dict[str, Any]) -> bool:
-    return int(str(sample["__key__"])[-2:]) % 3 != 0
-
-
-def ident(batch: Any) -> list[str]:
-    """What a batch holds, as strings: sample keys with their shard, or packed tokens."""
-    if isinstance(batch, torch.Tensor):  # pack_tokens: one row per sequence
-        return [" ".join(str(int(t)) for t in row) for row in batch]
-    return [f"{u.rsplit('/', 1)[-1]}:{k}" for k, u in zip(batch[0], batch[1], strict=True)]
-
-
-def pipeline(name: str, root: Path, seed: int = 7) -> ShardDataset:
-    def src(d: str, **kw: Any) -> ShardDataset:
-        return ShardDataset(str(root / d / "manifest.json"), seed=seed, **kw).split_by_node()
-
-    if name == "plain":
-        return src("plain").shuffle(8).to_tuple("__key__", "__url__").batched(4)
+def pipeline(name: str, root: Path) -> ShardDataset:
     if name == "filter-skip":
-        ds = src("damaged", handler="skip_shard").shuffle(8).select(keep)
-        return ds.to_tuple("__key__", "__url__").batched(3)
-    if name == "filter":
-        return src("plain").shuffle(8).select(keep).to_tuple("__key__", "__url__").batched(3)
-    if name == "pack":
-        return src("docs").shuffle(6).decode().pack_tokens("tokens.npy", 16).batched(2)
-    if name == "mix":
-        a, b = src("plain").shuffle(8), src("other")
-        return sk.mix([a, b], [0.6, 0.4], seed=3).to_tuple("__key__", "__url__").batched(4)
-    raise AssertionError(name)
+        return contract_pipeline("filter", root, policy="skip_shard", damaged=True)
+    return contract_pipeline(name, root)
 
 
 def loader_for(name: str, root: Path, **kw: Any) -> WebLoader:
@@ -143,7 +97,7 @@ def _contract_rank(rank: int, world: int, port: int, root: str, names: list[str]
 
 
 def _spawn(fn: Callable[..., None], world: int, *args: Any) -> None:
-    mp.spawn(fn, args=(world, _free_port(), *args), nprocs=world, join=True)
+    mp.spawn(fn, args=(world, free_port(), *args), nprocs=world, join=True)
 
 
 def _load(root: Path, stem: str, world: int) -> list[Any]:
@@ -219,17 +173,5 @@ def test_elastic_resume_with_a_filter_across_world_sizes(tmp_path: Path) -> None
         assert len({len(r) for r in runs}) == 1 and runs[0], f"{old}->{new}: unequal ranks"
         assert not set(before) & set(after), f"{old}->{new}: consumed samples read again"
         assert len(set(after)) == len(after), f"{old}->{new}: a sample read twice"
-        wanted = {f"data-{i:06d}.tar:sample-{k:08d}" for i, k in _kept()}
-        assert set(before) | set(after) <= wanted
+        assert set(before) | set(after) <= kept()
         assert len(before) == old * 3 * 3  # 3 steps of 3 on every rank
-
-
-def _kept() -> list[tuple[int, int]]:
-    """(shard, sample id) of the plain set's samples the filter keeps."""
-    out, k = [], 0
-    for shard, n in enumerate(SIZES):
-        for _ in range(n):
-            if k % 100 % 3 != 0:
-                out.append((shard, k))
-            k += 1
-    return out
