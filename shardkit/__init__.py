@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typing
 
+from shardkit._version import __version__
 from shardkit.errors import (
     CacheError,
     ChecksumError,
@@ -17,6 +18,7 @@ from shardkit.errors import (
     StateDictError,
     WriterError,
 )
+from shardkit.io.config import IoConfig
 from shardkit.manifest import Manifest, ShardEntry
 from shardkit.tario.reader import read_shard
 from shardkit.writer import ShardWriter
@@ -26,7 +28,6 @@ if typing.TYPE_CHECKING:
     from shardkit.loader import WebLoader
     from shardkit.mixing import mix
 
-__version__ = "0.1.0"
 _LAZY = {
     "ShardDataset": "shardkit.dataset",
     "WebLoader": "shardkit.loader",
@@ -49,6 +50,7 @@ __all__ = [
     "ConfigError",
     "DecodeError",
     "FetchError",
+    "IoConfig",
     "Manifest",
     "ManifestError",
     "ShardDataset",

@@ -36,6 +36,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from shardkit.errors import ConfigError, StateDictError
+from shardkit.io.config import IoConfig
 from shardkit.manifest import Manifest
 from shardkit.plan import PlanConfig
 from shardkit.resume import check_fingerprint, fits_epoch
@@ -66,6 +67,21 @@ _VERSION = 2
 log = logging.getLogger("shardkit.dataset")
 
 
+def _io_config(
+    io: IoConfig | None, cache_dir: str | os.PathLike[str] | None, cache_limit: int | str | None
+) -> IoConfig:
+    """``io`` with the ``cache_dir``/``cache_limit`` shortcuts applied."""
+    if io is not None and not isinstance(io, IoConfig):
+        raise ConfigError(f"io must be an IoConfig, not {type(io).__name__}")
+    base = io or IoConfig()
+    if cache_dir is None and cache_limit is None:
+        return base
+    if io is not None and (io.cache_dir, io.cache_limit) != (None, None):
+        raise ConfigError("give the cache in io= or in cache_dir=/cache_limit=, not both")
+    shortcut = IoConfig.make(cache_dir=cache_dir, cache_limit=cache_limit)
+    return dataclasses.replace(base, cache_dir=shortcut.cache_dir, cache_limit=shortcut.cache_limit)
+
+
 def _torch_collate(samples: list[Any]) -> Any:
     return torch.utils.data.default_collate(samples)
 
@@ -83,9 +99,11 @@ class ShardDataset(IterableDataset[Any]):
         resampled: draw shards with replacement, endlessly (see :meth:`with_epoch`).
         handler: bad-data policy ``"raise"``, ``"warn"`` or ``"skip_shard"``.
         allow_unsafe_urls: let the manifest name urls outside its base or ``pipe:``.
-        cache_dir: node-local cache directory for remote shards.
+        cache_dir: node-local cache directory for remote shards (a shortcut for the
+            field of ``io``).
         cache_limit: the cache's byte limit (``"500GB"``).
-        io_options: more keyword options for :func:`shardkit.io.make_opener`.
+        io: every io option (:class:`~shardkit.io.config.IoConfig`: timeouts, ranged
+            request size, retries, prefetch, S3 endpoint, largest member...).
     """
 
     def __init__(
@@ -100,17 +118,17 @@ class ShardDataset(IterableDataset[Any]):
         allow_unsafe_urls: bool = False,
         cache_dir: str | None = None,
         cache_limit: int | str | None = None,
-        **io_options: Any,
+        io: IoConfig | None = None,
     ) -> None:
         super().__init__()
         config = PlanConfig(seed, shardshuffle, remainder, resampled, None)
-        io = dict(io_options, cache_dir=cache_dir, cache_limit=cache_limit)
+        io = _io_config(io, cache_dir, cache_limit)
         src = ShardSource(
             source,
             config=config,
             handler=handler,
             allow_unsafe_urls=allow_unsafe_urls,
-            io_options=io,
+            io=io,
         )
         self._setup(src, [src], handler, seed)
 

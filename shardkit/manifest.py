@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from shardkit._version import __version__
 from shardkit.checksum import split_checksum
 from shardkit.errors import ConfigError, ManifestError
 from shardkit.manifest_check import (
@@ -329,7 +330,6 @@ def _fsync_dir(directory: str) -> None:
 
 def creation_info(**extra: Any) -> dict[str, Any]:
     """The ``created`` block: tool, version and UTC time."""
-    from shardkit import __version__
 
     info: dict[str, Any] = {
         "tool": "shardkit",

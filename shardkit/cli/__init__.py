@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from shardkit import __version__
+from shardkit._version import __version__
 from shardkit.errors import ShardkitError
 
 __all__ = ["cli", "main"]

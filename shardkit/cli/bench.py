@@ -35,9 +35,10 @@ def measure(
     """Stream ``source`` for about ``seconds`` (or ``max_epochs`` epochs, whichever ends
     first); return the loader's stats and the setup."""
     from shardkit.dataset import ShardDataset
+    from shardkit.io.config import IoConfig
     from shardkit.loader import WebLoader
 
-    ds = ShardDataset(source, **io_options)
+    ds = ShardDataset(source, io=IoConfig.make(**io_options))
     if shuffle > 1:
         ds = ds.shuffle(shuffle)
     if decode:

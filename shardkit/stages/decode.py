@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.codecs import decode_field
+from shardkit.codecs import NpyDecoder, decode_field
 from shardkit.errors import ConfigError, DecodeError, StateDictError
 from shardkit.read.policy import check_policy, report
 from shardkit.stages.base import Grid, Stage, callable_name, check_state, sub_grid
@@ -34,45 +34,6 @@ IMAGE_EXTS = frozenset(
 )
 IMAGE_MODES = ("pil", "rgb8", "rgb", "l8", "l")
 FieldHandler = Callable[[str, bytes], Any]
-
-
-_NPY_MAGIC = b"\x93NUMPY"
-
-
-class _NpyDecoder:
-    """npy decoding with each distinct header parsed once (numpy parses it with
-    ``literal_eval``: 40 us a field, most of the cost of a small token sample)."""
-
-    def __init__(self) -> None:
-        self.headers: dict[bytes, tuple[np.dtype[Any], tuple[int, ...], bool, int, int]] = {}
-
-    def __call__(self, data: bytes) -> np.ndarray:
-        major = data[6] if len(data) > 9 and data[:6] == _NPY_MAGIC else 0
-        if major == 1:
-            start = 10 + int.from_bytes(data[8:10], "little")
-        elif major == 2:
-            start = 12 + int.from_bytes(data[8:12], "little")
-        else:
-            raise ValueError("not an npy array of format version 1 or 2")
-        head = bytes(data[:start])
-        hit = self.headers.get(head)
-        if hit is None:
-            f = io.BytesIO(head)
-            np.lib.format.read_magic(f)
-            read = (
-                np.lib.format.read_array_header_1_0
-                if major == 1
-                else np.lib.format.read_array_header_2_0
-            )
-            shape, fortran, dtype = read(f)
-            if dtype.hasobject:
-                raise ValueError("npy holds Python objects (pickle); refused")
-            hit = (dtype, tuple(shape), bool(fortran), int(np.prod(shape, dtype=np.int64)), start)
-            if len(self.headers) < 4096:
-                self.headers[head] = hit
-        dtype, shape, fortran, count, offset = hit
-        arr = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
-        return arr.reshape(shape[::-1]).transpose() if fortran else arr.reshape(shape)
 
 
 def _image_decoder(mode: str) -> Callable[[bytes], Any] | None:
@@ -147,7 +108,7 @@ class Decode(Stage):
                 )
             if images is not None:
                 table.update(dict.fromkeys(IMAGE_EXTS, images))
-            table["npy"] = _NpyDecoder()
+            table["npy"] = NpyDecoder()
             table.update(self.by_name)
             self._table = table
         return self._table

@@ -16,7 +16,7 @@ from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 from shardkit.errors import StateDictError
-from shardkit.io import Opener, make_opener
+from shardkit.io import Opener, opener_for
 from shardkit.io.config import IoConfig
 from shardkit.manifest import Manifest
 from shardkit.order import Window, iter_order, nth_output, resume_window
@@ -46,7 +46,7 @@ class ShardSource(Stage):
         config: the plan choices (seed, shard shuffle, remainder, resampled, epoch length).
         handler: ``"raise"``, ``"warn"`` or ``"skip_shard"`` (see :mod:`.policy`).
         allow_unsafe_urls: let a manifest name urls outside its base (or ``pipe:``).
-        io_options: keyword arguments for :func:`shardkit.io.make_opener`.
+        io: the io options (remote reads, cache); default: local reads, no cache.
     """
 
     name = "shards"
@@ -59,7 +59,7 @@ class ShardSource(Stage):
         config: PlanConfig,
         handler: str = "raise",
         allow_unsafe_urls: bool = False,
-        io_options: Mapping[str, Any] | None = None,
+        io: IoConfig | None = None,
     ) -> None:
         super().__init__(None)
         if isinstance(source, os.PathLike):
@@ -68,8 +68,7 @@ class ShardSource(Stage):
         self.config = config
         self.policy = check_policy(handler)
         self.allow_unsafe_urls = allow_unsafe_urls
-        self.io_options = dict(io_options or {})
-        IoConfig.make(**self.io_options)  # a bad option fails here, not in a worker
+        self.io = io or IoConfig()
         self.bufsize: int | None = None
         self.initial: int | None = None
         self.by_node = False
@@ -94,13 +93,12 @@ class ShardSource(Stage):
         new = copy.copy(self)
         new._pending = None
         new._counts = self._zero()
-        new.io_options = dict(self.io_options)
         return new
 
     # -- setup ---------------------------------------------------------------------
     def opener(self) -> Opener:
         if self._opener is None:
-            self._opener = make_opener(**self.io_options)
+            self._opener = opener_for(self.io)
         return self._opener
 
     def catalog(self) -> Catalog:

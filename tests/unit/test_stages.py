@@ -18,6 +18,7 @@ import torch
 
 from shardkit import ShardDataset, mix
 from shardkit.errors import ConfigError, DecodeError, FetchError, ShardFormatError, StateDictError
+from shardkit.io.config import IoConfig
 from shardkit.manifest import Manifest
 from shardkit.writer import ShardWriter
 from tests.helpers.resumable import assert_resumable
@@ -76,7 +77,14 @@ def test_ranks_split_shards_by_sample_range(make_shards: MakeShards) -> None:
 
 def test_unknown_io_options_fail_when_the_data_set_is_made(make_shards: MakeShards) -> None:
     with pytest.raises(ConfigError, match="range_sise"):
-        ShardDataset(make_shards([2]), range_sise="1MB")
+        ShardDataset(make_shards([2]), io=IoConfig.make(range_sise="1MB"))
+    with pytest.raises(ConfigError, match="IoConfig"):
+        ShardDataset(make_shards([2]), io={"range_size": 1})  # type: ignore[arg-type]
+    cfg = IoConfig.make(range_size="1MB", cache_limit="2GB")
+    with pytest.raises(ConfigError, match="not both"):
+        ShardDataset(make_shards([2]), io=cfg, cache_dir="/tmp/x")
+    ds = ShardDataset(make_shards([2]), io=IoConfig.make(range_size="1MB"), cache_dir="c")
+    assert (ds.sources[0].io.range_size, ds.sources[0].io.cache_dir) == (1_000_000, "c")
 
 
 def test_the_order_follows_seed_and_epoch(make_shards: MakeShards) -> None:
