@@ -266,10 +266,17 @@ class _EpochEnd:
             self._made = True
         return self._group
 
-    def agree(self, have: bool, skips: Sequence[int]) -> tuple[bool, list[int]]:
-        """``(every rank has a batch, skips summed over ranks)``."""
+    def start(self, have: bool, skips: Sequence[int]) -> tuple[torch.Tensor, Any]:
+        """Begin the vote on the next batch (asynchronous: it runs while the training step
+        on the current batch does)."""
         t = torch.tensor([0 if have else 1, *skips], dtype=torch.int64)
-        dist.all_reduce(t, group=self.group())
+        return t, dist.all_reduce(t, group=self.group(), async_op=True)
+
+    @staticmethod
+    def finish(vote: tuple[torch.Tensor, Any]) -> tuple[bool, list[int]]:
+        """``(every rank has its batch, skips summed over ranks)``."""
+        t, work = vote
+        work.wait()
         return int(t[0]) == 0, [int(x) for x in t[1:]]
 
     def gather(self, obj: Any) -> list[Any]:
@@ -440,35 +447,56 @@ class WebLoader:
         return {**box, "states": plan.states}
 
     def _iterate(self, it: Iterator[Any], synced: bool) -> Iterator[Any]:
-        n = self._logical
         stats = self._stats
         try:
+            if synced:
+                yield from self._voted(it)
+                return
             while True:
                 t = time.perf_counter()
                 got = next(it, _END)
-                if synced:
-                    counts = stats.totals()[0]
-                    skips = [int(counts["skipped_samples"]), int(counts["skipped_shards"])]
-                    ok, job = self._end.agree(got is not _END, skips)
-                    self._job_skips = {"skipped_samples": job[0], "skipped_shards": job[1]}
-                    if not ok:  # a rank's data ended: the epoch ends for every rank
-                        self._complete = True
-                        return
-                elif got is _END:
+                if got is _END:
                     self._complete = True
                     return
-                batch, meta = cast(tuple[Any, dict[str, Any]], got)
-                if self.num_workers:
-                    batch = _arrived(batch)
-                wait = time.perf_counter() - t
-                w = int(meta["w"])
-                self._states[w] = meta["s"]
-                self._batches += 1
-                self._next_worker = (w + 1) % n
-                stats.record(wait, w, meta["c"], meta["io"])
-                yield batch
+                yield self._deliver(got, t)
         finally:
             stats.stop()
+
+    def _voted(self, it: Iterator[Any]) -> Iterator[Any]:
+        """The shared epoch end: a batch is handed out only when every rank has one. The
+        vote on batch k+1 is started (asynchronously) before batch k is handed out, so it
+        runs during the training step; the batch itself waits here, one ahead."""
+        t = time.perf_counter()
+        ahead = next(it, _END)
+        vote = self._end.start(ahead is not _END, self._skips())
+        while True:
+            ok, job = self._end.finish(vote)
+            self._job_skips = {"skipped_samples": job[0], "skipped_shards": job[1]}
+            if not ok:  # a rank's data ended: the epoch ends for every rank
+                self._complete = True
+                return
+            got = ahead
+            ahead = next(it, _END)
+            vote = self._end.start(ahead is not _END, self._skips())
+            batch = self._deliver(got, t)
+            yield batch
+            t = time.perf_counter()
+
+    def _skips(self) -> list[int]:
+        counts = self._stats.totals()[0]
+        return [int(counts["skipped_samples"]), int(counts["skipped_shards"])]
+
+    def _deliver(self, got: Any, t: float) -> Any:
+        """Record a batch's meta (its worker's cursor, counters) as it is handed out."""
+        batch, meta = cast(tuple[Any, dict[str, Any]], got)
+        if self.num_workers:
+            batch = _arrived(batch)
+        w = int(meta["w"])
+        self._states[w] = meta["s"]
+        self._batches += 1
+        self._next_worker = (w + 1) % self._logical
+        self._stats.record(time.perf_counter() - t, w, meta["c"], meta["io"])
+        return batch
 
     # -- state ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
