@@ -7,7 +7,8 @@ Three measurements, each a median of ``--repeats`` runs, interleaved:
 2. ``loader``: one epoch through ``WebLoader`` (small profile, ``--workers`` workers per
    rank, batches of ``--batch``) on every rank, with ``sync=True`` (a collective every
    batch), ``sync=None`` (the default: this plain pipeline is in step by construction, so
-   no collective) and ``sync=False``; samples/s per rank, ratios, the per-step difference.
+   no collective) and ``sync=False``; samples/s per rank, ratios, the per-step difference;
+   ``--step-ms`` adds a simulated training step per batch, which the vote overlaps.
 3. ``state_dict``: the time of ``loader.state_dict()`` with 8 workers mid-epoch, one process
    (no group) and under the process group (it gathers every rank's cursors).
 
@@ -72,7 +73,11 @@ def _rank(rank: int, world: int, port: int, spec: dict[str, Any], out: str) -> N
                 loader = _loader(spec["manifest"], spec["workers"], spec["batch"], mode[1])
                 dist.barrier()
                 t0 = time.perf_counter()
-                steps = sum(1 for _b in loader)
+                steps = 0
+                for _b in loader:
+                    steps += 1
+                    if spec["step_s"]:
+                        time.sleep(spec["step_s"])  # the training step the vote overlaps
                 res[mode[0]].append(time.perf_counter() - t0)
                 res["steps"].append(steps)
             loader = _loader(spec["manifest"], 8, spec["batch"], None)
@@ -112,6 +117,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=1, help="loader workers per rank")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--calls", type=int, default=2000, help="bare all_reduce calls per repeat")
+    p.add_argument("--step-ms", type=float, default=0.0, help="simulated training step")
     p.set_defaults(size="100MB", profiles="small")
     args = p.parse_args()
     parse_common(args)
@@ -127,6 +133,7 @@ def main() -> None:
             "batch": args.batch,
             "repeats": args.repeats,
             "calls": args.calls,
+            "step_s": args.step_ms / 1e3,
         }
         log(f"{args.ranks} gloo ranks x {args.workers} workers, {len(data.samples):,} samples")
         mp.spawn(_rank, args=(args.ranks, _port(), spec, tmp), nprocs=args.ranks, join=True)
