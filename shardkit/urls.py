@@ -14,7 +14,16 @@ from urllib.parse import unquote, urlsplit
 
 from shardkit.errors import ConfigError, ManifestError
 
-__all__ = ["dirname", "expand_braces", "is_absolute", "join", "resolve_url"]
+__all__ = [
+    "check_within",
+    "dirname",
+    "expand_braces",
+    "is_absolute",
+    "join",
+    "local_path",
+    "resolve_url",
+    "url_scheme",
+]
 
 
 def is_absolute(url: str) -> bool:
@@ -109,3 +118,39 @@ def expand_braces(pattern: str) -> list[str]:
     for i in range(int(lo), int(hi) + 1):
         out.extend(head + str(i).zfill(width) + rest for rest in expand_braces(tail))
     return out
+
+
+def url_scheme(url: str) -> str:
+    """``"http"``, ``"s3"``, ``"pipe"``, ``"file"`` (local paths included)."""
+    if url.startswith("pipe:"):
+        return "pipe"
+    head, sep, _ = url.partition("://")
+    if not sep:
+        return "file"
+    return head.lower()
+
+
+def local_path(url: str) -> str:
+    """The filesystem path of a local path or ``file://`` url."""
+    if url.startswith("file://"):
+        return unquote(urlsplit(url).path)
+    return url
+
+
+def check_within(url: str, base: str | None) -> None:
+    """Refuse a local ``url`` whose real path (every link followed) is outside ``base``.
+
+    A manifest's urls are checked as text when it is loaded; a symbolic link in the shard
+    directory can still point anywhere, so where a local shard or index is opened its real
+    path is checked too (:class:`ManifestError`). Remote urls and a None base pass.
+    """
+    if base is None or "://" in base or url_scheme(url) != "file":
+        return
+    real = os.path.realpath(local_path(url))
+    root = os.path.realpath(base)
+    if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+        raise ManifestError(
+            f"refusing {url!r}: its real path {real!r} (through a symbolic link) is outside "
+            f"the manifest's base {root!r} (pass allow_unsafe_urls=True in code to allow it)",
+            field="url",
+        )

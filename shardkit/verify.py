@@ -3,7 +3,7 @@
 Three levels: ``quick`` (each shard exists and has its size), ``checksum`` (the default:
 size and checksum of every byte) and ``deep`` (also parse every shard with the tar
 reader: its sample count, its ``.idx`` sample index, hostile or broken members). Shards
-are read through the io seam (an :class:`~shardkit.io.opener.Opener`), so the same check
+are read through the io seam (an :class:`~shardkit._types.Opener`), so the same check
 runs on local files and remote urls. Every shard is read once: in ``deep`` mode the tar
 reader reads through a tee that hashes what passes, so parsing costs no second read.
 
@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from shardkit.checksum import Hasher, new_hasher, split_checksum
 from shardkit.errors import ConfigError, FetchError, ShardFormatError, ShardkitError
-from shardkit.io.local import check_within
 from shardkit.manifest import Manifest, ShardEntry
 from shardkit.pieces import PieceHasher
 from shardkit.tario.index import read_index
 from shardkit.tario.reader import TarReader, stream_size
+from shardkit.urls import check_within
 
 if TYPE_CHECKING:
-    from shardkit.io.opener import Opener
+    from shardkit._types import Opener
 
 __all__ = ["LEVELS", "Problem", "VerifyReport", "extra_files", "verify", "verify_shard"]
 
@@ -375,7 +375,7 @@ def verify(
     *,
     level: str = "checksum",
     jobs: int = 1,
-    opener: Opener | None = None,
+    opener: Opener,
     progress: Progress | None = None,
     source: str | None = None,
 ) -> VerifyReport:
@@ -385,16 +385,12 @@ def verify(
         manifest: a loaded manifest (its ``base`` resolves relative urls).
         level: ``quick``, ``checksum`` (default) or ``deep``.
         jobs: shards checked at once (threads: hashing releases the GIL).
-        opener: where bytes come from; default :func:`shardkit.io.make_opener`.
+        opener: where bytes come from (e.g. :func:`shardkit.cache.make_opener`).
         progress: called with byte counts as they are checked (thread-safe callers only).
         source: the manifest's name for the report.
     """
     if level not in LEVELS:
         raise ConfigError(f"level must be one of {LEVELS}, got {level!r}")
-    if opener is None:
-        from shardkit.io import make_opener
-
-        opener = make_opener()
     t0 = time.perf_counter()
 
     def one(entry: ShardEntry) -> list[Problem]:

@@ -43,6 +43,7 @@ from _common import (
 )
 
 import shardkit
+from shardkit.cache import make_opener
 from shardkit.verify import verify
 
 ALGOS: dict[str, Callable[[], Any]] = {"sha256": hashlib.sha256, "xxh3_128": xxhash.xxh3_128}
@@ -70,7 +71,7 @@ def hash_files(paths: list[str], algo: str, threads: int) -> dict[str, int]:
 
 
 def run_verify(manifest: shardkit.Manifest, level: str, jobs: int) -> dict[str, int]:
-    report = verify(manifest, level=level, jobs=jobs)
+    report = verify(manifest, level=level, jobs=jobs, opener=make_opener())
     if not report.ok:
         raise RuntimeError(f"verify found problems: {report.problems[:3]}")
     return {"problems": len(report.problems)}

@@ -7,9 +7,14 @@ See :mod:`shardkit.cache.store` for the directory layout and its guarantees,
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
+from shardkit._types import Opener
 from shardkit.cache.manifests import fetch_manifest_once
 from shardkit.cache.opener import CachingOpener
 from shardkit.cache.store import CachedShard, CacheKey, CacheStat, CacheStore
+from shardkit.io import IoConfig, RemoteOpener
 
 __all__ = [
     "CacheKey",
@@ -18,4 +23,36 @@ __all__ = [
     "CachedShard",
     "CachingOpener",
     "fetch_manifest_once",
+    "make_opener",
+    "opener_for",
 ]
+
+
+def make_opener(
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: int | str | None = None,
+    allow_pipe: bool = False,
+    **options: Any,
+) -> Opener:
+    """The opener a data set reads through: the node-local cache's when ``cache_dir`` is
+    given, else plain io (local, http(s), s3).
+
+    Args:
+        cache_dir: the node-local cache directory; None reads remote shards uncached.
+        cache_limit: bytes the cache may hold (``"500GB"``); None: no limit.
+        allow_pipe: allow ``pipe:CMD`` urls (code only; never from a manifest).
+        options: any other :class:`IoConfig` field (``range_size``, ``read_timeout``,
+            ``max_attempts``, ``endpoint_url``, ``prefetch_depth``, ``node_requests``, ...).
+    """
+    cfg = IoConfig.make(
+        cache_dir=cache_dir, cache_limit=cache_limit, allow_pipe=allow_pipe, **options
+    )
+    return opener_for(cfg)
+
+
+def opener_for(cfg: IoConfig) -> Opener:
+    """The opener for a config: caching when it names a cache dir (the cache sits on io)."""
+    if cfg.cache_dir is None:
+        return RemoteOpener(cfg)
+    return CachingOpener(cfg)

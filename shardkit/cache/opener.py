@@ -28,8 +28,8 @@ from shardkit.cache.store import CacheKey, CacheStore
 from shardkit.cache.stream import CacheStream
 from shardkit.errors import CacheError, ChecksumError, ConfigError
 from shardkit.io.config import IoConfig
-from shardkit.io.opener import url_scheme
 from shardkit.io.remote import RangeSource, RemoteOpener, buffered
+from shardkit.urls import url_scheme
 
 __all__ = ["CachingOpener"]
 

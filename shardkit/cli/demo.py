@@ -15,6 +15,7 @@ import click
 import numpy as np
 
 from shardkit.build import build
+from shardkit.cache import make_opener
 from shardkit.sources import FieldMap, parse_field_spec
 from shardkit.units import format_bytes
 from shardkit.verify import verify
@@ -80,7 +81,10 @@ def _steps(out: str, samples: int, kind: str, workers: int, maxsize: str) -> dic
     if kind == "jsonl":
         fields = (parse_field_spec("text=txt"), parse_field_spec("tokens=npy:int32"))
     result = build([raw], shards, maxsize=maxsize, workers=workers, fields=fields)
-    report = verify(result.manifest, level="deep", jobs=2, source=result.manifest_path)
+    opener = make_opener()
+    report = verify(
+        result.manifest, level="deep", jobs=2, opener=opener, source=result.manifest_path
+    )
     from shardkit.cli.bench import measure  # imports torch: only when streaming
 
     stream = measure(result.manifest_path, workers=workers, seconds=60, max_epochs=1, decode=True)

@@ -7,10 +7,11 @@ from typing import Any
 
 import click
 
-from shardkit.io import load_manifest, make_opener
-from shardkit.io.local import check_within
+from shardkit.cache import make_opener
+from shardkit.io import load_manifest
 from shardkit.summary import first_keys, scan_shard, summarize_manifest, summarize_shard
 from shardkit.units import format_bytes
+from shardkit.urls import check_within
 
 __all__ = ["command"]
 

@@ -17,8 +17,9 @@ from typing import Any
 
 import click
 
+from shardkit.cache import make_opener
 from shardkit.errors import ConfigError
-from shardkit.io import load_manifest, make_opener
+from shardkit.io import load_manifest
 from shardkit.units import format_bytes
 
 __all__ = ["command", "need"]

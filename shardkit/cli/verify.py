@@ -12,8 +12,9 @@ import threading
 import click
 from tqdm import tqdm
 
+from shardkit.cache import make_opener
 from shardkit.errors import ShardkitError
-from shardkit.io import load_manifest, make_opener
+from shardkit.io import load_manifest
 from shardkit.units import format_bytes
 from shardkit.verify import VerifyReport, verify
 

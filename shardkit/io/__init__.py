@@ -14,58 +14,20 @@ counted (``stats()["cache_errors"]``) and the read goes on without the cache; pa
 
 from __future__ import annotations
 
-import os
-from typing import Any
-
+from shardkit._types import Opener
 from shardkit.io.config import IoConfig
-from shardkit.io.local import LocalOpener, local_path, open_local
-from shardkit.io.opener import Opener, read_range, url_scheme
+from shardkit.io.local import open_local
 from shardkit.io.remote import RemoteOpener
 from shardkit.manifest import Manifest
+from shardkit.urls import local_path, url_scheme
 
 __all__ = [
     "IoConfig",
-    "LocalOpener",
     "Opener",
     "RemoteOpener",
     "load_manifest",
-    "make_opener",
     "open_local",
-    "opener_for",
-    "read_range",
-    "url_scheme",
 ]
-
-
-def make_opener(
-    *,
-    cache_dir: str | os.PathLike[str] | None = None,
-    cache_limit: int | str | None = None,
-    allow_pipe: bool = False,
-    **options: Any,
-) -> Opener:
-    """The opener a data set reads through.
-
-    Args:
-        cache_dir: the node-local cache directory; None reads remote shards uncached.
-        cache_limit: bytes the cache may hold (``"500GB"``); None: no limit.
-        allow_pipe: allow ``pipe:CMD`` urls (code only; never from a manifest).
-        options: any other :class:`IoConfig` field (``range_size``, ``read_timeout``,
-            ``max_attempts``, ``endpoint_url``, ``prefetch_depth``, ``node_requests``, ...).
-    """
-    cfg = IoConfig.make(
-        cache_dir=cache_dir, cache_limit=cache_limit, allow_pipe=allow_pipe, **options
-    )
-    return opener_for(cfg)
-
-
-def opener_for(cfg: IoConfig) -> Opener:
-    """The opener for a config: caching when it names a cache dir."""
-    if cfg.cache_dir is None:
-        return RemoteOpener(cfg)
-    from shardkit.cache.opener import CachingOpener  # the cache sits on top of io
-
-    return CachingOpener(cfg)
 
 
 def load_manifest(source: str, opener: Opener | None = None) -> Manifest:
@@ -76,7 +38,5 @@ def load_manifest(source: str, opener: Opener | None = None) -> Manifest:
     """
     if url_scheme(source) == "file":
         return Manifest.load(local_path(source))
-    opener = opener or make_opener()
-    fetch = getattr(opener, "fetch_manifest", None)
-    data = fetch(source) if fetch is not None else opener.read(source)
-    return Manifest.loads(data, source=source)
+    opener = opener or RemoteOpener(IoConfig())
+    return Manifest.loads(opener.fetch_manifest(source), source=source)

@@ -18,10 +18,10 @@ from shardkit.errors import ChecksumError, ConfigError
 from shardkit.io.config import IoConfig
 from shardkit.io.http import Gate, HttpSource
 from shardkit.io.local import open_local
-from shardkit.io.opener import url_scheme
 from shardkit.io.pipe import check_pipe_allowed, open_pipe
 from shardkit.io.retry import Counters
 from shardkit.io.s3 import S3Source
+from shardkit.urls import url_scheme
 
 __all__ = ["ChunkStream", "RangeSource", "RemoteOpener"]
 

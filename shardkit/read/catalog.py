@@ -17,11 +17,10 @@ import numpy as np
 
 from shardkit.errors import FetchError, ShardFormatError
 from shardkit.io import Opener, load_manifest
-from shardkit.io.local import check_within
 from shardkit.manifest import Manifest
 from shardkit.tario.index import INDEX_MAGIC, index_entry_range, read_index
 from shardkit.tario.reader import iter_samples
-from shardkit.urls import expand_braces
+from shardkit.urls import check_within, expand_braces
 
 __all__ = ["Catalog", "ShardInfo", "load_catalog"]
 

@@ -15,8 +15,9 @@ import os
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
 
+from shardkit._types import Opener
+from shardkit.cache import opener_for
 from shardkit.errors import StateDictError
-from shardkit.io import Opener, opener_for
 from shardkit.io.config import IoConfig
 from shardkit.manifest import Manifest
 from shardkit.order import Window, iter_order, nth_output, resume_window

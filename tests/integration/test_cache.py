@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from shardkit.cache import CacheKey, CacheStore
+from shardkit.cache import CacheKey, CacheStore, make_opener
 from shardkit.cache.layout import try_lock_existing
 from shardkit.errors import ChecksumError
-from shardkit.io import load_manifest, make_opener
+from shardkit.io import load_manifest
 from shardkit.manifest import Manifest
 from shardkit.tario.index import read_index
 from shardkit.tario.reader import read_shard

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from shardkit.cache import CacheKey, CacheStore
-from shardkit.io import load_manifest, make_opener
+from shardkit.cache import CacheKey, CacheStore, make_opener
+from shardkit.io import load_manifest
 from shardkit.manifest import Manifest
 from shardkit.tario.reader import read_shard
 from tests.helpers.servers import RangeServer, read_samples

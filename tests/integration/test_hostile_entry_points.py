@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from shardkit import ShardDataset, ShardFormatError, ShardkitError, WebLoader, read_shard
+from shardkit.cache import make_opener
 from shardkit.io import load_manifest
 from shardkit.manifest import Manifest
 from shardkit.verify import verify
@@ -62,7 +63,7 @@ def test_read_shard(broken: tuple[Path, int, str]) -> None:
 @pytest.mark.timeout(30)
 def test_verify_deep(broken: tuple[Path, int, str]) -> None:
     manifest, offset, match = broken
-    report = verify(load_manifest(str(manifest)), level="deep")
+    report = verify(load_manifest(str(manifest)), level="deep", opener=make_opener())
     assert [(p.kind, p.offset) for p in report.problems] == [("format", offset)]
     assert match in report.problems[0].message
     r = shardkit("verify", manifest, "--deep")
@@ -254,7 +255,7 @@ def escaping(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
 @pytest.mark.timeout(90)
 def test_symlink_out_of_the_base_is_refused(escaping: Path) -> None:
     manifest = load_manifest(str(escaping))
-    report = verify(manifest, level="deep")
+    report = verify(manifest, level="deep", opener=make_opener())
     assert report.problems and {p.kind for p in report.problems} <= {"url", "index"}
     assert "outside the manifest's base" in report.problems[0].message
     r = shardkit("verify", escaping, "--deep")

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from shardkit.cache import make_opener
 from shardkit.errors import ChecksumError, ConfigError, FetchError, ManifestError
-from shardkit.io import load_manifest, make_opener
+from shardkit.io import load_manifest
 from shardkit.manifest import Manifest
 from shardkit.tario.index import read_index
 from tests.helpers.servers import RangeServer, read_samples

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from shardkit.cache import make_opener
 from shardkit.errors import ChecksumError, FetchError
-from shardkit.io import load_manifest, make_opener
+from shardkit.io import load_manifest
 from shardkit.manifest import Manifest
 from tests.helpers.servers import moto_server, read_samples
 

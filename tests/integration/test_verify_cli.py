@@ -313,16 +313,17 @@ def test_corrupt_zstd_shard_in_deep_mode(tmp_path: Path) -> None:
 
 def test_library_api_progress_and_bad_level(shards: Path) -> None:
     from shardkit import ConfigError
+    from shardkit.cache import make_opener
     from shardkit.verify import verify
 
     m = Manifest.load(shards)
     for level in ("quick", "checksum", "deep"):
         seen: list[int] = []
-        report = verify(m, level=level, progress=seen.append, jobs=2)
+        report = verify(m, level=level, progress=seen.append, jobs=2, opener=make_opener())
         assert report.ok and report.shards == 3
         assert sum(seen) == m.total_bytes  # the bar ends exactly at the total
     with pytest.raises(ConfigError, match="level"):
-        verify(m, level="thorough")
+        verify(m, level="thorough", opener=make_opener())
 
 
 def test_pieces_of_another_shard_are_a_pieces_problem(tmp_path: Path) -> None:

@@ -1,10 +1,14 @@
-"""The opener protocol: how the streaming side asks for bytes."""
+"""Types every layer may name: the opener protocol (how bytes are asked for).
+
+The io layer implements it (local, http, s3), the cache wraps it; the layers below io
+(verify, build) take an opener as an argument and never make one.
+"""
 
 from __future__ import annotations
 
 from typing import BinaryIO, Protocol
 
-__all__ = ["Opener", "read_range", "url_scheme"]
+__all__ = ["Opener"]
 
 
 class Opener(Protocol):
@@ -35,17 +39,6 @@ class Opener(Protocol):
         """Counters of this process: requests, bytes fetched, retries, cache hits/misses."""
         ...
 
-
-def url_scheme(url: str) -> str:
-    """``"http"``, ``"s3"``, ``"pipe"``, ``"file"`` (local paths included)."""
-    if url.startswith("pipe:"):
-        return "pipe"
-    head, sep, _ = url.partition("://")
-    if not sep:
-        return "file"
-    return head.lower()
-
-
-def read_range(opener: Opener, url: str, start: int = 0, end: int | None = None) -> bytes:
-    """Read ``[start, end)`` of ``url`` through ``opener`` into memory."""
-    return opener.read(url, start=start, end=end)
+    def fetch_manifest(self, url: str) -> bytes:
+        """A remote manifest's bytes (a caching opener shares one fetch per node)."""
+        ...
