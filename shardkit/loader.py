@@ -9,28 +9,24 @@ whose turn is next: that is the whole state (:meth:`WebLoader.state_dict`). A re
 loads the cursors and rotates the logical workers so that physical worker 0 plays the
 one whose turn was next: the remaining batches come in the same order as in the
 uninterrupted run. A state saved with another world size or worker count is merged
-(:func:`~shardkit.stages.elastic_merge`) and the rest of the epoch re-planned.
+(:mod:`shardkit.resume`) and the rest of the epoch re-planned. Under a process group the
+ranks end each epoch together (:mod:`shardkit.sync`).
 
 What to iterate and from where reaches the workers through a small shared-memory mailbox
 written before every ``iter()``, so persistent workers follow ``set_epoch`` and
-``load_state_dict`` too. Batches arrive with numpy arrays as tensors. Big arrays and big
-lists of bytes (256 KB and up) cross from the workers in shared memory (a tensor, a
-:class:`PackedBytes`); smaller ones pickle through the worker's pipe, which costs less
-than making a shared segment.
+``load_state_dict`` too; batches come back as :mod:`shardkit.transfer` says.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, cast, overload
+from typing import Any, cast
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
@@ -49,34 +45,14 @@ from shardkit.resume import (
     resume_plan,
 )
 from shardkit.stages import Context
+from shardkit.sync import EpochEnd
+from shardkit.transfer import Mailbox, PackedBytes, arrived, to_torch
 
 __all__ = ["PackedBytes", "WebLoader"]
 
 log = logging.getLogger("shardkit.loader")
 _END = object()
-_MAILBOX = 1 << 18
 _REFUSED = ("sampler", "batch_sampler", "shuffle", "in_order")
-
-
-class _Mailbox:
-    """JSON from the loader to its workers through a shared uint8 tensor."""
-
-    def __init__(self, capacity: int = _MAILBOX) -> None:
-        self.buf = torch.zeros(capacity + 8, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
-
-    def write(self, obj: Mapping[str, Any]) -> None:
-        data = json.dumps(obj, separators=(",", ":")).encode()
-        if len(data) > len(self.buf) - 8:
-            raise StateDictError(f"loader: the resume state is too large ({len(data)} bytes)")
-        view = self.buf.numpy()
-        view[8 : 8 + len(data)] = np.frombuffer(data, dtype=np.uint8)
-        view[:8] = np.frombuffer(len(data).to_bytes(8, "little"), dtype=np.uint8)
-
-    def read(self) -> dict[str, Any]:
-        view = self.buf.numpy()
-        n = int.from_bytes(view[:8].tobytes(), "little")
-        out: dict[str, Any] = json.loads(view[8 : 8 + n].tobytes())
-        return out
 
 
 def _seed_everything(seed: int) -> None:
@@ -85,110 +61,10 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-_NESTED = (np.ndarray, dict, tuple, list)
-# Below this many bytes, pickling through the worker's pipe beats making a shared-memory
-# segment (measured here: ~250 us of CPU per segment, worker and trainer together).
-_SHM_MIN = 256 << 10
-
-
-def _shared_bytes(n: int) -> torch.Tensor:
-    """A uint8 tensor made in shared memory (``share_memory_()`` would allocate, then copy)."""
-    new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
-    if new_shared is None:  # pragma: no cover - older or newer torch
-        fallback: torch.Tensor = torch.empty(n, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
-        return fallback
-    out: torch.Tensor = torch.empty(0, dtype=torch.uint8).set_(new_shared(n))
-    return out
-
-
-class PackedBytes(Sequence[bytes]):
-    """A batch's list of ``bytes`` as it arrives from a worker: one shared-memory tensor.
-
-    A read-only sequence: ``len``, indexing and iteration give ``bytes`` (copied out on
-    access); :attr:`tensor` and :attr:`offsets` give zero-copy access to all of it.
-    """
-
-    def __init__(self, items: list[bytes]) -> None:
-        ends = np.cumsum([len(b) for b in items])
-        self.tensor = _shared_bytes(int(ends[-1]))
-        view = self.tensor.numpy()
-        start = 0
-        for b, end in zip(items, ends.tolist(), strict=True):
-            view[start:end] = np.frombuffer(b, dtype=np.uint8)
-            start = end
-        self.offsets: list[int] = [0, *ends.tolist()]
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    @overload
-    def __getitem__(self, i: int) -> bytes: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[bytes]: ...
-    def __getitem__(self, i: int | slice) -> bytes | list[bytes]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"index {i} of {n} items")
-        i %= n
-        return self.tensor.numpy()[self.offsets[i] : self.offsets[i + 1]].tobytes()
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence):
-            return list(self) == list(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"PackedBytes({len(self)} items, {self.offsets[-1]} bytes)"
-
-
-def _to_torch(x: Any, in_worker: bool) -> Any:
-    """Numpy arrays become tensors; in a worker, big arrays and big lists of bytes go into
-    shared memory (a tensor, a :class:`PackedBytes`) and small arrays stay numpy, which
-    pickles faster and becomes a tensor on arrival (:func:`_arrived`)."""
-    t = type(x)
-    if t is np.ndarray:
-        if x.dtype.kind not in "biufc" or (in_worker and x.nbytes < _SHM_MIN):
-            return x
-        return torch.from_numpy(x if x.flags.writeable else x.copy())
-    if t is dict:
-        return {k: _to_torch(v, in_worker) for k, v in x.items()}
-    if t is tuple:
-        return tuple(_to_torch(v, in_worker) for v in x)
-    if t is list and x:
-        if isinstance(x[0], _NESTED):
-            return [_to_torch(v, in_worker) for v in x]
-        if (
-            in_worker
-            and type(x[0]) is bytes
-            and all(type(b) is bytes for b in x)
-            and sum(len(b) for b in x) >= _SHM_MIN
-        ):
-            return PackedBytes(x)
-    return x  # strings, numbers, small lists of bytes go as they are
-
-
-def _arrived(x: Any) -> Any:
-    """In the training process: the small numpy arrays of a worker's batch become tensors."""
-    t = type(x)
-    if t is np.ndarray:
-        return torch.from_numpy(x) if x.dtype.kind in "biufc" else x
-    if t is dict:
-        return {k: _arrived(v) for k, v in x.items()}
-    if t is tuple:
-        return tuple(_arrived(v) for v in x)
-    if t is list and x and isinstance(x[0], _NESTED):
-        return [_arrived(v) for v in x]
-    return x
-
-
 class _WorkerSide(IterableDataset[Any]):
     """Runs in each worker: configure from the mailbox, iterate, attach meta to items."""
 
-    def __init__(self, dataset: ShardDataset, mailbox: _Mailbox, every: int) -> None:
+    def __init__(self, dataset: ShardDataset, mailbox: Mailbox, every: int) -> None:
         super().__init__()
         self.dataset = dataset
         self.mailbox = mailbox
@@ -239,52 +115,6 @@ class _WorkerSide(IterableDataset[Any]):
             item = nxt
 
 
-class _EpochEnd:
-    """The shared end of an epoch under a process group: before each batch is handed out,
-    one all_reduce of three int64 (this rank has no batch; its skipped samples and shards)
-    on a CPU (gloo) group decides whether every rank has one. When one rank's data ends,
-    the epoch ends for all, so ranks never yield different numbers of batches."""
-
-    def __init__(self) -> None:
-        self._group: Any = None
-        self._made = False
-
-    @staticmethod
-    def active(mode: bool | None) -> bool:
-        if mode is False or not dist.is_available() or not dist.is_initialized():
-            if mode is True:
-                raise ConfigError("WebLoader(sync=True) needs an initialised process group")
-            return False
-        return dist.get_world_size() > 1
-
-    def group(self) -> Any:
-        """The default group when it runs gloo for CPU tensors, else a gloo group of our own
-        (made once, by every rank at its first iteration, as new_group requires)."""
-        if not self._made:
-            backend = str(dist.get_backend())
-            self._group = None if "gloo" in backend else dist.new_group(backend="gloo")
-            self._made = True
-        return self._group
-
-    def start(self, have: bool, skips: Sequence[int]) -> tuple[torch.Tensor, Any]:
-        """Begin the vote on the next batch (asynchronous: it runs while the training step
-        on the current batch does)."""
-        t = torch.tensor([0 if have else 1, *skips], dtype=torch.int64)
-        return t, dist.all_reduce(t, group=self.group(), async_op=True)
-
-    @staticmethod
-    def finish(vote: tuple[torch.Tensor, Any]) -> tuple[bool, list[int]]:
-        """``(every rank has its batch, skips summed over ranks)``."""
-        t, work = vote
-        work.wait()
-        return int(t[0]) == 0, [int(x) for x in t[1:]]
-
-    def gather(self, obj: Any) -> list[Any]:
-        out: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(out, obj, group=self.group())
-        return out
-
-
 class _Collate:
     """Collate in the worker and keep the batch's meta (the last item's)."""
 
@@ -296,8 +126,8 @@ class _Collate:
         in_worker = get_worker_info() is not None
         if not self.batched:
             item, meta = items
-            return _to_torch(item, in_worker), meta
-        return _to_torch(self.fn([x[0] for x in items]), in_worker), items[-1][1]
+            return to_torch(item, in_worker), meta
+        return to_torch(self.fn([x[0] for x in items]), in_worker), items[-1][1]
 
 
 class WebLoader:
@@ -335,7 +165,7 @@ class WebLoader:
         self.drop_last = drop_last
         self.num_workers = num_workers
         self._logical = max(num_workers, 1)
-        self._mailbox = _Mailbox()
+        self._mailbox = Mailbox()
         side = _WorkerSide(dataset, self._mailbox, batch_size or 1)
         self._loader: DataLoader[Any] = DataLoader(
             side,
@@ -347,7 +177,7 @@ class WebLoader:
         )
         self._epoch = dataset.epoch
         self._sync = sync
-        self._end = _EpochEnd()
+        self._end = EpochEnd()
         self._pending: dict[str, Any] | None = None
         self._discard = False
         self._states: list[dict[str, Any] | None] = [None] * self._logical
@@ -414,7 +244,7 @@ class WebLoader:
             self._stats.stop()
             return iter(())
         self._mailbox.write(box)
-        synced = _EpochEnd.active(self._sync) and (self._sync is True or not self._lockstep())
+        synced = EpochEnd.active(self._sync) and (self._sync is True or not self._lockstep())
         return self._iterate(iter(self._loader), synced)
 
     def _lockstep(self) -> bool:
@@ -490,7 +320,7 @@ class WebLoader:
         """Record a batch's meta (its worker's cursor, counters) as it is handed out."""
         batch, meta = cast(tuple[Any, dict[str, Any]], got)
         if self.num_workers:
-            batch = _arrived(batch)
+            batch = arrived(batch)
         w = int(meta["w"])
         self._states[w] = meta["s"]
         self._batches += 1
@@ -517,7 +347,7 @@ class WebLoader:
             "workers": self._states,
         }
         ranks: list[dict[str, Any]] = [entry]
-        if _EpochEnd.active(self._sync):
+        if EpochEnd.active(self._sync):
             ranks = sorted(self._end.gather(entry), key=lambda e: int(e["rank"]))
         return encode_job_state(
             {
