@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from shardkit.counters import add_counts
 from shardkit.errors import ConfigError, StateDictError
 from shardkit.io.config import IoConfig
 from shardkit.manifest import Manifest
@@ -51,7 +52,6 @@ from shardkit.stages import (
     Stage,
     ToTuple,
     check_state,
-    merge_counters,
     sources_of,
 )
 from shardkit.stages.base import check_int
@@ -422,5 +422,5 @@ class ShardDataset(IterableDataset[Any]):
         out: dict[str, float] = {}
         for s in self._sources:
             if s._opener is not None:
-                merge_counters(out, s._opener.stats())
+                add_counts(out, s._opener.stats())
         return out

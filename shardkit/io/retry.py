@@ -1,4 +1,6 @@
-"""Retries with backoff and jitter, resume from the last byte, and per-process counters.
+"""Retries with backoff and jitter, and resume from the last byte.
+
+(Counters live in :mod:`shardkit.counters`.)
 
 A remote source (HTTP, S3) only knows how to open one byte range and iterate its body; it
 raises :class:`Retryable` for a failure worth another try (a dropped connection, a
@@ -12,18 +14,17 @@ from __future__ import annotations
 
 import email.utils
 import logging
-import os
 import random
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from shardkit.counters import Counters
 from shardkit.errors import FetchError
 
 __all__ = [
-    "Counters",
+    "Counters",  # re-exported: the io and cache counters (shardkit.counters)
     "RangeResponse",
     "RetryPolicy",
     "Retryable",
@@ -32,42 +33,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-class Counters:
-    """Thread-safe named counters of one process (requests, bytes, retries, cache hits).
-
-    They count this process only: a forked or unpickled copy starts from zero, so the
-    counters of a loader's workers can be summed without counting the parent's twice.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._values: dict[str, float] = {}
-        self._pid = os.getpid()
-
-    def __getstate__(self) -> dict[str, object]:
-        return {}
-
-    def __setstate__(self, state: dict[str, object]) -> None:
-        self.__init__()  # type: ignore[misc]
-
-    def _mine(self) -> dict[str, float]:
-        if self._pid != os.getpid():
-            self._lock = threading.Lock()
-            self._values = {}
-            self._pid = os.getpid()
-        return self._values
-
-    def add(self, name: str, n: float = 1) -> None:
-        values = self._mine()
-        with self._lock:
-            values[name] = values.get(name, 0) + n
-
-    def snapshot(self) -> dict[str, float]:
-        values = self._mine()
-        with self._lock:
-            return dict(values)
 
 
 class Retryable(Exception):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from shardkit.read.policy import POLICIES, check_policy
-from shardkit.stages.base import Context, Grid, Stage, check_state, merge_counters
+from shardkit.stages.base import Context, Grid, Stage, check_state
 from shardkit.stages.basic import Batched, Map, Select, ToTuple
 from shardkit.stages.collate import collate_numpy
 from shardkit.stages.decode import Decode
@@ -25,6 +25,5 @@ __all__ = [
     "check_policy",
     "check_state",
     "collate_numpy",
-    "merge_counters",
     "sources_of",
 ]

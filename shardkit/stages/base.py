@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shardkit.counters import add_counts
 from shardkit.errors import StateDictError
 
 __all__ = [
@@ -41,7 +42,6 @@ __all__ = [
     "callable_name",
     "check_int",
     "check_state",
-    "merge_counters",
     "sub_grid",
 ]
 
@@ -99,12 +99,6 @@ def callable_name(fn: Callable[..., Any]) -> str:
     module = getattr(fn, "__module__", None) or ""
     name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     return f"{module}.{name}" if module else str(name)
-
-
-def merge_counters(into: dict[str, float], more: Mapping[str, float]) -> None:
-    """Add ``more``'s counters into ``into``."""
-    for k, v in more.items():
-        into[k] = into.get(k, 0) + v
 
 
 class Stage:
@@ -187,5 +181,5 @@ class Stage:
         """Counters (samples, bytes, skips, ...) of this stage and everything upstream."""
         out: dict[str, float] = {}
         for child in self.children():
-            merge_counters(out, child.counters())
+            add_counts(out, child.counters())
         return out
