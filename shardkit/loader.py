@@ -244,8 +244,14 @@ class WebLoader:
             self._stats.stop()
             return iter(())
         self._mailbox.write(box)
-        synced = EpochEnd.active(self._sync) and (self._sync is True or not self._lockstep())
+        synced = self._job() and (self._sync is True or not self._lockstep())
         return self._iterate(iter(self._loader), synced)
+
+    def _job(self) -> bool:
+        """Ranks share this loader's epochs and state: a process group is initialised and the
+        data set splits by node (without ``split_by_node`` every rank reads the same data,
+        e.g. an evaluation set read on rank 0 only: no collective then, so none can hang)."""
+        return EpochEnd.active(self._sync) and self.dataset.splits_by_node
 
     def _lockstep(self) -> bool:
         """Ranks yield equal batch counts by construction: lengths known up front (the
@@ -347,7 +353,7 @@ class WebLoader:
             "workers": self._states,
         }
         ranks: list[dict[str, Any]] = [entry]
-        if EpochEnd.active(self._sync):
+        if self._job():
             ranks = sorted(self._end.gather(entry), key=lambda e: int(e["rank"]))
         return encode_job_state(
             {

@@ -117,6 +117,11 @@ class Ranges:
         idx = self.lo[i] + positions - (ends[i] - (self.hi[i] - self.lo[i]))
         return _coalesce(self.shard[i], idx, idx + 1)
 
+    def shards(self) -> list[int]:
+        """The shards this sequence reads, each once, in the order it first reads them."""
+        _, first = np.unique(self.shard, return_index=True)
+        return [int(x) for x in self.shard[np.sort(first)]]
+
     def iter_ranges(self, start: int) -> Iterator[tuple[int, int, int, int]]:
         """Yield ``(shard, lo, hi, stream position of lo)`` from stream position ``start``."""
         pos = start

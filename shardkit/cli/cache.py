@@ -20,7 +20,7 @@ from tqdm import tqdm
 from shardkit.cache import CacheStore, CachingOpener
 from shardkit.io import IoConfig, load_manifest
 from shardkit.manifest import Manifest
-from shardkit.plan import PlanConfig, epoch_sequence, split
+from shardkit.plan import PlanConfig, Ranges, worker_stream
 from shardkit.units import format_bytes, parse_size
 
 __all__ = ["command"]
@@ -63,15 +63,10 @@ def rank_shards(
     m: Manifest, *, seed: int, epoch: int, rank: int, world: int, shuffle: bool, remainder: str
 ) -> list[int]:
     """The shards ``rank`` reads in ``epoch``, in the order it reads them (shardkit.plan)."""
-    seq = epoch_sequence(
-        [s.nsamples for s in m.shards], PlanConfig(seed, shuffle, remainder), epoch
-    )
-    mine = split(seq, world, rank, 1, 0, remainder)
-    order: list[int] = []
-    for shard, _, _ in mine.rows():
-        if shard not in order:
-            order.append(int(shard))
-    return order
+    counts = [s.nsamples for s in m.shards]
+    mine = worker_stream(counts, PlanConfig(seed, shuffle, remainder), epoch, world, rank, 1, 0)
+    assert isinstance(mine, Ranges)  # not resampled
+    return mine.shards()
 
 
 def _shard_range(text: str | None, n: int) -> range:

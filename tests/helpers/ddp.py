@@ -21,6 +21,7 @@ __all__ = [
     "contract_pipeline",
     "free_port",
     "ident",
+    "keep",
     "kept",
     "make_data",
 ]

@@ -26,7 +26,15 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
 from shardkit import ShardDataset, WebLoader
-from tests.helpers.ddp import DOC_LENGTHS, contract_pipeline, free_port, ident, kept, make_data
+from tests.helpers.ddp import (
+    DOC_LENGTHS,
+    contract_pipeline,
+    free_port,
+    ident,
+    keep,
+    kept,
+    make_data,
+)
 
 WORKERS = 2
 TIMEOUT = datetime.timedelta(seconds=30)
@@ -90,6 +98,22 @@ def _contract_rank(rank: int, world: int, port: int, root: str, names: list[str]
         again = loader_for("filter-skip", data)
         dcp.load({"data": again}, checkpoint_id=str(data / "dcp"))
         results["dcp"] = {"head": head, "tail": run(again)}
+        # persistent workers across epochs that end early on some ranks
+        ds = pipeline("filter-skip", data)
+        kept_alive = WebLoader(
+            ds, num_workers=WORKERS, multiprocessing_context="fork", persistent_workers=True
+        )
+        epochs = []
+        for epoch in range(3):
+            kept_alive.set_epoch(epoch)
+            epochs.append(run(kept_alive))
+        results["persistent"] = epochs
+        if rank == 0:  # an evaluation set on rank 0 only: no collective, so no hang
+            ev = ShardDataset(str(data / "plain" / "manifest.json"), seed=1).select(keep)
+            evaluation = WebLoader(ev.to_tuple("__key__").batched(5))
+            results["eval"] = [len(b[0]) for b in evaluation]
+            results["eval_state"] = json.loads(evaluation.state_dict()["ranks"])
+        dist.barrier()
         with open(data / f"contract-{rank}.json", "w", encoding="utf-8") as f:
             json.dump(results, f)
     finally:
@@ -132,6 +156,16 @@ def test_every_pipeline_keeps_ranks_equal_and_resumes_exactly(tmp_path: Path) ->
                 assert got == r[name]["full"], f"{name}: resumed at step {stop} differs"
     for r in ranks:
         assert r["dcp"]["head"] + r["dcp"]["tail"] == r["filter-skip"]["full"]
+        assert r["persistent"][0] == r["filter-skip"]["full"], "persistent workers differ"
+    for epoch in range(3):
+        counts = {len(r["persistent"][epoch]) for r in ranks}
+        assert len(counts) == 1, f"epoch {epoch} with persistent workers: {counts}"
+        items = [x for r in ranks for b in r["persistent"][epoch] for x in b]
+        assert len(set(items)) == len(items)
+    assert ranks[0]["persistent"][1] != ranks[0]["persistent"][2], "epochs should differ"
+    assert sum(ranks[0]["eval"]) == len(kept()) and [e["rank"] for e in ranks[0]["eval_state"]] == [
+        0
+    ]
     # the damaged shard was skipped on some rank; every rank reports the job's skips
     mine = [r["filter-skip"]["stats"]["skipped_shards"] for r in ranks]
     job = {r["filter-skip"]["stats"]["job_skipped_shards"] for r in ranks}

@@ -203,3 +203,9 @@ def test_resampled_elastic_generations_keep_the_epoch_length() -> None:
     first = worker_stream(COUNTS, cfg, 0, 3, 0, 2, 0)
     assert isinstance(first, ResampledStream)
     assert (first.draws(0, 50) != streams[0].draws(0, 50)).any(), "a new generation draws anew"
+
+
+def test_ranges_name_their_shards_once_in_reading_order() -> None:
+    rows = Ranges.of([(3, 0, 2), (1, 0, 5), (3, 2, 4), (0, 0, 1), (1, 5, 6)])
+    assert rows.shards() == [3, 1, 0]
+    assert Ranges.of([]).shards() == []
