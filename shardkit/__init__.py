@@ -5,6 +5,10 @@ from __future__ import annotations
 import typing
 
 from shardkit._version import __version__
+
+# ``sk.build(fn, inputs, out)``: the function shadows the submodule's name on purpose
+# (``from shardkit.build import ...`` still reaches the module through sys.modules)
+from shardkit.build import build
 from shardkit.errors import (
     CacheError,
     ChecksumError,
@@ -63,6 +67,7 @@ __all__ = [
     "WebLoader",
     "WriterError",
     "__version__",
+    "build",
     "mix",
     "read_shard",
 ]

@@ -14,21 +14,28 @@ holds; :func:`run_build` writes the shards; :func:`build` does both.
 - ``resume=True`` after a crash keeps the whole shards the manifest lists, skips the
   samples they hold and goes on; nothing is lost or written twice. The manifest records
   a fingerprint of the inputs and options (``created.build``) so a resume with other
-  inputs or options is refused, and whether the build finished.
+  inputs or options is refused, and whether the build finished (a manifest of a build
+  that did not finish fails ``verify`` and is refused by readers). ``overwrite=True``
+  starts over.
+- ``on_error="skip"`` leaves bad records out and names them in
+  ``manifest.errors.jsonl``; the default stops at the first.
+- ``build(fn, inputs, out)`` builds from a function of your own (see :func:`build`).
+
+The options and plan are in :mod:`shardkit.build_config`, planning in
+:mod:`shardkit.build_plan`, the processes in :mod:`shardkit.build_workers`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import os
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from shardkit.build_config import BuildConfig, BuildPlan, BuildResult
+from shardkit.build_plan import clear_output, plan_build, split_contiguous
 from shardkit.build_workers import (
     Progress,
     Reporter,
@@ -38,17 +45,15 @@ from shardkit.build_workers import (
     run_workers,
     write_job,
 )
-from shardkit.checksum import new_hasher
 from shardkit.errors import ConfigError, ManifestError, ShardkitError, WriterError
 from shardkit.manifest import Manifest, creation_info
-from shardkit.sources import FieldMap, Unit, discover
-from shardkit.units import parse_size
 
 __all__ = [
     "BuildConfig",
     "BuildPlan",
     "BuildResult",
     "build",
+    "merge_parts",
     "plan_build",
     "run_build",
     "split_contiguous",
@@ -57,193 +62,14 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class BuildConfig:
-    """The options of a build (the ``shardkit build`` flags).
-
-    Args:
-        prefix: shard names are ``{prefix}-{index:06d}.tar``.
-        maxsize: roll over to a new shard before this many bytes (``"1GB"``).
-        maxcount: roll over after this many samples (None: no limit).
-        checksum: ``sha256`` or another algorithm of :mod:`shardkit.checksum`.
-        compress: None or ``"zstd"``.
-        workers: parallel writer processes.
-        part: ``(i, n)``: build only part i of n.
-        resume: continue an interrupted build in the same directory.
-        source_type: how directories are read: ``auto``, ``files``, ``jsonl``, ``tar``.
-        fields: JSONL record fields mapped to their own members (``--field``).
-        key_field: the JSONL record field that holds the sample key.
-    """
-
-    prefix: str = "data"
-    maxsize: int | str = "1GB"
-    maxcount: int | None = None
-    checksum: str = "sha256"
-    compress: str | None = None
-    workers: int = 1
-    part: tuple[int, int] | None = None
-    resume: bool = False
-    source_type: str = "auto"
-    fields: tuple[FieldMap, ...] = ()
-    key_field: str | None = None
-
-
-@dataclass(frozen=True)
-class BuildPlan:
-    """What :func:`run_build` will do: the units of this part, split between workers."""
-
-    out_dir: str
-    config: BuildConfig
-    units: tuple[Unit, ...]
-    groups: tuple[range, ...]
-    fingerprint: str
-    done: Manifest | None = None  # a resumed build that had already finished
-
-    @property
-    def total_bytes(self) -> int:
-        """Input bytes of this part (what a progress bar counts to)."""
-        return sum(u.size for u in self.units)
-
-    @property
-    def shard_prefix(self) -> str:
-        part = self.config.part
-        return self.config.prefix if part is None else f"{self.config.prefix}-p{part[0]:04d}"
-
-    @property
-    def manifest_name(self) -> str:
-        part = self.config.part
-        return (
-            "manifest.json"
-            if part is None
-            else f"manifest.part-{part[0]:04d}-of-{part[1]:04d}.json"
-        )
-
-    @property
-    def manifest_path(self) -> str:
-        return os.path.join(self.out_dir, self.manifest_name)
-
-    @property
-    def work_dir(self) -> str:
-        return os.path.join(self.out_dir, f".{self.shard_prefix}.work")
-
-
-@dataclass(frozen=True)
-class BuildResult:
-    """What a build did: the manifest, samples written now and kept from before, time."""
-
-    manifest: Manifest
-    manifest_path: str
-    samples: int
-    resumed_samples: int
-    input_bytes: int
-    seconds: float
-    workers: int
-
-    def to_dict(self) -> dict[str, Any]:
-        secs = max(self.seconds, 1e-9)
-        return {
-            "manifest": self.manifest_path,
-            "shards": len(self.manifest),
-            "samples": self.manifest.total_samples,
-            "bytes": self.manifest.total_bytes,
-            "written_samples": self.samples,
-            "resumed_samples": self.resumed_samples,
-            "input_bytes": self.input_bytes,
-            "seconds": round(self.seconds, 3),
-            "samples_per_s": round(self.samples / secs, 1),
-            "mb_per_s": round(self.input_bytes / secs / 1e6, 2),
-            "workers": self.workers,
-            "part": list(self.manifest.part.values()) if self.manifest.part else None,
-        }
-
-
-# -- planning ----------------------------------------------------------------------------
-def _check_config(c: BuildConfig) -> None:
-    if not c.prefix or "/" in c.prefix or c.prefix.startswith(".") or "{" in c.prefix:
-        raise ConfigError(f"bad shard prefix {c.prefix!r}")
-    if parse_size(c.maxsize) < 4096:
-        raise ConfigError(f"maxsize {c.maxsize!r} is too small (at least 4 KB)")
-    if c.maxcount is not None and c.maxcount < 1:
-        raise ConfigError(f"maxcount must be at least 1, got {c.maxcount}")
-    new_hasher(c.checksum)
-    if c.compress not in (None, "zstd"):
-        raise ConfigError(f"compress must be None or 'zstd', got {c.compress!r}")
-    if c.workers < 1:
-        raise ConfigError(f"workers must be at least 1, got {c.workers}")
-    if c.part is not None and not (0 <= c.part[0] < c.part[1]):
-        raise ConfigError(f"part must be I/N with 0 <= I < N, got {c.part[0]}/{c.part[1]}")
-
-
-def _fingerprint(units: Sequence[Unit], c: BuildConfig, workers: int) -> str:
-    h = hashlib.sha256()
-    for u in units:
-        h.update(json.dumps([u.kind, os.path.abspath(u.path), u.size, u.name, u.members]).encode())
-    opts = dataclasses.asdict(dataclasses.replace(c, resume=False, workers=workers))
-    opts["maxsize"] = parse_size(c.maxsize)
-    h.update(json.dumps(opts, sort_keys=True).encode())
-    return h.hexdigest()[:32]
-
-
-def _previous(plan: BuildPlan) -> Manifest | None:
-    """Check what the output holds against this plan; the finished manifest, if any."""
-    path, work, resume = plan.manifest_path, plan.work_dir, plan.config.resume
-    state = os.path.join(work, "build.json")
-    if os.path.exists(work) and not resume:
-        raise ConfigError(f"{work} holds an interrupted build: pass --resume to finish it")
-    if os.path.exists(state):
-        with open(state, encoding="utf-8") as f:
-            if json.load(f).get("config") != plan.fingerprint:
-                raise ConfigError(_MISMATCH.format(path=work))
-    if not os.path.exists(path):
-        return None
-    if not resume:
-        raise ConfigError(f"{path} exists: pass --resume to finish that build, or use another -o")
-    old = Manifest.load(path)
-    info = build_info(old)
-    if info.get("config") != plan.fingerprint:
-        raise ConfigError(_MISMATCH.format(path=path))
-    return old if info.get("complete") and not os.path.exists(work) else None
-
-
-_MISMATCH = (
-    "cannot resume: {path} was built from other inputs or options "
-    "(resume needs the same sources, --workers, --part, sizes and fields)"
-)
-
-
-def plan_build(
-    sources: Sequence[str], out_dir: str | os.PathLike[str], config: BuildConfig | None = None
-) -> BuildPlan:
-    """Find the inputs, split them into parts and workers, check the output directory.
-
-    Raises :class:`ConfigError` for bad options, missing sources or an output directory
-    that holds another build (or an interrupted one while ``resume`` is off).
-    """
-    c = config or BuildConfig()
-    _check_config(c)
-    out = os.path.abspath(os.fspath(out_dir))
-    if not sources:
-        raise ConfigError("no sources given")
-    units = discover(sources, source_type=c.source_type, exclude=[out])
-    if not units:
-        raise ConfigError(f"found no input in {', '.join(map(str, sources))}")
-    if c.part is not None:
-        r = split_contiguous([u.size for u in units], c.part[1])[c.part[0]]
-        units = units[r.start : r.stop]
-    workers = max(1, min(c.workers, len(units)))
-    groups = tuple(split_contiguous([u.size for u in units], workers))
-    plan = BuildPlan(out, c, tuple(units), groups, _fingerprint(units, c, workers))
-    done = _previous(plan)
-    return dataclasses.replace(plan, done=done) if done is not None else plan
-
-
 def run_build(plan: BuildPlan, *, progress: Progress | None = None) -> BuildResult:
     """Write the shards and the manifest of ``plan``.
 
     ``progress(samples, input_bytes)`` is called about ten times a second in this process
     with what was done since the last call. Raises :class:`ShardkitError` subclasses for
     bad input (naming the file and line) and keeps the whole shards written so far, so
-    the build can be resumed. A write that fails (a full disk) is a :class:`WriterError`.
+    the build can be resumed; its manifest says it is incomplete and why. A write that
+    fails (a full disk) is a :class:`WriterError`.
     """
     try:
         return _run_build(plan, progress)
@@ -264,6 +90,8 @@ def _run_build(plan: BuildPlan, progress: Progress | None) -> BuildResult:
         if progress is not None:
             progress(samples, b)
 
+    if plan.config.overwrite:
+        clear_output(plan)
     if plan.done is not None:
         if progress is not None:
             progress(0, plan.total_bytes)
@@ -281,19 +109,51 @@ def _run_build(plan: BuildPlan, progress: Progress | None) -> BuildResult:
 
 
 def build(
-    sources: Sequence[str],
-    out_dir: str | os.PathLike[str],
+    source: str | Sequence[str] | Callable[[Any], Iterable[Mapping[str, Any]]],
+    inputs_or_out: Any,
+    out_dir: str | os.PathLike[str] | None = None,
     *,
-    progress: Progress | None = None,
+    progress: Progress | bool = True,
     **options: Any,
 ) -> BuildResult:
-    """Build shards from ``sources`` into ``out_dir``; ``options`` are :class:`BuildConfig`'s.
+    """Build shards and one manifest, from files or from a function of your own.
 
-    ``build(["raw/"], "shards/", maxsize="512MB", workers=2)``. With ``workers > 1`` the
-    workers are started with ``spawn``, so a script that calls this must guard its entry
-    point with ``if __name__ == "__main__":`` (the usual multiprocessing rule).
+    ``build(["raw/"], "shards/", maxsize="512MB", workers=2)`` reads files as the CLI
+    does. ``build(fn, inputs, "shards/", workers=4, maxsize="1GB")`` calls ``fn(input)``
+    for every input and writes the samples (dicts: ``{"__key__": ..., "jpg": img, ...}``;
+    a missing key becomes ``{input index:08d}/{n:06d}``) it yields, with the CLI's
+    guarantees: the output for a given ``workers`` count is the same on every run,
+    ``resume=True`` finishes a killed build, one manifest, a progress bar on a terminal.
+    ``options`` are :class:`BuildConfig`'s; ``on_error="skip"`` skips an input whose
+    ``fn`` raises and names it in ``manifest.errors.jsonl``.
+
+    With ``workers > 1`` the workers are started with ``spawn``: ``fn`` must be defined
+    at the top level of a module and a script that calls this must guard its entry point
+    with ``if __name__ == "__main__":`` (the usual multiprocessing rule).
     """
-    return run_build(plan_build(sources, out_dir, BuildConfig(**options)), progress=progress)
+    if callable(source):
+        if out_dir is None:
+            raise ConfigError("build(fn, inputs, out_dir): out_dir is missing")
+        sources: list[Any] = list(inputs_or_out)
+        config = BuildConfig(fn=source, **options)
+        out: str | os.PathLike[str] = out_dir
+    else:
+        if out_dir is not None:
+            raise ConfigError("build(sources, out_dir): give a function first for 3 arguments")
+        sources = [source] if isinstance(source, str) else list(source)
+        config = BuildConfig(**options)
+        out = inputs_or_out
+    plan = plan_build(sources, out, config)
+    for note in plan.notes:
+        log.warning("%s", note)
+    if callable(progress) or progress is False:
+        return run_build(plan, progress=progress or None)
+    from tqdm import tqdm  # the Python API promises the CLI's bar (shown on a terminal only)
+
+    unit = ("input", False) if config.fn is not None else ("B", True)
+    bar = tqdm(total=plan.total_bytes, unit=unit[0], unit_scale=unit[1], desc="build", disable=None)
+    with bar:
+        return run_build(plan, progress=lambda _n, b: bar.update(b))
 
 
 def merge_parts(
@@ -339,27 +199,3 @@ def merge_parts(
         merged.created["incomplete"] = incomplete
     merged.save(out)
     return merged
-
-
-def split_contiguous(sizes: Sequence[int], n: int) -> list[range]:
-    """Split items into ``n`` contiguous groups of about equal total size.
-
-    Item ``i`` goes to the group its midpoint falls in, so the split is deterministic,
-    groups are contiguous and in order, and an item is never divided. Some groups are
-    empty when there are fewer items than groups.
-    """
-    if n < 1:
-        raise ConfigError(f"cannot split into {n} groups")
-    total = sum(sizes)
-    bounds = [0] * (n + 1)
-    acc = 0
-    for i, size in enumerate(sizes):
-        if total > 0:
-            group = min(n - 1, (2 * acc + size) * n // (2 * total))
-        else:
-            group = min(n - 1, i * n // len(sizes))
-        bounds[group + 1] = i + 1
-        acc += size
-    for g in range(1, n + 1):
-        bounds[g] = max(bounds[g], bounds[g - 1])
-    return [range(bounds[g], bounds[g + 1]) for g in range(n)]

@@ -11,6 +11,7 @@ their parent pid), so a killed build leaves no writer behind.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import multiprocessing as mp
@@ -26,17 +27,20 @@ from typing import TYPE_CHECKING, Any
 
 from shardkit.errors import ShardkitError, WriterError
 from shardkit.manifest import Manifest, ShardEntry, atomic_write, creation_info
-from shardkit.sources import SourceOptions, Unit, read_units
-from shardkit.writer import ShardWriter
+from shardkit.source_read import read_units
+from shardkit.sources import BadRecord, SourceOptions, Unit
+from shardkit.writer import ShardWriter, shard_suffix
 
 if TYPE_CHECKING:
     from shardkit.build import BuildConfig, BuildPlan
 
 __all__ = [
+    "ErrorLog",
     "Job",
     "Progress",
     "Reporter",
     "build_info",
+    "errors_name",
     "finalize",
     "make_jobs",
     "run_workers",
@@ -96,6 +100,7 @@ class Job:
     index: int = 0
     parent: int | None = None
     opts: SourceOptions = field(default_factory=SourceOptions)
+    meta: dict[str, Any] = field(default_factory=dict)  # the build's facts for its manifest
 
 
 def _finished(path: str, fingerprint: str) -> Manifest | None:
@@ -106,6 +111,48 @@ def _finished(path: str, fingerprint: str) -> Manifest | None:
     return m if info.get("config") == fingerprint and info.get("complete") else None
 
 
+def _stop_reason(exc: BaseException) -> str:
+    """What a build's manifest says about why it stopped (``created.build.stopped``)."""
+    if isinstance(exc, _ParentGone):
+        return "the build's main process died"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(exc, ShardkitError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+class ErrorLog:
+    """The report of skipped records: one JSON line each, created at the first one.
+
+    A stale report is removed when a run starts: a resumed run reports every bad record
+    again (it reads them again), so the report is always whole.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.count = 0
+        self._f: Any = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+    def add(self, bad: BadRecord) -> None:
+        if self._f is None:
+            self._f = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._f.write(json.dumps(bad.to_dict(), ensure_ascii=False) + "\n")
+        self.count += 1
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+def errors_name(manifest: str) -> str:
+    """The skipped-records report beside a manifest: ``manifest.errors.jsonl``."""
+    return os.path.splitext(manifest)[0] + ".errors.jsonl"
+
+
 def write_job(job: Job, report: Reporter) -> tuple[int, int]:
     """Write the job's samples into shards; return (samples written, samples kept)."""
     c = job.config
@@ -114,6 +161,8 @@ def write_job(job: Job, report: Reporter) -> tuple[int, int]:
         report.add(0, sum(u.size for u in job.units))
         return 0, done.total_samples
     written = 0
+    os.makedirs(job.out_dir, exist_ok=True)
+    errors = ErrorLog(os.path.join(job.out_dir, errors_name(job.manifest)))
     with ShardWriter(
         job.out_dir,
         job.prefix,
@@ -124,16 +173,29 @@ def write_job(job: Job, report: Reporter) -> tuple[int, int]:
         manifest=job.manifest,
         resume=c.resume,
         part=job.part,
+        image_quality=c.image.quality if c.image is not None else 90,
     ) as w:
-        info: dict[str, Any] = {"config": job.fingerprint, "complete": False}
+        info: dict[str, Any] = {**job.meta, "config": job.fingerprint, "complete": False}
         w.manifest.created["build"] = info
-        for sample, nbytes in read_units(job.units, job.opts, skip=w.resumed_samples):
-            if sample is not None:
-                w.write(sample)
-                written += 1
-                report.add(1, nbytes)
-            else:
-                report.add(0, nbytes)
+        try:
+            for sample, nbytes in read_units(job.units, job.opts, skip=w.resumed_samples):
+                if isinstance(sample, BadRecord):
+                    errors.add(sample)
+                    report.add(0, nbytes)
+                elif sample is not None:
+                    w.write(sample)
+                    written += 1
+                    report.add(1, nbytes)
+                else:
+                    report.add(0, nbytes)
+        except BaseException as exc:
+            info["stopped"] = _stop_reason(exc)  # the manifest the writer leaves says why
+            raise
+        finally:
+            errors.close()
+            if errors.count:
+                info["skipped_records"] = errors.count
+                info["errors"] = os.path.basename(errors.path)
         info["complete"] = True
     report.flush()
     return written, w.resumed_samples
@@ -167,8 +229,13 @@ def _portable(exc: ShardkitError) -> ShardkitError:
 def make_jobs(plan: BuildPlan) -> list[Job]:
     """One job writing the final shards directly, or one per worker into the work dir."""
     c = plan.config
-    opts = SourceOptions(c.fields, c.key_field)
-    common: dict[str, Any] = {"config": c, "fingerprint": plan.fingerprint, "opts": opts}
+    opts = SourceOptions(c.fields, c.key_field, c.on_error, c.image, c.fn)
+    common: dict[str, Any] = {
+        "config": c,
+        "fingerprint": plan.fingerprint,
+        "opts": opts,
+        "meta": plan.meta,
+    }
     if len(plan.groups) == 1:
         return [
             Job(
@@ -230,7 +297,7 @@ def run_workers(plan: BuildPlan, progress: Progress | None) -> tuple[int, int]:
     os.makedirs(plan.work_dir, exist_ok=True)
     state = os.path.join(plan.work_dir, "build.json")
     if not os.path.exists(state):
-        atomic_write(state, json.dumps({"config": plan.fingerprint}).encode())
+        atomic_write(state, json.dumps(plan.meta).encode())
     if os.path.exists(os.path.join(plan.work_dir, "finalize.json")):
         return 0, 0  # every worker had finished; only the renames were left
     ctx = mp.get_context("spawn")
@@ -255,16 +322,18 @@ def run_workers(plan: BuildPlan, progress: Progress | None) -> tuple[int, int]:
 def _gather(plan: BuildPlan) -> tuple[Manifest, list[tuple[str, str]]]:
     """The global manifest of the workers' shards and the renames that make it true."""
     c = plan.config
-    ext = ".tar.zst" if c.compress == "zstd" else ".tar"
+    ext = shard_suffix(c.compress)
     shards: list[ShardEntry] = []
     moves: list[tuple[str, str]] = []
     fields: dict[str, dict[str, int]] = {}
+    skipped = 0
     for i in range(len(plan.groups)):
         wdir = os.path.join(plan.work_dir, f"w{i:04d}")
         path = os.path.join(wdir, "manifest.json")
         if not os.path.exists(path):
             continue
         m = Manifest.load(path)
+        skipped += int(build_info(m).get("skipped_records", 0))
         for s in m.shards:
             name = f"{plan.shard_prefix}-{len(shards):06d}{ext}"
             moves.append((os.path.join(wdir, s.url), os.path.join(plan.out_dir, name)))
@@ -280,9 +349,34 @@ def _gather(plan: BuildPlan) -> tuple[Manifest, list[tuple[str, str]]]:
             acc["count"] += st["count"]
             acc["bytes"] += st["bytes"]
     part = {"index": c.part[0], "count": c.part[1]} if c.part else None
-    created = creation_info(build={"config": plan.fingerprint, "complete": True})
+    info: dict[str, Any] = {**plan.meta, "complete": True}
+    if skipped:
+        info["skipped_records"] = skipped
+        info["errors"] = errors_name(plan.manifest_name)
+    created = creation_info(build=info)
     manifest = Manifest(shards, c.checksum, fields, created, part, base=plan.out_dir)
     return manifest, moves
+
+
+def _join_error_logs(plan: BuildPlan) -> None:
+    """The workers' skipped-record reports, in worker order, as one report beside the manifest."""
+    logs = [
+        os.path.join(plan.work_dir, f"w{i:04d}", errors_name("manifest.json"))
+        for i in range(len(plan.groups))
+    ]
+    logs = [p for p in logs if os.path.exists(p)]
+    out = os.path.join(plan.out_dir, errors_name(plan.manifest_name))
+    if not logs:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(out)
+        return
+
+    def chunks() -> Any:
+        for p in logs:
+            with open(p, "rb") as f:
+                yield f.read()
+
+    atomic_write(out, chunks())
 
 
 def finalize(plan: BuildPlan) -> Manifest:
@@ -304,6 +398,7 @@ def finalize(plan: BuildPlan) -> Manifest:
     for src, dst in moves:
         if os.path.exists(src):
             os.replace(src, dst)
+    _join_error_logs(plan)
     manifest.base = plan.out_dir
     manifest.save(plan.manifest_path)
     shutil.rmtree(plan.work_dir)

@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from shardkit.errors import DecodeError, ShardFormatError, WriterError
+from shardkit.images import IMAGE_EXTS, encode_image, is_image_value
 
 __all__ = [
     "INT_EXTS",
@@ -66,14 +67,20 @@ def _encode_npy(value: Any) -> bytes:
     return out
 
 
-def encode_field(key: str, field: str, value: Any) -> bytes:
-    """Turn one field value into bytes; raise :class:`WriterError` naming it when it can't."""
+def encode_field(key: str, field: str, value: Any, *, image_quality: int = 90) -> bytes:
+    """Turn one field value into bytes; raise :class:`WriterError` naming it when it can't.
+
+    A PIL image or a uint8 array in an image field (``jpg``, ``png``, ``webp``...) is
+    encoded in that format (``image_quality`` for JPEG and WebP; needs Pillow).
+    """
     if isinstance(value, bytes):
         return value
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
     ext = extension(field)
     try:
+        if ext in IMAGE_EXTS and is_image_value(value):
+            return encode_image(value, ext, quality=image_quality)
         if ext in JSON_EXTS:
             return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
         if ext in NPY_EXTS:
@@ -92,12 +99,14 @@ def encode_field(key: str, field: str, value: Any) -> bytes:
         OverflowError,
         AttributeError,  # pickle: "Can't pickle local object"
         RecursionError,
+        OSError,  # Pillow: a mode the format cannot store
         pickle.PicklingError,
     ) as exc:
         raise WriterError(f"sample {key!r}: cannot encode field {field!r}: {exc}") from exc
     raise WriterError(
         f"sample {key!r}: cannot encode field {field!r} from {type(value).__name__}; "
-        "give bytes or a value its extension knows (json, npy, txt, cls, pickle)"
+        "give bytes or a value its extension knows (json, npy, txt, cls, pickle, "
+        "a PIL image or uint8 array for jpg/png)"
     )
 
 

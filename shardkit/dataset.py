@@ -99,6 +99,7 @@ class ShardDataset(IterableDataset[Any]):
         resampled: draw shards with replacement, endlessly (see :meth:`with_epoch`).
         handler: bad-data policy ``"raise"``, ``"warn"`` or ``"skip_shard"``.
         allow_unsafe_urls: let the manifest name urls outside its base or ``pipe:``.
+        allow_incomplete: read a manifest whose build did not finish (refused otherwise).
         cache_dir: node-local cache directory for remote shards (a shortcut for the
             field of ``io``).
         cache_limit: the cache's byte limit (``"500GB"``).
@@ -116,6 +117,7 @@ class ShardDataset(IterableDataset[Any]):
         resampled: bool = False,
         handler: str = "raise",
         allow_unsafe_urls: bool = False,
+        allow_incomplete: bool = False,
         cache_dir: str | None = None,
         cache_limit: int | str | None = None,
         io: IoConfig | None = None,
@@ -129,6 +131,7 @@ class ShardDataset(IterableDataset[Any]):
             handler=handler,
             allow_unsafe_urls=allow_unsafe_urls,
             io=io,
+            allow_incomplete=allow_incomplete,
         )
         self._setup(src, [src], handler, seed)
 

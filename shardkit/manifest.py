@@ -46,6 +46,7 @@ __all__ = [
     "atomic_write",
     "creation_info",
     "expand_braces",
+    "incomplete_reason",
     "resolve_url",
 ]
 
@@ -299,6 +300,8 @@ def atomic_write(path: str, data: bytes | Iterable[bytes]) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix="-" + os.path.basename(path), dir=directory)
     try:
+        # mkstemp makes 0600; outputs are read by servers and colleagues: follow the umask
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             if isinstance(data, (bytes, bytearray)):
                 f.write(data)
@@ -315,6 +318,20 @@ def atomic_write(path: str, data: bytes | Iterable[bytes]) -> None:
     _fsync_dir(directory)
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where /proc allows (thread-safe)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _fsync_dir(directory: str) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -326,6 +343,27 @@ def _fsync_dir(directory: str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def incomplete_reason(m: Manifest) -> str | None:
+    """Why ``m`` does not describe its whole data set, or None when it does.
+
+    A build that stopped (a bad record, a crash, a kill) leaves ``created.build.complete``
+    false, and a merge of only some parts ``created.incomplete``.
+    """
+    held = f"it lists {m.total_samples:,} samples in {len(m)} shards"
+    build = m.created.get("build")
+    if isinstance(build, dict) and build.get("complete") is False:
+        stopped = build.get("stopped")
+        why = f"it stopped at: {stopped}" if stopped else "it was killed or is still running"
+        return (
+            f"incomplete: the build that wrote it did not finish ({why}); {held}; finish it "
+            "with `shardkit build ... --resume` or build again with --overwrite"
+        )
+    parts = m.created.get("incomplete")
+    if parts:
+        return f"incomplete: merged from only {parts}; {held}"
+    return None
 
 
 def creation_info(**extra: Any) -> dict[str, Any]:

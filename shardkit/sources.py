@@ -4,7 +4,8 @@ A build's input is a list of :class:`Unit` s, the pieces of work that parallel w
 and ``--part`` split between them: one JSONL file, one tar shard, or one sample of a file
 tree. :func:`discover` turns the user's source arguments into units in a fixed order;
 :func:`read_units` turns units into samples (``{"__key__": key, field: bytes}``), each with
-the number of input bytes it consumed, so a progress bar can show where the build is.
+the number of input bytes it consumed, so a progress bar can show where the build is
+(the readers are in :mod:`shardkit.source_read`).
 
 File trees follow the WebDataset convention: ``dir/abc.jpg`` and ``dir/abc.json`` are the
 fields ``jpg`` and ``json`` of the sample ``dir/abc`` (the key is split at the first dot of
@@ -14,39 +15,51 @@ and the order is the same on every run and every machine.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
-import io
-import json
 import logging
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
-from shardkit.codecs import encode_field, zstd_reader
 from shardkit.errors import ConfigError, WriterError
+from shardkit.images import ImageOptions
 from shardkit.manifest import expand_braces
-from shardkit.tario.reader import read_shard, split_key
-from shardkit.tario.writer import check_field, check_key
+from shardkit.tario.reader import split_key
+from shardkit.tario.writer import check_field
+from shardkit.tree_select import TreeOptions, group_samples, select_files
 
 __all__ = [
+    "ON_ERROR",
     "SOURCE_TYPES",
+    "BadRecord",
+    "DiscoverOptions",
     "FieldMap",
     "SourceError",
     "SourceOptions",
     "Unit",
     "discover",
     "parse_field_spec",
-    "read_units",
 ]
 
 log = logging.getLogger(__name__)
 
-Kind = Literal["files", "jsonl", "tar"]
+Kind = Literal["files", "jsonl", "tar", "call"]
 SOURCE_TYPES = ("auto", "files", "jsonl", "tar")
-_JSONL_EXTS = (".jsonl", ".jsonl.zst", ".ndjson", ".ndjson.zst")
+ON_ERROR = ("raise", "skip")
+# .json.gz is how many corpora (C4, The Pile) ship JSON lines
+_JSONL_EXTS = (
+    ".jsonl",
+    ".jsonl.zst",
+    ".jsonl.gz",
+    ".ndjson",
+    ".ndjson.zst",
+    ".ndjson.gz",
+    ".json.gz",
+)
 _TAR_EXTS = (".tar", ".tar.zst")
 Sample = dict[str, Any]
 
@@ -81,10 +94,30 @@ class FieldMap:
 
 @dataclass(frozen=True)
 class SourceOptions:
-    """How JSONL records become samples: ``fields`` mapped to members, ``key_field``."""
+    """How inputs become samples: JSONL ``fields`` mapped to members and ``key_field``;
+    ``on_error``: ``raise`` stops at a bad record, ``skip`` yields a :class:`BadRecord`
+    in its place and goes on (JSONL lines, unreadable tree samples, failing ``fn``
+    inputs); ``image`` re-encodes the image files of trees; ``fn(input)`` yields the
+    samples of a ``call`` unit (:func:`shardkit.build.build` with a function)."""
 
     fields: tuple[FieldMap, ...] = ()
     key_field: str | None = None
+    on_error: str = "raise"
+    image: ImageOptions | None = None
+    fn: Callable[[Any], Iterable[Mapping[str, Any]]] | None = None
+
+
+@dataclass(frozen=True)
+class BadRecord:
+    """A record that was skipped (``on_error="skip"``): where it is and why."""
+
+    source: str
+    position: str  # "line" for JSONL, "row" for table sources, "input", "sample"
+    number: int | str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, self.position: self.number, "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -92,8 +125,9 @@ class Unit:
     """One piece of input work.
 
     ``kind`` is ``files`` (one sample of a tree: ``name`` is its key, ``members`` its
-    ``(field, path)`` pairs), ``jsonl`` (``name`` is the key prefix of its lines) or ``tar``
-    (an existing shard). ``size`` is the bytes it occupies on disk.
+    ``(field, path)`` pairs), ``jsonl`` (``name`` is the key prefix of its lines), ``tar``
+    (an existing shard) or ``call`` (``payload`` is one input of a build function;
+    ``path`` its repr). ``size`` is the bytes it occupies on disk (1 for a call).
     """
 
     kind: Kind
@@ -101,6 +135,7 @@ class Unit:
     size: int
     name: str
     members: tuple[tuple[str, str], ...] = ()
+    payload: Any = None
 
 
 def parse_field_spec(spec: str) -> FieldMap:
@@ -183,33 +218,33 @@ def _detect(files: list[str]) -> Kind:
     return "files"
 
 
-def _tree_units(root: str, files: list[str]) -> list[Unit]:
-    groups: dict[str, list[tuple[str, str]]] = {}
+def _tree_units(root: str, files: list[str], d: DiscoverOptions) -> list[Unit]:
+    keyed: list[tuple[str, str, str]] = []
     skipped = 0
-    for rel in files:
+    for rel in select_files(files, d.tree):
         kf = split_key(rel)
         if kf is None:
             skipped += 1
             continue
-        groups.setdefault(kf[0], []).append((kf[1], rel))
+        keyed.append((kf[0], kf[1], rel))
     if skipped:
         log.warning("%s: skipped %d files without an extension (no field name)", root, skipped)
+    reencode = d.image.reencode if d.image is not None else None
+    samples = group_samples(
+        root, keyed, d.tree, reencode=reencode, skip_bad=d.on_error == "skip", notes=d.notes
+    )
     units = []
-    for key in sorted(groups):
-        members = sorted(groups[key])
+    for key, members in samples:
         size = sum(os.path.getsize(os.path.join(root, rel)) for _, rel in members)
-        units.append(Unit("files", root, size, key, tuple(members)))
+        units.append(Unit("files", root, size, key, members))
     return units
 
 
-def _dir_units(root: str, source_type: str, exclude: Sequence[str]) -> list[Unit]:
-    files = _walk(root, exclude)
-    if source_type == "auto":
-        kind: str = _detect(files)
-    else:
-        kind = source_type
+def _dir_units(root: str, d: DiscoverOptions) -> list[Unit]:
+    files = _walk(root, d.exclude)
+    kind: str = _detect(files) if d.source_type == "auto" else d.source_type
     if kind == "files":
-        return _tree_units(root, files)
+        return _tree_units(root, files, d)
     exts = _JSONL_EXTS if kind == "jsonl" else _TAR_EXTS
     units = []
     for rel in files:
@@ -230,13 +265,32 @@ def _file_unit(path: str, source_type: str) -> Unit:
     if source_type == "jsonl":
         return Unit("jsonl", path, size, base.split(".", 1)[0] or base)
     raise ConfigError(
-        f"cannot tell what {path!r} is: give a directory, a .jsonl/.jsonl.zst file or a "
+        f"cannot tell what {path!r} is: give a directory, a .jsonl/.jsonl.zst/.jsonl.gz file or a "
         ".tar/.tar.zst shard (or --source-type)"
     )
 
 
+@dataclass
+class DiscoverOptions:
+    """How :func:`discover` reads folders: ``source_type``, output dirs to ``exclude``,
+    file selection ``tree``, image re-encoding ``image`` (renames image fields),
+    ``on_error`` (``skip`` leaves out samples missing a required field), and ``notes``,
+    where things the user should hear about are appended."""
+
+    source_type: str = "auto"
+    exclude: Sequence[str] = ()
+    tree: TreeOptions = dataclasses.field(default_factory=TreeOptions)
+    image: ImageOptions | None = None
+    on_error: str = "raise"
+    notes: list[str] | None = None
+
+
 def discover(
-    sources: Iterable[str], *, source_type: str = "auto", exclude: Sequence[str] = ()
+    sources: Iterable[str],
+    *,
+    source_type: str = "auto",
+    exclude: Sequence[str] = (),
+    options: DiscoverOptions | None = None,
 ) -> list[Unit]:
     """Turn source arguments (paths, directories, brace or glob patterns) into units.
 
@@ -244,17 +298,19 @@ def discover(
     ``auto`` reads a directory holding only JSONL files as JSONL, one holding only tar
     shards (and their manifests and indexes) as shards, anything else as a file tree.
     Directories in ``exclude`` (absolute paths, e.g. the output) are not read.
+    ``options`` (when given) carries these two and the rest of :class:`DiscoverOptions`.
     """
-    if source_type not in SOURCE_TYPES:
+    d = options or DiscoverOptions(source_type, exclude)
+    if d.source_type not in SOURCE_TYPES:
         raise ConfigError(f"source type must be one of {', '.join(SOURCE_TYPES)}")
-    exclude = [os.path.abspath(e) for e in exclude]
+    d.exclude = [os.path.abspath(e) for e in d.exclude]
     units: list[Unit] = []
     for src in sources:
         for path in _expand(src):
             if os.path.isdir(path):
-                units.extend(_dir_units(path, source_type, exclude))
+                units.extend(_dir_units(path, d))
             elif os.path.isfile(path):
-                units.append(_file_unit(path, source_type))
+                units.append(_file_unit(path, d.source_type))
             else:
                 raise ConfigError(f"source {path!r} does not exist")
     _check_unique_names(units)
@@ -279,138 +335,3 @@ def _check_unique_names(units: Sequence[Unit]) -> None:
                 f"{what} {u.name!r} comes from both {prev!r} and {u.path!r}; "
                 "give the sources so that keys differ (e.g. their parent directory)"
             )
-
-
-# -- reading -----------------------------------------------------------------------------
-def _jsonl_sample(rec: Any, raw: bytes, key: str, opts: SourceOptions) -> Sample:
-    sample: Sample = {"__key__": key}
-    if not opts.fields:
-        sample["json"] = raw
-        return sample
-    rest = dict(rec)
-    for fm in opts.fields:
-        if fm.name not in rec:
-            raise ValueError(f"record has no field {fm.name!r} (mapped by --field)")
-        value = rest.pop(fm.name)
-        if fm.dtype is not None:
-            value = np.asarray(value, dtype=fm.dtype)
-        sample[fm.field] = encode_field(key, fm.field, value)
-    if rest:
-        sample["json"] = encode_field(key, "json", rest)
-    return sample
-
-
-def _jsonl_key(rec: Any, unit: Unit, lineno: int, opts: SourceOptions) -> str:
-    if opts.key_field is None:
-        return f"{unit.name}/{lineno:09d}"
-    value = rec.get(opts.key_field)
-    if not isinstance(value, (str, int)) or isinstance(value, bool):
-        raise ValueError(f"key field {opts.key_field!r} is missing or not a string: {value!r}")
-    key = str(value)
-    check_key(key)
-    return key
-
-
-def _open_text(unit: Unit) -> io.BufferedIOBase:
-    f = open(unit.path, "rb")  # noqa: SIM115 - closed by the caller
-    if unit.path.lower().endswith(".zst"):
-        raw: Any = zstd_reader(f)
-        return io.BufferedReader(raw, buffer_size=1 << 20)
-    return f
-
-
-class _Skip:
-    """How many samples are still to be skipped (shared by the unit readers of one run)."""
-
-    __slots__ = ("n",)
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def take(self) -> bool:
-        """Consume one skip; True when this sample is to be skipped."""
-        if self.n:
-            self.n -= 1
-            return True
-        return False
-
-
-def _read_jsonl(
-    unit: Unit, opts: SourceOptions, skip: _Skip
-) -> Iterator[tuple[Sample | None, int]]:
-    needs_record = bool(opts.fields) or opts.key_field is not None
-    try:
-        f = _open_text(unit)
-    except OSError as exc:
-        raise SourceError(f"cannot open: {exc.strerror}", path=unit.path) from exc
-    with f:
-        for lineno, line in enumerate(f, start=1):
-            raw = line.strip()
-            if not raw or skip.take():
-                yield None, len(line)
-                continue
-            try:
-                rec = json.loads(raw)
-                if needs_record and not isinstance(rec, dict):
-                    raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
-                key = _jsonl_key(rec, unit, lineno, opts)
-                sample = _jsonl_sample(rec, raw, key, opts)
-            except (ValueError, WriterError) as exc:
-                raise SourceError(_describe(exc), path=unit.path, line=lineno) from exc
-            yield sample, len(line)
-
-
-def _describe(exc: Exception) -> str:
-    if isinstance(exc, json.JSONDecodeError):
-        return f"not valid JSON: {exc.msg} at column {exc.colno}"
-    if isinstance(exc, UnicodeDecodeError):
-        return f"not UTF-8 at byte {exc.start} of the line"
-    return str(exc)
-
-
-def _read_tree(unit: Unit) -> Sample:
-    sample: Sample = {"__key__": unit.name}
-    for field, rel in unit.members:
-        path = os.path.join(unit.path, rel)
-        try:
-            with open(path, "rb") as f:
-                sample[field] = f.read()
-        except OSError as exc:
-            raise SourceError(f"cannot read: {exc.strerror}", path=path) from exc
-    return sample
-
-
-def _read_tar(unit: Unit, skip: _Skip) -> Iterator[tuple[Sample | None, int]]:
-    for sample in read_shard(unit.path):
-        nbytes = sum(len(v) for k, v in sample.items() if isinstance(v, bytes))
-        yield (None if skip.take() else sample), nbytes
-
-
-def _read_unit(unit: Unit, opts: SourceOptions, skip: _Skip) -> Iterator[tuple[Sample | None, int]]:
-    if unit.kind == "files":
-        yield (None if skip.take() else _read_tree(unit)), unit.size
-    elif unit.kind == "jsonl":
-        yield from _read_jsonl(unit, opts, skip)
-    else:
-        yield from _read_tar(unit, skip)
-
-
-def read_units(
-    units: Iterable[Unit], opts: SourceOptions | None = None, *, skip: int = 0
-) -> Iterator[tuple[Sample | None, int]]:
-    """Yield ``(sample, input_bytes)`` for every sample of ``units``, in order.
-
-    The first ``skip`` samples (those a resumed build already holds) are yielded as
-    ``None`` without being decoded; ``None`` also carries bytes that hold no sample (blank
-    lines). The input bytes of a unit add up to its size on disk.
-    """
-    opts = opts or SourceOptions()
-    skipper = _Skip(skip)
-    for unit in units:
-        budget = unit.size
-        for sample, nbytes in _read_unit(unit, opts, skipper):
-            step = min(nbytes, budget)
-            budget -= step
-            yield sample, step
-        if budget:
-            yield None, budget

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from shardkit.checksum import Hasher, new_hasher, split_checksum
 from shardkit.errors import ConfigError, FetchError, ShardFormatError, ShardkitError
-from shardkit.manifest import Manifest, ShardEntry
+from shardkit.manifest import Manifest, ShardEntry, incomplete_reason
 from shardkit.pieces import PieceHasher
 from shardkit.tario.index import read_index
 from shardkit.tario.reader import TarReader, stream_size
@@ -67,7 +67,11 @@ class Problem:
 
 @dataclass
 class VerifyReport:
-    """What :func:`verify` found: ``problems`` (errors) and ``warnings`` (extra files)."""
+    """What :func:`verify` found: ``problems`` (errors) and ``warnings`` (extra files).
+
+    ``incomplete`` says why the manifest does not hold its whole data set (a build that
+    did not finish, a merge of only some parts); such a report is not ok either.
+    """
 
     manifest: str
     level: str
@@ -76,11 +80,12 @@ class VerifyReport:
     problems: list[Problem] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    incomplete: str | None = None
 
     @property
     def ok(self) -> bool:
-        """True when no shard has a problem (warnings do not count)."""
-        return not self.problems
+        """True when the manifest is complete and no shard has a problem (not warnings)."""
+        return not self.problems and self.incomplete is None
 
     @property
     def bad_shards(self) -> list[str]:
@@ -98,6 +103,7 @@ class VerifyReport:
             "bad_shards": self.bad_shards,
             "problems": [asdict(p) for p in self.problems],
             "warnings": list(self.warnings),
+            "incomplete": self.incomplete,
             "seconds": round(self.seconds, 3),
         }
 
@@ -409,6 +415,7 @@ def verify(
         bytes=manifest.total_bytes,
         problems=[p for r in results for p in r],
         warnings=[f"extra file not in the manifest: {x}" for x in extra_files(manifest)],
+        incomplete=incomplete_reason(manifest),
     )
     report.seconds = time.perf_counter() - t0
     log.info(

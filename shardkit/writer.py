@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gzip
 import logging
 import os
 import re
@@ -26,10 +27,22 @@ from shardkit.tario.index import write_index
 from shardkit.tario.writer import END_OF_ARCHIVE, check_field, check_key, member_header, padding
 from shardkit.units import parse_size
 
-__all__ = ["ShardWriter"]
+__all__ = ["COMPRESSIONS", "ShardWriter", "shard_suffix"]
 
 log = logging.getLogger(__name__)
 _FLUSH = 4 << 20
+COMPRESSIONS = (None, "zstd", "gzip")
+_SUFFIX = {None: ".tar", "zstd": ".tar.zst", "gzip": ".tar.gz"}
+
+
+def shard_suffix(compress: str | None) -> str:
+    """The shard file suffix for a compression: ``.tar``, ``.tar.zst`` or ``.tar.gz``."""
+    return _SUFFIX[compress]
+
+
+def _gzip_writer(f: Any) -> gzip.GzipFile:
+    # mtime=0 and no name: the same samples give the same bytes on every run
+    return gzip.GzipFile(filename="", mode="wb", compresslevel=6, fileobj=f, mtime=0)
 
 
 def _alive(pid: int) -> bool:
@@ -75,12 +88,15 @@ class ShardWriter:
     Args:
         out_dir: directory for shards and ``manifest.json`` / ``manifest.csv``.
         prefix: shard names are ``{prefix}-{index:06d}.tar`` (``.tar.zst`` compressed).
-        maxsize: roll over before a shard would exceed this many bytes on disk (headers,
+        maxsize: roll over before a shard's tar would exceed this many bytes (headers,
             padding and end-of-archive included; a single larger sample gets a shard of
-            its own). A number or a string like ``"1GB"``.
+            its own). A number or a string like ``"1GB"``. It counts the uncompressed tar:
+            a compressed shard is smaller on disk (and its sample index, in tar offsets,
+            stays the same).
         maxcount: roll over after this many samples (None: no count limit).
         checksum: ``sha256`` (default) or another algorithm of :mod:`shardkit.checksum`.
-        compress: None or ``"zstd"`` (whole-shard compression).
+        compress: None, ``"zstd"`` (``.tar.zst``) or ``"gzip"`` (``.tar.gz``, which
+            webdataset and Hugging Face ``datasets`` read too): whole-shard compression.
         manifest: the manifest file name inside ``out_dir``.
         start_index: the number of the first shard.
         resume: keep the shards an existing manifest in ``out_dir`` lists and continue
@@ -88,6 +104,8 @@ class ShardWriter:
         part: ``(i, n)`` marks the manifest as part ``i`` of ``n`` for a later merge.
         piece_size: bytes per piece of the per-piece checksums (:mod:`shardkit.pieces`);
             None: none.
+        image_quality: JPEG/WebP quality for PIL images and uint8 arrays written to
+            ``jpg``/``webp`` fields (``png`` is lossless).
     """
 
     def __init__(
@@ -104,6 +122,7 @@ class ShardWriter:
         resume: bool = False,
         part: tuple[int, int] | None = None,
         piece_size: int | str | None = DEFAULT_PIECE_SIZE,
+        image_quality: int = 90,
     ) -> None:
         self.out_dir = os.fspath(out_dir)
         if not prefix or "/" in prefix or prefix.startswith("."):
@@ -117,12 +136,15 @@ class ShardWriter:
         self.maxcount = maxcount
         new_hasher(checksum)  # validates the name now, not at the first shard
         self.algo = checksum
-        if compress not in (None, "zstd"):
-            raise ConfigError(f"compress must be None or 'zstd', got {compress!r}")
+        if compress not in COMPRESSIONS:
+            raise ConfigError(f"compress must be None, 'zstd' or 'gzip', got {compress!r}")
         self.compress = compress
         self.piece_size = parse_size(piece_size) if piece_size is not None else None
         if self.piece_size is not None and self.piece_size < 4096:
             raise ConfigError(f"piece_size {self.piece_size} is too small (at least 4 KB)")
+        if not 1 <= image_quality <= 100:
+            raise ConfigError(f"image_quality must be in 1..100, got {image_quality}")
+        self.image_quality = image_quality
         self.manifest_path = os.path.join(self.out_dir, manifest)
         os.makedirs(self.out_dir, exist_ok=True)
         self.manifest = Manifest(
@@ -207,7 +229,7 @@ class ShardWriter:
             if field not in self._good_fields:
                 check_field(key, field)
                 self._good_fields.add(field)
-            data = encode_field(key, field, value)
+            data = encode_field(key, field, value, image_quality=self.image_quality)
             header = member_header(f"{key}.{field}", len(data))
             pad = padding(len(data))
             pieces.append(header)
@@ -286,15 +308,19 @@ class ShardWriter:
 
     # -- shards --------------------------------------------------------------------
     def _shard_name(self) -> str:
-        ext = ".tar.zst" if self.compress == "zstd" else ".tar"
-        return f"{self.prefix}-{self.next_index:06d}{ext}"
+        return f"{self.prefix}-{self.next_index:06d}{shard_suffix(self.compress)}"
 
     def _open_shard(self) -> None:
         name = self._shard_name()
         self._tmp_path = os.path.join(self.out_dir, f".{name}.tmp-{os.getpid()}")
         self._file = open(self._tmp_path, "wb", buffering=0)  # noqa: SIM115
         self._hashing = _HashingFile(self._file, self.algo, self.piece_size)
-        self._sink = zstd_writer(self._hashing) if self.compress else self._hashing  # type: ignore[arg-type]
+        if self.compress == "zstd":
+            self._sink = zstd_writer(self._hashing)  # type: ignore[arg-type]
+        elif self.compress == "gzip":
+            self._sink = _gzip_writer(self._hashing)
+        else:
+            self._sink = self._hashing
         self._offset = 0
         self._offsets = []
         self._keys = set()
@@ -354,7 +380,7 @@ class ShardWriter:
 
     def _cleanup_temps(self) -> None:
         """Delete the temp shards of this prefix that a dead writer left behind."""
-        mine = re.compile(rf"^\.{re.escape(self.prefix)}-\d{{6,}}\.tar(?:\.zst)?\.tmp-(\d+)$")
+        mine = re.compile(rf"^\.{re.escape(self.prefix)}-\d{{6,}}\.tar(?:\.zst|\.gz)?\.tmp-(\d+)$")
         for name in os.listdir(self.out_dir):
             m = mine.match(name)
             if m is not None and not _alive(int(m.group(1))):

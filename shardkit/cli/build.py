@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import click
@@ -11,7 +12,9 @@ from tqdm import tqdm
 from shardkit.build import BuildConfig, BuildPlan, BuildResult, plan_build, run_build
 from shardkit.checksum import ALGORITHMS
 from shardkit.errors import ConfigError
-from shardkit.sources import SOURCE_TYPES, FieldMap, parse_field_spec
+from shardkit.images import REENCODE_FORMATS, ImageOptions
+from shardkit.sources import ON_ERROR, SOURCE_TYPES, FieldMap, parse_field_spec
+from shardkit.tree_select import TreeOptions, parse_require
 from shardkit.units import format_bytes, parse_size
 
 __all__ = ["command", "parse_part", "parse_size_option"]
@@ -53,6 +56,17 @@ def _fields(
     return maps
 
 
+def _require(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> tuple[tuple[str, ...], ...]:
+    if not value:
+        return ()
+    try:
+        return parse_require(value)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 def _run(plan: BuildPlan, show: bool) -> BuildResult:
     t0 = time.perf_counter()
     samples = 0
@@ -86,6 +100,10 @@ def _report(result: BuildResult) -> None:
     )
     if result.resumed_samples:
         click.echo(f"resumed: kept {result.resumed_samples:,} samples already in whole shards")
+    info = m.created.get("build") or {}
+    if info.get("skipped_records"):
+        report = os.path.join(os.path.dirname(result.manifest_path), info["errors"])
+        click.echo(f"skipped {info['skipped_records']:,} bad records: each is named in {report}")
     if m.fields:
         fields = ", ".join(f"{k} ({format_bytes(v['bytes'])})" for k, v in sorted(m.fields.items()))
         click.echo(f"fields: {fields}")
@@ -107,18 +125,23 @@ def _report(result: BuildResult) -> None:
     default="1GB",
     show_default=True,
     callback=parse_size_option,
-    help="Largest shard size (0.5-2 GB is what streaming wants).",
+    help="Largest shard size, counted in uncompressed tar bytes (a --compress'ed shard is "
+    "smaller on disk); 0.5-2 GB is what streaming wants.",
 )
 @click.option("--maxcount", type=click.IntRange(min=1), help="Most samples per shard.")
 @click.option("--prefix", default="data", show_default=True, help="Shard names: PREFIX-000000.tar.")
 @click.option("--checksum", type=click.Choice(ALGORITHMS), default="sha256", show_default=True)
-@click.option("--compress", type=click.Choice(["zstd"]), help="Compress whole shards (.tar.zst).")
+@click.option(
+    "--compress",
+    type=click.Choice(["zstd", "gzip"]),
+    help="Compress whole shards: zstd (.tar.zst, fastest) or gzip (.tar.gz, which "
+    "webdataset and Hugging Face datasets read too).",
+)
 @click.option(
     "--workers",
     type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Parallel writer processes (the output for a given N is reproducible).",
+    help="Parallel writer processes (the output for a given N is reproducible). "
+    "Default: one per 256 MB of input, at most the CPU count.",
 )
 @click.option(
     "--part",
@@ -127,6 +150,55 @@ def _report(result: BuildResult) -> None:
     help="Build only part I of N (a partial manifest for `shardkit manifest merge`).",
 )
 @click.option("--resume", is_flag=True, help="Finish an interrupted build in OUT.")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Delete what an earlier build left in OUT (its manifest, shards, indexes) first.",
+)
+@click.option(
+    "--on-error",
+    type=click.Choice(ON_ERROR),
+    default="raise",
+    show_default=True,
+    help="skip: leave bad records out, name each in manifest.errors.jsonl, and finish.",
+)
+@click.option(
+    "--include",
+    multiple=True,
+    metavar="GLOB",
+    help="Folders: only files matching GLOB (repeatable; case-insensitive; '*.jpg').",
+)
+@click.option(
+    "--exclude",
+    multiple=True,
+    metavar="GLOB",
+    help="Folders: leave out files matching GLOB (repeatable; '*.md').",
+)
+@click.option(
+    "--require-fields",
+    callback=_require,
+    metavar="F[;ALT],...",
+    help="Folders: every sample must have these fields (jpg;png,json: an image in jpg "
+    "or png, and a json); others fail the build (or are left out with --on-error skip).",
+)
+@click.option(
+    "--resize",
+    type=click.IntRange(min=1),
+    metavar="MAXSIDE",
+    help="Folders: shrink images whose longer side is above MAXSIDE pixels.",
+)
+@click.option(
+    "--reencode",
+    type=click.Choice(REENCODE_FORMATS),
+    help="Folders: store every image in this format (the field is renamed).",
+)
+@click.option(
+    "--quality",
+    type=click.IntRange(1, 100),
+    default=90,
+    show_default=True,
+    help="JPEG/WebP quality for --resize/--reencode.",
+)
 @click.option(
     "--field",
     "fields",
@@ -153,9 +225,17 @@ def command(
     prefix: str,
     checksum: str,
     compress: str | None,
-    workers: int,
+    workers: int | None,
     part: tuple[int, int] | None,
     resume: bool,
+    overwrite: bool,
+    on_error: str,
+    include: tuple[str, ...],
+    exclude: tuple[str, ...],
+    require_fields: tuple[tuple[str, ...], ...],
+    resize: int | None,
+    reencode: str | None,
+    quality: int,
     fields: tuple[FieldMap, ...],
     key_field: str | None,
     source_type: str,
@@ -165,8 +245,12 @@ def command(
     """Pack SOURCES into WebDataset-format shards with a checksum manifest.
 
     SOURCES are directories of files (grouped into samples by key: a/x.jpg + a/x.json is
-    sample a/x), JSONL files (.jsonl, .jsonl.zst; one sample a line) or tar shards to
-    re-shard (brace patterns like data-{000000..000099}.tar work).
+    sample a/x; field names are lower case), JSONL files (.jsonl, .jsonl.zst, .jsonl.gz,
+    .json.gz; one sample a line) or tar shards to re-shard (brace patterns like
+    data-{000000..000099}.tar work).
+
+    A build that stops leaves a manifest marked incomplete (verify fails on it, readers
+    refuse it): finish it with --resume, or start over with --overwrite.
     """
     config = BuildConfig(
         prefix=prefix,
@@ -180,11 +264,17 @@ def command(
         source_type=source_type,
         fields=fields,
         key_field=key_field,
+        overwrite=overwrite,
+        on_error=on_error,
+        tree=TreeOptions(include, exclude, require_fields),
+        image=ImageOptions(resize, reencode, quality) if resize or reencode else None,
     )
     try:
         plan = plan_build(list(sources), out_dir, config)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
+    for note in plan.notes:
+        click.echo(f"note: {note}", err=True)
     result = _run(plan, progress)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))

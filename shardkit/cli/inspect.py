@@ -9,6 +9,7 @@ import click
 
 from shardkit.cache import make_opener
 from shardkit.io import load_manifest
+from shardkit.manifest import incomplete_reason
 from shardkit.summary import first_keys, scan_shard, summarize_manifest, summarize_shard
 from shardkit.units import format_bytes
 from shardkit.urls import check_within
@@ -29,6 +30,7 @@ def _manifest_summary(source: str, nkeys: int) -> dict[str, Any]:
             keys = first_keys(f, nkeys, url=url)
     d = summarize_manifest(m, keys=keys)
     d["path"] = source
+    d["incomplete"] = incomplete_reason(m)
     return d
 
 
@@ -49,7 +51,7 @@ def _field_lines(fields: dict[str, dict[str, Any]]) -> list[str]:
 
 def _manifest_lines(d: dict[str, Any]) -> list[str]:
     lines = [
-        f"manifest {d['path']}",
+        f"manifest {d['path']}" + (" (INCOMPLETE)" if d["incomplete"] else ""),
         f"  {d['shards']:,} shards, {d['samples']:,} samples, {format_bytes(d['bytes'])} "
         f"(mean sample {format_bytes(d['mean_sample_bytes'])}), "
         f"checksums {d['checksum_algorithm']}",
@@ -68,6 +70,8 @@ def _manifest_lines(d: dict[str, Any]) -> list[str]:
             lines.append(f"    ... and {len(outside) - 5} more")
     if d["part"]:
         lines.append(f"  part {d['part']['index']} of {d['part']['count']}")
+    if d["incomplete"]:
+        lines.append(f"  {d['incomplete']}")
     return lines
 
 

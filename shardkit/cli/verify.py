@@ -26,6 +26,8 @@ def _summary(report: VerifyReport) -> str:
     took = f"in {report.seconds:.2f} s"
     if report.ok:
         return f"OK: {what} {took}"
+    if not report.problems:
+        return f"FAILED: the manifest is incomplete ({what}) {took}"
     n = len(report.problems)
     bad = len(report.bad_shards)
     return f"FAILED: {n} problem{'s' * (n != 1)} in {bad} of {report.shards} shards ({what}) {took}"
@@ -95,6 +97,8 @@ def command(
     else:
         for p in report.problems:
             click.echo(f"FAIL {p}")
+        if report.incomplete:
+            click.echo(f"FAIL {manifest}: {report.incomplete}")
         for w in report.warnings:
             click.echo(f"warning: {w}", err=True)
         click.echo(_summary(report))

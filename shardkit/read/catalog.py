@@ -15,9 +15,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from shardkit.errors import FetchError, ShardFormatError
+from shardkit.errors import FetchError, ManifestError, ShardFormatError
 from shardkit.io import Opener, load_manifest
-from shardkit.manifest import Manifest
+from shardkit.manifest import Manifest, incomplete_reason
 from shardkit.tario.index import INDEX_MAGIC, index_entry_range, read_index
 from shardkit.tario.reader import iter_samples
 from shardkit.urls import check_within, expand_braces
@@ -47,12 +47,29 @@ def _is_manifest(source: str) -> bool:
 
 
 def load_catalog(
-    source: str | Sequence[str] | Manifest, opener: Opener, *, allow_unsafe_urls: bool = False
+    source: str | Sequence[str] | Manifest,
+    opener: Opener,
+    *,
+    allow_unsafe_urls: bool = False,
+    allow_incomplete: bool = False,
 ) -> list[ShardInfo]:
-    """The shards of ``source`` with resolved urls, in manifest (or list) order."""
+    """The shards of ``source`` with resolved urls, in manifest (or list) order.
+
+    A manifest whose build did not finish (or a merge of only some parts) is refused with
+    :class:`ManifestError` saying why, unless ``allow_incomplete``: training on half a data
+    set must be a choice, never a surprise.
+    """
+    name = source if isinstance(source, str) else None
     if isinstance(source, str) and _is_manifest(source):
         source = load_manifest(source, opener)
     if isinstance(source, Manifest):
+        why = incomplete_reason(source)
+        if why is not None:
+            if not allow_incomplete:
+                raise ManifestError(
+                    f"{why}; pass allow_incomplete=True to read it anyway", path=name
+                )
+            log.warning("%s: %s", name or "manifest", why)
         out = []
         base = None if allow_unsafe_urls else source.base
         for e in source.shards:

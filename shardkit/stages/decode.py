@@ -3,7 +3,8 @@
 ``decode()`` uses the built-in codecs of :mod:`shardkit.codecs` (json, npy, txt, cls, ...)
 and decodes images with Pillow when it is installed (to ``PIL.Image``; other image
 forms by name: ``"pil"``, ``"rgb8"`` (uint8 HxWx3), ``"rgb"`` (float32 in [0, 1]),
-``"l8"``, ``"l"``). Handlers given by the user come first:
+``"l8"``, ``"l"``, ``"torchrgb"`` (a float32 CxHxW torch tensor in [0, 1], as
+WebDataset's ``torchrgb``)). Handlers given by the user come first:
 
 - a dict ``{"ext" or "field": fn(bytes) -> value}``;
 - a callable ``fn(field, bytes) -> value or None`` (None: not mine), as in WebDataset.
@@ -22,6 +23,7 @@ import numpy as np
 
 from shardkit.codecs import NpyDecoder, decode_field
 from shardkit.errors import ConfigError, DecodeError, StateDictError
+from shardkit.images import IMAGE_EXTS
 from shardkit.read.policy import check_policy, report
 from shardkit.stages.base import Grid, Stage, callable_name, check_state, sub_grid
 
@@ -29,10 +31,7 @@ __all__ = ["IMAGE_EXTS", "IMAGE_MODES", "Decode"]
 
 log = logging.getLogger("shardkit.stages")
 
-IMAGE_EXTS = frozenset(
-    {"jpg", "jpeg", "png", "ppm", "pgm", "pbm", "bmp", "webp", "gif", "tif", "tiff"}
-)
-IMAGE_MODES = ("pil", "rgb8", "rgb", "l8", "l")
+IMAGE_MODES = ("pil", "rgb8", "rgb", "l8", "l", "torchrgb")
 FieldHandler = Callable[[str, bytes], Any]
 
 
@@ -50,7 +49,14 @@ def _image_decoder(mode: str) -> Callable[[bytes], Any] | None:
             return img
         gray = mode in ("l8", "l")
         arr = np.asarray(img.convert("L" if gray else "RGB"))
-        return arr if mode.endswith("8") else arr.astype(np.float32) / 255.0
+        if mode.endswith("8"):
+            return arr
+        scaled = arr.astype(np.float32) / 255.0
+        if mode == "torchrgb":
+            import torch  # lazy: only this mode hands out tensors
+
+            return torch.from_numpy(np.ascontiguousarray(scaled.transpose(2, 0, 1)))
+        return scaled
 
     return decode
 

@@ -47,6 +47,7 @@ class ShardSource(Stage):
         config: the plan choices (seed, shard shuffle, remainder, resampled, epoch length).
         handler: ``"raise"``, ``"warn"`` or ``"skip_shard"`` (see :mod:`.policy`).
         allow_unsafe_urls: let a manifest name urls outside its base (or ``pipe:``).
+        allow_incomplete: read a manifest whose build did not finish (refused otherwise).
         io: the io options (remote reads, cache); default: local reads, no cache.
     """
 
@@ -61,6 +62,7 @@ class ShardSource(Stage):
         handler: str = "raise",
         allow_unsafe_urls: bool = False,
         io: IoConfig | None = None,
+        allow_incomplete: bool = False,
     ) -> None:
         super().__init__(None)
         if isinstance(source, os.PathLike):
@@ -70,6 +72,7 @@ class ShardSource(Stage):
         self.policy = check_policy(handler)
         self.allow_unsafe_urls = allow_unsafe_urls
         self.io = io or IoConfig()
+        self.allow_incomplete = allow_incomplete
         self.bufsize: int | None = None
         self.initial: int | None = None
         self.by_node = False
@@ -106,7 +109,10 @@ class ShardSource(Stage):
         """The shard list, loaded once (in the main process it then pickles to workers)."""
         if self._catalog is None:
             shards = load_catalog(
-                self.what, self.opener(), allow_unsafe_urls=self.allow_unsafe_urls
+                self.what,
+                self.opener(),
+                allow_unsafe_urls=self.allow_unsafe_urls,
+                allow_incomplete=self.allow_incomplete,
             )
             self._catalog = Catalog(shards)
         return self._catalog

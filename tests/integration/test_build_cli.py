@@ -127,7 +127,7 @@ def test_reshard_a_brace_pattern_with_zstd(tmp_path: Path) -> None:
         (["build", "SRC", "-o", "OUT", "--maxsize", "lots"], "not a size"),
         (["build", "SRC", "-o", "OUT", "--maxsize", "1KB"], "too small"),
         (["build", "NOPE", "-o", "OUT"], "does not exist"),
-        (["build", "SRC", "-o", "DONE"], "--resume"),
+        (["build", "SRC", "-o", "DONE"], "does not record how it was built): pass --overwrite"),
     ],
 )
 def test_usage_errors_exit_2(

@@ -226,7 +226,8 @@ def test_closed_writer_refuses_writes(tmp_path: Path) -> None:
         {"maxcount": 0},
         {"prefix": "a/b"},
         {"prefix": ""},
-        {"compress": "gzip"},
+        {"compress": "bzip2"},
+        {"image_quality": 0},
         {"checksum": "crc32"},
     ],
 )
