@@ -72,6 +72,12 @@ def _manifest_lines(d: dict[str, Any]) -> list[str]:
         lines.append(f"  part {d['part']['index']} of {d['part']['count']}")
     if d["incomplete"]:
         lines.append(f"  {d['incomplete']}")
+    build = (d.get("created") or {}).get("build") or {}
+    if build.get("skipped_records"):
+        lines.append(
+            f"  the build skipped {build['skipped_records']:,} bad records "
+            f"(named in {build.get('errors')})"
+        )
     return lines
 
 

@@ -9,10 +9,12 @@ import gzip
 import io
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
 import tarfile
+import time
 import warnings
 from pathlib import Path
 
@@ -22,7 +24,14 @@ import shardkit as sk
 from shardkit.errors import ManifestError
 from shardkit.manifest import Manifest
 from shardkit.tario.reader import iter_samples
-from tests.helpers.readback import assert_whole, keys_of, read_samples, shardkit, write_jsonl
+from tests.helpers.readback import (
+    assert_whole,
+    keys_of,
+    read_samples,
+    shard_digests,
+    shardkit,
+    write_jsonl,
+)
 
 
 def _failing_corpus(root: Path) -> Path:
@@ -126,6 +135,9 @@ def test_on_error_skip_names_each_bad_record_and_finishes(tmp_path: Path, worker
     info = m.created["build"]
     assert info["complete"] is True and info["skipped_records"] == 3
     assert shardkit("verify", out / "manifest.json").returncode == 0
+    assert "skipped 3 bad records (named in manifest.errors.jsonl)" in (
+        shardkit("inspect", out / "manifest.json").stdout
+    )
     assert not [n for n in os.listdir(out) if n.startswith(".")]
 
 
@@ -252,3 +264,39 @@ def test_a_truncated_gzip_source_names_the_file(tmp_path: Path) -> None:
     assert r.returncode == 1
     assert r.stderr.strip().count("\n") == 0, r.stderr
     assert f"{raw / 'cut.jsonl.gz'}: corrupt or truncated after line" in r.stderr
+
+
+def test_skip_mode_resumes_after_sigkill_with_the_same_shards_and_report(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for f in range(4):
+        lines = [json.dumps({"f": f, "i": i, "pad": "x" * 400}) for i in range(1500)]
+        for i in range(f, 1500, 97):
+            lines[i] = "{bad"
+        (raw / f"p{f}.jsonl").write_text("\n".join(lines) + "\n")
+    args = ["--maxcount", "100", "--on-error", "skip"]
+    ref = shardkit("build", raw, "-o", tmp_path / "ref", *args)
+    assert ref.returncode == 0, ref.stderr
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shardkit", "build", str(raw), "-o", str(out), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while not (out / "manifest.json").exists() or len(Manifest.load(out / "manifest.json")) < 3:
+        assert proc.poll() is None, "the build ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed = Manifest.load(out / "manifest.json")
+    assert killed.created["build"]["complete"] is False
+    assert shardkit("verify", out / "manifest.json").returncode == 1
+    r = shardkit("build", raw, "-o", out, *args, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("skipped 64 bad records") == 1
+    assert shard_digests(out / "manifest.json") == shard_digests(tmp_path / "ref" / "manifest.json")
+    assert (out / "manifest.errors.jsonl").read_text() == (
+        tmp_path / "ref" / "manifest.errors.jsonl"
+    ).read_text()
