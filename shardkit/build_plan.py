@@ -205,6 +205,8 @@ def plan_build(
     plan = BuildPlan(
         out, c, tuple(units), groups, _fingerprint(units, options), None, options, tuple(notes)
     )
+    if c.overwrite:
+        _check_overwrite(plan)
     done = _previous(plan)
     return dataclasses.replace(plan, done=done) if done is not None else plan
 
@@ -219,19 +221,37 @@ def _check_picklable(fn: Callable[..., Any]) -> None:
         ) from None
 
 
-def clear_output(plan: BuildPlan) -> None:
-    """``overwrite``: delete what an earlier build of this prefix and part left behind."""
+def _earlier_outputs(plan: BuildPlan) -> list[str]:
+    """The files ``overwrite`` deletes: this prefix and part's shards, indexes, manifest."""
     out = plan.out_dir
     if not os.path.isdir(out):
-        return
+        return []
     shard = re.compile(rf"^{re.escape(plan.shard_prefix)}-\d{{6,}}\.tar(?:\.zst|\.gz)?(?:\.idx)?$")
     stem = os.path.splitext(plan.manifest_name)[0]
     mine = {plan.manifest_name, stem + ".csv", stem + ".errors.jsonl"}
+    return [os.path.join(out, n) for n in sorted(os.listdir(out)) if n in mine or shard.match(n)]
+
+
+def _check_overwrite(plan: BuildPlan) -> None:
+    """Refuse an ``overwrite`` that would delete one of the build's own inputs."""
+    doomed = set(_earlier_outputs(plan))
+    for u in plan.units:
+        paths = [os.path.join(u.path, rel) for _, rel in u.members] if u.members else [u.path]
+        hit = next((p for p in paths if os.path.abspath(p) in doomed), None)
+        if u.kind != "call" and hit is not None:
+            raise ConfigError(
+                f"--overwrite would delete the input {hit}: write the new shards to another -o "
+                "(or another --prefix)"
+            )
+
+
+def clear_output(plan: BuildPlan) -> None:
+    """``overwrite``: delete what an earlier build of this prefix and part left behind."""
     removed = 0
-    for name in os.listdir(out):
-        if name in mine or shard.match(name):
-            os.unlink(os.path.join(out, name))
-            removed += 1
+    for path in _earlier_outputs(plan):
+        os.unlink(path)
+        removed += 1
+    out = plan.out_dir
     if os.path.isdir(plan.work_dir):
         shutil.rmtree(plan.work_dir)
     log.info("overwrite: removed %d files of the earlier build in %s", removed, out)

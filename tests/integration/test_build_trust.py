@@ -96,6 +96,11 @@ def test_a_failed_build_is_incomplete_to_verify_inspect_and_readers(tmp_path: Pa
     assert assert_whole(manifest).total_samples == 5000
     done = shardkit("build", raw, "-o", out, "--maxcount", "500")
     assert done.returncode == 2 and "finished build of these inputs" in done.stderr
+    # re-sharding shards in place with --overwrite would delete its own inputs: refused
+    inplace = shardkit("build", out / "data-000000.tar", "-o", out, "--overwrite")
+    assert inplace.returncode == 2
+    assert "--overwrite would delete the input" in inplace.stderr
+    assert (out / "data-000000.tar").exists()
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
