@@ -32,7 +32,7 @@ from shardkit.sources import BadRecord, SourceOptions, Unit
 from shardkit.writer import ShardWriter, shard_suffix
 
 if TYPE_CHECKING:
-    from shardkit.build import BuildConfig, BuildPlan
+    from shardkit.build_config import BuildConfig, BuildPlan
 
 __all__ = [
     "ErrorLog",
