@@ -25,8 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from shardkit.durable import atomic_write
 from shardkit.errors import ShardkitError, WriterError
-from shardkit.manifest import Manifest, ShardEntry, atomic_write, creation_info
+from shardkit.manifest import Manifest, ShardEntry, creation_info
 from shardkit.source_read import read_units
 from shardkit.sources import BadRecord, SourceOptions, Unit
 from shardkit.writer import ShardWriter, shard_suffix

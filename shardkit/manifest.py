@@ -8,19 +8,18 @@ base unless the caller allows them in code.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import json
 import os
-import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shardkit._version import __version__
 from shardkit.checksum import split_checksum
+from shardkit.durable import atomic_write
 from shardkit.errors import ConfigError, ManifestError
 from shardkit.manifest_check import (
     CSV_HEADER,
@@ -43,7 +42,6 @@ __all__ = [
     "FORMAT_VERSION",
     "Manifest",
     "ShardEntry",
-    "atomic_write",
     "creation_info",
     "expand_braces",
     "incomplete_reason",
@@ -293,56 +291,6 @@ class Manifest:
     def resolve(self, url: str, *, allow_unsafe_urls: bool = False) -> str:
         """The absolute url or path of a shard url (see :func:`resolve_url`)."""
         return resolve_url(self.base, url, allow_unsafe_urls=allow_unsafe_urls)
-
-
-def atomic_write(path: str, data: bytes | Iterable[bytes]) -> None:
-    """Write ``data`` to ``path`` durably: temp file in the same directory, fsync, rename."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix="-" + os.path.basename(path), dir=directory)
-    try:
-        # mkstemp makes 0600; outputs are read by servers and colleagues: follow the umask
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "wb") as f:
-            if isinstance(data, (bytes, bytearray)):
-                f.write(data)
-            else:
-                for chunk in data:
-                    f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(directory)
-
-
-def _umask() -> int:
-    """The process umask, read without changing it where /proc allows (thread-safe)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def incomplete_reason(m: Manifest) -> str | None:

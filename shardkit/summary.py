@@ -20,8 +20,9 @@ from typing import Any, BinaryIO
 
 from shardkit.checksum import Hasher, new_hasher
 from shardkit.codecs import zstd_reader
+from shardkit.durable import atomic_write
 from shardkit.errors import ConfigError, ShardFormatError
-from shardkit.manifest import Manifest, ShardEntry, atomic_write, creation_info
+from shardkit.manifest import Manifest, ShardEntry, creation_info
 from shardkit.pieces import DEFAULT_PIECE_SIZE, PieceHasher, Pieces
 from shardkit.sources import discover
 from shardkit.tario.index import write_index

@@ -20,8 +20,9 @@ from typing import Any, BinaryIO
 
 from shardkit.checksum import new_hasher
 from shardkit.codecs import encode_field, zstd_writer
+from shardkit.durable import atomic_write
 from shardkit.errors import ConfigError, ManifestError, WriterError
-from shardkit.manifest import Manifest, ShardEntry, atomic_write, creation_info
+from shardkit.manifest import Manifest, ShardEntry, creation_info
 from shardkit.pieces import DEFAULT_PIECE_SIZE, PieceHasher
 from shardkit.tario.index import write_index
 from shardkit.tario.writer import END_OF_ARCHIVE, check_field, check_key, member_header, padding

@@ -17,9 +17,9 @@ import time
 
 from shardkit.cache.locks import locked
 from shardkit.cache.store import CacheStore
+from shardkit.durable import atomic_write
 from shardkit.io.remote import RangeSource
 from shardkit.io.retry import Counters
-from shardkit.manifest import atomic_write
 
 __all__ = ["fetch_manifest_once"]
 

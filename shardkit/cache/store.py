@@ -52,6 +52,7 @@ from shardkit.cache.layout import (
     try_lock_existing,
 )
 from shardkit.cache.locks import is_locked, locked, try_lock
+from shardkit.durable import fsync_dir
 from shardkit.errors import CacheError
 
 __all__ = ["CacheKey", "CacheStat", "CacheStore", "CachedShard", "TempFile"]
@@ -186,7 +187,7 @@ class CacheStore:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with locked(self.evict_lock_path(), exclusive=False):  # not while bytes are counted
             os.replace(self.part_path(key), path)
-        _sync_dir(os.path.dirname(path))
+        fsync_dir(os.path.dirname(path))
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.marker_path(key))
 
@@ -354,13 +355,3 @@ class CacheStore:
                     n += 1
                     freed += s.size
             return n, freed
-
-
-def _sync_dir(path: str) -> None:
-    """Make a rename in ``path`` durable (best effort)."""
-    with contextlib.suppress(OSError):
-        dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)

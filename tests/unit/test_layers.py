@@ -16,7 +16,7 @@ import shardkit
 
 # lowest first; inside a layer, earlier before later
 LAYERS: list[list[str]] = [
-    ["_version", "_types", "errors", "units", "urls", "counters"],
+    ["_version", "_types", "errors", "units", "urls", "counters", "durable"],
     ["checksum", "pieces", "images", "codecs", "manifest_check", "manifest", "tario"],
     [
         "tree_select",
