@@ -15,6 +15,8 @@ from urllib.parse import unquote, urlsplit
 from shardkit.errors import ConfigError, ManifestError
 
 __all__ = [
+    "HTTP_SCHEMES",
+    "REMOTE_SCHEMES",
     "check_within",
     "dirname",
     "expand_braces",
@@ -118,6 +120,10 @@ def expand_braces(pattern: str) -> list[str]:
     for i in range(int(lo), int(hi) + 1):
         out.extend(head + str(i).zfill(width) + rest for rest in expand_braces(tail))
     return out
+
+
+HTTP_SCHEMES = ("http", "https")
+REMOTE_SCHEMES = (*HTTP_SCHEMES, "s3")  # read over the network (and through the cache)
 
 
 def url_scheme(url: str) -> str:

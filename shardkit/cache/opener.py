@@ -29,12 +29,11 @@ from shardkit.cache.stream import CacheStream
 from shardkit.errors import CacheError, ChecksumError, ConfigError
 from shardkit.io.config import IoConfig
 from shardkit.io.remote import RangeSource, RemoteOpener, buffered
-from shardkit.urls import url_scheme
+from shardkit.urls import REMOTE_SCHEMES, url_scheme
 
 __all__ = ["CachingOpener"]
 
 log = logging.getLogger(__name__)
-_CACHED = ("http", "https", "s3")  # schemes read through the cache
 
 
 class _Local:
@@ -145,7 +144,7 @@ class CachingOpener:
             return
         local = self._local
         for url, size, checksum in shards[: self.cfg.prefetch_depth]:
-            if size is None or checksum is None or url_scheme(url) not in _CACHED:
+            if size is None or checksum is None or url_scheme(url) not in REMOTE_SCHEMES:
                 continue
             try:
                 key = CacheKey.of(checksum, size)

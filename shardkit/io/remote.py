@@ -21,7 +21,7 @@ from shardkit.io.local import open_local
 from shardkit.io.pipe import check_pipe_allowed, open_pipe
 from shardkit.io.retry import Counters
 from shardkit.io.s3 import S3Source
-from shardkit.urls import url_scheme
+from shardkit.urls import HTTP_SCHEMES, url_scheme
 
 __all__ = ["ChunkStream", "RangeSource", "RemoteOpener"]
 
@@ -129,7 +129,7 @@ class RemoteOpener:
     def source(self, url: str) -> RangeSource | None:
         """The ranged source for a remote url, or None for local and pipe urls."""
         scheme = url_scheme(url)
-        if scheme in ("http", "https"):
+        if scheme in HTTP_SCHEMES:
             return self.http
         if scheme == "s3":
             if self._s3 is None:
