@@ -239,7 +239,7 @@ class WebLoader:
     # -- iteration -----------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         box = self._begin()
-        self._stats.start()
+        self._stats.start(self._epoch)
         if box is None:  # the loaded state had ended this epoch: nothing is left
             self._stats.stop()
             return iter(())
@@ -423,9 +423,13 @@ class WebLoader:
 
     # -- stats ---------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """samples/s, MB/s, mean and p99 wait for a batch, wait fraction, skips, io counters;
-        under the shared epoch end also ``job_skipped_samples``/``job_skipped_shards``: the
-        skips of every rank, summed (as of this rank's latest batch)."""
+        """This rank's stats in a fixed schema (:mod:`shardkit.metrics.schema`): counts
+        (ints), rates, wait p50/p99, time to first batch, the loop's idle share, per-worker
+        rates, cache hits/misses, retries and errors by kind, skips; for every iteration so
+        far and for the latest one (``this_epoch``). Under the shared epoch end also
+        ``job_skipped_samples``/``job_skipped_shards``: the skips of every rank, summed (as
+        of this rank's latest batch). :func:`shardkit.metrics.job_summary` turns it into
+        the job's view; :mod:`shardkit.export` sends it to TensorBoard or Prometheus."""
         out = self._stats.summary()
         if self._job_skips is not None:
             out.update({f"job_{k}": v for k, v in self._job_skips.items()})

@@ -35,6 +35,14 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+def retry_kind(status: int | None) -> str:
+    """How a retried failure is counted: ``throttled`` (429), ``server`` (other statuses)
+    or ``connection`` (no answer, a broken or short body)."""
+    if status is None:
+        return "connection"
+    return "throttled" if status == 429 else "server"
+
+
 class Retryable(Exception):
     """A failure worth retrying; ``status`` and ``retry_after`` when the server said so."""
 
@@ -150,6 +158,7 @@ def _failed(
         ) from exc
     wait = policy.delay(failures, exc.retry_after, rng)
     counters.add("retries")
+    counters.add(f"retries_{retry_kind(exc.status)}")
     log.info("%s: %s; retry %d in %.2fs", url, exc, failures, wait)
     sleep(wait)
     return failures

@@ -20,9 +20,16 @@ from __future__ import annotations
 
 import logging
 
-from shardkit.errors import ConfigError, DecodeError, FetchError, ShardError
+from shardkit.errors import (
+    ChecksumError,
+    ConfigError,
+    DecodeError,
+    FetchError,
+    ShardError,
+    ShardFormatError,
+)
 
-__all__ = ["DATA_ERRORS", "POLICIES", "check_policy", "report"]
+__all__ = ["DATA_ERRORS", "POLICIES", "check_policy", "count_error", "report"]
 
 log = logging.getLogger("shardkit.stages")
 
@@ -42,3 +49,18 @@ def check_policy(handler: str) -> str:
 def report(policy: str, exc: BaseException, dropped: str) -> None:
     """Log a handled data error under ``policy`` (the caller counts it)."""
     log.warning("skipping %s (handler=%s): %s", dropped, policy, exc)
+
+
+_KINDS = (
+    (ChecksumError, "checksum"),
+    (ShardFormatError, "format"),
+    (FetchError, "fetch"),
+    (DecodeError, "decode"),
+)
+
+
+def count_error(counts: dict[str, float], exc: BaseException) -> None:
+    """Count a handled data error by kind (``errors_checksum``, ``errors_format``,
+    ``errors_fetch``, ``errors_decode``, ``errors_other``) for the loader's stats."""
+    kind = next((k for cls, k in _KINDS if isinstance(exc, cls)), "other")
+    counts[f"errors_{kind}"] = counts.get(f"errors_{kind}", 0.0) + 1

@@ -15,7 +15,7 @@ from typing import Any, BinaryIO
 from shardkit.errors import ShardFormatError
 from shardkit.io import Opener
 from shardkit.read.catalog import Catalog, ShardInfo
-from shardkit.read.policy import DATA_ERRORS, report
+from shardkit.read.policy import DATA_ERRORS, count_error, report
 from shardkit.tario.reader import DEFAULT_MAX_MEMBER, iter_samples, skip_bytes
 
 __all__ = ["read_stream"]
@@ -64,6 +64,7 @@ def read_stream(
                 raise
             counts["skipped_shards"] += 1
             counts["skipped_samples"] += hi - lo - got
+            count_error(counts, exc)
             report(policy, exc, f"{hi - lo - got} samples of shard {shard}")
 
 

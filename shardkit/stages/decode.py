@@ -24,7 +24,7 @@ import numpy as np
 from shardkit.codecs import NpyDecoder, decode_field
 from shardkit.errors import ConfigError, DecodeError, StateDictError
 from shardkit.images import IMAGE_EXTS
-from shardkit.read.policy import check_policy, report
+from shardkit.read.policy import check_policy, count_error, report
 from shardkit.stages.base import Grid, Stage, callable_name, check_state, sub_grid
 
 __all__ = ["IMAGE_EXTS", "IMAGE_MODES", "Decode"]
@@ -211,6 +211,7 @@ class Decode(Stage):
                 if policy == "raise":
                     raise
                 self._skipped["skipped_samples"] += 1
+                count_error(self._skipped, exc)
                 if policy == "skip_shard":
                     bad_urls.add(str(sample.get("__url__")))
                     self._skipped["skipped_shards"] += 1

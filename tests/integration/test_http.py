@@ -112,6 +112,8 @@ def test_faults_heal_with_identical_samples(
     times = FAULTS[fault].get("times", 1)
     assert len(reqs) == times + 1
     assert opener.stats()["retries"] == times
+    kind = {"drop": "connection", "stall": "connection", "429": "throttled", "503": "server"}
+    assert opener.stats()[f"retries_{kind[fault]}"] == times  # by kind in loader.stats()
     if fault == "drop":  # resumed from the first byte not delivered, not from 0
         assert [r.range for r in reqs] == [
             f"bytes=0-{shards.shards[1].size - 1}",
