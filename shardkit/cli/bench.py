@@ -1,14 +1,20 @@
 """``shardkit bench MANIFEST``: stream a shard set through the WebLoader and print its rate.
 
-What one training rank's loader delivers: samples/s, MB/s, how long the loop waited for a
-batch (mean, p99, fraction of wall time), skipped shards and the io counters (requests,
-cache hits...). It streams for ``--seconds`` (starting new epochs if the data set is
-small) with ``--workers`` DataLoader workers and batches of ``--batch-size``.
+What one training rank's loader delivers, in the loader stats schema
+(:mod:`shardkit.metrics.schema`): samples/s, MB/s, time to the first batch, how long the
+loop waited for a batch (p50, p99, share of wall time), per-worker rates, cache hits and
+bytes fetched, retries, errors and skips, and the CPU it took. It streams for
+``--seconds`` (starting new epochs if the data set is small) with ``--workers``
+DataLoader workers and batches of ``--batch-size``. ``--plot FILE.png`` draws the run;
+``--tune`` sweeps workers x prefetch factor and names the cheapest setting that feeds a
+target rate.
 """
 
 from __future__ import annotations
 
+import gc
 import json
+import resource
 import time
 from typing import Any
 
@@ -17,10 +23,17 @@ from tqdm import tqdm
 
 from shardkit.units import format_bytes
 
-__all__ = ["command", "measure"]
+__all__ = ["command", "measure", "render"]
 
 
-def measure(
+def _cpu_seconds() -> float:
+    """CPU time of this process and its reaped children (the loader's workers)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def stream(
     source: str,
     *,
     workers: int = 2,
@@ -28,58 +41,105 @@ def measure(
     seconds: float = 10.0,
     decode: bool = False,
     shuffle: int = 0,
+    prefetch_factor: int | None = None,
     progress: bool | None = False,
     max_epochs: int | None = None,
     **io_options: Any,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Stream ``source`` for about ``seconds`` (or ``max_epochs`` epochs, whichever ends
-    first); return the loader's stats and the setup."""
+    first); ``(stats and setup, timeline)`` (see :meth:`LoaderStats.timeline`)."""
     from shardkit.dataset import ShardDataset
     from shardkit.io.config import IoConfig
     from shardkit.loader import WebLoader
+    from shardkit.metrics import tracker
 
     ds = ShardDataset(source, io=IoConfig.make(**io_options))
     if shuffle > 1:
         ds = ds.shuffle(shuffle)
     if decode:
         ds = ds.decode()
-    loader = WebLoader(ds.batched(batch_size), num_workers=workers, persistent_workers=workers > 0)
+    extra: dict[str, Any] = (
+        {"prefetch_factor": prefetch_factor} if workers and prefetch_factor else {}
+    )
+    gc.collect()  # reap the workers of an earlier run before the CPU clock starts
+    cpu0 = _cpu_seconds()
+    loader = WebLoader(
+        ds.batched(batch_size), num_workers=workers, persistent_workers=workers > 0, **extra
+    )
     deadline = time.perf_counter() + seconds
     bar = tqdm(desc="bench", unit=" batches", disable=None if progress is None else not progress)
     epoch = 0
+    it: Any = None
     with bar:
         while time.perf_counter() < deadline and (max_epochs is None or epoch < max_epochs):
             loader.set_epoch(epoch)
             got = 0
-            for _ in loader:
+            it = iter(loader)
+            for _ in it:
                 got += 1
                 bar.update()
                 if time.perf_counter() >= deadline:
                     break
+            it.close()  # its end of iteration is counted now, not when collected
             if got == 0:
                 break  # an empty data set: nothing to measure
             epoch += 1
     stats = loader.stats()
-    stats.update(workers=workers, batch_size=batch_size, decode=decode, epochs=epoch)
-    return stats
+    timeline = tracker(loader).timeline()
+    del loader, it
+    gc.collect()  # shut the workers down, so that their CPU time is counted
+    cpu = _cpu_seconds() - cpu0
+    stats.update(
+        workers=workers,
+        batch_size=batch_size,
+        decode=decode,
+        prefetch_factor=prefetch_factor if workers else None,
+        epochs=epoch,
+        cpu_s=cpu,
+        cpu_cores=cpu / stats["seconds"] if stats["seconds"] > 0 else 0.0,
+    )
+    return stats, timeline
+
+
+def measure(source: str, **options: Any) -> dict[str, Any]:
+    """Stream ``source`` (options as for :func:`stream`); the stats and the setup."""
+    return stream(source, **options)[0]
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.2f} ms"
 
 
 def render(stats: dict[str, Any]) -> str:
     """The human-readable report."""
-    io = ", ".join(f"{k}={v:g}" for k, v in sorted(stats["io"].items())) or "local files"
-    return "\n".join(
-        [
-            f"streamed {stats['samples']:,} samples ({format_bytes(stats['bytes'])}) in "
-            f"{stats['seconds']:.1f} s: {stats['workers']} workers, batches of "
-            f"{stats['batch_size']}{', decoded' if stats['decode'] else ''}",
-            f"  samples/s  {stats['samples_per_s']:,.0f}",
-            f"  MB/s       {stats['mb_per_s']:,.1f}",
-            f"  wait       mean {stats['wait_mean_s'] * 1e3:.2f} ms, p99 "
-            f"{stats['wait_p99_s'] * 1e3:.2f} ms, {stats['wait_fraction']:.1%} of wall time",
-            f"  skipped    {stats['skipped_shards']} shards, {stats['skipped_samples']} samples",
-            f"  io         {io}",
-        ]
+    s = stats
+    lines = [
+        f"streamed {s['samples']:,} samples ({format_bytes(s['bytes'])}) in "
+        f"{s['seconds']:.1f} s: {s['workers']} workers, batches of "
+        f"{s['batch_size']}{', decoded' if s['decode'] else ''}",
+        f"  samples/s    {s['samples_per_s']:,.0f}  ({s['batches_per_s']:,.1f} batches/s)",
+        f"  MB/s         {s['mb_per_s']:,.1f}",
+        f"  first batch  {s['first_batch_s']:.2f} s",
+        f"  wait         p50 {_ms(s['wait_p50_s'])}, p99 {_ms(s['wait_p99_s'])}, "
+        f"max {_ms(s['wait_max_s'])}; the loop waited {s['wait_fraction']:.1%} of wall time",
+    ]
+    workers = s["per_worker"]
+    if len(workers) > 1:
+        rates = ", ".join(f"{w['samples_per_s']:,.0f}" for w in workers)
+        lines.append(f"  per worker   {rates} samples/s")
+    if s["cache_hits"] or s["cache_misses"] or s["bytes_fetched"]:
+        lines.append(
+            f"  cache        {s['cache_hits']} hits, {s['cache_misses']} misses "
+            f"({s['cache_hit_ratio']:.0%} hit), {format_bytes(s['bytes_fetched'])} fetched "
+            f"in {s['requests']:,} requests"
+        )
+    lines.append(
+        f"  problems     {s['retries']} retries, {s['errors']} errors, "
+        f"{s['skipped_shards']} shards / {s['skipped_samples']} samples skipped"
     )
+    if "cpu_cores" in s:
+        lines.append(f"  CPU          {s['cpu_cores']:.2f} cores ({s['cpu_s']:.1f} s)")
+    return "\n".join(lines)
 
 
 @click.command("bench")
@@ -97,7 +157,7 @@ def render(stats: dict[str, Any]) -> str:
     type=click.FloatRange(0.1),
     default=10.0,
     show_default=True,
-    help="How long to stream (new epochs start when one ends).",
+    help="How long to stream (new epochs start when one ends); per setting with --tune.",
 )
 @click.option(
     "--decode/--no-decode",
@@ -106,34 +166,44 @@ def render(stats: dict[str, Any]) -> str:
     help="Decode fields (json, npy, images...) as training would.",
 )
 @click.option("--shuffle", type=click.IntRange(0), default=0, help="Shuffle buffer size.")
+@click.option(
+    "--epochs", "max_epochs", type=click.IntRange(1), default=None, help="Stop after N epochs."
+)
+@click.option("--prefetch-factor", type=click.IntRange(1), default=None, help="Per worker.")
 @click.option("--cache-dir", default=None, help="Node-local cache for remote shards.")
+@click.option("--plot", "plot_path", default=None, help="Draw the run into this PNG.")
+@click.option("--tune", is_flag=True, help="Sweep workers x prefetch factor; name the best.")
+@click.option("--tune-workers", default=None, help="Worker counts to try (default 1,2,4..).")
+@click.option("--tune-prefetch", default="2,4", show_default=True, help="Prefetch factors.")
+@click.option(
+    "--target", type=click.FloatRange(0), default=None, help="Samples/s to feed (--tune)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the stats as JSON.")
 @click.option(
     "--progress/--no-progress",
     default=None,
     help="Show a progress bar on stderr (default: when stderr is a terminal).",
 )
-def command(
-    manifest: str,
-    workers: int,
-    batch_size: int,
-    seconds: float,
-    decode: bool,
-    shuffle: int,
-    cache_dir: str | None,
-    as_json: bool,
-    progress: bool | None,
-) -> None:
+def command(manifest: str, plot_path: str | None, as_json: bool, **opts: Any) -> None:
     """Stream MANIFEST (a manifest, url list pattern or shard) through the loader a training
     rank would use and print samples/s, MB/s and how long the training loop waited."""
-    stats = measure(
-        manifest,
-        workers=workers,
-        batch_size=batch_size,
-        seconds=seconds,
-        decode=decode,
-        shuffle=shuffle,
-        progress=progress,
-        cache_dir=cache_dir,
+    tune, tune_workers, tune_prefetch = (
+        opts.pop("tune"),
+        opts.pop("tune_workers"),
+        opts.pop("tune_prefetch"),
     )
+    target = opts.pop("target")
+    if tune:
+        from shardkit.cli._tune import run_tune, tune_lines
+
+        result = run_tune(manifest, opts, tune_workers, tune_prefetch, target)
+        click.echo(json.dumps(result, indent=1) if as_json else "\n".join(tune_lines(result)))
+        if not result["feeds_target"]:
+            click.get_current_context().exit(1)
+        return
+    stats, timeline = stream(manifest, **opts)
+    if plot_path is not None:
+        from shardkit.cli._plot import bench_png
+
+        bench_png(plot_path, stats, timeline)
     click.echo(json.dumps(stats, indent=1) if as_json else render(stats))

@@ -21,6 +21,7 @@ from shardkit.cache import CacheStore, CachingOpener
 from shardkit.io import IoConfig, load_manifest
 from shardkit.manifest import Manifest
 from shardkit.plan import PlanConfig, Ranges, worker_stream
+from shardkit.tario.index import INDEX_MAGIC
 from shardkit.units import format_bytes, parse_size
 
 __all__ = ["command"]
@@ -40,23 +41,64 @@ def command() -> None:
     """Inspect, pre-fill (warm) and empty a node-local shard cache."""
 
 
+def _kinds(store: CacheStore) -> dict[str, int]:
+    """Cached objects by kind: shards and sample indexes (told apart by the index magic)."""
+    out = {"shards": 0, "shard_bytes": 0, "indexes": 0, "index_bytes": 0}
+    for s in store.shards():
+        try:
+            with open(s.path, "rb") as f:
+                head = f.read(len(INDEX_MAGIC))
+        except FileNotFoundError:
+            continue  # evicted meanwhile
+        if head == INDEX_MAGIC:
+            out["indexes"] += 1
+            out["index_bytes"] += s.size
+        else:
+            out["shards"] += 1
+            out["shard_bytes"] += s.size
+    return out
+
+
 @command.command("stat")
 @_CACHE_DIR
+@click.option(
+    "--limit",
+    envvar="SHARDKIT_CACHE_LIMIT",
+    default=None,
+    help="The byte limit the cache is used with (500GB), to show how full it is.",
+)
 @_JSON
-def stat(cache_dir: str, as_json: bool) -> None:
-    """What the cache holds: shards, bytes, shards in use, downloads in progress."""
-    st = CacheStore(cache_dir).stat()
+def stat(cache_dir: str, limit: str | None, as_json: bool) -> None:
+    """What the cache holds: shards, sample indexes, bytes against the limit, shards in
+    use, downloads in progress."""
+    store = CacheStore(cache_dir)
+    st = store.stat()
+    d: dict[str, Any] = dataclasses.asdict(st)
+    d["objects"] = d.pop("shards")  # every cached file; "shards" counts tar shards only
+    kinds = _kinds(store)
+    d.update(kinds)
+    cap = parse_size(limit) if limit else None
+    d["limit"] = cap
+    d["used_fraction"] = (st.bytes + st.downloading_bytes) / cap if cap else None
     if as_json:
-        click.echo(json.dumps(dataclasses.asdict(st), indent=1))
+        click.echo(json.dumps(d, indent=1))
         return
     click.echo(f"cache {st.root}")
-    click.echo(f"  {st.shards} shards, {format_bytes(st.bytes)}")
+    click.echo(
+        f"  {kinds['shards']} shards ({format_bytes(kinds['shard_bytes'])}), "
+        f"{kinds['indexes']} sample indexes ({format_bytes(kinds['index_bytes'])})"
+    )
+    used = format_bytes(st.bytes)
+    if cap:
+        click.echo(f"  {used} of the {format_bytes(cap)} limit ({d['used_fraction']:.0%} used)")
+    else:
+        click.echo(f"  {used} in all (limit: give --limit or SHARDKIT_CACHE_LIMIT to compare)")
     click.echo(f"  {st.in_use} being read, {st.downloading} downloading")
     if st.dead_temp_files:
         click.echo(f"  {st.dead_temp_files} temp files of dead downloads (clean removes them)")
     if st.oldest_use is not None:
         oldest = time.strftime("%Y-%m-%d %H:%M", time.localtime(st.oldest_use))
-        click.echo(f"  least recently used shard: {oldest}")
+        click.echo(f"  least recently used: {oldest}")
 
 
 def rank_shards(

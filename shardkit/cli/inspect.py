@@ -89,6 +89,16 @@ def _shard_lines(d: dict[str, Any]) -> list[str]:
     ]
 
 
+def _plot(source: str, path: str, d: dict[str, Any]) -> None:
+    from shardkit.cli._plot import shards_png
+
+    m = load_manifest(source)
+    sizes = [s.size for s in m.shards]
+    counts = [s.nsamples for s in m.shards]
+    lo, hi = d["good_shard_bytes"]
+    shards_png(path, sizes, counts, (int(lo), int(hi)), source)
+
+
 @click.command("inspect")
 @click.argument("target", metavar="MANIFEST|SHARD")
 @click.option(
@@ -100,12 +110,17 @@ def _shard_lines(d: dict[str, Any]) -> list[str]:
     help="How many of the first sample keys to show.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def command(target: str, nkeys: int, as_json: bool) -> None:  # fmt: skip
+@click.option("--plot", "plot_path", default=None, help="Draw shard-size histograms into this PNG.")
+def command(target: str, nkeys: int, as_json: bool, plot_path: str | None) -> None:  # fmt: skip
     """Show what a manifest (or one shard) holds: totals, sizes, fields, first keys."""
     if target.lower().endswith(_SHARD_EXTS):
+        if plot_path is not None:
+            raise click.UsageError("--plot draws a manifest's shards; give a manifest")
         d = summarize_shard(scan_shard(target, nkeys=nkeys))
     else:
         d = _manifest_summary(target, nkeys)
+        if plot_path is not None:
+            _plot(target, plot_path, d)
     if as_json:
         click.echo(json.dumps(d, indent=1))
         return

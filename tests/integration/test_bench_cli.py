@@ -69,12 +69,21 @@ def test_plan_sets_the_need_against_a_measured_rate(manifest: str, tmp_path: Pat
     short = CliRunner().invoke(cli, [*base, "--measured", "0.01"])
     assert short.exit_code == 1 and "does NOT cover" in short.output
     bench = tmp_path / "bench.json"
+    # with the manifest, the need comes from its token field (128 int32 tokens a
+    # sample): 8192 tokens/s = 64 samples/s of about 2.2 KB, more than 0.02 MB/s
     bench.write_text(json.dumps({"mb_per_s": 0.02}))
     res = CliRunner().invoke(
         cli, [*base, "--manifest", manifest, "--measured", str(bench), "--json"]
     )
     n = json.loads(res.output)
-    assert res.exit_code == 0 and n["covered"] and n["measured_bytes_per_s"] == 0.02 * 1e6
+    assert res.exit_code == 1 and not n["covered"] and n["measured_bytes_per_s"] == 0.02 * 1e6
+    assert n["samples_per_s"] == 1024 * 4 / 0.5 / 128
+    bench.write_text(json.dumps({"mb_per_s": 1.0}))
+    res = CliRunner().invoke(
+        cli, [*base, "--manifest", manifest, "--measured", str(bench), "--json"]
+    )
+    n = json.loads(res.output)
+    assert res.exit_code == 0 and n["covered"] and n["measured_bytes_per_s"] == 1e6
     m = Manifest.load(manifest)
     assert n["bytes_per_sample"] == m.total_bytes / m.total_samples
     assert n["samples_per_s"] == pytest.approx(n["bytes_per_s"] / n["bytes_per_sample"])
