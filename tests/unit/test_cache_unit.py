@@ -91,7 +91,7 @@ def test_resume_from_the_last_byte_after_drops() -> None:
     data, sleeps, stats = run(src)
     assert data == DATA
     assert src.calls == [0, 3000, 6000]  # whole chunks delivered before each drop are kept
-    assert stats == {"retries": 2} and len(sleeps) == 2
+    assert stats == {"retries": 2, "retries_connection": 2} and len(sleeps) == 2
 
 
 def test_a_range_and_a_read_past_the_end() -> None:
