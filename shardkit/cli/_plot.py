@@ -84,7 +84,7 @@ def _throughput_panel(ax: Any, tl: dict[str, np.ndarray]) -> None:
         rate, _ = np.histogram(t[mine], edges, weights=got[mine])
         ax.plot(mid, rate / width, lw=1.2, label=f"worker {w}" if w >= 0 else "main process")
     ax.plot(mid, total / width, color="black", lw=2.2, label="all workers")
-    ax.set_xlabel("time (s)")
+    ax.set_xlabel("time since the first batch (s)")
     ax.set_ylabel("samples/s")
     ax.set_ylim(bottom=0)
     ax.set_title("Throughput per worker")
@@ -106,7 +106,7 @@ def _cache_panel(ax: Any, stats: dict[str, Any], tl: dict[str, np.ndarray]) -> N
         ax.set_yticks([])
         return
     ax.plot(t, tl["bytes_fetched"] / 1e6, color="tab:purple", lw=2, label="MB fetched")
-    ax.set_xlabel("time (s)")
+    ax.set_xlabel("time since the first batch (s)")
     ax.set_ylabel("MB fetched (cumulative)", color="tab:purple")
     ax.set_ylim(bottom=0)
     right = ax.twinx()
