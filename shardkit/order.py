@@ -35,6 +35,7 @@ __all__ = [
     "iter_order",
     "nth_output",
     "remaining_after",
+    "remaining_after_many",
     "resume_window",
     "stream_seed",
     "uniforms",
@@ -53,9 +54,10 @@ def stream_seed(*words: int) -> int:
     return int(state.generate_state(1, dtype=np.uint64)[0])
 
 
-def uniforms(seed: int, counters: np.ndarray) -> np.ndarray:
-    """Floats in ``[0, 1)``, one per counter: splitmix64 of ``seed + counter``."""
-    z = counters.astype(np.uint64) * _C0 + np.uint64(seed)
+def uniforms(seed: int | np.ndarray, counters: np.ndarray) -> np.ndarray:
+    """Floats in ``[0, 1)``, one per counter: splitmix64 of ``seed + counter`` (``seed``
+    may be an array that broadcasts against ``counters``: a seed per row)."""
+    z = counters.astype(np.uint64) * _C0 + np.asarray(seed, dtype=np.uint64)
     z = (z ^ (z >> np.uint64(30))) * _C1
     z = (z ^ (z >> np.uint64(27))) * _C2
     z ^= z >> np.uint64(31)
@@ -204,3 +206,62 @@ def resume_window(n: int | None, window: Window, after: int) -> tuple[int, np.nd
     keys = window.keys(pos)
     left = pos[(keys > k_last) | ((keys == k_last) & (pos > after))]
     return lo, left, hi
+
+
+def _row_keys(bufsize: int, initial: int, seeds: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """:meth:`Window.keys` for a block of streams at once: row ``i`` uses ``seeds[i]``."""
+    if initial >= bufsize:
+        width: np.ndarray | float = float(bufsize)
+    else:
+        width = np.minimum(bufsize, initial + pos).astype(np.float64)
+    u = uniforms(seeds[:, None], pos)
+    out: np.ndarray = pos + width * u
+    return out
+
+
+def remaining_after_many(
+    lengths: np.ndarray,
+    emitted: np.ndarray,
+    bufsize: int,
+    initial: int,
+    seeds: np.ndarray,
+    *,
+    block: int = 1 << 22,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`remaining_after` for many streams of one window size, vectorised.
+
+    Stream ``i`` has ``lengths[i]`` positions, ``emitted[i]`` outputs were emitted and its
+    window seed is ``seeds[i]``. Returns ``(stream, scattered, tails)``: the positions not
+    yet emitted below ``tails[i]`` (``scattered`` with their stream in ``stream``, sorted by
+    stream then position) and, per stream, the position from which everything is left.
+
+    The ``p`` emitted outputs are the ``p`` smallest ``(key, position)``: every position
+    below ``p - 1 - bufsize`` is among them and none from ``p + bufsize + 1`` on, so one
+    selection over ``2 * bufsize + 2`` positions per stream finds them.
+    """
+    n, p = lengths.astype(np.int64), np.minimum(emitted.astype(np.int64), lengths)
+    tails = np.where(p <= 0, 0, np.minimum(n, p + bufsize + 1))
+    busy = np.flatnonzero((p > 0) & (p < n))
+    width = 2 * bufsize + 2
+    rows_out: list[np.ndarray] = []
+    pos_out: list[np.ndarray] = []
+    step = max(1, block // width)
+    offsets = np.arange(width, dtype=np.int64)
+    for a in range(0, len(busy), step):
+        rows = busy[a : a + step]
+        pos = (p[rows] - 1 - bufsize)[:, None] + offsets[None, :]
+        inside = (pos >= 0) & (pos < n[rows][:, None])
+        keys = _row_keys(bufsize, initial, seeds[rows], pos)
+        keys = np.where(pos < 0, -np.inf, np.where(inside, keys, np.inf))
+        kth = np.partition(keys, bufsize, axis=1)[:, bufsize : bufsize + 1]
+        done = keys < kth
+        # ties at the b-th key go in position order, as a stable sort would take them
+        ties = keys == kth
+        need = (bufsize + 1) - done.sum(axis=1, keepdims=True)
+        done |= ties & (np.cumsum(ties, axis=1) <= need)
+        r, c = np.nonzero(inside & ~done)
+        rows_out.append(rows[r])
+        pos_out.append(pos[r, c])
+    if not rows_out:
+        return _EMPTY, _EMPTY, tails
+    return np.concatenate(rows_out), np.concatenate(pos_out), tails

@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 
 from shardkit.errors import ConfigError, StateDictError
-from shardkit.order import Window, remaining_after, stream_seed, uniforms
+from shardkit.order import Window, remaining_after_many, stream_seed, uniforms
+from shardkit.ranges import Ranges, coalesce, take_many
 
 __all__ = [
     "REMAINDERS",
@@ -50,105 +51,13 @@ __all__ = [
     "shard_order",
     "shuffle_window",
     "split",
+    "stream_lengths",
     "worker_lengths",
     "worker_stream",
 ]
 
 REMAINDERS = ("drop", "pad")
 _DRAW_BLOCK = 1024
-
-
-@dataclass(frozen=True)
-class Ranges:
-    """An ordered sequence of sample references as ranges ``[lo, hi)`` of shards."""
-
-    shard: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
-
-    @classmethod
-    def of(cls, rows: Sequence[tuple[int, int, int]]) -> Ranges:
-        arr = np.array(rows, dtype=np.int64).reshape(-1, 3)
-        return cls(arr[:, 0].copy(), arr[:, 1].copy(), arr[:, 2].copy())
-
-    @classmethod
-    def concat(cls, parts: Sequence[Ranges]) -> Ranges:
-        if not parts:
-            return cls.of([])
-        return _coalesce(
-            np.concatenate([p.shard for p in parts]),
-            np.concatenate([p.lo for p in parts]),
-            np.concatenate([p.hi for p in parts]),
-        )
-
-    def __len__(self) -> int:
-        return len(self.shard)
-
-    @property
-    def total(self) -> int:
-        return int((self.hi - self.lo).sum())
-
-    def rows(self) -> list[tuple[int, int, int]]:
-        return list(zip(self.shard.tolist(), self.lo.tolist(), self.hi.tolist(), strict=True))
-
-    def _ends(self) -> np.ndarray:
-        return np.cumsum(self.hi - self.lo)
-
-    def take(self, start: int, stop: int) -> Ranges:
-        """The sub-sequence of positions ``[start, stop)``."""
-        stop = min(stop, self.total)
-        if stop <= start:
-            return Ranges.of([])
-        ends = self._ends()
-        i = int(np.searchsorted(ends, start, side="right"))
-        j = int(np.searchsorted(ends, stop, side="left"))
-        shard, lo, hi = self.shard[i : j + 1], self.lo[i : j + 1].copy(), self.hi[i : j + 1].copy()
-        begins = ends[i : j + 1] - (hi - lo)
-        lo[0] += start - int(begins[0])
-        hi[-1] -= int(ends[j]) - stop
-        return Ranges(shard.copy(), lo, hi)
-
-    def pick(self, positions: np.ndarray) -> Ranges:
-        """The samples at sorted ``positions``, consecutive ones merged into ranges."""
-        if len(positions) == 0:
-            return Ranges.of([])
-        ends = self._ends()
-        i = np.searchsorted(ends, positions, side="right")
-        idx = self.lo[i] + positions - (ends[i] - (self.hi[i] - self.lo[i]))
-        return _coalesce(self.shard[i], idx, idx + 1)
-
-    def shards(self) -> list[int]:
-        """The shards this sequence reads, each once, in the order it first reads them."""
-        _, first = np.unique(self.shard, return_index=True)
-        return [int(x) for x in self.shard[np.sort(first)]]
-
-    def iter_ranges(self, start: int) -> Iterator[tuple[int, int, int, int]]:
-        """Yield ``(shard, lo, hi, stream position of lo)`` from stream position ``start``."""
-        pos = start
-        for shard, lo, hi in self.take(start, self.total).rows():
-            yield shard, lo, hi, pos
-            pos += hi - lo
-
-    def wrap(self, length: int) -> Ranges:
-        """This sequence repeated from its start until it is ``length`` long."""
-        total = self.total
-        if length <= total or total == 0:
-            return self.take(0, length)
-        reps, rest = divmod(length, total)
-        return Ranges.concat([self] * reps + [self.take(0, rest)])
-
-
-def _coalesce(shard: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> Ranges:
-    """Drop empty ranges and merge a range with the next when they are contiguous."""
-    keep = hi > lo
-    shard, lo, hi = shard[keep], lo[keep], hi[keep]
-    if len(shard) > 1:
-        joins = (shard[1:] == shard[:-1]) & (lo[1:] == hi[:-1])
-        if joins.any():
-            starts = np.flatnonzero(np.concatenate(([True], ~joins)))
-            stops = np.concatenate((starts[1:], [len(shard)])) - 1
-            return Ranges(shard[starts], lo[starts], hi[stops])
-    return Ranges(shard, lo, hi)
 
 
 @dataclass(frozen=True)
@@ -278,7 +187,7 @@ def epoch_sequence(counts: Sequence[int], cfg: PlanConfig, epoch: int) -> Ranges
     """Every sample of the data set, in this epoch's shard order."""
     c = np.asarray(counts, dtype=np.int64)
     order = shard_order(len(c), cfg.seed, epoch, cfg.shuffle_shards)
-    return _coalesce(order, np.zeros(len(order), dtype=np.int64), c[order])
+    return coalesce(order, np.zeros(len(order), dtype=np.int64), c[order])
 
 
 def rank_length(total: int, world: int, remainder: str = "drop") -> int:
@@ -307,28 +216,144 @@ def split(seq: Ranges, world: int, rank: int, workers: int, worker: int, remaind
     return full.take(start, start + lengths[worker])
 
 
+@dataclass(frozen=True)
+class _Cut:
+    """How a generation cut the sequence it read (of ``total`` samples, wrapped for
+    ``"pad"``): every stream's start, length and emitted count, rank-major."""
+
+    g: int
+    gen: Generation
+    total: int
+    starts: np.ndarray
+    lengths: np.ndarray
+    emitted: np.ndarray
+
+    @property
+    def left(self) -> np.ndarray:
+        out: np.ndarray = self.lengths - self.emitted
+        return out
+
+
+def _cuts(total: int, remainder: str, history: Sequence[Generation]) -> tuple[list[_Cut], int]:
+    """The cut of every generation and how many samples the last one left:
+    ``O(ranks x workers)`` each, nothing per shard."""
+    cuts = []
+    for g, gen in enumerate(history):
+        per = rank_length(total, gen.world, remainder)
+        lengths = np.asarray(worker_lengths(per, gen.workers), dtype=np.int64)
+        offsets = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        starts = (np.arange(gen.world, dtype=np.int64)[:, None] * per + offsets).ravel()
+        lengths = np.tile(lengths, gen.world)
+        emitted = np.asarray(gen.positions, dtype=np.int64).reshape(-1)
+        over = np.flatnonzero(emitted > lengths)
+        if len(over):
+            k = int(over[0])
+            raise StateDictError(
+                f"history entry {g}: rank {k // gen.workers} worker {k % gen.workers} emitted "
+                f"{int(emitted[k])} of a stream of {int(lengths[k])}"
+            )
+        cuts.append(_Cut(g, gen, total, starts, lengths, emitted))
+        total = int((lengths - emitted).sum())
+    return cuts, total
+
+
+def _expand(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(part, first[part] + j)`` for ``j < count[part]``, every part in turn."""
+    part = np.repeat(np.arange(len(first)), count)
+    heads = np.concatenate(([0], np.cumsum(count)[:-1]))
+    return part, first[part] + np.arange(len(part)) - heads[part]
+
+
+def _unwrap(a: np.ndarray, b: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray]:
+    """Intervals of a sequence repeated from its start, as intervals of the sequence."""
+    if total == 0:
+        return a[:0], b[:0]
+    q1, q2 = a // total, (b - 1) // total
+    part, q = _expand(q1, q2 - q1 + 1)
+    base = q * total
+    return np.maximum(a[part], base) - base, np.minimum(b[part], base + total) - base
+
+
+def _down(cut: _Cut, cfg: PlanConfig, epoch: int, a: np.ndarray, b: np.ndarray) -> Ranges:
+    """Intervals of what ``cut`` left, as intervals of the sequence it cut (only the
+    streams they touch look at their shuffle window). Returned as ``Ranges`` rows
+    ``(0, start, stop)`` in order."""
+    keep = b > a
+    a, b = a[keep], b[keep]
+    left = cut.left
+    cum = np.cumsum(left)
+    first = cum - left
+    k1 = np.searchsorted(cum, a, side="right")
+    k2 = np.searchsorted(cum, b - 1, side="right")
+    piece, k = _expand(k1, k2 - k1 + 1)
+    lo = np.maximum(a[piece], first[k]) - first[k]
+    hi = np.minimum(b[piece], cum[k]) - first[k]
+    window = cut.gen.window(cfg.seed, epoch, cut.g, 0, 0)
+    if window is None:  # what a stream left is its tail
+        base = cut.starts[k] + cut.emitted[k]
+        return Ranges(np.zeros(len(k), dtype=np.int64), base + lo, base + hi)
+    touched = np.unique(k)
+    workers = cut.gen.workers
+    seeds = np.array(
+        [stream_seed(cfg.seed, epoch, cut.g, t // workers, t % workers) for t in touched.tolist()],
+        dtype=np.uint64,
+    )
+    which, scattered, tails = remaining_after_many(
+        cut.lengths[touched], cut.emitted[touched], window.bufsize, window.initial, seeds
+    )
+    t = np.searchsorted(touched, k)  # each piece's stream among the touched
+    s_first = np.searchsorted(which, t, side="left")
+    s_count = np.searchsorted(which, t, side="right") - s_first
+    # a stream's remaining list: its scattered positions, then its tail
+    n_single = np.clip(np.minimum(hi, s_count) - lo, 0, None)
+    sp, si = _expand(s_first + np.minimum(lo, s_count), n_single)
+    single = cut.starts[k[sp]] + scattered[si]
+    t_lo = tails[t] + np.maximum(lo - s_count, 0)
+    t_hi = tails[t] + hi - s_count
+    order = np.argsort(np.concatenate((sp, np.arange(len(k)))), kind="stable")
+    starts = np.concatenate((single, cut.starts[k] + t_lo))[order]
+    stops = np.concatenate((single + 1, cut.starts[k] + np.maximum(t_hi, t_lo)))[order]
+    return Ranges(np.zeros(len(starts), dtype=np.int64), starts, stops)
+
+
+def _resolve(
+    counts: Sequence[int],
+    cfg: PlanConfig,
+    epoch: int,
+    history: Sequence[Generation],
+    part: tuple[int, int, int, int] | None,
+) -> Ranges:
+    """Stream ``part = (world, rank, workers, worker)`` of what ``history`` left of the
+    epoch (None: all of it), mapped down generation by generation to the epoch's order.
+    ``O(shards + ranks x workers)`` per generation; only the streams the part touches
+    look at their shuffle window."""
+    seq = epoch_sequence(counts, cfg, epoch)
+    cuts, total = _cuts(seq.total, cfg.remainder, history)
+    a = np.array([0], dtype=np.int64)
+    b = np.array([total], dtype=np.int64)
+    if part is not None:
+        world, rank, workers, worker = part
+        if not 0 <= rank < world or not 0 <= worker < workers:
+            raise ConfigError(f"rank {rank}/{world} worker {worker}/{workers} is out of range")
+        per = rank_length(total, world, cfg.remainder)
+        lengths = worker_lengths(per, workers)
+        a[0] = rank * per + sum(lengths[:worker])
+        b[0] = a[0] + lengths[worker]
+        if cfg.remainder == "pad":
+            a, b = _unwrap(a, b, total)
+    for cut in reversed(cuts):
+        r = _down(cut, cfg, epoch, a, b)
+        a, b = r.lo, r.hi
+        if cfg.remainder == "pad":
+            a, b = _unwrap(a, b, cut.total)
+    return take_many(seq, a, b)
+
+
 def remaining_sequence(
     counts: Sequence[int], cfg: PlanConfig, epoch: int, history: Sequence[Generation]
 ) -> Ranges:
     """What is left of an epoch after the generations of ``history``, in order."""
-    seq = epoch_sequence(counts, cfg, epoch)
-    for g, gen in enumerate(history):
-        parts: list[Ranges] = []
-        for rank in range(gen.world):
-            for worker in range(gen.workers):
-                stream = split(seq, gen.world, rank, gen.workers, worker, cfg.remainder)
-                window = gen.window(cfg.seed, epoch, g, rank, worker)
-                pos = gen.position(rank, worker)
-                if pos > stream.total:
-                    raise StateDictError(
-                        f"history entry {g}: rank {rank} worker {worker} emitted {pos} of a "
-                        f"stream of {stream.total}"
-                    )
-                scattered, tail = remaining_after(stream.total, window, pos)
-                parts.append(stream.pick(scattered))
-                parts.append(stream.take(tail, stream.total))
-        seq = Ranges.concat(parts)
-    return seq
+    return _resolve(counts, cfg, epoch, history, None)
 
 
 class ResampledStream:
@@ -379,14 +404,26 @@ def worker_stream(
 ) -> Ranges | ResampledStream:
     """The stream ``(rank, worker)`` reads in ``epoch`` after ``history``."""
     if not cfg.resampled:
-        seq = remaining_sequence(counts, cfg, epoch, history)
-        return split(seq, world, rank, workers, worker, cfg.remainder)
-    gen = len(history)
-    seed = stream_seed(cfg.seed, epoch, gen, rank, worker, 0x7E5A)
+        return _resolve(counts, cfg, epoch, history, (world, rank, workers, worker))
+    seed = stream_seed(cfg.seed, epoch, len(history), rank, worker, 0x7E5A)
     if cfg.epoch_length is None:
         return ResampledStream(counts, seed, None)
-    left = cfg.epoch_length * (history[0].world if history else world)
-    for h in history:
-        left -= h.consumed()
-    per = rank_length(max(left, 0), world, cfg.remainder)
-    return ResampledStream(counts, seed, worker_lengths(per, workers)[worker])
+    lengths = stream_lengths(0, cfg, world, workers, history)
+    assert lengths is not None
+    return ResampledStream(counts, seed, lengths[worker])
+
+
+def stream_lengths(
+    total: int, cfg: PlanConfig, world: int, workers: int, history: Sequence[Generation] = ()
+) -> list[int] | None:
+    """How long each worker's stream is on every rank (None: endless), from the number of
+    samples alone: ``O(ranks x workers)`` per generation, no shard order drawn."""
+    if cfg.resampled:
+        if cfg.epoch_length is None:
+            return None
+        left = cfg.epoch_length * (history[0].world if history else world)
+        for h in history:
+            left -= h.consumed()
+        return worker_lengths(rank_length(max(left, 0), world, cfg.remainder), workers)
+    _, left = _cuts(total, cfg.remainder, history)
+    return worker_lengths(rank_length(left, world, cfg.remainder), workers)

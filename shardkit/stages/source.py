@@ -21,7 +21,14 @@ from shardkit.errors import StateDictError
 from shardkit.io.config import IoConfig
 from shardkit.manifest import Manifest
 from shardkit.order import Window, iter_order, nth_output, resume_window
-from shardkit.plan import Generation, PlanConfig, Ranges, ResampledStream, shuffle_window
+from shardkit.plan import (
+    Generation,
+    PlanConfig,
+    Ranges,
+    ResampledStream,
+    shuffle_window,
+    stream_lengths,
+)
 from shardkit.plan import worker_stream as plan_stream
 from shardkit.read.catalog import Catalog, load_catalog
 from shardkit.read.policy import check_policy
@@ -139,14 +146,8 @@ class ShardSource(Stage):
 
     def lengths(self, ctx: Context) -> list[int] | None:
         history = self._history_of(self._pending) if self._pending else self._history
-        _, _, workers, _ = self._who(ctx)
-        out = []
-        for w in range(workers):
-            n = _length(self._stream(ctx, history, w))
-            if n is None:
-                return None
-            out.append(n)
-        return out
+        world, _, workers, _ = self._who(ctx)
+        return stream_lengths(self.catalog().total, self.config, world, workers, history)
 
     # -- state ---------------------------------------------------------------------
     def params(self) -> dict[str, Any]:
