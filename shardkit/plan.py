@@ -56,6 +56,7 @@ __all__ = [
     "worker_stream",
 ]
 
+Counts = Sequence[int] | np.ndarray  # samples per shard, in manifest order
 REMAINDERS = ("drop", "pad")
 _DRAW_BLOCK = 1024
 
@@ -183,7 +184,7 @@ def shard_order(nshards: int, seed: int, epoch: int, shuffle: bool = True) -> np
     return rng.permutation(nshards).astype(np.int64)
 
 
-def epoch_sequence(counts: Sequence[int], cfg: PlanConfig, epoch: int) -> Ranges:
+def epoch_sequence(counts: Counts, cfg: PlanConfig, epoch: int) -> Ranges:
     """Every sample of the data set, in this epoch's shard order."""
     c = np.asarray(counts, dtype=np.int64)
     order = shard_order(len(c), cfg.seed, epoch, cfg.shuffle_shards)
@@ -317,7 +318,7 @@ def _down(cut: _Cut, cfg: PlanConfig, epoch: int, a: np.ndarray, b: np.ndarray) 
 
 
 def _resolve(
-    counts: Sequence[int],
+    counts: Counts,
     cfg: PlanConfig,
     epoch: int,
     history: Sequence[Generation],
@@ -350,7 +351,7 @@ def _resolve(
 
 
 def remaining_sequence(
-    counts: Sequence[int], cfg: PlanConfig, epoch: int, history: Sequence[Generation]
+    counts: Counts, cfg: PlanConfig, epoch: int, history: Sequence[Generation]
 ) -> Ranges:
     """What is left of an epoch after the generations of ``history``, in order."""
     return _resolve(counts, cfg, epoch, history, None)
@@ -359,7 +360,7 @@ def remaining_sequence(
 class ResampledStream:
     """An endless (or ``length``-long) stream of whole shards drawn with replacement."""
 
-    def __init__(self, counts: Sequence[int], seed: int, length: int | None) -> None:
+    def __init__(self, counts: Counts, seed: int, length: int | None) -> None:
         self.counts = np.asarray(counts, dtype=np.int64)
         if len(self.counts) == 0 or int(self.counts.sum()) == 0:
             raise ConfigError("resampled mode needs at least one non-empty shard")
@@ -393,7 +394,7 @@ class ResampledStream:
 
 
 def worker_stream(
-    counts: Sequence[int],
+    counts: Counts,
     cfg: PlanConfig,
     epoch: int,
     world: int,

@@ -7,22 +7,24 @@ shard's ``.idx`` sidecar (one 16-byte read) or, without one, by scanning the sha
 
 from __future__ import annotations
 
-import hashlib
 import logging
+import os
 import struct
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple, overload
 
 import numpy as np
 
+from shardkit.cache.locks import locked
+from shardkit.compact import Column, Compact, build_compact, compact_path, fingerprint, load_compact
 from shardkit.errors import FetchError, ManifestError, ShardFormatError
 from shardkit.io import Opener, load_manifest
 from shardkit.manifest import Manifest, incomplete_reason
 from shardkit.tario.index import INDEX_MAGIC, index_entry_range, read_index
 from shardkit.tario.reader import iter_samples
-from shardkit.urls import check_within, expand_braces
+from shardkit.urls import check_within, expand_braces, local_path, url_scheme
 
-__all__ = ["Catalog", "ShardInfo", "load_catalog"]
+__all__ = ["Catalog", "CompactShards", "ShardInfo", "load_catalog", "open_catalog"]
 
 log = logging.getLogger("shardkit.stages")
 _HEAD = struct.Struct("<8sQ")
@@ -63,13 +65,7 @@ def load_catalog(
     if isinstance(source, str) and _is_manifest(source):
         source = load_manifest(source, opener)
     if isinstance(source, Manifest):
-        why = incomplete_reason(source)
-        if why is not None:
-            if not allow_incomplete:
-                raise ManifestError(
-                    f"{why}; pass allow_incomplete=True to read it anyway", path=name
-                )
-            log.warning("%s: %s", name or "manifest", why)
+        _check_complete(incomplete_reason(source), name, allow_incomplete)
         out = []
         base = None if allow_unsafe_urls else source.base
         for e in source.shards:
@@ -83,6 +79,13 @@ def load_catalog(
         return out
     urls = expand_braces(source) if isinstance(source, str) else list(source)
     return [_probe(url, opener) for url in urls]
+
+
+def _check_complete(why: str | None, name: str | None, allow_incomplete: bool) -> None:
+    if why is not None:
+        if not allow_incomplete:
+            raise ManifestError(f"{why}; pass allow_incomplete=True to read it anyway", path=name)
+        log.warning("%s: %s", name or "manifest", why)
 
 
 def _probe(url: str, opener: Opener) -> ShardInfo:
@@ -100,28 +103,81 @@ def _probe(url: str, opener: Opener) -> ShardInfo:
     return ShardInfo(url, n)
 
 
+class CompactShards(Sequence[ShardInfo]):
+    """The shards of a manifest's compact form, each made (and its url checked) when
+    asked for: nothing per shard is built up front."""
+
+    def __init__(self, compact: Compact, manifest_path: str, allow_unsafe_urls: bool) -> None:
+        self.compact = compact
+        self.manifest_path = manifest_path
+        self.allow_unsafe_urls = allow_unsafe_urls
+        self._resolver = Manifest(base=os.path.dirname(os.path.abspath(manifest_path)))
+        self._base = None if allow_unsafe_urls else self._resolver.base
+
+    def __len__(self) -> int:
+        return len(self.compact)
+
+    @overload
+    def __getitem__(self, i: int) -> ShardInfo: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[ShardInfo]: ...
+    def __getitem__(self, i: int | slice) -> ShardInfo | Sequence[ShardInfo]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        i %= len(self)
+        c, unsafe = self.compact, self.allow_unsafe_urls
+        url = c.urls[i]
+        index = c.index[i]
+        if url is None:
+            raise ManifestError("no url", path=self.manifest_path, entry=i, field="url")
+        return ShardInfo(
+            self._resolver.resolve(url, allow_unsafe_urls=unsafe),
+            int(c.counts[i]),
+            int(c.sizes[i]),
+            c.checksums[i],
+            None if index is None else self._resolver.resolve(index, allow_unsafe_urls=unsafe),
+            c.index_checksums[i],
+            self._base,
+        )
+
+
 class Catalog:
     """The shard list plus cheap ranged reads of each shard's sample index."""
 
-    def __init__(self, shards: list[ShardInfo]) -> None:
+    def __init__(self, shards: Sequence[ShardInfo]) -> None:
         self.shards = shards
-        self.counts = [s.nsamples for s in shards]
-        self.total = sum(self.counts)
+        self._digest: str | None = None
+        if isinstance(shards, CompactShards):
+            self.counts: np.ndarray = shards.compact.counts
+            self._digest = shards.compact.digest
+        else:
+            self.counts = np.array([s.nsamples for s in shards], dtype=np.int64)
+        self.total = int(self.counts.sum())
         self._checked: set[str] = set()
         self._indexes: dict[str, np.ndarray] = {}  # whole indexes this process has read
         self._within: set[str] = set()  # local urls whose real path was checked
-        self._digest: str | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        shards = self.shards
+        if isinstance(shards, CompactShards):  # a worker maps the form again, not a copy
+            return (_reopen, (shards.manifest_path, shards.allow_unsafe_urls))
+        return (Catalog, (shards,))
 
     @property
     def digest(self) -> str:
-        """A fingerprint of the shards' content, in order: each one's checksum (its url
-        where there is none), size and sample count. A resume state carries it."""
+        """A fingerprint of the shards' content, in order: each one's checksum (its url's
+        base name where there is none), size and sample count. A resume state carries it;
+        the compact form holds it (computed from its arrays when it was built)."""
         if self._digest is None:
-            h = hashlib.sha256()
-            for s in self.shards:
-                ident = s.checksum or s.url.rsplit("/", 1)[-1]
-                h.update(f"{ident}|{s.size}|{s.nsamples}\n".encode())
-            self._digest = h.hexdigest()[:32]
+            sizes = np.array(
+                [-1 if s.size is None else s.size for s in self.shards], dtype=np.int64
+            )
+            sums = [s.checksum for s in self.shards]
+            if any(c is None for c in sums):
+                sums = [s.checksum or s.url.rsplit("/", 1)[-1] for s in self.shards]
+            self._digest = fingerprint(sizes, self.counts, Column.encode(sums))
         return self._digest
 
     def check_within(self, info: ShardInfo, url: str) -> str:
@@ -219,3 +275,54 @@ class Catalog:
                 offset=lo,
             )
         return value
+
+
+def _reopen(manifest_path: str, allow_unsafe_urls: bool) -> Catalog:
+    compact = open_compact(manifest_path)
+    if compact is None:
+        raise ManifestError("compact form is gone", path=compact_path(manifest_path))
+    return Catalog(CompactShards(compact, manifest_path, allow_unsafe_urls))
+
+
+def open_compact(manifest_path: str) -> Compact | None:
+    """The compact form of a local manifest: mapped when one fits, else built once for the
+    node - under a lock, so processes starting together build it once - where the
+    directory is writable; None where none can be had (the caller parses the JSON)."""
+    path = compact_path(manifest_path)
+    try:
+        return load_compact(path, manifest_path)
+    except FileNotFoundError:
+        pass
+    except (ManifestError, OSError) as exc:
+        log.warning("%s: building it again", exc)
+    if not os.access(os.path.dirname(os.path.abspath(path)), os.W_OK):
+        return None
+    with locked(path + ".lock"):
+        try:
+            return load_compact(path, manifest_path)
+        except (FileNotFoundError, ManifestError, OSError):
+            build_compact(manifest_path, path)
+        return load_compact(path, manifest_path)
+
+
+def open_catalog(
+    source: str | Sequence[str] | Manifest,
+    opener: Opener,
+    *,
+    allow_unsafe_urls: bool = False,
+    allow_incomplete: bool = False,
+) -> Catalog:
+    """The catalog of ``source``; a local ``.json`` manifest is read through its compact
+    form (:mod:`shardkit.compact`), so a million shards open in a fraction of a second."""
+    local = isinstance(source, str) and url_scheme(source) == "file"
+    if local and str(source).split("?", 1)[0].lower().endswith(".json"):
+        path = local_path(str(source))
+        compact = open_compact(path) if os.path.isfile(path) else None
+        # a url out of the base is refused by the parse, as it names the entry
+        if compact is not None and (allow_unsafe_urls or compact.header.get("safe_urls")):
+            _check_complete(compact.header.get("incomplete"), str(source), allow_incomplete)
+            return Catalog(CompactShards(compact, path, allow_unsafe_urls))
+    shards = load_catalog(
+        source, opener, allow_unsafe_urls=allow_unsafe_urls, allow_incomplete=allow_incomplete
+    )
+    return Catalog(shards)

@@ -9,7 +9,7 @@ shards come next (``prefetch``), and the bytes it hands out are counted.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any, BinaryIO
 
 from shardkit.errors import ShardFormatError
@@ -69,7 +69,7 @@ def read_stream(
 
 
 def _hinted(
-    ranges: Iterator[RangeRow], shards: list[ShardInfo], opener: Opener
+    ranges: Iterator[RangeRow], shards: Sequence[ShardInfo], opener: Opener
 ) -> Iterator[RangeRow]:
     """Pass ranges through, telling the opener which shards come next."""
     ahead: deque[RangeRow] = deque()
@@ -81,7 +81,7 @@ def _hinted(
         yield _hint_and_pop(ahead, shards, opener)
 
 
-def _hint_and_pop(ahead: deque[RangeRow], shards: list[ShardInfo], opener: Opener) -> RangeRow:
+def _hint_and_pop(ahead: deque[RangeRow], shards: Sequence[ShardInfo], opener: Opener) -> RangeRow:
     cur = ahead.popleft()
     seen = {cur[0]}
     hints = []

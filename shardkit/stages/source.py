@@ -30,7 +30,7 @@ from shardkit.plan import (
     stream_lengths,
 )
 from shardkit.plan import worker_stream as plan_stream
-from shardkit.read.catalog import Catalog, load_catalog
+from shardkit.read.catalog import Catalog, open_catalog
 from shardkit.read.policy import check_policy
 from shardkit.read.ranges import read_stream
 from shardkit.stages.base import Context, Grid, Stage, check_int, check_state
@@ -115,13 +115,12 @@ class ShardSource(Stage):
     def catalog(self) -> Catalog:
         """The shard list, loaded once (in the main process it then pickles to workers)."""
         if self._catalog is None:
-            shards = load_catalog(
+            self._catalog = open_catalog(
                 self.what,
                 self.opener(),
                 allow_unsafe_urls=self.allow_unsafe_urls,
                 allow_incomplete=self.allow_incomplete,
             )
-            self._catalog = Catalog(shards)
         return self._catalog
 
     def configure(self, ctx: Context) -> None:

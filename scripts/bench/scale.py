@@ -1,0 +1,230 @@
+"""Cost against size: how shardkit's per-process and per-shard costs grow (issue 10).
+
+Rows, each a median of ``--repeats`` runs, with the growth exponent between the smallest
+and the largest size (``cost ~ size ** k``; 0 is flat, 1 linear):
+
+1. ``open``: a fresh process opens a manifest of 10k / 100k / 1M shards, splits for rank
+   4095 of 4096 and knows ``len()`` and the per-worker lengths (8 workers): seconds and
+   RSS over the same process idle (numpy, shardkit imported). The compact form is built
+   on the first open (its cost is shown apart); ``--json-too`` also times the parse of
+   manifest.json for reference (17.6 s, 1.35 GB at 1M before the compact form).
+2. ``plan``: one ``(rank, worker)`` stream at 1M shards for 8 .. 4096 ranks x 8 workers.
+3. ``elastic``: a 4096 x 8 generation (ranks out of step) resumed on 2048 ranks, at
+   10k / 100k / 1M shards, without a shuffle window and with one of 1,000 and 10,000.
+4. ``writer``: per-shard time of ``ShardWriter``, first vs last 1,000 of ``--shards``
+   one-sample shards (a flat cost has a ratio near 1).
+
+    .venv/bin/python scripts/bench/scale.py --repeats 3 [--sizes 10000,100000,1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from shardkit.plan import Generation, PlanConfig, worker_stream
+
+_OPEN = r"""
+import json, os, sys, time
+import numpy
+import shardkit as sk
+from shardkit.dataset import ShardDataset  # torch too: the idle process has it
+
+def rss():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+idle = rss()
+t = time.perf_counter()
+ds = ShardDataset(sys.argv[1], seed=1).split_by_node(rank=4095, world_size=4096)
+n = len(ds)
+per_worker = ds.lengths(8)
+secs = time.perf_counter() - t
+print(json.dumps({"secs": secs, "rss": rss() - idle, "len": n, "workers": per_worker}))
+"""
+
+
+def write_manifest(n: int, out: str) -> str:
+    """A manifest.json of ``n`` shards as the build writes them (without piece lists)."""
+    os.makedirs(out, exist_ok=True)
+    rng = np.random.default_rng(n)
+    counts = rng.integers(900, 1100, n)
+    digests = rng.integers(0, 256, (n, 32), dtype=np.uint8)
+    path = os.path.join(out, "manifest.json")
+    with open(path, "w") as f:
+        f.write('{"format": "shardkit.manifest", "version": 1, "checksum_algorithm": "sha256",\n')
+        f.write(f' "total_samples": {int(counts.sum())}, "total_bytes": {n * 1_000_000_000},\n')
+        f.write(' "fields": {}, "created": {}, "shards": [\n')
+        for i in range(n):
+            sep = ",\n" if i + 1 < n else "\n"
+            f.write(
+                f'{{"url": "data-{i:07d}.tar", "size": 1000000000, "nsamples": {counts[i]}, '
+                f'"checksum": "sha256:{digests[i].tobytes().hex()}", '
+                f'"index": "data-{i:07d}.tar.idx"}}{sep}'
+            )
+        f.write("]}\n")
+    return path
+
+
+def _open_once(path: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-c", _OPEN, path], check=True, capture_output=True, text=True
+    )
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def exponent(sizes: list[int], costs: list[float]) -> float:
+    """The growth exponent between the smallest and the largest size."""
+    if len(sizes) < 2 or min(costs[0], costs[-1]) <= 0:
+        return float("nan")
+    return math.log(costs[-1] / costs[0]) / math.log(sizes[-1] / sizes[0])
+
+
+def bench_open(sizes: list[int], repeats: int, tmp: str, json_too: bool) -> list[dict[str, Any]]:
+    rows = []
+    for n in sizes:
+        path = write_manifest(n, os.path.join(tmp, f"m{n}"))
+        first = _open_once(path)  # builds the compact form beside manifest.json
+        runs = [_open_once(path) for _ in range(repeats)]
+        row = {
+            "shards": n,
+            "first_open_s": first["secs"],
+            "open_s": statistics.median(r["secs"] for r in runs),
+            "rss_mb": statistics.median(r["rss"] for r in runs) / 1e6,
+            "len": runs[0]["len"],
+        }
+        if json_too:
+            os.rename(path + ".cols", path + ".cols.off")
+            os.chmod(os.path.dirname(path), 0o555)  # no form can be built: the JSON parse
+            try:
+                ref = _open_once(path)
+            finally:
+                os.chmod(os.path.dirname(path), 0o755)
+            row.update(json_s=ref["secs"], json_rss_mb=ref["rss"] / 1e6)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+_CFG = PlanConfig(seed=1)
+
+
+def _generation(counts: np.ndarray, world: int, workers: int, bufsize: int | None) -> Generation:
+    rng = np.random.default_rng(world)
+    per = int(counts.sum()) // world // workers
+    pos = tuple(tuple(int(x) for x in rng.integers(0, per, workers)) for _ in range(world))
+    return Generation(world, workers, pos, bufsize, None)
+
+
+def _time(fn: Any, repeats: int) -> float:
+    out = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return statistics.median(out)
+
+
+def bench_plan(n: int, repeats: int) -> list[dict[str, Any]]:
+    counts = np.random.default_rng(0).integers(900, 1100, n)
+    cfg = PlanConfig(seed=1)
+    rows = []
+    for world in (8, 64, 512, 4096):
+        secs = _time(lambda w=world: worker_stream(counts, cfg, 0, w, w - 1, 8, 7), repeats)
+        rows.append({"shards": n, "ranks": world, "stream_s": secs})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def bench_elastic(sizes: list[int], repeats: int) -> list[dict[str, Any]]:
+    rows = []
+    for bufsize in (None, 1000, 10000):
+        for n in sizes:
+            counts = np.random.default_rng(0).integers(900, 1100, n)
+            gen = _generation(counts, 4096, 8, bufsize)
+            secs = _time(
+                lambda c=counts, g=gen: worker_stream(c, _CFG, 0, 2048, 2047, 8, 7, (g,)), repeats
+            )
+            rows.append({"shards": n, "bufsize": bufsize, "replan_s": secs})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def bench_writer(nshards: int, tmp: str) -> dict[str, Any]:
+    from shardkit.writer import ShardWriter
+
+    out = os.path.join(tmp, "w")
+    times = []
+    with ShardWriter(out, prefix="data", maxcount=1) as w:
+        for i in range(nshards):
+            t = time.perf_counter()
+            w.write({"__key__": f"k{i:07d}", "txt": "x"})
+            times.append(time.perf_counter() - t)
+    first, last = sum(times[:1000]) / 1000, sum(times[-1000:]) / 1000
+    row = {"shards": nshards, "first_ms": first * 1e3, "last_ms": last * 1e3, "ratio": last / first}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def _row(name: str, sizes: list[int], vals: list[float]) -> None:
+    cells = "  ".join(f"{v:9.4f}" for v in vals)
+    print(f"  {name:14s} {cells}   k={exponent(sizes, vals):.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="10000,100000,1000000")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--writer-shards", type=int, default=10000)
+    ap.add_argument("--json-too", action="store_true", help="also time the JSON parse")
+    ap.add_argument("--only", default="open,plan,elastic,writer")
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    only = set(args.only.split(","))
+    res: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        if "open" in only:
+            res["open"] = bench_open(sizes, args.repeats, tmp, args.json_too)
+        if "plan" in only:
+            res["plan"] = bench_plan(sizes[-1], args.repeats)
+        if "elastic" in only:
+            res["elastic"] = bench_elastic(sizes, args.repeats)
+        if "writer" in only:
+            res["writer"] = bench_writer(args.writer_shards, tmp)
+    print("\ncost against size (k: cost ~ size**k between the smallest and largest)")
+    if "open" in res:
+        for key in ("open_s", "rss_mb", "first_open_s"):
+            _row(key, sizes, [r[key] for r in res["open"]])
+    if "plan" in res:
+        _row(
+            "plan (ranks)", [r["ranks"] for r in res["plan"]], [r["stream_s"] for r in res["plan"]]
+        )
+    if "elastic" in res:
+        for bufsize in (None, 1000, 10000):
+            vals = [r["replan_s"] for r in res["elastic"] if r["bufsize"] == bufsize]
+            _row(f"replan b={bufsize}", sizes, vals)
+    if "writer" in res:
+        w = res["writer"]
+        first, last = w["first_ms"], w["last_ms"]
+        print(f"  writer per shard: first 1000 {first:.3f} ms, last 1000 {last:.3f} ms")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

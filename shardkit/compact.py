@@ -1,0 +1,322 @@
+"""The manifest's compact columnar form: one file of arrays, shared through the page cache.
+
+``manifest.json`` stays the interchange format. Beside it (``manifest.json.cols``) a node
+keeps the same shard list as arrays - sizes, sample counts, checksums as raw digests, urls
+as a pattern where they follow one (``data-{000000..}.tar``) - that every process maps
+(``mmap``) instead of parsing: opening a million-shard manifest reads a few hundred bytes
+of header, and the arrays' pages are shared by every process on the node.
+
+A form is only used when it fits: its header names the size, inode, mtime and SHA-256 of
+the manifest.json it was built from (a changed manifest is hashed again, never trusted on
+its name alone), and a SHA-256 over its arrays (checked on open: a truncated or altered
+file is rebuilt). The same hash is the data set's content fingerprint (:func:`fingerprint`)
+that resume states carry.
+
+Layout: ``MAGIC``, header length (u64 LE), header JSON, then the arrays, each at a
+64-byte aligned offset the header gives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import mmap
+import os
+import re
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardkit.errors import ManifestError
+from shardkit.manifest import Manifest, atomic_write, incomplete_reason
+
+__all__ = ["Column", "Compact", "build_compact", "compact_path", "fingerprint", "load_compact"]
+
+log = logging.getLogger(__name__)
+MAGIC = b"SKCOLS\x00\x01"
+FORMAT = "shardkit-columns"
+VERSION = 1
+_HEAD = struct.Struct("<8sQ")
+_ALIGN = 64
+_NUM = re.compile(r"^(.*?)(\d+)([^/\d]*)$")
+
+
+def compact_path(manifest_path: str) -> str:
+    """Where the compact form of a local manifest lives."""
+    return manifest_path + ".cols"
+
+
+@dataclass
+class Column:
+    """A column of strings (or None): a pattern, raw hex digests, or a blob with offsets.
+
+    ``kind`` is ``"none"`` (all None), ``"pattern"`` (``prefix + str(start + i).zfill(width)
+    + suffix``), ``"hex"`` (``prefix + digests[i].hex()``) or ``"blob"``.
+    """
+
+    kind: str
+    meta: dict[str, Any]
+    arrays: dict[str, np.ndarray]
+
+    def __getitem__(self, i: int) -> str | None:
+        m, a = self.meta, self.arrays
+        if self.kind == "none":
+            return None
+        if self.kind == "pattern":
+            return f"{m['prefix']}{str(m['start'] + i).zfill(m['width'])}{m['suffix']}"
+        if self.kind == "hex":
+            return str(m["prefix"]) + bytes(a["digests"][i]).hex()
+        if a["nulls"][i]:
+            return None
+        off = a["offsets"]
+        return bytes(a["blob"][int(off[i]) : int(off[i + 1])]).decode("utf-8")
+
+    def ident_bytes(self) -> Iterator[bytes]:
+        """The column as bytes for a fingerprint, in chunks (never all strings at once)."""
+        yield self.kind.encode() + json.dumps(self.meta, sort_keys=True).encode()
+        for name in sorted(self.arrays):
+            yield np.ascontiguousarray(self.arrays[name]).tobytes()
+
+    @classmethod
+    def encode(cls, values: Sequence[str | None]) -> Column:
+        """The most compact kind that holds ``values`` exactly."""
+        if all(v is None for v in values):
+            return cls("none", {}, {})
+        if all(v is not None for v in values):
+            strs = [v for v in values if v is not None]
+            return _as_pattern(strs) or _as_hex(strs) or _as_blob(values)
+        return _as_blob(values)
+
+
+def _as_pattern(values: list[str]) -> Column | None:
+    m = _NUM.match(values[0]) if values else None
+    if m is None:
+        return None
+    prefix, digits, suffix = m.groups()
+    start, width = int(digits), len(digits)
+    for i, v in enumerate(values):
+        if v != f"{prefix}{str(start + i).zfill(width)}{suffix}":
+            return None
+    return Column(
+        "pattern", {"prefix": prefix, "start": start, "width": width, "suffix": suffix}, {}
+    )
+
+
+def _as_hex(values: list[str]) -> Column | None:
+    prefix = values[0].rsplit(":", 1)[0] + ":" if ":" in values[0] else ""
+    width = len(values[0]) - len(prefix)
+    if width % 2 or any(len(v) != len(prefix) + width or not v.startswith(prefix) for v in values):
+        return None
+    try:
+        raw = bytes.fromhex("".join(v[len(prefix) :] for v in values))
+    except ValueError:
+        return None
+    if raw.hex() != "".join(v[len(prefix) :] for v in values):  # upper-case hex: keep as is
+        return None
+    digests = np.frombuffer(raw, dtype=np.uint8).reshape(len(values), width // 2)
+    return Column("hex", {"prefix": prefix}, {"digests": digests})
+
+
+def _as_blob(values: Sequence[str | None]) -> Column:
+    parts = [(v or "").encode("utf-8") for v in values]
+    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+    np.cumsum([len(p) for p in parts], out=offsets[1:])
+    blob = np.frombuffer(b"".join(parts), dtype=np.uint8)
+    nulls = np.array([v is None for v in values], dtype=np.bool_)
+    return Column("blob", {}, {"blob": blob, "offsets": offsets, "nulls": nulls})
+
+
+def fingerprint(sizes: np.ndarray, counts: np.ndarray, ident: Column) -> str:
+    """The content fingerprint of a shard list: sizes, sample counts and each shard's
+    checksum (its url's base name where it has none), in order."""
+    h = hashlib.sha256(b"shardkit-content-2\n")
+    h.update(np.ascontiguousarray(sizes, dtype="<i8").tobytes())
+    h.update(np.ascontiguousarray(counts, dtype="<i8").tobytes())
+    for part in ident.ident_bytes():
+        h.update(part)
+    return h.hexdigest()[:32]
+
+
+@dataclass
+class Compact:
+    """An opened compact form: the manifest's facts and its shard columns (mapped)."""
+
+    header: dict[str, Any]
+    sizes: np.ndarray
+    counts: np.ndarray
+    urls: Column
+    checksums: Column
+    index: Column
+    index_checksums: Column
+    path: str
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    @property
+    def digest(self) -> str:
+        return str(self.header["digest"])
+
+
+_COLUMNS = ("urls", "checksums", "index", "index_checksums")
+
+
+def _columns(manifest: Manifest) -> dict[str, Column]:
+    s = manifest.shards
+    return {
+        "urls": Column.encode([e.url for e in s]),
+        "checksums": Column.encode([e.checksum for e in s]),
+        "index": Column.encode([e.index for e in s]),
+        "index_checksums": Column.encode([e.index_checksum for e in s]),
+    }
+
+
+def _all_safe(manifest: Manifest) -> bool:
+    """Whether every url resolves inside the manifest's base (no ``pipe:``, no ``..`` out):
+    a reader that does not allow unsafe urls reads a form only where this holds."""
+    try:
+        for e in manifest.shards:
+            manifest.resolve(e.url)
+            if e.index is not None:
+                manifest.resolve(e.index)
+    except ManifestError:
+        return False
+    return True
+
+
+def _source_facts(manifest_path: str, data: bytes) -> dict[str, Any]:
+    st = os.stat(manifest_path)
+    return {
+        "size": st.st_size,
+        "ino": st.st_ino,
+        "mtime_ns": st.st_mtime_ns,
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+
+
+def build_compact(manifest_path: str, out: str | None = None) -> str:
+    """Write the compact form of the local manifest at ``manifest_path`` (atomically)."""
+    out = out or compact_path(manifest_path)
+    with open(manifest_path, "rb") as f:
+        data = f.read()
+    source = _source_facts(manifest_path, data)
+    manifest = Manifest.loads(data, source=os.path.abspath(manifest_path))
+    del data
+    cols = _columns(manifest)
+    arrays: dict[str, np.ndarray] = {
+        "sizes": np.array([e.size for e in manifest.shards], dtype="<i8"),
+        "counts": np.array([e.nsamples for e in manifest.shards], dtype="<i8"),
+    }
+    meta: dict[str, Any] = {}
+    for name, col in cols.items():
+        meta[name] = {"kind": col.kind, "meta": col.meta}
+        for key, arr in col.arrays.items():
+            arrays[f"{name}.{key}"] = arr
+    header: dict[str, Any] = {
+        "safe_urls": _all_safe(manifest),
+        "incomplete": incomplete_reason(manifest),
+        "format": FORMAT,
+        "version": VERSION,
+        "source": source,
+        "nshards": len(manifest),
+        "total_samples": manifest.total_samples,
+        "total_bytes": manifest.total_bytes,
+        "checksum_algorithm": manifest.checksum_algorithm,
+        "fields": manifest.fields,
+        "created": manifest.created,
+        "part": manifest.part,
+        "columns": meta,
+        "digest": fingerprint(arrays["sizes"], arrays["counts"], cols["checksums"]),
+    }
+    blobs, layout, offset = [], {}, 0
+    for name, arr in arrays.items():
+        raw = np.ascontiguousarray(arr).tobytes()
+        layout[name] = [offset, arr.dtype.str, list(arr.shape)]
+        pad = -len(raw) % _ALIGN
+        blobs.append(raw + b"\0" * pad)
+        offset += len(raw) + pad
+    header["arrays"] = layout
+    header["arrays_sha256"] = hashlib.sha256(b"".join(blobs)).hexdigest()
+    text = json.dumps(header, sort_keys=True).encode()
+    text += b" " * (-(len(text) + _HEAD.size) % _ALIGN)
+    atomic_write(out, [_HEAD.pack(MAGIC, len(text)), text, *blobs])
+    return out
+
+
+def _read_header(mm: mmap.mmap, path: str) -> tuple[dict[str, Any], int]:
+    if len(mm) < _HEAD.size:
+        raise ManifestError("compact form is truncated", path=path)
+    magic, n = _HEAD.unpack(mm[: _HEAD.size])
+    if magic != MAGIC or _HEAD.size + n > len(mm):
+        raise ManifestError("not a shardkit compact manifest", path=path)
+    header = json.loads(bytes(mm[_HEAD.size : _HEAD.size + n]))
+    if not isinstance(header, dict) or (header.get("format"), header.get("version")) != (
+        FORMAT,
+        VERSION,
+    ):
+        raise ManifestError("compact form of another format or version", path=path)
+    return header, _HEAD.size + n
+
+
+def _fits(header: dict[str, Any], manifest_path: str) -> bool:
+    """Whether the form was built from the manifest now at ``manifest_path``."""
+    src = header.get("source") or {}
+    st = os.stat(manifest_path)
+    if (src.get("size"), src.get("ino"), src.get("mtime_ns")) == (
+        st.st_size,
+        st.st_ino,
+        st.st_mtime_ns,
+    ):
+        return True
+    if src.get("size") != st.st_size:
+        return False
+    h = hashlib.sha256()
+    with open(manifest_path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return bool(h.hexdigest() == src.get("sha256"))
+
+
+def load_compact(path: str, manifest_path: str) -> Compact:
+    """Map the form at ``path``; ManifestError when it is foreign, stale or damaged."""
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    header, start = _read_header(mm, path)
+    if not _fits(header, manifest_path):
+        raise ManifestError("compact form is stale: built from another manifest", path=path)
+    body = memoryview(mm)[start:]
+    if hashlib.sha256(body).hexdigest() != header.get("arrays_sha256"):
+        raise ManifestError("compact form's arrays do not match their checksum", path=path)
+    arrays: dict[str, np.ndarray] = {}
+    try:
+        for name, (offset, dtype, shape) in header["arrays"].items():
+            dt = np.dtype(dtype)
+            count = int(np.prod(shape)) if shape else 1
+            arrays[name] = np.frombuffer(body, dtype=dt, count=count, offset=offset).reshape(shape)
+        cols = {}
+        for name in _COLUMNS:
+            spec = header["columns"][name]
+            own = {k.split(".", 1)[1]: v for k, v in arrays.items() if k.startswith(name + ".")}
+            cols[name] = Column(spec["kind"], spec["meta"], own)
+        n = int(header["nshards"])
+        sizes, counts = arrays["sizes"], arrays["counts"]
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ManifestError(
+            f"compact form's header does not fit its arrays: {exc}", path=path
+        ) from None
+    if len(sizes) != n or len(counts) != n:
+        raise ManifestError("compact form's arrays do not have one row per shard", path=path)
+    return Compact(
+        header,
+        sizes,
+        counts,
+        cols["urls"],
+        cols["checksums"],
+        cols["index"],
+        cols["index_checksums"],
+        path,
+    )

@@ -1,0 +1,144 @@
+"""The manifest's compact columnar form: equal to manifest.json, and never used when it
+does not fit (stale, foreign, damaged)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shardkit.cache import make_opener
+from shardkit.compact import build_compact, compact_path, load_compact
+from shardkit.errors import ManifestError
+from shardkit.manifest import Manifest, ShardEntry
+from shardkit.read.catalog import Catalog, CompactShards, load_catalog, open_catalog
+
+hexes = st.binary(min_size=32, max_size=32).map(bytes.hex)
+names = st.text("abcxyz_-0123456789", min_size=1, max_size=8)
+
+
+@st.composite
+def manifests(draw: st.DrawFn) -> Manifest:
+    n = draw(st.integers(0, 12))
+    patterned = draw(st.booleans())
+    start = draw(st.integers(0, 5))
+    urls = (
+        [f"part/data-{start + i:06d}.tar" for i in range(n)]
+        if patterned
+        else draw(
+            st.lists(names, min_size=n, max_size=n, unique=True).map(
+                lambda v: [f"{x}.tar" for x in v]
+            )
+        )
+    )
+    with_index = draw(st.sampled_from(["none", "all", "some"]))
+    entries = []
+    for i, url in enumerate(urls):
+        indexed = with_index == "all" or (with_index == "some" and draw(st.booleans()))
+        entries.append(
+            ShardEntry(
+                url,
+                draw(st.integers(0, 2**40)),
+                draw(st.integers(0, 10**6)),
+                "sha256:" + draw(hexes),
+                url + ".idx" if indexed else None,
+                ("sha256:" + draw(hexes)) if indexed and draw(st.booleans()) else None,
+            )
+        )
+        del i
+    return Manifest(shards=entries, fields={"json": {"count": 1, "bytes": 2}})
+
+
+def _catalogs(path: str) -> tuple[Catalog, Catalog]:
+    opener = make_opener()
+    compact = open_catalog(path, opener)
+    assert isinstance(compact.shards, CompactShards)
+    return compact, Catalog(load_catalog(path, opener))
+
+
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(manifests())
+def test_the_compact_form_equals_manifest_json(tmp_path: Path, m: Manifest) -> None:
+    d = tmp_path / f"m{os.urandom(4).hex()}"
+    d.mkdir()
+    path = str(d / "manifest.json")
+    m.save(path, csv_too=False)
+    compact, parsed = _catalogs(path)
+    assert list(compact.shards) == list(parsed.shards)
+    assert compact.counts.tolist() == parsed.counts.tolist()
+    assert (compact.total, compact.digest) == (parsed.total, parsed.digest)
+    form = load_compact(compact_path(path), path)
+    back = Manifest.load(path)
+    assert form.header["total_bytes"] == back.total_bytes
+    assert form.header["fields"] == back.fields
+    assert [form.urls[i] for i in range(len(back))] == [e.url for e in back]
+    again = pickle.loads(pickle.dumps(compact))
+    assert isinstance(again.shards, CompactShards)
+    assert list(again.shards) == list(parsed.shards) and again.digest == parsed.digest
+
+
+def test_a_pattern_of_urls_is_stored_as_a_pattern(tmp_path: Path) -> None:
+    entries = [ShardEntry(f"data-{i:06d}.tar", 10, 1, "sha256:" + "ab" * 32) for i in range(5)]
+    path = str(tmp_path / "manifest.json")
+    Manifest(shards=entries).save(path)
+    form = load_compact(build_compact(path), path)
+    assert form.urls.kind == "pattern" and form.checksums.kind == "hex"
+    assert form.urls[4] == "data-000004.tar"
+
+
+def test_a_stale_foreign_or_damaged_form_is_rebuilt_not_trusted(tmp_path: Path) -> None:
+    def manifest(d: str, counts: list[int]) -> str:
+        entries = [
+            ShardEntry(f"{d}-{i:06d}.tar", 100 + i, n, "sha256:" + f"{i:02x}" * 32)
+            for i, n in enumerate(counts)
+        ]
+        os.makedirs(tmp_path / d, exist_ok=True)
+        path = str(tmp_path / d / "manifest.json")
+        Manifest(shards=entries).save(path)
+        return path
+
+    a = manifest("a", [3, 4, 5])
+    b = manifest("b", [7, 7])
+    opener = make_opener()
+    assert open_catalog(a, opener).total == 12
+    # stale: the manifest changed after its form was built
+    a = manifest("a", [3, 4, 6])
+    with pytest.raises(ManifestError, match="stale"):
+        load_compact(compact_path(a), a)
+    assert open_catalog(a, opener).total == 13
+    # foreign: another data set's form copied beside this manifest
+    open_catalog(b, opener)
+    shutil.copy(compact_path(b), compact_path(a))
+    with pytest.raises(ManifestError, match="stale"):
+        load_compact(compact_path(a), a)
+    assert open_catalog(a, opener).counts.tolist() == [3, 4, 6]
+    # damaged: one byte of the arrays changed
+    raw = bytearray(Path(compact_path(a)).read_bytes())
+    raw[-70] ^= 0xFF
+    Path(compact_path(a)).write_bytes(bytes(raw))
+    with pytest.raises(ManifestError, match="checksum"):
+        load_compact(compact_path(a), a)
+    assert open_catalog(a, opener).counts.tolist() == [3, 4, 6]
+    # not a form at all
+    Path(compact_path(a)).write_bytes(b"hello")
+    with pytest.raises(ManifestError, match=r"truncated|not a shardkit"):
+        load_compact(compact_path(a), a)
+    assert open_catalog(a, opener).counts.tolist() == [3, 4, 6]
+    assert np.array_equal(open_catalog(a, opener).counts, [3, 4, 6])
+
+
+def test_a_url_out_of_the_base_is_refused_as_by_the_parse(tmp_path: Path) -> None:
+    entries = [ShardEntry("../elsewhere/data-000000.tar", 10, 1, "sha256:" + "ab" * 32)]
+    path = str(tmp_path / "manifest.json")
+    Manifest(shards=entries).save(path)
+    with pytest.raises(ManifestError, match="elsewhere"):
+        open_catalog(path, make_opener())
+    unsafe = open_catalog(path, make_opener(), allow_unsafe_urls=True)
+    assert isinstance(unsafe.shards, CompactShards)
+    assert unsafe.shards[0].url == os.path.normpath(str(tmp_path / "../elsewhere/data-000000.tar"))
