@@ -31,8 +31,9 @@ from typing import Any
 
 import numpy as np
 
+from shardkit.durable import atomic_write
 from shardkit.errors import ManifestError
-from shardkit.manifest import Manifest, atomic_write, incomplete_reason
+from shardkit.manifest import Manifest, incomplete_reason
 
 __all__ = ["Column", "Compact", "build_compact", "compact_path", "fingerprint", "load_compact"]
 

@@ -17,7 +17,7 @@ import shardkit
 # lowest first; inside a layer, earlier before later
 LAYERS: list[list[str]] = [
     ["_version", "_types", "errors", "units", "urls", "counters", "durable"],
-    ["checksum", "pieces", "images", "codecs", "manifest_check", "manifest", "tario"],
+    ["checksum", "pieces", "images", "codecs", "manifest_check", "manifest", "compact", "tario"],
     [
         "tree_select",
         "sources",
@@ -30,7 +30,7 @@ LAYERS: list[list[str]] = [
         "summary",
         "verify",
     ],
-    ["world", "order", "plan"],
+    ["world", "order", "ranges", "plan"],
     ["io", "cache"],
     ["read"],
     ["stages", "resume", "metrics", "transfer", "sync", "dataset", "mixing", "loader", "export"],
