@@ -2,8 +2,12 @@
 
 Each shard is written to a temporary name in the output directory, checksummed as its
 bytes go out (no second read), fsynced and renamed; its sample index is written beside it,
-then the manifest is rewritten atomically. At any instant the manifest lists only whole
-shards. A ``with`` block that raises finishes no shard: the one being written is deleted.
+then its entry is appended to a journal (``.manifest.json.journal``, one JSON line, fsynced):
+a flat cost per shard, where rewriting the whole manifest after every shard made a build
+quadratic in its shard count. The journal is folded into the manifest (written atomically)
+at close, on resume, and whenever it has grown as long as the manifest (so rewrites cost
+O(shards) in all). At any instant manifest and journal list only whole shards. A ``with``
+block that raises finishes no shard: the one being written is deleted.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import gzip
+import json
 import logging
 import os
 import re
@@ -23,12 +28,13 @@ from shardkit.codecs import encode_field, zstd_writer
 from shardkit.durable import atomic_write
 from shardkit.errors import ConfigError, ManifestError, WriterError
 from shardkit.manifest import Manifest, ShardEntry, creation_info
+from shardkit.manifest_check import check_entry
 from shardkit.pieces import DEFAULT_PIECE_SIZE, PieceHasher
 from shardkit.tario.index import write_index
 from shardkit.tario.writer import END_OF_ARCHIVE, check_field, check_key, member_header, padding
 from shardkit.units import parse_size
 
-__all__ = ["COMPRESSIONS", "ShardWriter", "shard_suffix"]
+__all__ = ["COMPRESSIONS", "ShardWriter", "journal_path", "read_journal", "shard_suffix"]
 
 log = logging.getLogger(__name__)
 _FLUSH = 4 << 20
@@ -81,6 +87,35 @@ class _HashingFile:
 
     def flush(self) -> None:
         self.f.flush()
+
+
+def journal_path(manifest_path: str) -> str:
+    """Where a writer journals the shards it finished since it last wrote the manifest."""
+    head, tail = os.path.split(manifest_path)
+    return os.path.join(head, f".{tail}.journal")
+
+
+def read_journal(manifest_path: str) -> list[tuple[ShardEntry, dict[str, dict[str, int]]]]:
+    """The whole entries of a journal, in order (a line cut short by a kill ends it)."""
+    out: list[tuple[ShardEntry, dict[str, dict[str, int]]]] = []
+    try:
+        with open(journal_path(manifest_path), "rb") as f:
+            lines = f.read().split(b"\n")
+    except FileNotFoundError:
+        return out
+    for i, line in enumerate(lines[:-1]):  # the last piece has no newline: cut short
+        try:
+            raw = json.loads(line)
+            entry = ShardEntry(**check_entry(raw["shard"], journal_path(manifest_path), i))
+            fields = {
+                str(k): {"count": int(v["count"]), "bytes": int(v["bytes"])}
+                for k, v in raw["fields"].items()
+            }
+        except (ValueError, KeyError, TypeError, AttributeError, ManifestError):
+            log.warning("%s: line %d is damaged; the journal ends there", manifest_path, i + 1)
+            break
+        out.append((entry, fields))
+    return out
 
 
 class ShardWriter:
@@ -157,8 +192,13 @@ class ShardWriter:
         self.next_index = start_index
         self.resumed_samples = 0
         self._cleanup_temps()
+        self._journal: BinaryIO | None = None
+        self._folded = 0  # shards the manifest on disk lists
         if resume:
             self._load_existing()
+        else:  # what another run journalled here is not this build's
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(journal_path(self.manifest_path))
         self._file: BinaryIO | None = None
         self._shard_fields: dict[str, dict[str, int]] = {}  # stats of the open shard
         self._sink: Any = None
@@ -371,13 +411,29 @@ class ShardWriter:
             acc = self.manifest.fields.setdefault(field, {"count": 0, "bytes": 0})
             acc["count"] += st["count"]
             acc["bytes"] += st["bytes"]
+        line = {"shard": entry.to_dict(), "fields": self._shard_fields}
         self._shard_fields = {}
         self.next_index += 1
-        self._write_manifest()
+        self._append_journal(json.dumps(line, separators=(",", ":")).encode() + b"\n")
+        if len(self.manifest.shards) >= 2 * self._folded:
+            self._write_manifest()
         log.debug("finished shard %s: %d samples, %d bytes", name, entry.nsamples, entry.size)
 
+    def _append_journal(self, line: bytes) -> None:
+        if self._journal is None:
+            self._journal = open(journal_path(self.manifest_path), "ab", buffering=0)  # noqa: SIM115
+        self._journal.write(line)
+        os.fsync(self._journal.fileno())
+
     def _write_manifest(self) -> None:
+        """Fold the journal into the manifest: write it whole, then drop the journal."""
         self.manifest.save(self.manifest_path)
+        self._folded = len(self.manifest.shards)
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(journal_path(self.manifest_path))
 
     def _cleanup_temps(self) -> None:
         """Delete the temp shards of this prefix that a dead writer left behind."""
@@ -389,9 +445,23 @@ class ShardWriter:
                     os.unlink(os.path.join(self.out_dir, name))
 
     def _load_existing(self) -> None:
-        if not os.path.exists(self.manifest_path):
+        journal = read_journal(self.manifest_path)
+        if not os.path.exists(self.manifest_path) and not journal:
             return
-        old = Manifest.load(self.manifest_path)
+        if os.path.exists(self.manifest_path):
+            old = Manifest.load(self.manifest_path)
+            self.manifest.created = dict(old.created)  # the build's fingerprint stays
+        else:
+            old = Manifest(checksum_algorithm=self.algo, base=self.manifest.base)
+        listed = {e.url for e in old.shards}
+        for entry, fields in journal:
+            if entry.url in listed:  # folded already: a kill came before the journal went
+                continue
+            old.shards.append(entry)
+            for field, st in fields.items():
+                acc = old.fields.setdefault(field, {"count": 0, "bytes": 0})
+                acc["count"] += st["count"]
+                acc["bytes"] += st["bytes"]
         if old.checksum_algorithm != self.algo:
             raise ManifestError(
                 f"cannot resume: existing shards use {old.checksum_algorithm}, "
@@ -414,3 +484,5 @@ class ShardWriter:
         self.manifest.fields = old.fields
         self.resumed_samples = old.total_samples
         self.next_index += len(old.shards)
+        if journal:
+            self._write_manifest()

@@ -12,6 +12,7 @@ import pytest
 from shardkit import ConfigError, Manifest, ShardWriter, WriterError, read_shard
 from shardkit.checksum import file_checksum
 from shardkit.tario.index import read_index
+from shardkit.writer import journal_path, read_journal
 from tests.helpers.data import make_samples
 
 
@@ -176,19 +177,60 @@ def test_a_block_that_raises_leaves_no_temp_and_no_unfinished_shard(tmp_path: Pa
 
 
 def test_the_manifest_on_disk_lists_only_whole_shards_at_every_step(tmp_path: Path) -> None:
+    """Manifest and journal together list every finished shard, and only those."""
     with ShardWriter(tmp_path, maxcount=3) as w:
-        for i, s in enumerate(make_samples(10)):
+        for i, s in enumerate(make_samples(40)):
             w.write(s)
             path = tmp_path / "manifest.json"
             if path.exists():
                 m = Manifest.load(path)
+                journal = [e for e, _ in read_journal(str(path))]
+                listed = {e.url for e in m.shards}
+                m.shards += [e for e in journal if e.url not in listed]
                 assert m.total_samples == 3 * (i // 3)
                 _assert_whole(tmp_path, m)
                 for e in m.shards:
                     assert e.index is not None
                     index = read_index((tmp_path / e.index).read_bytes())
                     assert len(index) == e.nsamples + 1
-    assert Manifest.load(tmp_path / "manifest.json").total_samples == 10
+    assert Manifest.load(tmp_path / "manifest.json").total_samples == 40
+    assert not os.path.exists(journal_path(str(tmp_path / "manifest.json")))
+
+
+def test_the_manifest_is_rewritten_a_logarithmic_number_of_times(tmp_path: Path) -> None:
+    """Finished shards go to the journal; the manifest is folded when the journal has grown
+    as long as it: 1, 2, 4, 8, ... shards, so a build's rewrites cost O(shards) in all."""
+    seen = []
+    with ShardWriter(tmp_path, maxcount=1) as w:
+        for s in make_samples(40):
+            w.write(s)
+            path = tmp_path / "manifest.json"
+            if path.exists() and (not seen or len(Manifest.load(path)) != seen[-1]):
+                seen.append(len(Manifest.load(path)))
+    assert seen == [1, 2, 4, 8, 16, 32]
+    assert len(Manifest.load(tmp_path / "manifest.json")) == 40
+
+
+def test_resume_folds_the_journal_and_drops_a_torn_last_line(tmp_path: Path) -> None:
+    w = ShardWriter(tmp_path, maxcount=1)
+    for s in make_samples(6):
+        w.write(s)
+    w.next_shard()  # six shards finished; the writer "dies" here: never closed
+    assert w._journal is not None
+    w._journal.close()  # a killed process's files close with it
+    path = str(tmp_path / "manifest.json")
+    assert len(Manifest.load(path)) == 4 and len(read_journal(path)) == 2
+    with open(journal_path(path), "ab") as f:
+        f.write(b'{"shard": {"url": "data-0000')  # a line cut short by the kill
+    with ShardWriter(tmp_path, maxcount=1, resume=True) as again:
+        assert again.resumed_samples == 6
+        for s in make_samples(1, start=6):
+            again.write(s)
+    m = Manifest.load(path)
+    assert [e.url for e in m.shards] == [f"data-{i:06d}.tar" for i in range(7)]
+    assert m.fields["tokens.npy"]["count"] == 7
+    _assert_whole(tmp_path, m)
+    assert not os.path.exists(journal_path(path))
 
 
 def test_stats_and_manifest_facts(tmp_path: Path) -> None:
