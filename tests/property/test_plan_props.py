@@ -17,12 +17,7 @@ from shardkit.plan import (
     shuffle_window,
     worker_stream,
 )
-
-counts_st = st.lists(st.integers(0, 40), min_size=1, max_size=12)
-world_st = st.integers(1, 8)
-workers_st = st.integers(0, 4)  # 0: the main process reads, as one worker
-seed_st = st.integers(0, 2**32 - 1)
-epoch_st = st.integers(0, 1000)
+from tests.helpers.strategies import counts_st, epoch_st, seed_st, workers_st, world_st
 
 
 def ids(r: Ranges, counts: list[int]) -> list[int]:

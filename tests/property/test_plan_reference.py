@@ -19,14 +19,12 @@ from shardkit.plan import (
     worker_stream,
 )
 from tests.helpers.plan_reference import reference_remaining
-
-counts_st = st.lists(st.integers(0, 30), min_size=0, max_size=14)
-gen_st = st.tuples(st.integers(1, 7), st.integers(1, 4), st.sampled_from([0, 0, 1, 2, 5, 16]))
+from tests.helpers.strategies import generation_st, ref_counts_st
 
 
 @given(
-    counts_st,
-    st.lists(gen_st, max_size=3),
+    ref_counts_st,
+    st.lists(generation_st, max_size=3),
     st.integers(0, 2**32 - 1),
     st.integers(0, 50),
     st.sampled_from(["drop", "pad"]),

@@ -15,33 +15,7 @@ from hypothesis import strategies as st
 from shardkit import Manifest, ShardWriter, read_shard
 from shardkit.tario.index import read_index
 from shardkit.tario.reader import iter_samples
-
-# any character a file name can hold, but the few the key rules refuse
-_CHARS = st.characters(codec="utf-8", exclude_characters="/\\\0")
-_DIR_PART = st.text(_CHARS, min_size=1, max_size=12).filter(lambda p: p not in (".", ".."))
-_LAST_PART = st.text(st.characters(codec="utf-8", exclude_characters="/\\\0."), min_size=1)
-_LONG_PART = st.text(st.sampled_from("abcdefghij_-éü字"), min_size=60, max_size=120)
-
-
-@st.composite
-def keys(draw: st.DrawFn) -> str:
-    dirs = draw(st.lists(st.one_of(_DIR_PART, _LONG_PART), max_size=3))
-    last = draw(st.one_of(_LAST_PART.map(lambda s: s[:20]), _LONG_PART))
-    key = "/".join([*dirs, last])
-    # "C:..." looks like a Windows drive; readers refuse it as absolute
-    if len(key) >= 2 and key[1] == ":" and key[0].isascii() and key[0].isalpha():
-        key = "k" + key
-    return key
-
-
-_FIELD = st.sampled_from(["txt", "json", "bin", "cls", "tokens.npy", "a.b.c", "x"])
-_FIELDS = st.dictionaries(_FIELD, st.binary(max_size=3000), min_size=1, max_size=4)
-
-
-@st.composite
-def sample_lists(draw: st.DrawFn) -> list[dict[str, Any]]:
-    ks = draw(st.lists(keys(), min_size=1, max_size=25, unique=True))
-    return [{"__key__": k, **draw(_FIELDS)} for k in ks]
+from tests.helpers.strategies import sample_lists
 
 
 def read_all(out: str, manifest: Manifest) -> Iterator[dict[str, object]]:

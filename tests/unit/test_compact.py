@@ -11,48 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from shardkit.cache import make_opener
 from shardkit.compact import build_compact, compact_path, load_compact
 from shardkit.errors import ManifestError
 from shardkit.manifest import Manifest, ShardEntry
 from shardkit.read.catalog import Catalog, CompactShards, load_catalog, open_catalog
-
-hexes = st.binary(min_size=32, max_size=32).map(bytes.hex)
-names = st.text("abcxyz_-0123456789", min_size=1, max_size=8)
-
-
-@st.composite
-def manifests(draw: st.DrawFn) -> Manifest:
-    n = draw(st.integers(0, 12))
-    patterned = draw(st.booleans())
-    start = draw(st.integers(0, 5))
-    urls = (
-        [f"part/data-{start + i:06d}.tar" for i in range(n)]
-        if patterned
-        else draw(
-            st.lists(names, min_size=n, max_size=n, unique=True).map(
-                lambda v: [f"{x}.tar" for x in v]
-            )
-        )
-    )
-    with_index = draw(st.sampled_from(["none", "all", "some"]))
-    entries = []
-    for i, url in enumerate(urls):
-        indexed = with_index == "all" or (with_index == "some" and draw(st.booleans()))
-        entries.append(
-            ShardEntry(
-                url,
-                draw(st.integers(0, 2**40)),
-                draw(st.integers(0, 10**6)),
-                "sha256:" + draw(hexes),
-                url + ".idx" if indexed else None,
-                ("sha256:" + draw(hexes)) if indexed and draw(st.booleans()) else None,
-            )
-        )
-        del i
-    return Manifest(shards=entries, fields={"json": {"count": 1, "bytes": 2}})
+from tests.helpers.strategies import manifests
 
 
 def _catalogs(path: str) -> tuple[Catalog, Catalog]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import string
 
 import numpy as np
 from hypothesis import given
@@ -11,11 +10,10 @@ from hypothesis import strategies as st
 
 from shardkit.codecs import decode_field, encode_field
 from shardkit.tario.writer import _MAX_OCTAL_SIZE, _raw_header, member_header
+from tests.helpers.strategies import member_names
 
-_names = st.text(alphabet=string.ascii_letters + string.digits + "/._-", min_size=1, max_size=100)
 
-
-@given(name=_names, size=st.integers(min_value=0, max_value=_MAX_OCTAL_SIZE))
+@given(name=member_names, size=st.integers(min_value=0, max_value=_MAX_OCTAL_SIZE))
 def test_fast_header_is_the_general_header(name: str, size: int) -> None:
     assert member_header(name, size) == _raw_header(name.encode(), b"", size, b"0")
 
