@@ -3,6 +3,8 @@
 1. one process, raw samples (no decode), all reading the same shardkit-written tar shards:
    shardkit.read_shard, shardkit.ShardDataset, webdataset.WebDataset, webdataset's bare
    tarfile_to_samples pipeline, and a plain sequential read of the files (the limit).
+1b. ("foreign") the same, on the same samples as ``webdataset.ShardWriter`` wrote them
+   (Python's tarfile: a pax header before every member), the shards most data sets have.
 2. a loader with 2 workers and batches of 32, decoded samples, each library in its own
    format written from the same samples: shardkit.WebLoader, webdataset.WebLoader, mosaic
    StreamingDataset + torch DataLoader, litdata StreamingDataset + StreamingDataLoader.
@@ -62,7 +64,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 class Formats:
     """One profile's data written once in every format."""
 
-    def __init__(self, ds: Dataset, work: str, shard_bytes: int) -> None:
+    def __init__(self, ds: Dataset, work: str, shard_bytes: int, *, peers: bool) -> None:
         self.root = os.path.join(work, "read", ds.profile)
         self.sk = os.path.join(self.root, "shardkit")
         self.wds = os.path.join(self.root, "webdataset")
@@ -72,8 +74,9 @@ class Formats:
 
         _peers.write_shardkit(ds, fresh_dir(self.sk), shard_bytes)
         _peers.write_wds(ds, fresh_dir(self.wds), shard_bytes)
-        _peers.write_mds(ds, fresh_dir(self.mds), shard_bytes)
-        _peers.write_litdata(ds, fresh_dir(self.lit), shard_bytes)
+        if peers:  # mosaic and litdata (the bench venv) only for the loader part
+            _peers.write_mds(ds, fresh_dir(self.mds), shard_bytes)
+            _peers.write_litdata(ds, fresh_dir(self.lit), shard_bytes)
         self.manifest = os.path.join(self.sk, "manifest.json")
         self.sk_paths = sorted(glob.glob(os.path.join(self.sk, "*.tar")))
         self.wds_paths = sorted(glob.glob(os.path.join(self.wds, "*.tar")))
@@ -102,9 +105,33 @@ def part_inprocess(ds: Dataset, fm: Formats, args: Any) -> tuple[str, list[dict[
     if has_streaming_api():
         sk_ds = ("shardkit ShardDataset", lambda: _readers.read_sk_dataset(fm.manifest))
         contenders.insert(2, sk_ds)
+    return _inprocess(ds, contenders, fm.sk_bytes, args, "1 process, no decode")
+
+
+def part_foreign(ds: Dataset, fm: Formats, args: Any) -> tuple[str, list[dict[str, Any]]]:
+    """The same samples as ``webdataset.ShardWriter`` wrote them: a pax header per member."""
+    paths = fm.wds_paths
+    contenders: list[tuple[str, Callable[[], Any]]] = [
+        ("raw read", lambda: _readers.read_raw(paths)),
+        ("shardkit read_shard", lambda: _readers.read_sk_shards(paths)),
+        ("webdataset WebDataset", lambda: _readers.read_wds(paths)),
+        ("webdataset tarfile_to_samples", lambda: _readers.read_wds_tar(paths)),
+    ]
+    nbytes = sum(os.path.getsize(p) for p in paths)
+    return _inprocess(ds, contenders, nbytes, args, "webdataset-written shards, 1 process")
+
+
+def _inprocess(
+    ds: Dataset,
+    contenders: list[tuple[str, Callable[[], Any]]],
+    nbytes: int,
+    args: Any,
+    title: str,
+) -> tuple[str, list[dict[str, Any]]]:
+    """Time in-process readers side by side; rates against webdataset and the raw read."""
     series = interleave(args.repeats, contenders, before=before_runs(args.cold))
-    n, nbytes = len(ds.samples), fm.sk_bytes
-    check_counts(series, n, skip=("raw read", "raw readinto"))
+    n = len(ds.samples)
+    check_counts(series, n, skip=tuple(name for name in series if name.startswith("raw")))
     wds_s = series["webdataset WebDataset"].median
     raw_s = series["raw read"].median
     rows, records = [], []
@@ -131,7 +158,7 @@ def part_inprocess(ds: Dataset, fm: Formats, args: Any) -> tuple[str, list[dict[
                 fmt(raw_s / med * 100, ".1f") + "%",
             ]
         )
-    head = ["1 process, no decode", "median s", "samples/s", "MB/s", "vs wds", "% raw"]
+    head = [title, "median s", "samples/s", "MB/s", "vs wds", "% raw"]
     return table(head, rows), records
 
 
@@ -260,7 +287,7 @@ def part_resume(args: Any) -> tuple[str, list[dict[str, Any]]]:
 
 def parse_args() -> Any:
     p = base_parser(__doc__.split("\n\n")[0])
-    p.add_argument("--parts", default="inprocess,loader,rss,resume")
+    p.add_argument("--parts", default="inprocess,foreign,loader,rss,resume")
     p.add_argument("--workers", type=int, default=2, help="loader workers (part 2)")
     p.add_argument("--resume-size", default="1GB", help="size of the one resume shard")
     p.add_argument("--positions", default="0,0.25,0.5,0.75,0.99")
@@ -278,10 +305,10 @@ def parse_args() -> Any:
 def run_profile(profile: str, args: Any) -> tuple[list[str], dict[str, Any]]:
     ds = make_dataset(profile, args.size_bytes)
     log(f"read: {describe(ds)}; writing it in every format")
-    fm = Formats(ds, args.work, args.shard_bytes)
+    fm = Formats(ds, args.work, args.shard_bytes, peers="loader" in args.part_list)
     texts, out = [], {"samples": len(ds.samples), "payload_bytes": ds.payload_bytes}
     out["shard_file_bytes"] = fm.sk_bytes
-    parts = [("inprocess", part_inprocess), ("loader", part_loader)]
+    parts = [("inprocess", part_inprocess), ("foreign", part_foreign), ("loader", part_loader)]
     if profile == "small":
         parts.append(("rss", part_rss))
     for name, fn in parts:

@@ -1,25 +1,22 @@
 """The streaming tar reader: the hot path of every read.
 
-Headers are parsed straight out of large buffered reads; small members are sliced out of
-the same buffer, large ones are read in bounded pieces. Hostile members (absolute or
-``..`` paths, links, devices, sizes past the end of the data, bad header checksums) raise
-:class:`ShardFormatError` naming the shard and the byte offset. Memory stays bounded by
-the data actually present, whatever a header claims.
+:class:`TarReader` adds the sample loop to :class:`~shardkit.tario.members.MemberReader`
+(buffered reads, header parsing and every hostile-input check): consecutive members that
+share a key become one sample, and the common member shapes are parsed inline from the
+buffer. Anything unusual goes through the general path, which names the error.
 """
 
 from __future__ import annotations
 
-import io
 import os
-import stat
 import struct
 from collections.abc import Iterator
 from typing import BinaryIO, cast
 from zlib import adler32
 
-from shardkit.errors import ShardFormatError, ShardkitError
-from shardkit.tario.headers import parse_number, parse_pax, ustar_name
-from shardkit.tario.names import name_problem, split_key
+from shardkit.errors import ShardFormatError
+from shardkit.tario.members import BLOCK, DEFAULT_MAX_MEMBER, MemberReader, stream_size
+from shardkit.tario.names import split_key
 
 __all__ = [
     "DEFAULT_MAX_MEMBER",
@@ -32,343 +29,26 @@ __all__ = [
     "stream_size",
 ]
 
-BLOCK = 512
-_ZERO = b"\0" * BLOCK
-_CHUNK = 1 << 20  # buffered read size, and the largest read of a stream of unknown size
-_PIECE = 64 << 20  # large members are read in pieces of this size
-_DISCARD = 8 << 20  # the largest read when passing over data that is not kept
-_MAX_META = 1 << 20  # pax / GNU long-name records larger than this are hostile
-DEFAULT_MAX_MEMBER = 1 << 30  # the largest member a reader holds in memory, by default
-_REGULAR = (b"0", b"\0", b"7")
+_CHUNK = 1 << 20  # the read size when passing over the head of a stream that cannot seek
 # name, size, checksum, typeflag and the first byte of the ustar prefix, in one call
 _HEADER = struct.Struct("100s24x12s12x8sc188xc")
-_REJECT = {
-    b"1": "hard link",
-    b"2": "symbolic link",
-    b"3": "character device",
-    b"4": "block device",
-    b"6": "FIFO",
-}
+
+_OCTAL_DIGITS = b"01234567"
+_FAST_META = 4 * BLOCK  # larger extended headers take the general path
+# pax records that change nothing about a member as the reader hands it out
+_PAX_IGNORED = frozenset((b"mtime", b"atime", b"ctime", b"uid", b"gid", b"uname", b"gname"))
 
 Sample = dict[str, object]
 
 
-class TarReader:
-    """Iterate the regular members of a tar stream.
+class TarReader(MemberReader):
+    """Iterate the regular members, or the samples, of a tar stream.
 
-    Args:
-        f: a binary stream positioned at ``start`` (a member header).
-        url: the shard's name, used in error messages.
-        start: the absolute byte offset ``f`` is positioned at.
-        end: stop before this absolute offset (a sample-range read); None reads to the
-            end-of-archive marker, which must be present.
-        size: the stream's total size when known (found with ``fstat`` for plain files);
-            a member claiming bytes past it is rejected before anything is read. When
-            the size is unknown, reads are bounded pieces, so a false claim costs memory
-            only for the bytes really there.
-        keep_data: False reads past member data without keeping it (fields come back
-            as their size in bytes, an ``int``): a check of the structure, or a count of
-            field sizes, that still reads every byte and holds none of it.
-        max_member: the largest member (bytes) whose data is kept in memory; a larger
-            one is a :class:`ShardFormatError` raised before any of its data is read
-            (a 65 KB zstd bomb can claim gigabytes). Not applied when ``keep_data`` is off.
-
-    Errors name the header block at fault: :attr:`ShardFormatError.offset` is the start
-    of the (extended) header of the bad or truncated member, of a partial header, or
-    where an end-of-archive marker was expected.
+    Takes the arguments of :class:`~shardkit.tario.members.MemberReader`.
     """
 
-    def __init__(
-        self,
-        f: BinaryIO,
-        *,
-        url: str = "<stream>",
-        start: int = 0,
-        end: int | None = None,
-        size: int | None = None,
-        keep_data: bool = True,
-        max_member: int = DEFAULT_MAX_MEMBER,
-    ) -> None:
-        self.f = f
-        self.url = url
-        self.keep_data = keep_data
-        self.max_member = max_member
-        self.end = end
-        self.size = size if size is not None else stream_size(f)
-        self._buf = b""
-        self._pos = 0
-        self._base = start  # absolute offset of _buf[0]
-        self.member_offset = start  # where the last member (with its pax headers) began
-        self.end_offset: int | None = None  # the end-of-archive marker (or ``end``), once met
-
-    @property
-    def offset(self) -> int:
-        """The absolute offset of the next unread byte."""
-        return self._base + self._pos
-
-    def _read(self, n: int, at: int) -> bytes:
-        if self.size is None:
-            n = min(n, _CHUNK)  # never trust a claim to size a read
-        try:
-            return self.f.read(n)
-        except ShardFormatError as exc:  # a decoding stream below (zstd) found bad data
-            raise ShardFormatError(str(exc), url=self.url, offset=at) from exc
-        except ShardkitError:
-            raise  # a FetchError or CacheError from the io below keeps its own type
-        except OSError as exc:
-            raise ShardFormatError(f"read failed: {exc}", url=self.url, offset=at) from exc
-
-    def _fill(self, need: int) -> bool:
-        """Make ``need`` bytes available at _pos; False when the stream ends first."""
-        avail = len(self._buf) - self._pos
-        if avail >= need:
-            return True
-        parts = [self._buf[self._pos :]] if avail else []
-        self._base += self._pos
-        self._pos = 0
-        while avail < need:
-            data = self._read(max(need, _CHUNK) - avail, self._base + avail)
-            if not data:
-                break
-            parts.append(data)
-            avail += len(data)
-        self._buf = b"".join(parts) if len(parts) != 1 else parts[0]
-        return avail >= need
-
-    def _truncated(self, what: str, n: int, at: int) -> ShardFormatError:
-        return ShardFormatError(
-            f"truncated: {what} needs {n} bytes, the data ends at byte "
-            f"{self._base + len(self._buf)}",
-            url=self.url,
-            offset=at,
-        )
-
-    def _take(self, n: int, what: str, at: int) -> bytes:
-        """Return the next ``n`` bytes; raise naming header offset ``at`` if they run out."""
-        if n <= _PIECE:
-            if not self._fill(n):
-                raise self._truncated(what, n, at)
-            p = self._pos
-            self._pos = p + n
-            return self._buf[p : p + n]
-        return self._take_large(n, what, at)
-
-    def _take_large(self, n: int, what: str, at: int) -> bytes:
-        """``n`` bytes read in bounded pieces into one growing buffer: no joined copy.
-
-        BytesIO grows its bytes object in place (realloc) and ``getvalue()`` hands that
-        same object out, so the peak is the member plus one piece, not twice the member.
-        """
-        out = io.BytesIO()
-        avail = len(self._buf) - self._pos
-        if avail:
-            out.write(memoryview(self._buf)[self._pos :])
-        self._base += len(self._buf)
-        self._buf, self._pos = b"", 0
-        left = n - avail
-        while left > 0:
-            data = self._read(min(left, _PIECE), self._base)
-            if not data:
-                raise self._truncated(what, n, at)
-            out.write(data)
-            self._base += len(data)
-            left -= len(data)
-        return out.getvalue()
-
-    def _skip(self, n: int, what: str, at: int) -> None:
-        avail = len(self._buf) - self._pos
-        seekable = getattr(self.f, "seekable", None)
-        if n > avail and self.size is not None and seekable is not None and seekable():
-            self.f.seek(n - avail, io.SEEK_CUR)
-            self._base += len(self._buf) + (n - avail)
-            self._buf = b""
-            self._pos = 0
-            return
-        while n:
-            piece = min(n, _CHUNK)
-            self._take(piece, what, at)
-            n -= piece
-
-    def _check_claim(self, size: int, at: int, name: str) -> None:
-        if self.size is not None and self.offset + size > self.size:
-            raise ShardFormatError(
-                f"member {name!r} claims {size} bytes, past the end of the data "
-                f"({self.size} bytes): truncated or corrupt",
-                url=self.url,
-                offset=at,
-            )
-
-    def _discard(self, n: int, what: str, at: int) -> None:
-        """Pass over ``n`` bytes without keeping them (each is still read, so hashed)."""
-        avail = len(self._buf) - self._pos
-        if n <= avail:
-            self._pos += n
-            return
-        left = n - avail
-        self._base += len(self._buf)
-        self._buf, self._pos = b"", 0
-        while left:
-            data = self._read(min(left, _DISCARD), self._base)
-            if not data:
-                raise self._truncated(what, n, at)
-            self._base += len(data)
-            left -= len(data)
-
-    def _member_data(self, size: int, at: int, name: str, *, keep: bool = True) -> bytes:
-        self._check_claim(size, at, name)
-        what = f"member {name!r}"
-        if not keep:
-            self._discard(size + (-size) % BLOCK, what, at)
-            return b""
-        if size > self.max_member:
-            raise ShardFormatError(
-                f"{what} is {size} bytes, over the largest-member limit of {self.max_member} "
-                "bytes (raise it with max_member= if this shard is trusted)",
-                url=self.url,
-                offset=at,
-            )
-        data = self._take(size, what, at)
-        pad = (-size) % BLOCK
-        if pad:
-            if not self._fill(pad):
-                raise self._truncated(f"the padding of {what}", pad, at)
-            self._pos += pad
-        return data
-
-    def __iter__(self) -> Iterator[tuple[str, bytes | int]]:
-        return self.members()
-
-    def _header(self, off: int, first: int | None) -> bytes | None:
-        """The next header block, or None at a clean end (end-of-archive or ``end``).
-
-        ``first`` is the offset of the extended header this block must complete, if any.
-        """
-        if not self._fill(BLOCK):
-            if len(self._buf) - self._pos:
-                why, at = "truncated: partial tar header at the end of the data", off
-            elif first is not None:
-                why, at = "truncated: the data ends after an extended header", first
-            elif self.end is None:
-                why, at = "truncated: the data ends without an end-of-archive marker", off
-            else:
-                why, at = f"truncated: the data ends at byte {off}, before byte {self.end}", off
-            raise ShardFormatError(why, url=self.url, offset=at)
-        p = self._pos
-        hdr = self._buf[p : p + BLOCK]
-        self._pos = p + BLOCK
-        if hdr == _ZERO:
-            if first is not None:
-                raise ShardFormatError(
-                    "end-of-archive right after an extended header", url=self.url, offset=first
-                )
-            if self.end is None:
-                self._second_zero_block(off)
-            self.end_offset = off
-            return None
-        return hdr
-
-    def _second_zero_block(self, off: int) -> None:
-        """The end-of-archive marker is two zero blocks: a lone one means a cut-off shard."""
-        if not self._fill(BLOCK) or self._buf[self._pos : self._pos + BLOCK] != _ZERO:
-            raise ShardFormatError(
-                "truncated: the end-of-archive marker has one zero block, not two",
-                url=self.url,
-                offset=off,
-            )
-        self._pos += BLOCK
-
-    def _size_of(self, hdr: bytes, off: int) -> int:
-        stored = hdr[148:156]
-        try:
-            if parse_number(stored) != sum(hdr) - sum(stored) + 256:
-                raise ValueError("checksum")
-        except ValueError:
-            raise ShardFormatError(
-                "not a tar header (bad header checksum)", url=self.url, offset=off
-            ) from None
-        try:
-            return parse_number(hdr[124:136])
-        except ValueError:
-            raise ShardFormatError(
-                f"bad size field {bytes(hdr[124:136])!r}", url=self.url, offset=off
-            ) from None
-
-    def _extended(self, typeflag: bytes, size: int, off: int, pax: dict[str, str]) -> None:
-        """Read an extended header (pax ``x``/``g``, GNU ``L``/``K``) into ``pax``."""
-        if size > _MAX_META:
-            raise ShardFormatError(
-                f"extended header of {size} bytes is too large", url=self.url, offset=off
-            )
-        data = self._member_data(size, off, "<extended header>")
-        if typeflag == b"x":
-            pax.update(parse_pax(data, self.url, off))
-        elif typeflag == b"L":
-            pax["path"] = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-        elif typeflag == b"g":
-            parse_pax(data, self.url, off)  # checked, but global records change nothing
-
-    def _regular(self, hdr: bytes, size: int, first: int, pax: dict[str, str]) -> tuple[str, int]:
-        """The checked name and size of a regular member whose headers start at ``first``."""
-        name = pax.get("path") or ustar_name(hdr)
-        if "size" in pax:
-            if not (pax["size"].isascii() and pax["size"].isdigit()):
-                raise ShardFormatError("pax size is not a number", url=self.url, offset=first)
-            size = int(pax["size"])
-        problem = name_problem(name)
-        if problem is not None:
-            raise ShardFormatError(f"member {name!r} {problem}", url=self.url, offset=first)
-        return name, size
-
-    def members(self) -> Iterator[tuple[str, bytes | int]]:
-        """Yield ``(name, data)`` for each regular file; ``member_offset`` is its start.
-
-        ``data`` is the member's size (an ``int``) when ``keep_data`` is off.
-        """
-        while True:
-            item = self._next_member()
-            if item is None:
-                return
-            yield item
-
-    def _next_member(self) -> tuple[str, bytes | int] | None:
-        """The next regular member (through any extended headers), or None at the end."""
-        pax: dict[str, str] = {}  # extended records (and a GNU long name as "path")
-        first: int | None = None  # offset of the current member's first (extended) header
-        while True:
-            off = self._base + self._pos
-            if self.end is not None and off >= self.end and first is None:
-                self.end_offset = off
-                return None
-            hdr = self._header(off, first)
-            if hdr is None:
-                return None
-            size = self._size_of(hdr, off)
-            if first is None:
-                first = off
-            typeflag = hdr[156:157]
-            if typeflag in _REGULAR:
-                name, size = self._regular(hdr, size, first, pax)
-                self.member_offset = first
-                data = self._member_data(size, first, name, keep=self.keep_data)
-                return name, (data if self.keep_data else size)
-            if typeflag == b"5":
-                self._check_claim(size, off, "<directory>")
-                self._skip(size + (-size) % BLOCK, "directory", off)
-                pax, first = {}, None
-            elif typeflag in (b"x", b"L", b"g", b"K"):
-                self._extended(typeflag, size, off, pax)
-                if typeflag == b"g" and first == off:
-                    first = None
-            elif typeflag in _REJECT:
-                raise ShardFormatError(
-                    f"member is a {_REJECT[typeflag]}; shards may hold only regular files",
-                    url=self.url,
-                    offset=off,
-                )
-            else:
-                raise ShardFormatError(
-                    f"unsupported tar member type {typeflag!r}", url=self.url, offset=off
-                )
+    # the last extended header blocks the fast path checked, and the sizes they give
+    _ext_seen: list[tuple[bytes, int]] = []  # noqa: RUF012 - replaced, never mutated
 
     def samples(self) -> Iterator[tuple[int, Sample]]:
         """Yield ``(byte_offset, sample)``: consecutive members sharing a key, grouped.
@@ -382,6 +62,8 @@ class TarReader:
         the buffer. Its header checksum is checked with adler32, whose low half is
         1 + the byte sum (mod 65521), instead of a Python sum over 512 bytes. Anything
         else, or any doubt, goes through :meth:`_next_member`, which names the error.
+        A pax or GNU long-name header before a member (``webdataset.ShardWriter`` writes
+        one per member, through ``tarfile``) takes :meth:`_fast_extended` first.
         """
         current: Sample = {}
         key = None
@@ -390,6 +72,9 @@ class TarReader:
         unpack = _HEADER.unpack_from
         end = self.end
         keep = self.keep_data
+        limit = self.max_member if keep else None
+        if end is None or self.offset < end:
+            self._fill(BLOCK)  # so that the first member can take the fast path too
         while True:
             buf = self._buf
             p = self._pos
@@ -399,8 +84,8 @@ class TarReader:
                 if (
                     (tf == b"0" or tf == b"\0")
                     and prefix0 == b"\0"
-                    and sizef[:11].isdigit()
-                    and chkf[:6].isdigit()
+                    and not sizef[:11].strip(_OCTAL_DIGITS)  # all octal digits
+                    and not chkf[:6].strip(_OCTAL_DIGITS)
                     and sizef[11] in (0, 32)
                     and chkf[6] in (0, 32)
                 ):
@@ -409,6 +94,7 @@ class TarReader:
                     raw = raw.partition(b"\0")[0]
                     if (
                         p + total <= len(buf)
+                        and (limit is None or size <= limit)
                         and (adler32(buf[p : p + BLOCK]) & 0xFFFF)
                         == (int(chkf[:6], 8) - 255 + sum(chkf)) % 65521
                         and raw
@@ -425,6 +111,8 @@ class TarReader:
                             self.member_offset = self._base + p
                             self._pos = p + total
                             item = (name, buf[p + BLOCK : p + BLOCK + size] if keep else size)
+                elif tf == b"x" or tf == b"L":
+                    item = self._fast_extended(buf, p, tf)
             if item is None:
                 item = slow()
                 if item is None:
@@ -452,14 +140,90 @@ class TarReader:
         if current:
             yield sample_offset, current
 
+    def _fast_extended(self, buf: bytes, p: int, tf: bytes) -> tuple[str, bytes | int] | None:
+        """A pax (``x``) or GNU long-name (``L``) header at ``p`` and the plain regular member
+        after it: ``(name, data)``, or None when in doubt (nothing is consumed then).
 
-def stream_size(f: BinaryIO) -> int | None:
-    """The size of the plain file behind ``f``, or None (pipes, sockets, decoders)."""
-    try:
-        st = os.fstat(f.fileno())
-    except (OSError, AttributeError, ValueError, io.UnsupportedOperation):
-        return None
-    return st.st_size if stat.S_ISREG(st.st_mode) else None
+        Only records that change nothing here (times, owners) or that are simple (``path``,
+        ``size`` in ASCII digits) are taken; anything else, and every malformed byte, is
+        left to :meth:`_next_member`, which names the error. ``tarfile`` writes the same
+        extended header block before every member whose records have the same length, so
+        a block equal to one of the last few checked is not checked again. Member data that is not
+        all in the buffer yet is read as the general path reads it.
+        """
+        n = len(buf)
+        esize = -1
+        for block, known in self._ext_seen:
+            if buf.startswith(block, p):
+                esize = known
+                break
+        if esize < 0:
+            hdr = buf[p : p + BLOCK]
+            sizef, chkf = hdr[124:136], hdr[148:156]
+            if not (_octal(sizef, 11) and _octal(chkf, 6) and _sum_ok(hdr, chkf)):
+                return None
+            esize = int(sizef[:11], 8)
+            if esize > _FAST_META:
+                return None
+            self._ext_seen = [(hdr, esize), *self._ext_seen[:3]]
+        q = p + BLOCK + esize + (-esize) % BLOCK  # the regular member's header
+        if q + BLOCK > n:
+            return None
+        data = buf[p + BLOCK : p + BLOCK + esize]
+        name: bytes | None = None
+        psize: int | None = None
+        if tf == b"L":
+            name = data.partition(b"\0")[0]
+        else:
+            sp = data.find(b" ", 0, 21)
+            eq = data.find(b"=", sp)
+            if not (  # the common case: one record whose keyword changes nothing
+                sp > 0
+                and eq > sp + 1
+                and data[:sp].isdigit()
+                and int(data[:sp]) == esize
+                and data[-1] == 10
+                and data[sp + 1 : eq] in _PAX_IGNORED
+            ):
+                rec = _simple_pax(data)
+                if rec is None:
+                    return None
+                name, psize = rec
+        raw, sizef, chkf, tf, prefix0 = _HEADER.unpack_from(buf, q)
+        if not (
+            (tf == b"0" or tf == b"\0")
+            and not sizef[:11].strip(_OCTAL_DIGITS)
+            and not chkf[:6].strip(_OCTAL_DIGITS)
+            and sizef[11] in (0, 32)
+            and chkf[6] in (0, 32)
+            and (adler32(buf[q : q + BLOCK]) & 0xFFFF)
+            == (int(chkf[:6], 8) - 255 + sum(chkf)) % 65521
+        ):
+            return None
+        if name is None:
+            if prefix0 != b"\0":
+                return None
+            name = raw.partition(b"\0")[0]
+        if not name or name[0] == 47 or b".." in name or b"\\" in name or b"\0" in name:
+            return None
+        if name[1:2] == b":":
+            return None
+        try:
+            text = name.decode()
+        except UnicodeDecodeError:  # not UTF-8: the general path refuses it
+            return None
+        size = int(sizef[:11], 8) if psize is None else psize
+        keep = self.keep_data
+        first = self._base + p
+        stop = q + BLOCK + size
+        if stop + (-size) % BLOCK <= n and (not keep or size <= self.max_member):
+            self.member_offset = first
+            self._pos = stop + (-size) % BLOCK
+            return text, buf[q + BLOCK : stop] if keep else size
+        self.member_offset = first
+        self._pos = q + BLOCK  # the data runs past the buffer: read it as the general path does
+        data = self._member_data(size, first, text, keep=keep)
+        return text, (data if keep else size)
 
 
 def iter_members(
@@ -538,3 +302,41 @@ def skip_bytes(f: BinaryIO, n: int) -> None:
         if not got:
             return
         n -= len(got)
+
+
+def _octal(field: bytes, digits: int) -> bool:
+    """A number field of ``digits`` octal digits and a NUL or space (what the fast path takes)."""
+    return not field[:digits].strip(_OCTAL_DIGITS) and field[digits] in (0, 32)
+
+
+def _sum_ok(hdr: bytes, chkf: bytes) -> bool:
+    """The checksum of header block ``hdr``, through adler32's low half (1 + byte sum)."""
+    return (adler32(hdr) & 0xFFFF) == (int(chkf[:6], 8) - 255 + sum(chkf)) % 65521
+
+
+def _simple_pax(data: bytes) -> tuple[bytes | None, int | None] | None:
+    """``(path, size)`` from well-formed pax records that the fast path may take, or None."""
+    path = size = None
+    pos, n = 0, len(data)
+    while pos < n:
+        sp = data.find(b" ", pos, pos + 21)
+        if sp <= pos or not data[pos:sp].isdigit():
+            return None
+        stop = pos + int(data[pos:sp])
+        if stop > n or stop <= sp + 1 or data[stop - 1] != 10:
+            return None
+        eq = data.find(b"=", sp + 1, stop)
+        if eq <= sp + 1:
+            return None
+        k = data[sp + 1 : eq]
+        if k == b"path":
+            path = data[eq + 1 : stop - 1]
+        elif k == b"size":
+            digits = data[eq + 1 : stop - 1]
+            if not digits.isdigit() or len(digits) > 18:
+                return None
+            size = int(digits)
+        elif k not in _PAX_IGNORED:
+            return None
+        pos = stop
+    return path, size

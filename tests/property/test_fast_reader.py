@@ -1,0 +1,183 @@
+"""The sample loop's fast paths give exactly what the general path gives, on any bytes.
+
+The reference groups :meth:`TarReader.members` (the general path, which names every error)
+into samples; the fast loop must yield the same samples at the same offsets and fail with
+the same error at the same byte, for tars as ``tarfile`` writes them (pax per member, as
+``webdataset.ShardWriter`` does; GNU long names) and for any damage to them.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shardkit.errors import ShardFormatError
+from shardkit.tario.reader import TarReader
+
+Outcome = tuple[list[tuple[int, dict[str, object]]], tuple[str, int | None] | None]
+
+
+def _general(data: bytes, keep: bool = True, limit: int = 1 << 30) -> Outcome:
+    out: list[tuple[int, dict[str, object]]] = []
+    reader = TarReader(io.BytesIO(data), url="s.tar", keep_data=keep, max_member=limit)
+    current: dict[str, object] = {}
+    start = 0
+    try:
+        for name, value in reader.members():
+            slash = name.rfind("/")
+            dot = name.find(".", slash + 1)
+            if dot <= slash + 1:
+                continue
+            key, field = name[:dot], name[dot + 1 :]
+            if current.get("__key__") != key:
+                if current:
+                    out.append((start, current))
+                current, start = {"__key__": key}, reader.member_offset
+            if field in current:
+                raise ShardFormatError(
+                    f"sample {key!r} has field {field!r} twice",
+                    url="s.tar",
+                    offset=reader.member_offset,
+                )
+            current[field] = value
+    except ShardFormatError as exc:
+        return out, (str(exc), exc.offset)
+    if current:
+        out.append((start, current))
+    return out, None
+
+
+def _fast(data: bytes, keep: bool = True, limit: int = 1 << 30) -> Outcome:
+    out: list[tuple[int, dict[str, object]]] = []
+    reader = TarReader(io.BytesIO(data), url="s.tar", keep_data=keep, max_member=limit)
+    try:
+        for item in reader.samples():
+            out.append(item)
+    except ShardFormatError as exc:
+        return out, (str(exc), exc.offset)
+    return out, None
+
+
+def _tar(names: list[str], sizes: list[int], fmt: int, mtime: float) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tf:
+        for i, name in enumerate(names):
+            info = tarfile.TarInfo(name)
+            info.size = sizes[i % len(sizes)]
+            info.mtime = mtime  # a float, as webdataset gives: one pax record per member
+            info.uname = info.gname = "bigdata"
+            tf.addfile(info, io.BytesIO(bytes([i % 251]) * info.size))
+    return buf.getvalue()
+
+
+_part = st.text(alphabet="abcxyz0189_-é", min_size=1, max_size=90)
+_names = st.lists(
+    st.tuples(st.lists(_part, min_size=1, max_size=3), st.sampled_from(["json", "npy", "a.b"])),
+    min_size=1,
+    max_size=6,
+).map(lambda xs: ["/".join(parts) + "." + ext for parts, ext in xs])
+_formats = st.sampled_from([tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT])
+
+
+def _safe_tar(names: list[str], sizes: list[int], fmt: int, mtime: float) -> bytes:
+    try:
+        return _tar(names, sizes, fmt, mtime)
+    except ValueError:  # a name ustar cannot hold
+        return b""
+
+
+_tars = st.builds(
+    _safe_tar,
+    _names,
+    st.lists(st.integers(0, 1500), min_size=1, max_size=3),
+    _formats,
+    st.sampled_from([1700000000.25, 1700000000.0]),
+).filter(bool)
+
+
+@given(data=_tars, keep=st.booleans(), limit=st.sampled_from([1 << 30, 1000]))
+def test_fast_loop_equals_general_path(data: bytes, keep: bool, limit: int) -> None:
+    assert _fast(data, keep, limit) == _general(data, keep, limit)
+
+
+@given(data=_tars, pos=st.integers(0, 1 << 16), value=st.integers(0, 255))
+def test_a_changed_byte_fails_alike(data: bytes, pos: int, value: int) -> None:
+    damaged = bytearray(data)
+    damaged[pos % len(data)] = value
+    assert _fast(bytes(damaged)) == _general(bytes(damaged))
+
+
+@given(data=_tars, cut=st.integers(0, 1 << 16))
+def test_a_truncation_fails_alike(data: bytes, cut: int) -> None:
+    short = data[: cut % len(data)]
+    assert _fast(short) == _general(short)
+
+
+_RECORD = st.sampled_from(
+    [
+        b"mtime=1700000000.5",
+        b"atime=1",
+        b"path=a/b.json",
+        b"path=../x.json",
+        b"path=/abs.json",
+        b"path=a\\b.json",
+        b"path=",
+        b"size=3",
+        b"size=\xd9\xa3",  # ARABIC-INDIC DIGIT THREE, a digit to str.isdigit
+        b"size=99999999999999999999",
+        b"hdrcharset=BINARY",
+        b"GNU.sparse.size=5",
+        b"comment=x=y",
+        b"=v",
+    ]
+)
+
+
+def _pax_member(records: list[bytes], name: bytes, payload: bytes) -> bytes:
+    body = b""
+    for r in records:
+        n = len(r) + 3
+        n = len(r) + 2 + len(str(n))  # "%d %s\n" counts its own digits
+        body += str(n).encode() + b" " + r + b"\n"
+    return _header(b"././@PaxHeader", len(body), b"x") + _pad(body) + _member(name, payload)
+
+
+def _header(name: bytes, size: int, typeflag: bytes) -> bytes:
+    info = tarfile.TarInfo(name.decode())
+    info.size = size
+    info.type = typeflag
+    return info.tobuf(format=tarfile.USTAR_FORMAT)
+
+
+def _pad(data: bytes) -> bytes:
+    return data + b"\0" * (-len(data) % 512)
+
+
+def _member(name: bytes, payload: bytes) -> bytes:
+    return _header(name, len(payload), b"0") + _pad(payload)
+
+
+@given(records=st.lists(_RECORD, max_size=4), payload=st.binary(max_size=600))
+def test_hand_made_pax_records_fail_or_pass_alike(records: list[bytes], payload: bytes) -> None:
+    data = _pax_member(records, b"k.bin", payload) + _member(b"k.txt", b"t") + b"\0" * 1024
+    assert _fast(data) == _general(data)
+
+
+class _Counting(TarReader):
+    general = 0
+
+    def _next_member(self) -> tuple[str, bytes] | None:
+        self.general += 1
+        return super()._next_member()
+
+
+def test_tarfile_pax_and_gnu_members_take_the_fast_path() -> None:
+    names = [f"dir/s{i:04d}.{ext}" for i in range(50) for ext in ("json", "tokens.npy")]
+    names.append("d/" + "long" * 40 + ".json")  # a pax path / a GNU long name
+    for fmt in (tarfile.PAX_FORMAT, tarfile.GNU_FORMAT):
+        reader = _Counting(io.BytesIO(_tar(names, [100, 4000], fmt, 1700000000.5)))
+        assert len(list(reader.samples())) == 51
+        assert reader.general == 1  # only the end-of-archive marker
