@@ -60,7 +60,7 @@ _JSONL_EXTS = (
     ".ndjson.gz",
     ".json.gz",
 )
-_TAR_EXTS = (".tar", ".tar.zst")
+_TAR_EXTS = (".tar", ".tar.zst", ".tar.gz", ".tgz")
 Sample = dict[str, Any]
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from shardkit.checksum import Hasher, new_hasher
-from shardkit.codecs import zstd_reader
+from shardkit.compression import open_tar
 from shardkit.durable import atomic_write
 from shardkit.errors import ConfigError, ShardFormatError
 from shardkit.manifest import Manifest, ShardEntry, creation_info
@@ -143,18 +143,10 @@ def scan_shard(
     with raw:
         pieces = PieceHasher(piece_size) if piece_size else None
         src = _HashingReader(raw, new_hasher(algo), progress, pieces)
-        if path.endswith(".zst"):
-            import zstandard
-
-            try:
-                with zstd_reader(src) as z:  # type: ignore[arg-type]
-                    found = _scan_tar(z, name, None, nkeys)
-                    src.drain()
-            except zstandard.ZstdError as exc:
-                raise ShardFormatError(f"bad zstd data: {exc}", url=name) from exc
-        else:
-            found = _scan_tar(src, name, os.fstat(raw.fileno()).st_size, nkeys)  # type: ignore[arg-type]
-            src.drain()
+        with open_tar(src, url=name) as (tar, kind):  # type: ignore[arg-type]
+            size = os.fstat(raw.fileno()).st_size if kind is None else None
+            found = _scan_tar(tar, name, size, nkeys)
+        src.drain()
     offsets, end, stats, keys = found
     checksum = f"{algo}:{src.hasher.hexdigest()}"
     found_pieces = pieces.result() if pieces is not None else None
@@ -188,7 +180,7 @@ def manifest_from_shards(
     """
     units = discover([source], source_type="tar")
     if not units:
-        raise ConfigError(f"no .tar or .tar.zst shards in {source!r}")
+        raise ConfigError(f"no .tar, .tar.zst or .tar.gz shards in {source!r}")
     paths = [os.path.abspath(u.path) for u in units]
     if manifest_path is None:
         top = (
@@ -228,7 +220,7 @@ def manifest_from_shards(
 
 
 def first_keys(source: str | BinaryIO, n: int = 5, *, url: str | None = None) -> list[str]:
-    """The first ``n`` sample keys of a shard (a path or a stream; ``.zst`` by name)."""
+    """The first ``n`` sample keys of a shard (a path or a stream, plain or compressed)."""
     if n <= 0:
         return []
     name = url or (source if isinstance(source, str) else "<stream>")
@@ -239,10 +231,8 @@ def first_keys(source: str | BinaryIO, n: int = 5, *, url: str | None = None) ->
             raise ShardFormatError(f"cannot open shard: {exc.strerror}", url=name) from exc
         with raw:
             return first_keys(raw, n, url=name)
-    if name.endswith(".zst"):
-        with zstd_reader(source) as z:
-            return _take_keys(z, name, n)
-    return _take_keys(source, name, n)
+    with open_tar(source, url=name) as (tar, _):
+        return _take_keys(tar, name, n)
 
 
 def _take_keys(f: BinaryIO, url: str, n: int) -> list[str]:

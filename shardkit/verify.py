@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from shardkit.checksum import Hasher, new_hasher, split_checksum
+from shardkit.compression import open_tar
 from shardkit.errors import ConfigError, FetchError, ShardFormatError, ShardkitError
 from shardkit.manifest import Manifest, ShardEntry, incomplete_reason
 from shardkit.pieces import PieceHasher
@@ -241,13 +242,8 @@ def _check_deep(
         offsets: list[int] = []
         end: int | None = None
         try:
-            if url.endswith(".zst"):
-                from shardkit.codecs import zstd_reader
-
-                with zstd_reader(tee) as z:  # type: ignore[arg-type]
-                    offsets, end = _scan(z, entry.url, None)
-            else:
-                offsets, end = _scan(tee, entry.url, size)  # type: ignore[arg-type]
+            with open_tar(tee, url=entry.url) as (tar, kind):  # type: ignore[arg-type]
+                offsets, end = _scan(tar, entry.url, size if kind is None else None)
         except ShardFormatError as exc:
             if isinstance(exc.__cause__, OSError):  # the bytes could not be read at all
                 raise exc.__cause__ from exc

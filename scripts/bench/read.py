@@ -5,6 +5,7 @@
    tarfile_to_samples pipeline, and a plain sequential read of the files (the limit).
 1b. ("foreign") the same, on the same samples as ``webdataset.ShardWriter`` wrote them
    (Python's tarfile: a pax header before every member), the shards most data sets have.
+1c. ("gzip") the shardkit shards gzipped whole (.tar.gz), beside a plain gunzip (the limit).
 2. a loader with 2 workers and batches of 32, decoded samples, each library in its own
    format written from the same samples: shardkit.WebLoader, webdataset.WebLoader, mosaic
    StreamingDataset + torch DataLoader, litdata StreamingDataset + StreamingDataLoader.
@@ -82,6 +83,20 @@ class Formats:
         self.wds_paths = sorted(glob.glob(os.path.join(self.wds, "*.tar")))
         self.sk_bytes = sum(os.path.getsize(p) for p in self.sk_paths)
 
+    def gzip_paths(self) -> list[str]:
+        """The shardkit shards gzipped, written on first use."""
+        import gzip
+        import shutil
+
+        out = []
+        for p in self.sk_paths:
+            target = p + ".gz"
+            if not os.path.exists(target):
+                with open(p, "rb") as src, gzip.open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+            out.append(target)
+        return out
+
 
 def check_counts(series: dict[str, Any], n: int, skip: tuple[str, ...] = ()) -> None:
     """Every reader must have seen every sample, or its rate means nothing."""
@@ -119,6 +134,19 @@ def part_foreign(ds: Dataset, fm: Formats, args: Any) -> tuple[str, list[dict[st
     ]
     nbytes = sum(os.path.getsize(p) for p in paths)
     return _inprocess(ds, contenders, nbytes, args, "webdataset-written shards, 1 process")
+
+
+def part_gzip(ds: Dataset, fm: Formats, args: Any) -> tuple[str, list[dict[str, Any]]]:
+    """The shardkit-written shards gzipped whole (level 6, as ``gzip`` does by default)."""
+    paths = fm.gzip_paths()
+    contenders: list[tuple[str, Callable[[], Any]]] = [
+        ("raw read", lambda: _readers.read_raw(paths)),
+        ("raw gunzip", lambda: _readers.read_gunzip(paths)),
+        ("shardkit read_shard", lambda: _readers.read_sk_shards(paths)),
+        ("webdataset WebDataset", lambda: _readers.read_wds(paths)),
+    ]
+    nbytes = sum(os.path.getsize(p) for p in paths)
+    return _inprocess(ds, contenders, nbytes, args, ".tar.gz shards, 1 process")
 
 
 def _inprocess(
@@ -287,7 +315,7 @@ def part_resume(args: Any) -> tuple[str, list[dict[str, Any]]]:
 
 def parse_args() -> Any:
     p = base_parser(__doc__.split("\n\n")[0])
-    p.add_argument("--parts", default="inprocess,foreign,loader,rss,resume")
+    p.add_argument("--parts", default="inprocess,foreign,gzip,loader,rss,resume")
     p.add_argument("--workers", type=int, default=2, help="loader workers (part 2)")
     p.add_argument("--resume-size", default="1GB", help="size of the one resume shard")
     p.add_argument("--positions", default="0,0.25,0.5,0.75,0.99")
@@ -308,7 +336,8 @@ def run_profile(profile: str, args: Any) -> tuple[list[str], dict[str, Any]]:
     fm = Formats(ds, args.work, args.shard_bytes, peers="loader" in args.part_list)
     texts, out = [], {"samples": len(ds.samples), "payload_bytes": ds.payload_bytes}
     out["shard_file_bytes"] = fm.sk_bytes
-    parts = [("inprocess", part_inprocess), ("foreign", part_foreign), ("loader", part_loader)]
+    parts = [("inprocess", part_inprocess), ("foreign", part_foreign), ("gzip", part_gzip)]
+    parts.append(("loader", part_loader))
     if profile == "small":
         parts.append(("rss", part_rss))
     for name, fn in parts:

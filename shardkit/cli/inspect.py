@@ -16,7 +16,7 @@ from shardkit.urls import check_within
 
 __all__ = ["command"]
 
-_SHARD_EXTS = (".tar", ".tar.zst")
+_SHARD_EXTS = (".tar", ".tar.zst", ".tar.gz", ".tgz")
 
 
 def _manifest_summary(source: str, nkeys: int) -> dict[str, Any]:

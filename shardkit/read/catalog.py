@@ -17,6 +17,7 @@ import numpy as np
 
 from shardkit.cache.locks import locked
 from shardkit.compact import Column, Compact, build_compact, compact_path, fingerprint, load_compact
+from shardkit.compression import compressed_name
 from shardkit.errors import FetchError, ManifestError, ShardFormatError
 from shardkit.io import Opener, load_manifest
 from shardkit.manifest import Manifest, incomplete_reason
@@ -243,7 +244,7 @@ class Catalog:
         assert info.index_url is not None
         if info.index_checksum is not None:
             value = int(self._whole_index(opener, info)[i])
-            if info.size is not None and value > info.size and not info.url.endswith(".zst"):
+            if info.size is not None and value > info.size and not compressed_name(info.url):
                 raise ShardFormatError(
                     f"sample index points at byte {value}, past the shard's {info.size} bytes",
                     url=info.index_url,
@@ -268,7 +269,7 @@ class Catalog:
         if len(data) != 8:
             raise ShardFormatError("sample index is truncated", url=info.index_url, offset=lo)
         value = int(_U64.unpack(data)[0])
-        if info.size is not None and value > info.size and not info.url.endswith(".zst"):
+        if info.size is not None and value > info.size and not compressed_name(info.url):
             raise ShardFormatError(
                 f"sample index points at byte {value}, past the shard's {info.size} bytes",
                 url=info.index_url,

@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Generator, Iterator, Sequence
 from typing import Any, BinaryIO
 
+from shardkit.compression import compressed_name, open_tar
 from shardkit.errors import ShardFormatError
 from shardkit.io import Opener
 from shardkit.read.catalog import Catalog, ShardInfo
@@ -100,23 +101,33 @@ def _read_range(
 ) -> Iterator[Sample]:
     info = catalog.shards[shard]
     start, end, skip = catalog.byte_range(opener, shard, lo, hi)
-    zst = info.url.endswith(".zst")
+    packed = compressed_name(info.url)
     limit = getattr(getattr(opener, "cfg", None), "max_member", DEFAULT_MAX_MEMBER)
     f = opener.open(
         catalog.check_within(info, info.url),
-        start=0 if zst else start,
-        end=None if zst else end,
+        start=0 if packed else start,
+        end=None if packed else end,
         size=info.size,
         checksum=info.checksum,
     )
     with f:
         counted: Any = _Counting(f, counts)
-        if zst:  # offsets are in the decompressed tar: decompress from the start
-            from shardkit.codecs import zstd_reader
-
-            with zstd_reader(counted) as z:
-                skip_bytes(z, start)
-                samples = iter_samples(z, url=info.url, start=start, end=end, max_member=limit)
+        if packed:  # offsets are in the decompressed tar: decompress from the start
+            with open_tar(counted, url=info.url) as (tar, _):
+                skip_bytes(tar, start)
+                samples = iter_samples(tar, url=info.url, start=start, end=end, max_member=limit)
+                yield from _take(samples, info, skip, hi - lo)
+            return
+        if start == 0:
+            with open_tar(counted, url=info.url) as (tar, kind):
+                if kind is not None:
+                    raise ShardFormatError(
+                        f"the shard is {kind}-compressed, but its name does not say so: "
+                        "name it .tar.zst / .tar.gz (its index offsets are in the tar)",
+                        url=info.url,
+                        offset=0,
+                    )
+                samples = iter_samples(tar, url=info.url, end=end, size=info.size, max_member=limit)
                 yield from _take(samples, info, skip, hi - lo)
             return
         samples = iter_samples(

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import BinaryIO, cast
 from zlib import adler32
 
+from shardkit.compression import open_tar
 from shardkit.errors import ShardFormatError
 from shardkit.tario.members import BLOCK, DEFAULT_MAX_MEMBER, MemberReader, stream_size
 from shardkit.tario.names import split_key
@@ -257,19 +258,28 @@ def read_shard(
 ) -> Iterator[Sample]:
     """Iterate the samples of a tar shard (a path or a binary stream).
 
-    Each sample is a dict with ``__key__`` and one ``bytes`` value per field. A path ending
-    in ``.zst`` is decompressed on the fly. ``start``/``end`` read a byte range (a sample
-    range taken from the shard's index; offsets in the decompressed tar for ``.zst``): a
-    path is opened there, a stream must already be positioned at ``start``. A member
-    larger than ``max_member`` bytes is a :class:`ShardFormatError`.
+    Each sample is a dict with ``__key__`` and one ``bytes`` value per field. A shard
+    compressed whole with zstd or gzip (told by its first bytes, whatever its name) is
+    decompressed on the fly. ``start``/``end`` read a byte range (a sample range taken
+    from the shard's index; offsets in the decompressed tar for a compressed shard): a
+    path is opened there, a stream must already be positioned at ``start`` (and is then
+    taken as a plain tar). A member larger than ``max_member`` bytes is a
+    :class:`ShardFormatError`.
     """
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         name = url or path
         return _read_path(path, name, start, end, max_member)
-    name = url or getattr(source, "name", None) or "<stream>"
-    samples = iter_samples(source, url=str(name), start=start, end=end, max_member=max_member)
-    return (s for _, s in samples)
+    name = str(url or getattr(source, "name", None) or "<stream>")
+    if start:
+        samples = iter_samples(source, url=name, start=start, end=end, max_member=max_member)
+        return (s for _, s in samples)
+    return _read_stream(source, name, end, max_member)
+
+
+def _read_stream(f: BinaryIO, url: str, end: int | None, max_member: int) -> Iterator[Sample]:
+    with open_tar(f, url=url) as (tar, _):
+        yield from (s for _, s in iter_samples(tar, url=url, end=end, max_member=max_member))
 
 
 def _read_path(
@@ -279,24 +289,18 @@ def _read_path(
         f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by the generator
     except OSError as exc:
         raise ShardFormatError(f"cannot open shard: {exc.strerror}", url=url) from exc
-    with f:
-        if path.endswith(".zst"):
-            from shardkit.codecs import zstd_reader
-
-            with zstd_reader(f) as z:
-                if start:
-                    skip_bytes(z, start)
-                samples = iter_samples(z, url=url, start=start, end=end, max_member=max_member)
-                yield from (s for _, s in samples)
-            return
+    with f, open_tar(f, url=url) as (tar, kind):
         if start:
-            f.seek(start)
-        samples = iter_samples(f, url=url, start=start, end=end, max_member=max_member)
+            if kind is None:
+                f.seek(start)
+            else:
+                skip_bytes(tar, start)
+        samples = iter_samples(tar, url=url, start=start, end=end, max_member=max_member)
         yield from (s for _, s in samples)
 
 
 def skip_bytes(f: BinaryIO, n: int) -> None:
-    """Read and drop ``n`` bytes of a stream that cannot seek (a zstd decoder)."""
+    """Read and drop ``n`` bytes of a stream that cannot seek (a decompressor)."""
     while n > 0:
         got = f.read(min(n, _CHUNK))
         if not got:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import tarfile
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -181,3 +182,10 @@ def test_tarfile_pax_and_gnu_members_take_the_fast_path() -> None:
         reader = _Counting(io.BytesIO(_tar(names, [100, 4000], fmt, 1700000000.5)))
         assert len(list(reader.samples())) == 51
         assert reader.general == 1  # only the end-of-archive marker
+
+
+def test_a_size_with_digits_8_or_9_is_a_format_error() -> None:
+    data = bytearray(_member(b"k.bin", b"x" * 10) + b"\0" * 1024)
+    data[124:136] = b"00000000019\0"
+    with pytest.raises(ShardFormatError, match=r"bad header checksum|bad size"):
+        list(TarReader(io.BytesIO(bytes(data))).samples())

@@ -17,21 +17,9 @@ from shardkit import ShardFormatError, read_shard
 from shardkit.tario.reader import TarReader, iter_samples
 from tests.helpers import hostile
 from tests.helpers.hostile import Case
+from tests.helpers.streams import OneWay
 
 CASES = hostile.cases()
-
-
-class OneWay(io.RawIOBase):
-    """A non-seekable stream without a file descriptor (like a socket or a decompressor)."""
-
-    def __init__(self, data: bytes) -> None:
-        self._src = io.BytesIO(data)
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
-        return self._src.readinto(b)
 
 
 @pytest.mark.timeout(10)
