@@ -62,7 +62,7 @@ def _fingerprint(units: Sequence[Unit], options: Mapping[str, Any]) -> str:
     h = hashlib.sha256()
     for u in units:
         path = u.path if u.kind == "call" else os.path.abspath(u.path)
-        h.update(json.dumps([u.kind, path, u.size, u.name, u.members]).encode())
+        h.update(json.dumps([u.kind, path, u.size, u.name, u.members, u.group]).encode())
     h.update(json.dumps(options, sort_keys=True).encode())
     return h.hexdigest()[:32]
 

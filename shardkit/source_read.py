@@ -211,6 +211,10 @@ def _read_unit(
         yield from _read_jsonl(unit, opts, skip)
     elif unit.kind == "call":
         yield from _read_call(unit, opts, skip)
+    elif unit.kind == "table":
+        from shardkit.sources_table import read_table
+
+        yield from read_table(unit, opts, skip)
     else:
         yield from _read_tar(unit, skip)
 

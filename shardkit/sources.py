@@ -28,6 +28,7 @@ import numpy as np
 from shardkit.errors import ConfigError, WriterError
 from shardkit.images import ImageOptions
 from shardkit.manifest import expand_braces
+from shardkit.sources_table import TABLE_EXTS, table_units
 from shardkit.tario.reader import split_key
 from shardkit.tario.writer import check_field
 from shardkit.tree_select import TreeOptions, group_samples, select_files
@@ -47,8 +48,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-Kind = Literal["files", "jsonl", "tar", "call"]
-SOURCE_TYPES = ("auto", "files", "jsonl", "tar")
+Kind = Literal["files", "jsonl", "tar", "call", "table"]
+SOURCE_TYPES = ("auto", "files", "jsonl", "tar", "table")
 ON_ERROR = ("raise", "skip")
 # .json.gz is how many corpora (C4, The Pile) ship JSON lines
 _JSONL_EXTS = (
@@ -126,8 +127,10 @@ class Unit:
 
     ``kind`` is ``files`` (one sample of a tree: ``name`` is its key, ``members`` its
     ``(field, path)`` pairs), ``jsonl`` (``name`` is the key prefix of its lines), ``tar``
-    (an existing shard) or ``call`` (``payload`` is one input of a build function;
-    ``path`` its repr). ``size`` is the bytes it occupies on disk (1 for a call).
+    (an existing shard), ``call`` (``payload`` is one input of a build function;
+    ``path`` its repr) or ``table`` (a Parquet row group ``group``, or an Arrow file; see
+    :mod:`shardkit.sources_table`). ``size`` is the bytes it occupies on disk (1 for a
+    call).
     """
 
     kind: Kind
@@ -136,6 +139,7 @@ class Unit:
     name: str
     members: tuple[tuple[str, str], ...] = ()
     payload: Any = None
+    group: int = -1
 
 
 def parse_field_spec(spec: str) -> FieldMap:
@@ -212,6 +216,8 @@ def _is_tar_companion(rel: str) -> bool:
 def _detect(files: list[str]) -> Kind:
     if files and all(_has_ext(f, _JSONL_EXTS) for f in files):
         return "jsonl"
+    if files and all(_has_ext(f, TABLE_EXTS) for f in files):
+        return "table"
     tars = [f for f in files if _has_ext(f, _TAR_EXTS)]
     if tars and all(_has_ext(f, _TAR_EXTS) or _is_tar_companion(f) for f in files):
         return "tar"
@@ -245,6 +251,13 @@ def _dir_units(root: str, d: DiscoverOptions) -> list[Unit]:
     kind: str = _detect(files) if d.source_type == "auto" else d.source_type
     if kind == "files":
         return _tree_units(root, files, d)
+    if kind == "table":
+        return [
+            u
+            for rel in files
+            if _has_ext(rel, TABLE_EXTS)
+            for u in table_units(os.path.join(root, rel), _strip_ext(rel, TABLE_EXTS))
+        ]
     exts = _JSONL_EXTS if kind == "jsonl" else _TAR_EXTS
     units = []
     for rel in files:
@@ -265,8 +278,8 @@ def _file_unit(path: str, source_type: str) -> Unit:
     if source_type == "jsonl":
         return Unit("jsonl", path, size, base.split(".", 1)[0] or base)
     raise ConfigError(
-        f"cannot tell what {path!r} is: give a directory, a .jsonl/.jsonl.zst/.jsonl.gz file or a "
-        ".tar/.tar.zst shard (or --source-type)"
+        f"cannot tell what {path!r} is: give a directory, a .jsonl/.jsonl.zst/.jsonl.gz file, "
+        "a .tar/.tar.zst/.tar.gz shard or a .parquet/.arrow table (or --source-type)"
     )
 
 
@@ -309,6 +322,9 @@ def discover(
         for path in _expand(src):
             if os.path.isdir(path):
                 units.extend(_dir_units(path, d))
+            elif os.path.isfile(path) and _is_table(path, d.source_type):
+                base = os.path.basename(path)
+                units.extend(table_units(path, _strip_ext(base, TABLE_EXTS)))
             elif os.path.isfile(path):
                 units.append(_file_unit(path, d.source_type))
             else:
@@ -317,11 +333,15 @@ def discover(
     return units
 
 
+def _is_table(path: str, source_type: str) -> bool:
+    return source_type == "table" or (source_type == "auto" and _has_ext(path, TABLE_EXTS))
+
+
 def _check_unique_names(units: Sequence[Unit]) -> None:
     names: dict[tuple[str, str], str] = {}
     paths: set[str] = set()
     for u in units:
-        if u.kind != "files":
+        if u.kind != "files" and u.group <= 0:
             real = os.path.realpath(u.path)
             if real in paths:
                 raise ConfigError(f"source {u.path!r} is given twice")

@@ -205,9 +205,9 @@ def _report(result: BuildResult) -> None:
     multiple=True,
     callback=_fields,
     metavar="NAME=EXT[:DTYPE]",
-    help="JSONL: store record field NAME as member NAME.EXT (tokens=npy:int32).",
+    help="JSONL/Parquet: store field NAME as member NAME.EXT (tokens=npy:int32).",
 )
-@click.option("--key-field", help="JSONL: the record field holding the sample key.")
+@click.option("--key-field", help="JSONL/Parquet: the field holding the sample key.")
 @click.option(
     "--source-type",
     type=click.Choice(SOURCE_TYPES),
@@ -246,7 +246,8 @@ def command(
 
     SOURCES are directories of files (grouped into samples by key: a/x.jpg + a/x.json is
     sample a/x; field names are lower case), JSONL files (.jsonl, .jsonl.zst, .jsonl.gz,
-    .json.gz; one sample a line) or tar shards to re-shard (brace patterns like
+    .json.gz; one sample a line), Parquet or Arrow files (.parquet, .arrow; one sample a
+    row; needs shardkit[parquet]) or tar shards to re-shard (brace patterns like
     data-{000000..000099}.tar work).
 
     A build that stops leaves a manifest marked incomplete (verify fails on it, readers
