@@ -29,7 +29,7 @@ import numpy as np
 
 from shardkit.codecs import encode_field
 from shardkit.errors import ConfigError, WriterError
-from shardkit.tario.writer import check_field, check_key
+from shardkit.tario.writer import check_field
 
 if TYPE_CHECKING:
     from shardkit.sources import SourceOptions, Unit
@@ -188,7 +188,9 @@ def _cols(names: set[str]) -> str:
 def _row_sample(
     rec: dict[str, Any], row: int, unit: Unit, opts: SourceOptions, layout: _Layout
 ) -> Sample:
-    key = _key(rec, row, unit, opts)
+    from shardkit.sources import _jsonl_key  # the same rule as for JSONL lines
+
+    key = _jsonl_key(rec, unit, row, opts)
     sample: Sample = {"__key__": key}
     mapped = {fm.name: fm for fm in opts.fields}
     rest: dict[str, Any] = {}
@@ -212,17 +214,6 @@ def _row_sample(
     if rest:
         sample["json"] = json.dumps(rest, ensure_ascii=False, default=str).encode()
     return sample
-
-
-def _key(rec: dict[str, Any], row: int, unit: Unit, opts: SourceOptions) -> str:
-    if opts.key_field is None:
-        return f"{unit.name}/{row:09d}"
-    value = rec.get(opts.key_field)
-    if not isinstance(value, (str, int)) or isinstance(value, bool):
-        raise ValueError(f"key column {opts.key_field!r} is missing or not a string: {value!r}")
-    key = str(value)
-    check_key(key)
-    return key
 
 
 def _add_blob(sample: Sample, col: str, value: Any) -> None:
