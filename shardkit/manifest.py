@@ -92,6 +92,8 @@ class Manifest:
         created: creation info (tool, version, time).
         part: ``{"index": i, "count": n}`` for a partial manifest of a partitioned build.
         base: where relative urls resolve from (the manifest's directory or url).
+        origins: remote url prefixes an adopted data set's shards live under; honoured
+            only for a manifest read from the local disk (see :mod:`shardkit.urls`).
     """
 
     shards: list[ShardEntry] = field(default_factory=list)
@@ -100,6 +102,7 @@ class Manifest:
     created: dict[str, Any] = field(default_factory=dict)
     part: dict[str, int] | None = None
     base: str | None = None
+    origins: tuple[str, ...] = ()
 
     # -- facts ---------------------------------------------------------------------
     @property
@@ -165,6 +168,7 @@ class Manifest:
             created=dict(raw.get("created", {})),
             part=dict(part) if part is not None else None,
             base=dirname(source) if source else None,
+            origins=tuple(raw.get("origins", ())),
         )
 
     @classmethod
@@ -213,6 +217,8 @@ class Manifest:
         }
         if self.part is not None:
             d["part"] = self.part
+        if self.origins:
+            d["origins"] = list(self.origins)
         d["shards"] = [s.to_dict() for s in self.shards]
         return d
 
@@ -277,6 +283,7 @@ class Manifest:
             fields=fields,
             created=created,
             base=ordered[0].base,
+            origins=tuple(dict.fromkeys(o for p in ordered for o in p.origins)),
         )
 
     def rebase(self, url: str, new_base: str | None) -> str:
@@ -290,7 +297,9 @@ class Manifest:
     # -- urls ----------------------------------------------------------------------
     def resolve(self, url: str, *, allow_unsafe_urls: bool = False) -> str:
         """The absolute url or path of a shard url (see :func:`resolve_url`)."""
-        return resolve_url(self.base, url, allow_unsafe_urls=allow_unsafe_urls)
+        return resolve_url(
+            self.base, url, allow_unsafe_urls=allow_unsafe_urls, origins=self.origins
+        )
 
 
 def incomplete_reason(m: Manifest) -> str | None:

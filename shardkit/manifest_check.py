@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from shardkit.checksum import ALGORITHMS, split_checksum
 from shardkit.errors import ConfigError, ManifestError
 from shardkit.pieces import Pieces
+from shardkit.urls import REMOTE_PREFIXES
 
 __all__ = [
     "CSV_HEADER",
@@ -72,6 +73,7 @@ _TOP_KEYS = frozenset(
         "fields",
         "created",
         "part",
+        "origins",
         "shards",
     }
 )
@@ -194,6 +196,14 @@ def check_top(raw: dict[str, Any], path: str | None) -> None:
             )
     if not isinstance(raw.get("created", {}), dict):
         raise ManifestError("must be an object", path=path, field="created")
+    origins = raw.get("origins", [])
+    if not (
+        isinstance(origins, list)
+        and all(isinstance(o, str) and o.startswith(REMOTE_PREFIXES) for o in origins)
+    ):
+        raise ManifestError(
+            "must be a list of http(s):// or s3:// url prefixes", path=path, field="origins"
+        )
     part = raw.get("part")
     if part is not None and not (
         isinstance(part, dict)

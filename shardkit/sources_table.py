@@ -188,7 +188,7 @@ def _cols(names: set[str]) -> str:
 def _row_sample(
     rec: dict[str, Any], row: int, unit: Unit, opts: SourceOptions, layout: _Layout
 ) -> Sample:
-    from shardkit.sources import _jsonl_key  # the same rule as for JSONL lines
+    from shardkit.source_read import _jsonl_key  # the same rule as for JSONL lines
 
     key = _jsonl_key(rec, unit, row, opts)
     sample: Sample = {"__key__": key}

@@ -31,9 +31,11 @@ from shardkit.tario.reader import TarReader
 __all__ = [
     "GOOD_SHARD_BYTES",
     "ShardScan",
+    "add_fields",
     "first_keys",
     "manifest_from_shards",
     "scan_shard",
+    "scan_stream",
     "summarize_manifest",
     "summarize_shard",
 ]
@@ -141,19 +143,37 @@ def scan_shard(
     except OSError as exc:
         raise ShardFormatError(f"cannot open shard: {exc.strerror}", url=name) from exc
     with raw:
-        pieces = PieceHasher(piece_size) if piece_size else None
-        src = _HashingReader(raw, new_hasher(algo), progress, pieces)
-        with open_tar(src, url=name) as (tar, kind):  # type: ignore[arg-type]
-            size = os.fstat(raw.fileno()).st_size if kind is None else None
-            found = _scan_tar(tar, name, size, nkeys)
-        src.drain()
+        size = os.fstat(raw.fileno()).st_size
+        scan = scan_stream(raw, name, algo=algo, nkeys=nkeys, progress=progress,
+                           piece_size=piece_size, size=size)  # fmt: skip
+    scan.path = path
+    return scan
+
+
+def scan_stream(
+    raw: BinaryIO,
+    name: str,
+    *,
+    algo: str = "sha256",
+    nkeys: int = 5,
+    progress: Callable[[int], object] | None = None,
+    piece_size: int | None = None,
+    size: int | None = None,
+) -> ShardScan:
+    """:func:`scan_shard` of a stream positioned at a shard's first byte (a remote shard);
+    ``size`` is its size when known."""
+    pieces = PieceHasher(piece_size) if piece_size else None
+    src = _HashingReader(raw, new_hasher(algo), progress, pieces)
+    with open_tar(src, url=name) as (tar, kind):  # type: ignore[arg-type]
+        found = _scan_tar(tar, name, size if kind is None else None, nkeys)
+    src.drain()
     offsets, end, stats, keys = found
     checksum = f"{algo}:{src.hasher.hexdigest()}"
     found_pieces = pieces.result() if pieces is not None else None
-    return ShardScan(path, src.size, checksum, offsets, end, stats, keys, found_pieces)
+    return ShardScan(name, src.size, checksum, offsets, end, stats, keys, found_pieces)
 
 
-def _add_fields(acc: FieldStats, more: FieldStats) -> None:
+def add_fields(acc: FieldStats, more: FieldStats) -> None:
     for name, st in more.items():
         a = acc.setdefault(name, {"count": 0, "bytes": 0})
         a["count"] += st["count"]
@@ -211,7 +231,7 @@ def manifest_from_shards(
             h = new_hasher(algo)
             h.update(data)
             idx, idx_sum = url + ".idx", f"{algo}:{h.hexdigest()}"
-        _add_fields(fields, scan.fields)
+        add_fields(fields, scan.fields)
         shards.append(
             ShardEntry(url, scan.size, scan.nsamples, scan.checksum, idx, idx_sum, scan.pieces)
         )

@@ -3,6 +3,16 @@
 A manifest is data, and data must never make shardkit run a command or read outside the
 data set: :func:`resolve_url` refuses ``pipe:`` urls and anything that lands outside the
 manifest's base unless the caller allows it in code.
+
+**Adopted data sets** (``shardkit manifest from-shards https://host/d/x-{0..9}.tar -o DIR``)
+are the one exception, and it is narrow: such a manifest lists the shards by absolute url
+and names the prefix they were adopted from in ``origins`` (``["https://host/d/"]``). A
+manifest's origins are honoured only when the manifest itself is read from the local disk
+(its base is a local directory: the user wrote it, or put it there) and only for remote
+prefixes (``http(s)://``, ``s3://``): never a local path, ``file://`` or ``pipe:``. A manifest
+read from a url (a base that is itself remote) has its origins ignored, so what comes from
+elsewhere still cannot point outside its base; ``allow_unsafe_urls=True`` remains the only
+way to lift that, and only in code.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ from shardkit.errors import ConfigError, ManifestError
 
 __all__ = [
     "HTTP_SCHEMES",
+    "REMOTE_PREFIXES",
     "REMOTE_SCHEMES",
     "check_within",
     "dirname",
@@ -26,6 +37,8 @@ __all__ = [
     "resolve_url",
     "url_scheme",
 ]
+
+REMOTE_PREFIXES = ("http://", "https://", "s3://")  # the urls an origin may name
 
 
 def is_absolute(url: str) -> bool:
@@ -58,13 +71,20 @@ def _refuse(url: str, full: str, base: str) -> ManifestError:
     )
 
 
-def resolve_url(base: str | None, url: str, *, allow_unsafe_urls: bool = False) -> str:
+def resolve_url(
+    base: str | None,
+    url: str,
+    *,
+    allow_unsafe_urls: bool = False,
+    origins: tuple[str, ...] = (),
+) -> str:
     """Resolve a manifest's shard ``url`` against ``base`` (the manifest's directory).
 
     Refused unless ``allow_unsafe_urls``: ``pipe:`` urls (a manifest must never make
     shardkit run a command) and any url that resolves outside ``base`` (``../..``,
-    ``file:///etc/...``, another host, a percent-encoded ``%2e%2e``). Raises
-    :class:`ManifestError`.
+    ``file:///etc/...``, another host, a percent-encoded ``%2e%2e``), except a remote url
+    under one of ``origins`` when ``base`` is a local directory (see the module
+    docstring). Raises :class:`ManifestError`.
     """
     if url.startswith("pipe:"):
         if not allow_unsafe_urls:
@@ -85,6 +105,10 @@ def resolve_url(base: str | None, url: str, *, allow_unsafe_urls: bool = False) 
     if allow_unsafe_urls:
         return full
     prefix = base.rstrip("/") + "/"
+    if "://" not in base and full.startswith(REMOTE_PREFIXES):
+        for origin in origins:
+            if origin.startswith(REMOTE_PREFIXES) and _inside(full, origin):
+                return full
     if not full.startswith(prefix):
         raise _refuse(url, full, base)
     if "://" in full:
@@ -93,6 +117,16 @@ def resolve_url(base: str | None, url: str, *, allow_unsafe_urls: bool = False) 
         if not posixpath.normpath(path).startswith(base_path.rstrip("/") + "/"):
             raise _refuse(url, full, base)
     return full
+
+
+def _inside(full: str, origin: str) -> bool:
+    """``full`` lies under the remote prefix ``origin``, also once a server decodes it."""
+    prefix = origin.rstrip("/") + "/"
+    if not full.startswith(prefix):
+        return False
+    parts, root = urlsplit(full), urlsplit(prefix)
+    path = posixpath.normpath(unquote(parts.path))
+    return path.startswith(unquote(root.path).rstrip("/") + "/") and not parts.query
 
 
 _BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}")

@@ -8,7 +8,9 @@ import os
 import click
 from tqdm import tqdm
 
+from shardkit.adopt import adopt_remote, is_remote_pattern
 from shardkit.build import merge_parts
+from shardkit.cache import make_opener
 from shardkit.checksum import ALGORITHMS
 from shardkit.errors import ConfigError
 from shardkit.manifest import Manifest
@@ -16,8 +18,11 @@ from shardkit.pieces import DEFAULT_PIECE_SIZE
 from shardkit.sources import discover
 from shardkit.summary import manifest_from_shards
 from shardkit.units import format_bytes, parse_size
+from shardkit.urls import expand_braces
 
 __all__ = ["command"]
+
+_FILES = (".json", ".csv")  # an -o naming a manifest file, not a directory
 
 
 @click.group("manifest")
@@ -42,8 +47,9 @@ def _echo_manifest(m: Manifest, path: str, as_json: bool, what: str) -> None:
     "-o",
     "--out",
     "out_path",
-    type=click.Path(dir_okay=False),
-    help="Manifest to write (default: manifest.json in DIR or the shards' directory).",
+    type=click.Path(),
+    help="Manifest to write, or a directory for it (default: manifest.json in DIR or the "
+    "shards' directory; required for remote shards).",
 )
 @click.option("--checksum", type=click.Choice(ALGORITHMS), default="sha256", show_default=True)
 @click.option(
@@ -58,14 +64,28 @@ def _echo_manifest(m: Manifest, path: str, as_json: bool, what: str) -> None:
     show_default=True,
     help="Bytes per piece of the per-piece checksums a cache verifies (0: none).",
 )
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Remote shards read at a time.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar on a terminal.")
 def from_shards(source: str, out_path: str | None, checksum: str, index: bool, piece_size: str,
-                as_json: bool, progress: bool) -> None:  # fmt: skip
+                workers: int, as_json: bool, progress: bool) -> None:  # fmt: skip
     """Write a manifest for shards someone else wrote (webdataset, GNU tar, ...).
 
     Each shard is read once: checksum, sample count and sample offsets in one pass.
+    DIR_OR_PATTERN may be remote ('https://host/d/x-{000000..000999}.tar', s3://...):
+    the shards stay there, and -o DIR gets the manifest and the sample indexes.
     """
+    if is_remote_pattern(source):
+        _adopt(source, out_path, checksum, index, piece_size, workers, as_json, progress)
+        return
+    if out_path is not None and (os.path.isdir(out_path) or not out_path.endswith(_FILES)):
+        out_path = os.path.join(out_path, "manifest.json")
     try:
         pieces = parse_size(piece_size)
         total = sum(u.size for u in discover([source], source_type="tar"))
@@ -82,6 +102,36 @@ def from_shards(source: str, out_path: str | None, checksum: str, index: bool, p
             progress=bar.update,
             piece_size=pieces or None,
         )
+    m.save(path)
+    _echo_manifest(m, path, as_json, "wrote")
+
+
+def _adopt(source: str, out_path: str | None, checksum: str, index: bool, piece_size: str,
+           workers: int, as_json: bool, progress: bool) -> None:  # fmt: skip
+    if out_path is None:
+        raise click.UsageError("remote shards need -o DIR for the manifest and indexes")
+    out_dir = os.path.dirname(out_path) if out_path.endswith(_FILES) else out_path
+    try:
+        pieces = parse_size(piece_size)
+        n = len(expand_braces(source))
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    bar = tqdm(total=n, unit="shard", desc="adopt", disable=None if progress else True)
+    got = [0]
+
+    def seen(nbytes: int) -> None:
+        got[0] += nbytes
+        bar.set_postfix_str(format_bytes(got[0]), refresh=False)
+
+    with bar:
+        try:
+            m, path = adopt_remote(source, out_dir or ".", make_opener(), algo=checksum,
+                                   index=index, piece_size=pieces or None, workers=workers,
+                                   progress=seen, on_shard=lambda: bar.update(1))  # fmt: skip
+        except ConfigError as exc:
+            raise click.UsageError(str(exc)) from None
+    if out_path.endswith(_FILES):
+        path = out_path
     m.save(path)
     _echo_manifest(m, path, as_json, "wrote")
 

@@ -14,7 +14,8 @@ import pytest
 
 from shardkit.codecs import decode_field
 from shardkit.errors import ConfigError
-from shardkit.sources import SourceError, SourceOptions, discover, parse_field_spec, read_units
+from shardkit.source_read import read_units
+from shardkit.sources import SourceError, SourceOptions, discover, parse_field_spec
 
 _IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 
