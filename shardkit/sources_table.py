@@ -3,7 +3,8 @@
 Rows become samples as data sets on the Hugging Face Hub lay them out:
 
 - an ``Image``/``Audio`` column (a struct ``{bytes, path}``) becomes the member
-  ``{col}.{ext}``, ``ext`` taken from ``path`` (``image.jpg``); a row whose struct holds
+  ``{col}.{ext}``, ``ext`` taken from ``path`` (``image.jpg``), or from the bytes' magic
+  when there is no path (png, jpg, gif, webp, wav, flac, ogg, mp3); a row whose struct holds
   only a path (a file elsewhere) is an error naming the row and column;
 - a binary column becomes the member named by the column (a column ``jpg`` gives
   ``{key}.jpg``, as WebDataset names fields);
@@ -226,7 +227,28 @@ def _add_blob(sample: Sample, col: str, value: Any) -> None:
             return
         raise ValueError(f"column {col!r} refers to the file {path!r} instead of holding bytes")
     base = os.path.basename(str(path or ""))
-    ext = base.rsplit(".", 1)[-1].lower() if "." in base else "bin"
+    ext = base.rsplit(".", 1)[-1].lower() if "." in base else _sniff(data)
     field = f"{col}.{ext}"
     check_field(str(sample["__key__"]), field)
     sample[field] = bytes(data)
+
+
+_MAGIC = (
+    (b"\x89PNG", "png"),
+    (b"\xff\xd8\xff", "jpg"),
+    (b"GIF8", "gif"),
+    (b"fLaC", "flac"),
+    (b"OggS", "ogg"),
+    (b"ID3", "mp3"),
+)
+
+
+def _sniff(data: bytes) -> str:
+    """The extension of an image or audio blob stored without a path (as ``datasets``
+    stores a PIL image it encoded itself); ``bin`` when not known."""
+    for magic, ext in _MAGIC:
+        if data.startswith(magic):
+            return ext
+    if data[:4] == b"RIFF":
+        return {b"WEBP": "webp", b"WAVE": "wav"}.get(bytes(data[8:12]), "bin")
+    return "bin"
