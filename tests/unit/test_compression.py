@@ -12,7 +12,7 @@ import pytest
 import zstandard
 
 from shardkit.compression import compressed_name, open_tar, sniff
-from shardkit.errors import ShardFormatError
+from shardkit.errors import FetchError, ShardFormatError
 from shardkit.tario.reader import iter_samples, read_shard
 from shardkit.writer import ShardWriter
 from tests.helpers.data import make_samples
@@ -116,3 +116,42 @@ def test_corrupt_gzip_is_a_format_error(tmp_path: Path, damage: str) -> None:
         list(read_shard(target))
     assert info.value.url == str(target)
     assert info.value.offset is not None
+
+
+def test_multi_member_gzip_with_zero_padding_reads_whole(tmp_path: Path) -> None:
+    path, samples = _plain_shard(tmp_path, n=30)
+    data = path.read_bytes()
+    cut = len(data) // 3
+    packed = gzip.compress(data[:cut]) + b"\0" * 700 + gzip.compress(data[cut:]) + b"\0" * 9
+    target = tmp_path / "multi.tar.gz"
+    target.write_bytes(packed)
+    assert list(read_shard(target)) == samples
+    target.write_bytes(gzip.compress(data) + b"garbage")
+    with pytest.raises(ShardFormatError, match="not gzip"):
+        list(read_shard(target))
+
+
+class _Dropping(io.RawIOBase):
+    """A network stream that fails after ``n`` bytes, as FetchError after the retries."""
+
+    def __init__(self, data: bytes, n: int) -> None:
+        self._src = io.BytesIO(data)
+        self._left = n
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        if self._left <= 0:
+            raise FetchError("connection reset", url="http://h/x.tar.gz")
+        got = self._src.readinto(memoryview(b)[: self._left])
+        self._left -= got
+        return got
+
+
+def test_a_fetch_error_under_gzip_stays_a_fetch_error(tmp_path: Path) -> None:
+    path, _ = _plain_shard(tmp_path, n=30)
+    packed = gzip.compress(path.read_bytes())
+    stream = io.BufferedReader(_Dropping(packed, len(packed) // 2))
+    with pytest.raises(FetchError):
+        list(read_shard(stream, url="http://h/x.tar.gz"))  # type: ignore[arg-type]
