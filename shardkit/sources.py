@@ -28,7 +28,7 @@ import numpy as np
 from shardkit.errors import ConfigError, WriterError
 from shardkit.images import ImageOptions
 from shardkit.manifest import expand_braces
-from shardkit.sources_table import TABLE_EXTS, table_units
+from shardkit.table_meta import TABLE_EXTS, table_parts
 from shardkit.tario.reader import split_key
 from shardkit.tario.writer import check_field
 from shardkit.tree_select import TreeOptions, group_samples, select_files
@@ -331,6 +331,11 @@ def discover(
                 raise ConfigError(f"source {path!r} does not exist")
     _check_unique_names(units)
     return units
+
+
+def table_units(path: str, name: str) -> list[Unit]:
+    """The units of one Parquet file (one per row group) or Arrow file (one)."""
+    return [Unit("table", path, size, name, group=g) for g, size in table_parts(path)]
 
 
 def _is_table(path: str, source_type: str) -> bool:

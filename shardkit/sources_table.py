@@ -24,65 +24,20 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from shardkit.codecs import encode_field
 from shardkit.errors import ConfigError, WriterError
-from shardkit.tario.writer import check_field
+from shardkit.sources import SourceError, SourceOptions, Unit
+from shardkit.table_meta import is_parquet, pyarrow_module
+from shardkit.tario.writer import check_field, check_key
 
-if TYPE_CHECKING:
-    from shardkit.sources import SourceOptions, Unit
+__all__ = ["read_table"]
 
-__all__ = ["TABLE_EXTS", "read_table", "table_units"]
-
-TABLE_EXTS = (".parquet", ".arrow", ".feather", ".ipc")
 _BATCH_ROWS = 1024
 Sample = dict[str, Any]
-
-
-def _pyarrow() -> Any:
-    try:
-        import pyarrow
-        import pyarrow.ipc
-        import pyarrow.parquet
-    except ImportError:
-        raise ConfigError(
-            "reading Parquet or Arrow files needs pyarrow: pip install 'shardkit[parquet]'"
-        ) from None
-    return pyarrow
-
-
-def _is_parquet(path: str) -> bool:
-    return path.lower().endswith(".parquet")
-
-
-def table_units(path: str, name: str) -> list[Unit]:
-    """The units of one table file: a Parquet file's row groups, or a whole Arrow file.
-
-    ``size`` is spread over the row groups by their compressed bytes, adding up to the
-    file's size on disk.
-    """
-    from shardkit.sources import Unit
-
-    pa = _pyarrow()
-    size = os.path.getsize(path)
-    if not _is_parquet(path):
-        return [Unit("table", path, size, name)]
-    try:
-        with pa.parquet.ParquetFile(path) as pf:
-            meta = pf.metadata
-    except (OSError, pa.ArrowException) as exc:
-        raise ConfigError(f"cannot read {path!r} as Parquet: {exc}") from exc
-    groups = meta.num_row_groups
-    if groups == 0:
-        return [Unit("table", path, size, name, group=0)]
-    weights = [max(1, meta.row_group(i).total_byte_size) for i in range(groups)]
-    total = sum(weights)
-    sizes = [size * w // total for w in weights]
-    sizes[-1] += size - sum(sizes)
-    return [Unit("table", path, sizes[i], name, group=i) for i in range(groups)]
 
 
 @dataclass(frozen=True)
@@ -125,11 +80,9 @@ def _ipc_batches(source: Any, pa: Any) -> tuple[Any, Iterator[Any]]:
 
 def read_table(unit: Unit, opts: SourceOptions, skip: Any) -> Iterator[tuple[Sample | None, int]]:
     """Yield ``(sample, input_bytes)`` for every row of a table unit (``skip`` as JSONL)."""
-    from shardkit.sources import SourceError
-
-    pa = _pyarrow()
+    pa = pyarrow_module()
     try:
-        if _is_parquet(unit.path):
+        if is_parquet(unit.path):
             with pa.parquet.ParquetFile(unit.path) as pf:
                 meta = pf.metadata
                 groups = [unit.group] if meta.num_row_groups else []
@@ -154,9 +107,7 @@ def _rows(
     row: int,
     rows_total: int,
 ) -> Iterator[tuple[Sample | None, int]]:
-    from shardkit.sources import SourceError
-
-    layout = _layout(schema, _pyarrow())
+    layout = _layout(schema, pyarrow_module())
     _check_options(schema, opts, unit.path)
     for batch in batches:
         # an Arrow file's row count is not known up front: its batches' bytes stand in
@@ -189,9 +140,7 @@ def _cols(names: set[str]) -> str:
 def _row_sample(
     rec: dict[str, Any], row: int, unit: Unit, opts: SourceOptions, layout: _Layout
 ) -> Sample:
-    from shardkit.source_read import _jsonl_key  # the same rule as for JSONL lines
-
-    key = _jsonl_key(rec, unit, row, opts)
+    key = _key(rec, row, unit, opts)
     sample: Sample = {"__key__": key}
     mapped = {fm.name: fm for fm in opts.fields}
     rest: dict[str, Any] = {}
@@ -215,6 +164,17 @@ def _row_sample(
     if rest:
         sample["json"] = json.dumps(rest, ensure_ascii=False, default=str).encode()
     return sample
+
+
+def _key(rec: dict[str, Any], row: int, unit: Unit, opts: SourceOptions) -> str:
+    """``{stem}/{row:09d}``, or the ``--key-field`` column (the rule JSONL lines follow)."""
+    if opts.key_field is None:
+        return f"{unit.name}/{row:09d}"
+    value = rec.get(opts.key_field)
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        raise ValueError(f"key column {opts.key_field!r} is missing or not a string: {value!r}")
+    check_key(str(value))
+    return str(value)
 
 
 def _add_blob(sample: Sample, col: str, value: Any) -> None:

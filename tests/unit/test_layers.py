@@ -17,10 +17,22 @@ import shardkit
 # lowest first; inside a layer, earlier before later
 LAYERS: list[list[str]] = [
     ["_version", "_types", "errors", "units", "urls", "counters", "durable"],
-    ["checksum", "pieces", "images", "codecs", "manifest_check", "manifest", "compact", "tario"],
+    [
+        "checksum",
+        "pieces",
+        "images",
+        "codecs",
+        "compression",
+        "table_meta",
+        "manifest_check",
+        "manifest",
+        "compact",
+        "tario",
+    ],
     [
         "tree_select",
         "sources",
+        "sources_table",
         "source_read",
         "writer",
         "build_config",
@@ -29,6 +41,7 @@ LAYERS: list[list[str]] = [
         "build",
         "summary",
         "verify",
+        "adopt",
     ],
     ["world", "order", "ranges", "plan"],
     ["io", "cache"],
