@@ -230,6 +230,7 @@ def build_compact(manifest_path: str, out: str | None = None) -> str:
         "fields": manifest.fields,
         "created": manifest.created,
         "part": manifest.part,
+        "origins": list(manifest.origins),  # an adopted set's remote prefixes (urls.py)
         "columns": meta,
         "digest": fingerprint(arrays["sizes"], arrays["counts"], cols["checksums"]),
     }

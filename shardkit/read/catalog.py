@@ -112,7 +112,10 @@ class CompactShards(Sequence[ShardInfo]):
         self.compact = compact
         self.manifest_path = manifest_path
         self.allow_unsafe_urls = allow_unsafe_urls
-        self._resolver = Manifest(base=os.path.dirname(os.path.abspath(manifest_path)))
+        self._resolver = Manifest(
+            base=os.path.dirname(os.path.abspath(manifest_path)),
+            origins=tuple(compact.header.get("origins") or ()),
+        )
         self._base = None if allow_unsafe_urls else self._resolver.base
 
     def __len__(self) -> int:
