@@ -6,17 +6,27 @@ The io layer implements it (local, http, s3), the cache wraps it; the layers bel
 
 from __future__ import annotations
 
-from typing import BinaryIO, Protocol
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, BinaryIO, Protocol, TypeAlias
 
-__all__ = ["Opener"]
+if TYPE_CHECKING:  # a name for annotations only: this module imports nothing of shardkit
+    from shardkit.pieces import Pieces
+
+__all__ = ["Hint", "Opener"]
+
+Hint: TypeAlias = (
+    "tuple[str, int | None, str | None] | tuple[str, int | None, str | None, Pieces | None]"
+)
+"""A shard coming next: ``(url, size, checksum)``, optionally with its pieces."""
 
 
 class Opener(Protocol):
     """Turns a resolved url into bytes.
 
     ``open`` returns a binary stream over ``[start, end)`` of the object (``end`` None:
-    to its end); the caller closes it. ``size`` and ``checksum``, when given, are what the
-    manifest promises for the whole object, so a caching opener can verify what it stores.
+    to its end); the caller closes it. ``size``, ``checksum`` and ``pieces``, when given,
+    are what the manifest promises for the whole object, so a caching opener can verify
+    what it stores (piece by piece, with ``pieces``).
     """
 
     def open(
@@ -27,12 +37,13 @@ class Opener(Protocol):
         end: int | None = None,
         size: int | None = None,
         checksum: str | None = None,
+        pieces: Pieces | None = None,
     ) -> BinaryIO: ...
 
     def read(self, url: str, *, start: int = 0, end: int | None = None) -> bytes: ...
 
-    def prefetch(self, shards: list[tuple[str, int | None, str | None]]) -> None:
-        """Hint: these ``(url, size, checksum)`` come next in this reader's plan."""
+    def prefetch(self, shards: Sequence[Hint]) -> None:
+        """Hint: these shards come next in this reader's plan."""
         ...
 
     def stats(self) -> dict[str, float]:

@@ -1,175 +1,303 @@
-"""One download of a shard into the cache: temp file, verify, publish (or not).
+"""Filling one shard into the cache piece by piece, shared by every process that wants it.
 
-The process holding a shard's download lock runs :func:`run_fill` in a thread. Bytes go to
-the temp file as they arrive, so readers in any process read along; the whole is checked
-against the manifest's size and checksum before ``os.replace`` makes it visible. A
-mismatch is fetched once more, then it is a :class:`ChecksumError` and nothing is
-published. A write that fails (a full disk) is a :class:`CacheError`: logged, and the
-readers go on without the cache, or it is raised (``on_cache_error="raise"``).
+A fill writes into the shard's temp file (see :class:`~shardkit.cache.layout.Layout`): the
+bytes of piece *k* at their offsets, then byte *k* of the piece map set to 1 once the piece
+matched its checksum. The map is the only state, on disk, in the file it speaks of:
+
+- a piece is fetched by whoever claims it first (an open file description lock on its map
+  byte, :func:`~shardkit.cache.locks.claim_byte`): a reader claims the piece it needs
+  *now*, and background threads (``piece_parallel`` per shard and process, each request
+  under the node's request cap) claim the next ones after it, then the ones before, so a
+  worker starting mid-shard gets its own pieces at once and the shard fills over several
+  ranged requests in parallel;
+- a reader waits only for the piece it needs, and at most ``cache_wait`` seconds while
+  another process holds it (a claim dies with its process: a SIGKILLed fill's piece is
+  taken over by the next one that wants it, its verified pieces are kept);
+- a piece that does not match is fetched once more; twice is a :class:`ChecksumError`
+  naming the shard and the piece, and no byte of it ever reaches a reader;
+- whoever finds every piece verified checks the whole shard against the manifest's
+  checksum, cuts the map off and publishes it (one process: the key's publish lock).
+
+A manifest without pieces gives one piece, the whole shard, checked by its checksum: a
+reader then gets its first byte once the whole shard is verified.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
-from typing import TypeVar
+import time
+from collections.abc import Iterator
+from typing import Protocol
 
-from shardkit.cache.locks import unlock
-from shardkit.cache.store import CacheKey, CacheStore
+from shardkit.cache.layout import CacheKey, Layout, inode_of
+from shardkit.cache.locks import claim_byte, try_lock, unlock
+from shardkit.cache.store import CacheStore
 from shardkit.checksum import new_hasher
 from shardkit.errors import CacheError, ChecksumError, FetchError
+from shardkit.io.config import IoConfig
 from shardkit.io.retry import Counters
+from shardkit.pieces import PIECE_ALGORITHM
 
-__all__ = ["Fill", "run_fill"]
+__all__ = ["FillHost", "ShardFill", "WriteError"]
 
 log = logging.getLogger(__name__)
-_T = TypeVar("_T")
-
-Stream = Callable[[], Iterator[bytes]]
-"""Opens the remote bytes ``[0, size)`` of the shard being filled."""
+_POLL_MAX = 0.02  # longest pause between two looks at a piece another process fetches
+_HASH_CHUNK = 8 << 20
 
 
-class Fill:
-    """The state of a download this process runs, watched by its readers.
+class WriteError(CacheError):
+    """The cache could not write a piece (a full disk): read on uncached, or raise."""
 
-    ``inode`` is the temp file being written, ``written`` how many bytes it holds;
-    ``bypass`` says the shard will not be cached (no room, a write error) and readers
-    should read remotely; ``error`` is what readers raise. ``on_verified`` is called
-    once the temp file is verified and closed, before it is published (a prefetch leases
-    it there, so no eviction can fall between the publish and its lease).
+
+class FillHost(Protocol):
+    """What a fill needs from its opener."""
+
+    store: CacheStore
+    counters: Counters
+    cfg: IoConfig
+
+    def fetch(self, url: str, start: int, end: int) -> Iterator[bytes]: ...
+
+
+class ShardFill:
+    """This process's part in filling one shard (see the module docstring).
+
+    ``fd`` is the fill's own lease on the temp file; it is closed when the fill is over.
+    ``done`` is set once the shard is published, given up, or left to another process.
     """
 
-    def __init__(self, key: CacheKey, url: str) -> None:
+    def __init__(self, host: FillHost, key: CacheKey, url: str, layout: Layout, fd: int) -> None:
+        self.host = host
         self.key = key
         self.url = url
-        self.cond = threading.Condition()
-        self.inode: int | None = None
-        self.written = 0
-        self.done = False
-        self.bypass = False
+        self.layout = layout
+        self.done = threading.Event()
         self.error: BaseException | None = None
-        self.on_verified: Callable[[], None] | None = None
+        self._fd: int | None = fd
+        self._lock = threading.Lock()
+        self._cursor = 0
+        self._threads = 0
+        self._failed: dict[int, ChecksumError] = {}
 
-    def update(self, **changes: object) -> None:
-        with self.cond:
-            for name, value in changes.items():
-                setattr(self, name, value)
-            self.cond.notify_all()
+    # -- the map -------------------------------------------------------------------
+    def ready(self, fd: int, k: int) -> bool:
+        """Whether piece ``k`` of the file ``fd`` is verified (a cut map: all are)."""
+        return os.pread(fd, 1, self.key.size + k) != b"\0"
 
-    def wait(self, timeout: float) -> None:
-        """Wait until something changes (or ``timeout`` seconds)."""
-        with self.cond:
-            self.cond.wait(timeout)
+    def need(self, fd: int, k: int) -> None:
+        """Return once piece ``k`` of the file ``fd`` is verified: fetched here if nobody
+        is at it, else waited for (at most ``cache_wait`` seconds)."""
+        if self.ready(fd, k):
+            return
+        if k in self._failed:  # corrupt twice in this fill: not fetched a third time
+            raise self._failed[k]
+        self.start(k + 1)
+        t0 = time.monotonic()
+        pause = 0.001
+        while not self._fetch(fd, k):
+            waited = time.monotonic() - t0
+            if waited > self.host.cfg.cache_wait:
+                raise CacheError(
+                    f"{self.url}: waited {waited:.0f} s for piece {k} of another process's "
+                    f"fill (cache_wait={self.host.cfg.cache_wait:g})"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, _POLL_MAX)
+        if b"\0" not in os.pread(fd, self.layout.count, self.key.size):
+            # the last piece: the fill publishes now; its lease is gone once it is done, so
+            # the next reservation can evict the shard as soon as its readers are done
+            self.done.wait(self.host.cfg.cache_wait)
 
-
-def run_fill(
-    fill: Fill,
-    *,
-    store: CacheStore,
-    stream: Stream,
-    lock_fd: int,
-    counters: Counters,
-    raise_cache_errors: bool,
-) -> None:
-    """Download ``fill.key`` into the cache, holding its download lock (released here)."""
-    try:
-        actual = ""
-        for attempt in (1, 2):
-            verified, actual = _attempt(fill, store, stream, counters)
-            if verified:
-                return
-            log.warning(
-                "%s: checksum mismatch (expected %s, got %s), attempt %d of 2",
-                fill.url,
-                fill.key.checksum,
-                actual,
-                attempt,
-            )
-        raise ChecksumError(
-            "downloaded twice, both differ from the manifest; not cached",
-            url=fill.url,
-            expected=fill.key.checksum,
-            actual=actual,
-        )
-    except CacheError as exc:
-        counters.add("cache_errors")
-        log.warning("%s (reading %s uncached)", exc, fill.url)
-        fill.update(**({"error": exc} if raise_cache_errors else {"bypass": True}))
-    except (FetchError, ChecksumError) as exc:
-        fill.update(error=exc)
-    except BaseException as exc:  # a bug: let the readers see it rather than hang
-        fill.update(error=exc)
-        raise
-    finally:
-        unlock(lock_fd)
-        fill.update(done=True)
-
-
-def _attempt(fill: Fill, store: CacheStore, stream: Stream, counters: Counters) -> tuple[bool, str]:
-    """One download into a fresh temp file; ``(published, actual checksum)``."""
-    key = fill.key
-    try:
-        fd = store.reserve(key)
-    except OSError as exc:
-        raise CacheError(f"cache dir {store.root}: cannot reserve: {exc.strerror}") from exc
-    if fd is None:
-        counters.add("cache_no_room")
-        fill.update(bypass=True)
-        return True, key.checksum
-    try:
+    # -- fetching a piece ----------------------------------------------------------
+    def _fetch(self, fd: int, k: int) -> bool:
+        """Fetch, verify and mark piece ``k`` unless another claim holds it; True if it
+        is verified now."""
+        if self.ready(fd, k):
+            return True
+        if k in self._failed:
+            raise self._failed[k]
+        claim = claim_byte(fd, self.key.size + k)
+        if claim is None:
+            return False
         try:
-            inode = os.fstat(fd).st_ino
-            fill.update(inode=inode, written=0)
-            n, actual = _download(fill, stream, fd, store)
-            verified = n == key.size and actual == key.checksum
-            if verified:
-                _publishing(store, os.fsync, fd)
+            if self.ready(claim, k):
+                return True
+            lo, hi = self.layout.span(k)
+            algo, want = self._expected(k)
+            actual = ""
+            for attempt in (1, 2):
+                actual = self._download(claim, lo, hi, algo)
+                if actual == want:
+                    _write_at(claim, b"\1", self.key.size + k, self.host.store)
+                    self.host.counters.add("pieces_fetched")
+                    return True
+                self.host.counters.add("checksum_failures")
+                log.warning(
+                    "%s: piece %d (bytes %d..%d) differs from the manifest, attempt %d of 2",
+                    self.url,
+                    k,
+                    lo,
+                    hi,
+                    attempt,
+                )
+            self._failed[k] = ChecksumError(
+                f"piece {k} (bytes {lo}..{hi}) differs from the manifest twice; not cached, "
+                "not read",
+                url=self.url,
+                expected=f"{algo}:{want}",
+                actual=f"{algo}:{actual}" if " " not in actual else actual,
+            )
+            self._stop(self._failed[k])  # this fill is over; a later open tries again
+            raise self._failed[k]
         finally:
-            os.close(fd)  # before the publish: once visible, only its readers hold the shard
-        if verified:
-            if fill.on_verified is not None:
-                fill.on_verified()
-            _publishing(store, store.publish, key)
-    except BaseException:
-        with contextlib.suppress(OSError, CacheError):  # else the next reservation does it
-            store.discard(key)
-        raise
-    if verified:
-        counters.add("cache_fills")
-        return True, actual
-    counters.add("checksum_failures")
-    store.mark_failed(key, inode, actual if n == key.size else f"{n} bytes")
-    return False, actual
+            unlock(claim)
+
+    def _expected(self, k: int) -> tuple[str, str]:
+        if self.layout.digests is None:
+            return self.key.algo, self.key.digest
+        return PIECE_ALGORITHM, self.layout.digests[k]
+
+    def _download(self, fd: int, lo: int, hi: int, algo: str) -> str:
+        """Write the remote bytes ``[lo, hi)`` at their offsets; their digest."""
+        h = new_hasher(algo)
+        pos = lo
+        for chunk in self.host.fetch(self.url, lo, hi):
+            _write_at(fd, chunk, pos, self.host.store)
+            h.update(chunk)
+            pos += len(chunk)
+        return h.hexdigest() if pos == hi else f"{pos - lo} of {hi - lo} bytes"
+
+    # -- the background ------------------------------------------------------------
+    def start(self, k: int = 0) -> None:
+        """Fill the pieces from ``k`` on (then the ones before) in the background."""
+        count = self.layout.count
+        with self._lock:
+            self._cursor = k % count
+            if self.done.is_set() or self._fd is None:
+                return
+            while self._threads < min(self.host.cfg.piece_parallel, count):
+                self._threads += 1
+                name = f"shardkit-fill-{self.key.digest[:12]}-{self._threads}"
+                threading.Thread(target=self._work, name=name, daemon=True).start()
+
+    def _next(self, fd: int) -> list[int]:
+        """The pieces not verified yet, from the cursor on."""
+        count = self.layout.count
+        with self._lock:
+            first = self._cursor
+        seen = os.pread(fd, count, self.key.size)  # one read of the whole map
+        order = [(first + i) % count for i in range(count)]
+        return [k for k in order if k < len(seen) and not seen[k]]
+
+    def _work(self) -> None:
+        """One background thread: fetch pieces until every one is verified; the last
+        thread out publishes (no other thread of the fill uses its file by then)."""
+        try:
+            fd = self._fd
+            while fd is not None and not self.done.is_set():
+                todo = self._next(fd)
+                if not todo:
+                    break
+                for k in todo:
+                    with self._lock:
+                        self._cursor = (k + 1) % self.layout.count
+                    if self._fetch(fd, k):
+                        break
+                else:
+                    time.sleep(_POLL_MAX)  # others fetch the rest: wait for them, or their death
+        except (FetchError, ChecksumError, CacheError) as exc:
+            log.warning("%s: the cache fill stops: %s", self.url, exc)
+            self._stop(exc)
+        except BaseException as exc:  # a bug: let the readers see it rather than hang
+            self._stop(exc)
+            raise
+        finally:
+            with self._lock:
+                self._threads -= 1
+                last = self._threads == 0
+            if last:
+                self._last_out()
+
+    def _last_out(self) -> None:
+        try:
+            if not self.done.is_set():
+                self._finish()
+        except (ChecksumError, CacheError) as exc:
+            log.warning("%s: not cached: %s", self.url, exc)
+            self._stop(exc)
+        finally:
+            self._close()
+            self.done.set()
+
+    def _stop(self, exc: BaseException) -> None:
+        self.error = exc
+        self.done.set()
+
+    def _close(self) -> None:
+        with self._lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def _finish(self) -> None:
+        """Every piece is verified: check the whole and publish it (one process does)."""
+        store, key, fd = self.host.store, self.key, self._fd
+        assert fd is not None
+        lock = try_lock(store.lock_path(key))
+        if lock is None:  # another process publishes it
+            self.done.set()
+            return
+        try:
+            part = store.part_path(key, self.layout)
+            if os.path.exists(store.path(key)) or inode_of(part) != os.fstat(fd).st_ino:
+                return  # published, or given up, by someone else
+            if self.layout.digests is not None:
+                actual = _hash(fd, key.size, key.algo)
+                if actual != key.digest:
+                    self.host.counters.add("checksum_failures")
+                    self._close()  # this fill's lease: only readers may keep the file a while
+                    store.discard(key, self.layout)
+                    raise ChecksumError(
+                        "every piece matches the manifest's piece checksums but the whole "
+                        "shard does not match its checksum: the pieces listed are not this "
+                        "shard's; not cached",
+                        url=self.url,
+                        expected=key.checksum,
+                        actual=f"{key.algo}:{actual}",
+                    )
+            try:
+                os.ftruncate(fd, key.size)
+                os.fsync(fd)
+            except OSError as exc:
+                raise WriteError(f"cache dir {store.root}: cannot publish: {exc}") from exc
+            self._close()  # before the publish: once visible, only its readers hold it
+            if store.publish(key, self.layout):
+                self.host.counters.add("cache_fills")
+        finally:
+            unlock(lock)
 
 
-def _download(fill: Fill, stream: Stream, fd: int, store: CacheStore) -> tuple[int, str]:
-    """Write the remote bytes to ``fd``; ``(bytes written, their checksum)``."""
-    hasher = new_hasher(fill.key.algo)
-    n = 0
-    for chunk in stream():
-        _write_all(fd, chunk, store)
-        hasher.update(chunk)
-        n += len(chunk)
-        fill.update(written=n)
-    return n, f"{fill.key.algo}:{hasher.hexdigest()}"
+def _hash(fd: int, size: int, algo: str) -> str:
+    h = new_hasher(algo)
+    pos = 0
+    while pos < size:
+        data = os.pread(fd, min(_HASH_CHUNK, size - pos), pos)
+        if not data:
+            break
+        h.update(data)
+        pos += len(data)
+    return h.hexdigest()
 
 
-def _publishing(store: CacheStore, step: Callable[[_T], None], arg: _T) -> None:
-    try:
-        step(arg)
-    except OSError as exc:
-        raise CacheError(f"cache dir {store.root}: cannot publish: {exc}") from exc
-
-
-def _write_all(fd: int, data: bytes, store: CacheStore) -> None:
+def _write_at(fd: int, data: bytes, pos: int, store: CacheStore) -> None:
     view = memoryview(data)
     try:
         while view:
-            view = view[os.write(fd, view) :]
+            n = os.pwrite(fd, view, pos)
+            view, pos = view[n:], pos + n
     except OSError as exc:
-        raise CacheError(
+        raise WriteError(
             f"cache dir {store.root}: cannot write ({exc.strerror}); the disk may be full"
         ) from exc

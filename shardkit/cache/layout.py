@@ -11,11 +11,13 @@ from typing import NamedTuple
 
 from shardkit.checksum import split_checksum
 from shardkit.errors import ConfigError
+from shardkit.pieces import Pieces, piece_count
 
 __all__ = [
     "CacheKey",
     "CacheStat",
     "CachedShard",
+    "Layout",
     "TempFile",
     "inode_of",
     "listdir",
@@ -51,6 +53,41 @@ class CacheKey:
 
 
 @dataclass(frozen=True)
+class Layout:
+    """How a shard is filled and checked: ``count`` pieces of ``piece_size`` bytes, each
+    checked against its digest before a reader gets a byte of it; ``piece_size`` 0 (a
+    manifest without pieces): one piece, the whole shard, checked against its checksum.
+
+    A fill's temp file holds the shard's bytes at their offsets, then one byte per piece
+    (its *map*: 1 once the piece is verified), so the map and the bytes it speaks of are
+    one inode; it is cut to the shard's size when it is published.
+    """
+
+    size: int
+    piece_size: int = 0
+    digests: tuple[str, ...] | None = None
+
+    @classmethod
+    def of(cls, size: int, pieces: Pieces | None) -> Layout:
+        if pieces is None or size == 0:
+            return cls(size)
+        return cls(size, pieces.size, pieces.digests)
+
+    @property
+    def count(self) -> int:
+        return piece_count(self.size, self.piece_size) if self.piece_size else 1
+
+    def piece_of(self, pos: int) -> int:
+        return pos // self.piece_size if self.piece_size else 0
+
+    def span(self, k: int) -> tuple[int, int]:
+        """The bytes ``[start, end)`` of piece ``k``."""
+        if not self.piece_size:
+            return 0, self.size
+        return k * self.piece_size, min((k + 1) * self.piece_size, self.size)
+
+
+@dataclass(frozen=True)
 class CachedShard:
     """One verified shard in the cache."""
 
@@ -60,11 +97,11 @@ class CachedShard:
 
 
 class TempFile(NamedTuple):
-    """A temp file in ``tmp/``: a download's (``retired`` False) or one given up."""
+    """A temp file in ``tmp/``: a fill's (``retired`` False) or one given up."""
 
     path: str
-    name: str  # the key's name: its download lock is ``locks/<name>.lock``
-    size: int  # the bytes reserved for it
+    name: str  # the key's name: its publish lock is ``locks/<name>.lock``
+    size: int  # the bytes reserved for it: the shard and its piece map
     retired: bool
 
 

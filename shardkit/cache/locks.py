@@ -8,13 +8,15 @@ pid files, nothing to recover by hand.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import random
+import struct
 import threading
 from collections.abc import Iterator
 
-__all__ = ["NodeSlots", "is_locked", "lock_file", "try_lock", "unlock"]
+__all__ = ["NodeSlots", "claim_byte", "is_locked", "lock_file", "try_lock", "unlock"]
 
 # Lock fds this process holds. A forked child (a DataLoader worker) inherits them, and an
 # inherited copy would keep the lock alive after this process let go of it or died; the
@@ -85,6 +87,35 @@ def is_locked(path: str) -> bool:
         return True
     unlock(fd)
     return False
+
+
+# struct flock on Linux (x86_64, aarch64): l_type, l_whence, l_start, l_len, l_pid
+_FLOCK = "hhqqi4x"
+_OFD_SETLK: int | None = getattr(fcntl, "F_OFD_SETLK", None)
+
+
+def claim_byte(fd: int, offset: int) -> int | None:
+    """Claim byte ``offset`` of the file ``fd`` is open on, without waiting.
+
+    Returns a new read-write fd of that file holding the claim (an open file description
+    lock, Linux's ``F_OFD_SETLK``: it conflicts with every other description, threads of
+    this process included, and dies with its process), or None if someone holds it.
+    Release it with :func:`unlock`.
+    """
+    if _OFD_SETLK is None:  # pragma: no cover - only Linux has OFD locks
+        raise OSError(errno.ENOTSUP, "the node cache needs Linux open file description locks")
+    mine = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)  # a description of its own
+    try:
+        fcntl.fcntl(mine, _OFD_SETLK, struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0))
+    except OSError as exc:
+        os.close(mine)
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            return None
+        raise
+    except BaseException:
+        os.close(mine)
+        raise
+    return _held(mine)
 
 
 @contextlib.contextmanager

@@ -1,34 +1,39 @@
 """The caching opener: remote shards through the node-local cache.
 
-``open(url, size=, checksum=)`` of a remote shard is served from the cache when the shard
-is there (a hit, under a lease). On a miss, the first process on the node to ask takes the
-shard's download lock and fetches it in a background thread into a temp file; it and every
-other reader, in any process, read along while it arrives. ``prefetch`` does the same for
-the next shards of a plan in a small thread pool, ``prefetch_depth`` ahead. Reads without
-a size and checksum (a sample index, a manifest) and local files bypass the cache.
+``open(url, size=, checksum=, pieces=)`` of a remote shard is served from the cache when
+the shard is there (a hit, under a lease). On a miss it is read from the shard's temp file
+as it fills, piece by piece, each piece verified before a byte of it is handed out (see
+:mod:`shardkit.cache.fill`): every process on the node that wants the shard fetches the
+pieces nobody else is fetching, the ones its reader needs first. ``prefetch`` fills the
+next shards of a plan in a small thread pool, ``prefetch_depth`` ahead. Reads without a
+size and checksum (a manifest) and local files bypass the cache.
 
-The opener is cheap to build and picklable: its threads, locks and download registry
-are made per process, on first use (again after a fork).
+The opener is cheap to build and picklable: its threads, locks and fill registry are made
+per process, on first use (again after a fork).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO
 
-from shardkit.cache.fill import Fill, run_fill
-from shardkit.cache.locks import NodeSlots, unlock
+from shardkit._types import Hint
+from shardkit.cache.fill import ShardFill
+from shardkit.cache.layout import Layout
+from shardkit.cache.locks import NodeSlots
 from shardkit.cache.manifests import fetch_manifest_once
 from shardkit.cache.store import CacheKey, CacheStore
 from shardkit.cache.stream import CacheStream
 from shardkit.errors import CacheError, ChecksumError, ConfigError
 from shardkit.io.config import IoConfig
 from shardkit.io.remote import RangeSource, RemoteOpener, buffered
+from shardkit.pieces import Pieces
 from shardkit.urls import REMOTE_SCHEMES, url_scheme
 
 __all__ = ["CachingOpener"]
@@ -46,7 +51,7 @@ class _Local:
     def __init__(self, threads: int) -> None:
         self.pid = os.getpid()
         self.lock = threading.Lock()
-        self.fills: dict[str, Fill] = {}
+        self.fills: dict[str, ShardFill] = {}
         self.queued: set[str] = set()
         self.leases: dict[str, int] = {}  # prefetched shards, kept from eviction until read
         self.warned = False
@@ -107,6 +112,7 @@ class CachingOpener:
         end: int | None = None,
         size: int | None = None,
         checksum: str | None = None,
+        pieces: Pieces | None = None,
     ) -> BinaryIO:
         """Stream ``[start, end)`` of ``url``, through the cache when it can be cached."""
         if size is None or checksum is None or self.remote.source(url) is None:
@@ -115,8 +121,19 @@ class CachingOpener:
         stop = size if end is None else min(end, size)
         if not self._usable():
             return self.remote.open(url, start=start, end=stop)
-        fd = self.store.open_published(key)
-        if fd is not None:
+        layout = Layout.of(size, pieces)
+        try:
+            fd, published = self._open_part(key, layout)
+        except CacheError as exc:
+            if self.cfg.on_cache_error == "raise":
+                raise
+            self.counters.add("cache_errors")
+            log.warning("%s (reading %s uncached)", exc, url)
+            fd, published = None, False
+        self._drop_lease(key)  # the reader holds its own lease from here
+        if fd is None:
+            return self._uncached(url, start, stop, size, checksum)
+        if published:
             if os.fstat(fd).st_size != size:
                 os.close(fd)
                 raise ChecksumError(
@@ -124,59 +141,61 @@ class CachingOpener:
                     url=url,
                     expected=f"{size} bytes",
                 )
+            with contextlib.suppress(OSError):
+                os.utime(fd)  # least recently used goes first
             self.counters.add("cache_hits")
-            self._drop_lease(key)  # the reader holds its own from here
             return buffered(CacheStream(self, key, url, start, stop, fd=fd))
         self.counters.add("cache_misses")
-        self._drop_lease(key)
-        fill = self._start_fill(key, url)
-        if fill is None:
-            self.counters.add("read_along")
-        return buffered(CacheStream(self, key, url, start, stop, fill=fill))
+        fill = self._fill_for(key, url, layout, fd)
+        return buffered(CacheStream(self, key, url, start, stop, fd=fd, fill=fill))
 
     def read(self, url: str, *, start: int = 0, end: int | None = None) -> bytes:
         with self.open(url, start=start, end=end) as f:
             return f.read()
 
-    def prefetch(self, shards: list[tuple[str, int | None, str | None]]) -> None:
-        """Fetch the first ``prefetch_depth`` of these next shards in the background."""
+    def prefetch(self, shards: Sequence[Hint]) -> None:
+        """Fill the first ``prefetch_depth`` of these next shards in the background."""
         if not self._usable():
             return
         local = self._local
-        for url, size, checksum in shards[: self.cfg.prefetch_depth]:
+        for url, size, checksum, *more in shards[: self.cfg.prefetch_depth]:
             if size is None or checksum is None or url_scheme(url) not in REMOTE_SCHEMES:
                 continue
             try:
                 key = CacheKey.of(checksum, size)
             except ConfigError:
                 continue  # a hint only: its open() reports the bad checksum
+            layout = Layout.of(size, more[0] if more else None)
             with local.lock:
-                running = local.fills.get(key.name)
+                running = local.fills.get(self.store.part_path(key, layout))
                 busy = key.name in local.queued or key.name in local.leases
-                if busy or (running is not None and not running.done):
+                if busy or (running is not None and not running.done.is_set()):
                     continue
                 local.queued.add(key.name)
-            local.submit(functools.partial(self._prefetch_one, key, url))
+            local.submit(functools.partial(self._prefetch_one, key, url, layout))
 
-    def ensure_cached(self, url: str, size: int, checksum: str) -> str:
+    def ensure_cached(
+        self, url: str, size: int, checksum: str, pieces: Pieces | None = None
+    ) -> str:
         """Put one shard in the cache now (``shardkit cache warm``); what happened:
-        ``"cached"`` (it was there), ``"fetched"``, ``"shared"`` (another process fetched
-        it and this one read along) or ``"no room"`` (the limit is taken by shards in use).
+        ``"cached"`` (it was there), ``"fetched"`` or ``"no room"`` (the limit is taken
+        by shards in use).
         """
-        key = CacheKey.of(checksum, size)
-        fd = self.store.open_published(key) if self._usable() else None
-        if fd is not None:
-            os.close(fd)
-            return "cached"
-        fill = self._start_fill(key, url, inline=True)
-        if fill is None:  # someone else is downloading it: follow them to the end
-            with self.open(url, size=size, checksum=checksum) as f:
-                while f.read(1 << 20):
-                    pass
-            return "shared" if os.path.exists(self.store.path(key)) else "no room"
-        if fill.error is not None:
-            raise fill.error
-        return "no room" if fill.bypass else "fetched"
+        key, layout = CacheKey.of(checksum, size), Layout.of(size, pieces)
+        fd, published = self._open_part(key, layout)
+        if fd is None:
+            return "no room"
+        try:
+            if published:
+                return "cached"
+            fill = self._fill_for(key, url, layout, fd)
+            fill.start(0)
+            fill.done.wait()
+            if fill.error is not None:
+                raise fill.error
+        finally:
+            self.store.let_go(fd, key, layout)
+        return "fetched" if os.path.exists(self.store.path(key)) else "no room"
 
     def fetch_manifest(self, url: str) -> bytes:
         """The manifest at ``url``, fetched once per node into the cache dir."""
@@ -191,15 +210,11 @@ class CachingOpener:
         """This process's counters: requests, bytes fetched, retries, cache hits/misses."""
         return self.counters.snapshot()
 
-    # -- the StreamHost protocol ---------------------------------------------------
-    def take_over(self, key: CacheKey, url: str) -> Fill | None:
-        fill = self._start_fill(key, url)
-        if fill is not None:
-            self.counters.add("takeovers")
-        return fill
-
-    def direct(self, url: str, start: int, end: int) -> Iterator[bytes]:
-        return self._source(url).stream(url, start, end)
+    # -- the StreamHost and FillHost protocols --------------------------------------
+    def fetch(self, url: str, start: int, end: int) -> Iterator[bytes]:
+        """The remote bytes ``[start, end)``, each request under the node's request cap."""
+        gate = self.slots.slot if self.cfg.node_requests else None
+        return self._source(url).stream(url, start, end, gate=gate)
 
     # -- internals -----------------------------------------------------------------
     def _source(self, url: str) -> RangeSource:
@@ -222,64 +237,49 @@ class CachingOpener:
             return False
         return True
 
-    def _start_fill(
-        self,
-        key: CacheKey,
-        url: str,
-        *,
-        inline: bool = False,
-        on_verified: Callable[[], None] | None = None,
-    ) -> Fill | None:
-        """Start downloading ``key`` here unless someone is at it; the Fill, or None."""
+    def _open_part(self, key: CacheKey, layout: Layout) -> tuple[int | None, bool]:
+        try:
+            return self.store.open_part(key, layout)
+        except OSError as exc:
+            raise CacheError(f"cache dir {self.store.root}: cannot reserve: {exc}") from exc
+
+    def _uncached(self, url: str, start: int, stop: int, size: int, checksum: str) -> BinaryIO:
+        """No room in the cache: read as the uncached opener does."""
+        self.counters.add("cache_no_room")
+        return self.remote.open(url, start=start, end=stop, size=size, checksum=checksum)
+
+    def _fill_for(self, key: CacheKey, url: str, layout: Layout, fd: int) -> ShardFill:
+        """This process's fill of ``key`` (shared by its readers), started on the file
+        ``fd`` (a lease of its own on it) if none is running."""
         local = self._local
+        name = self.store.part_path(key, layout)
         with local.lock:
-            running = local.fills.get(key.name)
-            if running is not None and not running.done:
-                return running if not inline else None
-            lock_fd = self.store.try_download_lock(key)
-            if lock_fd is None:
-                return None
-            if os.path.exists(self.store.path(key)):
-                unlock(lock_fd)  # published while we were looking
-                return None
-            for name in [n for n, f in local.fills.items() if f.done]:
-                del local.fills[name]
-            fill = Fill(key, url)
-            fill.on_verified = on_verified
-            local.fills[key.name] = fill
-        gate = self.slots.slot if self.cfg.node_requests else None
-
-        def work() -> None:
-            run_fill(
-                fill,
-                store=self.store,
-                stream=lambda: self._source(url).stream(url, 0, key.size, gate=gate),
-                lock_fd=lock_fd,
-                counters=self.counters,
-                raise_cache_errors=self.cfg.on_cache_error == "raise",
-            )
-
-        if inline:
-            work()
-        else:
-            name = f"shardkit-fill-{key.digest[:12]}"
-            threading.Thread(target=work, name=name, daemon=True).start()
+            running = local.fills.get(name)
+            if running is not None and not running.done.is_set():
+                return running
+            for done in [n for n, f in local.fills.items() if f.done.is_set()]:
+                del local.fills[done]
+            fill = ShardFill(self, key, url, layout, os.dup(fd))
+            local.fills[name] = fill
         return fill
 
-    def _prefetch_one(self, key: CacheKey, url: str) -> None:
-        """Fetch one shard ahead and lease it, so eviction spares it until it is read.
+    def _prefetch_one(self, key: CacheKey, url: str, layout: Layout) -> None:
+        """Fill one shard ahead and lease it, so eviction spares it until it is read.
 
-        The lease is taken on the verified temp file before it is published, so no
-        eviction falls in between (its mtime is fresh, yet it may be the only shard
-        not in use when the next one needs room).
+        The prefetch holds its lease on the temp file from before its first piece, so the
+        shard is leased when it is published (no eviction falls in between: its mtime is
+        fresh, yet it may be the only shard not in use when the next one needs room).
         """
         local = self._local
         try:
-            if not os.path.exists(self.store.path(key)):
-                self.counters.add("prefetches")
-                keep = functools.partial(self._keep, key, self.store.part_path(key))
-                self._start_fill(key, url, inline=True, on_verified=keep)
-            self._keep(key, self.store.path(key))  # cached before, or by another process
+            fd, published = self._open_part(key, layout)
+            if fd is not None:
+                fill = None if published else self._fill_for(key, url, layout, fd)
+                self._keep(key, fd)  # from now on its reader may take it over
+                if fill is not None:
+                    self.counters.add("prefetches")
+                    fill.start(0)
+                    fill.done.wait()
         except Exception:  # a prefetch is a hint: its reader will meet the error itself
             log.debug("prefetch of %s failed", url, exc_info=True)
         with local.lock:
@@ -287,8 +287,9 @@ class CachingOpener:
             while len(local.leases) > 2 * max(1, self.cfg.prefetch_depth):
                 os.close(local.leases.pop(next(iter(local.leases))))  # the oldest hint
 
-    def _keep(self, key: CacheKey, path: str) -> None:
-        """Lease ``path`` for the prefetch of ``key`` unless its reader opened it already.
+    def _keep(self, key: CacheKey, fd: int) -> None:
+        """Keep the lease ``fd`` for the prefetch of ``key`` unless its reader opened it
+        already (then close it).
 
         Under the lock its reader takes the lease over with, so a prefetch never holds,
         even for a moment, a shard its reader is done with (that shard may be the one the
@@ -297,9 +298,9 @@ class CachingOpener:
         local = self._local
         with local.lock:
             if key.name in local.queued and key.name not in local.leases:
-                fd = self.store.lease(path)
-                if fd is not None:
-                    local.leases[key.name] = fd
+                local.leases[key.name] = fd
+                return
+        os.close(fd)
 
     def _drop_lease(self, key: CacheKey) -> None:
         """The shard is being opened: its reader takes over from a prefetch lease."""

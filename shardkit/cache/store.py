@@ -2,21 +2,24 @@
 
 Layout under the cache root (shared by every process and job that names it)::
 
-    data/<algo>/<hex[:2]>/<hex>         verified shards, addressed by checksum
-    tmp/<algo>-<hex>-<size>.part        a download in progress (its size is reserved)
-    tmp/<algo>-<hex>-<size>.part.gone-N a given-up temp file a reader still holds (counted)
-    tmp/<algo>-<hex>.failed             the inode of a download that failed verification
-    locks/<algo>-<hex>.lock             held (flock) by the one process downloading it
-    locks/evict.lock                    serialises reservations and evictions
-    slots/slot-NNN.lock                 the per-node request cap
+    data/<algo>/<hex[:2]>/<hex>                  verified shards, addressed by checksum
+    tmp/<algo>-<hex>-<size>-p<piece>.part       a fill in progress: the shard's bytes at
+                                                 their offsets, then its piece map (one
+                                                 byte a piece, 1 once verified); kept
+                                                 after a crash, and resumed
+    tmp/<...>.part.gone-N                        a given-up temp file a reader still holds
+    locks/<algo>-<hex>.lock                      held (flock) by the one process publishing
+    locks/evict.lock                             serialises reservations and evictions
+    slots/slot-NNN.lock                          the per-node request cap
 
 A shard becomes visible in ``data/`` only by ``os.replace`` after its size and checksum
 were verified, so a crash or SIGKILL never leaves a file that is later served as whole.
-Readers hold a shared ``flock`` (a *lease*) on the file they read; eviction takes an
-exclusive one without waiting and skips a shard it cannot get. A download closes its temp
-file before it publishes it, so a shard in ``data/`` is held only by its readers. A temp
-file whose download lock is not held belongs to a dead process and is removed by the
-next reservation.
+Every process that reads or fills a file holds a shared ``flock`` on it (a *lease*);
+eviction takes an exclusive one without waiting and skips a file it cannot get. So a temp
+file whose fill died is kept, counted and resumed by the next process that wants the
+shard, and evicted like a shard (least recently used first) when room is needed. A fill
+closes its file before it publishes it, so a shard in ``data/`` is held only by its
+readers.
 
 Everything that changes what the cache holds runs under the eviction lock: reservations,
 evictions and giving up temp files hold it exclusively, publishing holds it shared, so a
@@ -35,30 +38,31 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import re
-import time
 from collections.abc import Iterator
 
 from shardkit.cache.layout import (
     CachedShard,
     CacheKey,
     CacheStat,
+    Layout,
     TempFile,
     inode_of,
     listdir,
     try_lock_existing,
 )
-from shardkit.cache.locks import is_locked, locked, try_lock
+from shardkit.cache.locks import locked
 from shardkit.durable import fsync_dir
 from shardkit.errors import CacheError
 
-__all__ = ["CacheKey", "CacheStat", "CacheStore", "CachedShard", "TempFile"]
+__all__ = ["CacheKey", "CacheStat", "CacheStore", "CachedShard", "Layout", "TempFile"]
 
 log = logging.getLogger(__name__)
-_PART = re.compile(r"(?P<name>[a-z0-9_]+-[0-9a-f]+)-(?P<size>\d+)\.part(?P<gone>\.gone-\d+)?")
+_PART = re.compile(
+    r"(?P<name>[a-z0-9_]+-[0-9a-f]+)-(?P<size>\d+)-p(?P<piece>\d+)\.part(?P<gone>\.gone-\d+)?"
+)
 _TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# shardkit node-local shard cache\n"
 
 
@@ -97,14 +101,12 @@ class CacheStore:
     def path(self, key: CacheKey) -> str:
         return os.path.join(self.root, "data", key.algo, key.digest[:2], key.digest)
 
-    def part_path(self, key: CacheKey) -> str:
-        return os.path.join(self.root, "tmp", f"{key.name}-{key.size}.part")
+    def part_path(self, key: CacheKey, layout: Layout | None = None) -> str:
+        piece = layout.piece_size if layout is not None else 0
+        return os.path.join(self.root, "tmp", f"{key.name}-{key.size}-p{piece}.part")
 
     def lock_path(self, key: CacheKey) -> str:
         return os.path.join(self.root, "locks", f"{key.name}.lock")
-
-    def marker_path(self, key: CacheKey) -> str:
-        return os.path.join(self.root, "tmp", f"{key.name}.failed")
 
     def evict_lock_path(self) -> str:
         return os.path.join(self.root, "locks", "evict.lock")
@@ -137,75 +139,83 @@ class CacheStore:
                 os.utime(fd)  # least recently used goes first
         return fd
 
-    def try_download_lock(self, key: CacheKey) -> int | None:
-        """The download lock of ``key`` if nobody holds it (an fd to :func:`unlock`)."""
-        self.ensure()
-        return try_lock(self.lock_path(key))
-
-    def downloading(self, key: CacheKey) -> bool:
-        return is_locked(self.lock_path(key))
-
-    def failed_inode(self, key: CacheKey) -> tuple[int, str] | None:
-        """The inode and checksum of the last download of ``key`` that failed to verify."""
-        try:
-            with open(self.marker_path(key)) as f:
-                rec = json.load(f)
-            return int(rec["inode"]), str(rec["actual"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
-    def is_retired(self, fd: int, key: CacheKey) -> bool:
+    def is_retired(self, fd: int, key: CacheKey, layout: Layout) -> bool:
         """Whether ``fd`` holds a temp file of ``key`` that was given up and renamed aside."""
         st = os.fstat(fd)
-        here = (inode_of(self.part_path(key)), inode_of(self.path(key)))
+        here = (inode_of(self.part_path(key, layout)), inode_of(self.path(key)))
         return st.st_nlink > 0 and st.st_ino not in here
 
-    # -- writing (the download lock of the key is held) ----------------------------
-    def reserve(self, key: CacheKey) -> int | None:
-        """Make room for ``key`` and create its temp file; its fd, or None if no room.
+    # -- filling -----------------------------------------------------------------
+    def open_part(self, key: CacheKey, layout: Layout) -> tuple[int | None, bool]:
+        """``(fd, published)``: the verified shard if it is there (published True), else
+        its temp file filled by ``layout``, open read-write: the one there (a fill running,
+        or left by a dead one), or a new one if there is room; either under a lease. fd
+        None: no room.
 
-        Runs under the eviction lock: removes temp files of dead downloads, then evicts
-        least recently used shards that nobody is reading until the new one fits, and only
-        then creates the temp file.
+        Runs under the eviction lock: a new file is created only after temp files given up
+        are removed and least recently used files nobody holds are evicted until it fits.
         """
         self.ensure()
-        if self.limit is not None and key.size > self.limit:
-            return None
-        part = self.part_path(key)
+        part = self.part_path(key, layout)
+        nbytes = key.size + layout.count
         with locked(self.evict_lock_path()):
-            self._retire(part)  # a try of ours that failed, or a dead process's
+            fd = _open_leased(self.path(key), os.O_RDONLY)
+            if fd is not None:
+                return fd, True
+            fd = _open_leased(part, os.O_RDWR)
+            if fd is not None:
+                if os.fstat(fd).st_size in (nbytes, key.size):  # whole, or cut: published
+                    return fd, False
+                os.close(fd)
+                self._retire(part)  # not a file this layout made: start again
+            if self.limit is not None and nbytes > self.limit:
+                return None, False
             used = self._sweep() + sum(s.size for s in self.shards())
-            if self.limit is not None and used + key.size > self.limit:
-                used -= self._evict(used + key.size - self.limit)
-                if used + key.size > self.limit:
-                    return None
-            return os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            if self.limit is not None and used + nbytes > self.limit:
+                used -= self._evict(used + nbytes - self.limit)
+                if used + nbytes > self.limit:
+                    return None, False
+            fd = _open_leased(part, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+            assert fd is not None
+            try:
+                os.ftruncate(fd, nbytes)  # sparse: the map reads as "nothing verified"
+            except BaseException:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(part)
+                raise
+            return fd, False
 
-    def publish(self, key: CacheKey) -> None:
-        """Make a verified temp file (synced and closed) visible as the cached shard."""
+    def publish(self, key: CacheKey, layout: Layout) -> bool:
+        """Make a verified temp file (cut, synced and closed) visible as the cached shard;
+        False if it was evicted meanwhile."""
         path = self.path(key)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with locked(self.evict_lock_path(), exclusive=False):  # not while bytes are counted
-            os.replace(self.part_path(key), path)
+            try:
+                os.replace(self.part_path(key, layout), path)
+            except FileNotFoundError:
+                return False
         fsync_dir(os.path.dirname(path))
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.marker_path(key))
+        return True
 
-    def mark_failed(self, key: CacheKey, inode: int, actual: str) -> None:
-        """Record that the temp file ``inode`` failed verification, and give it up."""
-        rec = {"inode": inode, "actual": actual, "time": time.time()}
-        tmp = self.marker_path(key) + f".{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(rec, f)
-        os.replace(tmp, self.marker_path(key))
-        self.discard(key)
-
-    def discard(self, key: CacheKey) -> None:
-        """Give up the temp file of ``key`` (closed by its download): removed, or renamed
-        aside and still counted while readers hold it."""
+    def discard(self, key: CacheKey, layout: Layout) -> None:
+        """Give up the temp file of ``key``: removed, or renamed aside and still counted
+        while readers hold it."""
         self.ensure()
         with locked(self.evict_lock_path()):
-            self._retire(self.part_path(key))
+            self._retire(self.part_path(key, layout))
+
+    def let_go(self, fd: int, key: CacheKey, layout: Layout | None) -> None:
+        """Close a reader's ``fd``; a temp file given up while it was read is removed now."""
+        try:
+            retired = layout is not None and self.is_retired(fd, key, layout)
+        except OSError:
+            retired = False
+        os.close(fd)
+        if retired:
+            with contextlib.suppress(OSError, CacheError):  # else the next reservation does it
+                self.sweep()
 
     def sweep(self) -> None:
         """Remove the temp files that nobody downloads or reads any more."""
@@ -232,20 +242,27 @@ class CacheStore:
             m = _PART.fullmatch(name)
             if m is not None:
                 path, retired = os.path.join(tmp, name), m.group("gone") is not None
-                yield TempFile(path, m.group("name"), int(m.group("size")), retired)
+                size = int(m.group("size"))
+                count = Layout(size, int(m.group("piece"))).count
+                yield TempFile(path, m.group("name"), size + count, retired)
 
     def _live(self, t: TempFile) -> bool:
-        return not t.retired and is_locked(os.path.join(self.root, "locks", f"{t.name}.lock"))
+        """Whether someone fills or reads the temp file ``t`` now (holds a lease on it)."""
+        if t.retired:
+            return False
+        fd = try_lock_existing(t.path)
+        if fd is None:
+            return os.path.exists(t.path)
+        os.close(fd)
+        return False
 
     def _sweep(self) -> int:
-        """Remove temp files nobody downloads or reads; the bytes the others hold.
-        Called under the eviction lock."""
+        """Remove the given-up temp files nobody reads; the bytes the others hold (a dead
+        fill's file stays: its verified pieces are resumed). Called under the eviction lock."""
         held = 0
         for t in list(self.parts()):
-            if self._live(t) or not self._retire(t.path):
+            if not t.retired or not self._retire(t.path):
                 held += t.size
-            elif not t.retired:
-                log.info("removed %s left by a dead download", t.path)
         return held
 
     def _retire(self, path: str) -> bool:
@@ -271,7 +288,7 @@ class CacheStore:
         taken: list[tuple[int, CachedShard]] = []
         freed = 0
         try:
-            for shard in sorted(self.shards(), key=lambda s: s.mtime):
+            for shard in sorted([*self.shards(), *self._dead_parts()], key=lambda s: s.mtime):
                 if freed >= need:
                     break
                 fd = try_lock_existing(shard.path)
@@ -288,6 +305,16 @@ class CacheStore:
         finally:
             for fd, _ in taken:
                 os.close(fd)  # the bytes are gone once this last fd on them is closed
+
+    def _dead_parts(self) -> Iterator[CachedShard]:
+        """The temp files of fills that died (evicted like shards when room is needed); not
+        one cut to its shard's size: that one is verified and being published."""
+        for t in self.parts():
+            if not t.retired:
+                with contextlib.suppress(FileNotFoundError):
+                    st = os.stat(t.path)
+                    if st.st_size == t.size:
+                        yield CachedShard(t.path, t.size, st.st_mtime)
 
     def _evict_one(self, path: str) -> bool:
         fd = try_lock_existing(path)
@@ -334,7 +361,7 @@ class CacheStore:
             in_use=in_use,
             downloading=len(live),
             downloading_bytes=sum(p.size for p in live),
-            dead_temp_files=len(parts) - len(live),
+            dead_temp_files=len(parts) - len(live),  # resumable, or given up
             oldest_use=min((s.mtime for s in shards), default=None),
         )
 
@@ -345,7 +372,7 @@ class CacheStore:
         self.ensure()
         with locked(self.evict_lock_path()):
             self._sweep()
-            shards = sorted(self.shards(), key=lambda s: s.mtime)
+            shards = sorted([*self.shards(), *self._dead_parts()], key=lambda s: s.mtime)
             total = sum(s.size for s in shards)
             n = freed = 0
             for s in shards:
@@ -355,3 +382,17 @@ class CacheStore:
                     n += 1
                     freed += s.size
             return n, freed
+
+
+def _open_leased(path: str, flags: int) -> int | None:
+    """Open ``path`` with a lease (under the eviction lock); None if it is not there."""
+    try:
+        fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

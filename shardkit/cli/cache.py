@@ -184,7 +184,7 @@ def _warm(
 
     def one(i: int) -> str:
         s = m.shards[i]
-        got = opener.ensure_cached(m.resolve(s.url), s.size, s.checksum)
+        got = opener.ensure_cached(m.resolve(s.url), s.size, s.checksum, s.pieces)
         with lock:
             bar.update(s.size)
         return got

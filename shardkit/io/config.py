@@ -39,6 +39,9 @@ class IoConfig:
         prefetch_depth: how many of the next shards of a plan are fetched ahead.
         prefetch_threads: background download threads per process.
         node_requests: concurrent remote requests per node for cache fills (0: no cap).
+        piece_parallel: ranged requests in flight per shard and process filling the cache.
+        cache_wait: seconds a reader waits for a piece another process is fetching before
+            :class:`CacheError` (its own requests are bounded by the retry policy).
         manifest_ttl: seconds a node's cached manifest is reused without asking the server.
         on_cache_error: ``"bypass"`` (log a :class:`CacheError`, read uncached) or ``"raise"``.
         max_member: the largest tar member (bytes, or "2GiB") a reader holds in memory;
@@ -59,20 +62,30 @@ class IoConfig:
     prefetch_depth: int = 2
     prefetch_threads: int = 2
     node_requests: int = 16
+    piece_parallel: int = 4
+    cache_wait: float = 300.0
     manifest_ttl: float = 300.0
     on_cache_error: str = "bypass"
     max_member: int = DEFAULT_MAX_MEMBER
 
     def __post_init__(self) -> None:
-        for name in ("connect_timeout", "read_timeout", "backoff_base", "backoff_max"):
+        for name in (
+            "connect_timeout",
+            "read_timeout",
+            "backoff_base",
+            "backoff_max",
+            "cache_wait",
+        ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
         for name in ("prefetch_depth", "node_requests", "retry_after_max", "manifest_ttl"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        if min(self.max_attempts, self.prefetch_threads, self.range_size, self.max_member) < 1:
+        least = (self.max_attempts, self.prefetch_threads, self.range_size, self.max_member)
+        if min(*least, self.piece_parallel) < 1:
             raise ConfigError(
-                "max_attempts, prefetch_threads, range_size and max_member must be >= 1"
+                "max_attempts, prefetch_threads, range_size, max_member and piece_parallel "
+                "must be >= 1"
             )
         if self.on_cache_error not in ("bypass", "raise"):
             raise ConfigError(

@@ -10,9 +10,10 @@ range from the index) become ranged requests and cannot be verified.
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO, Protocol
 
+from shardkit._types import Hint
 from shardkit.checksum import new_hasher, split_checksum
 from shardkit.errors import ChecksumError, ConfigError
 from shardkit.io.config import IoConfig
@@ -21,6 +22,7 @@ from shardkit.io.local import open_local
 from shardkit.io.pipe import check_pipe_allowed, open_pipe
 from shardkit.io.retry import Counters
 from shardkit.io.s3 import S3Source
+from shardkit.pieces import Pieces
 from shardkit.urls import HTTP_SCHEMES, url_scheme
 
 __all__ = ["ChunkStream", "RangeSource", "RemoteOpener"]
@@ -147,8 +149,10 @@ class RemoteOpener:
         end: int | None = None,
         size: int | None = None,
         checksum: str | None = None,
+        pieces: Pieces | None = None,
     ) -> BinaryIO:
         """Stream ``[start, end)`` of ``url``; a whole-object read is verified."""
+        del pieces  # a stream is verified whole, at its end
         if url_scheme(url) == "pipe":
             check_pipe_allowed(url, self.cfg.allow_pipe)
             return open_pipe(url, start=start, end=end)
@@ -181,7 +185,7 @@ class RemoteOpener:
         assert data is not None  # no ETag was sent, so no 304
         return data
 
-    def prefetch(self, shards: list[tuple[str, int | None, str | None]]) -> None:
+    def prefetch(self, shards: Sequence[Hint]) -> None:
         del shards  # nothing to fetch ahead into without a cache
 
     def stats(self) -> dict[str, float]:

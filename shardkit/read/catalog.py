@@ -21,6 +21,7 @@ from shardkit.compression import compressed_name
 from shardkit.errors import FetchError, ManifestError, ShardFormatError
 from shardkit.io import Opener, load_manifest
 from shardkit.manifest import Manifest, incomplete_reason
+from shardkit.pieces import Pieces
 from shardkit.tario.index import INDEX_MAGIC, index_entry_range, read_index
 from shardkit.tario.reader import iter_samples
 from shardkit.urls import check_within, expand_braces, local_path, url_scheme
@@ -42,6 +43,7 @@ class ShardInfo(NamedTuple):
     index_url: str | None = None
     index_checksum: str | None = None
     base: str | None = None  # a local shard's real path must lie under it (links too)
+    pieces: Pieces | None = None
 
 
 def _is_manifest(source: str) -> bool:
@@ -75,7 +77,9 @@ def load_catalog(
                 source.resolve(e.index, allow_unsafe_urls=allow_unsafe_urls) if e.index else None
             )
             out.append(
-                ShardInfo(url, e.nsamples, e.size, e.checksum, index, e.index_checksum, base)
+                ShardInfo(
+                    url, e.nsamples, e.size, e.checksum, index, e.index_checksum, base, e.pieces
+                )
             )
         return out
     urls = expand_braces(source) if isinstance(source, str) else list(source)

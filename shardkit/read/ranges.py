@@ -90,7 +90,7 @@ def _hint_and_pop(ahead: deque[RangeRow], shards: Sequence[ShardInfo], opener: O
         if s not in seen:
             seen.add(s)
             info = shards[s]
-            hints.append((info.url, info.size, info.checksum))
+            hints.append((info.url, info.size, info.checksum, info.pieces))
     if hints:
         opener.prefetch(hints)
     return cur
@@ -109,6 +109,7 @@ def _read_range(
         end=None if packed else end,
         size=info.size,
         checksum=info.checksum,
+        pieces=info.pieces,
     )
     with f:
         counted: Any = _Counting(f, counts)

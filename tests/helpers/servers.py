@@ -8,7 +8,11 @@ Faults are queued per path pattern and each hits ``times`` requests:
 
 - ``drop``: send ``after`` bytes of the body, then cut the connection;
 - ``status``: answer ``status`` (429, 503, ...) with an optional ``Retry-After``;
-- ``stall``: send ``after`` bytes, go silent for ``seconds``, then go on.
+- ``stall``: send ``after`` bytes, go silent for ``seconds``, then go on;
+- ``corrupt``: flip one bit of the file's byte at offset ``at`` in a body that holds it.
+
+``per_connection`` caps the bytes per second of each connection on its own (as object
+stores cap single streams), besides the total ``bandwidth``.
 """
 
 from __future__ import annotations
@@ -53,9 +57,10 @@ class Fault:
     """A fault served to the next ``times`` requests whose path matches ``pattern``."""
 
     pattern: str
-    kind: str  # "drop" | "status" | "stall"
+    kind: str  # "drop" | "status" | "stall" | "corrupt"
     times: int = 1
     after: int = 0
+    at: int = 0
     status: int = 503
     retry_after: str | None = None
     seconds: float = 0.0
@@ -86,14 +91,21 @@ class RangeServer:
         root: the directory served.
         latency: seconds added before every answer.
         bandwidth: bytes per second for all bodies together (None: no cap).
+        per_connection: bytes per second of each connection (None: no cap).
     """
 
     def __init__(
-        self, root: str | os.PathLike[str], *, latency: float = 0.0, bandwidth: float | None = None
+        self,
+        root: str | os.PathLike[str],
+        *,
+        latency: float = 0.0,
+        bandwidth: float | None = None,
+        per_connection: float | None = None,
     ) -> None:
         self.root = Path(root).resolve()
         self.latency = latency
         self.throttle = _Throttle(bandwidth)
+        self.per_connection = per_connection
         self.log: list[Record] = []
         self.faults: list[Fault] = []
         self.lock = threading.Lock()
@@ -132,9 +144,13 @@ class RangeServer:
             self.faults.append(f)
         return f
 
-    def take_fault(self, path: str) -> Fault | None:
+    def take_fault(self, path: str, span: tuple[int, int] | None = None) -> Fault | None:
         with self.lock:
             for f in self.faults:
+                if (f.kind == "corrupt") != (span is not None):
+                    continue  # a corrupt fault is taken by a body holding its byte, alone
+                if span is not None and not span[0] <= f.at < span[1]:
+                    continue
                 if f.times > 0 and fnmatch.fnmatch(path, f.pattern):
                     f.times -= 1
                     return f
@@ -233,18 +249,28 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Range", f"bytes {lo}-{hi - 1}/{size}")
         self.end_headers()
         if body:
+            corrupt = self.srv.take_fault(path, (lo, hi))
             with open(target, "rb") as f:
                 f.seek(lo)
-                self._body(rec, f, hi - lo, fault)
+                self._body(rec, f, hi - lo, fault, corrupt.at - lo if corrupt else None)
 
-    def _body(self, rec: Record, f: Any, length: int, fault: Fault | None) -> None:
+    def _body(
+        self, rec: Record, f: Any, length: int, fault: Fault | None, flip: int | None
+    ) -> None:
         pos = 0
+        conn = _Throttle(self.srv.per_connection)
         while pos < length:
             n = min(_PIECE, length - pos)
             if fault is not None and pos < fault.after <= pos + n:
                 n = fault.after - pos
             self.srv.throttle.take(n)
-            self.wfile.write(f.read(n))
+            conn.take(n)
+            data = f.read(n)
+            if flip is not None and pos <= flip < pos + n:
+                data = bytearray(data)
+                data[flip - pos] ^= 0x01
+                data = bytes(data)
+            self.wfile.write(data)
             self.wfile.flush()
             pos += n
             with self.srv.body_started:
@@ -294,6 +320,7 @@ def read_samples(opener: Any, manifest: Any, **resolve: Any) -> list[dict[str, o
     out: list[dict[str, object]] = []
     for entry in manifest.shards:
         url = manifest.resolve(entry.url, **resolve)
-        with opener.open(url, size=entry.size, checksum=entry.checksum) as f:
+        kw = {"pieces": entry.pieces} if entry.pieces is not None else {}
+        with opener.open(url, size=entry.size, checksum=entry.checksum, **kw) as f:
             out.extend(read_shard(f, url=url))
     return out

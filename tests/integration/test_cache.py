@@ -8,6 +8,7 @@ import os
 import pickle
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from shardkit.cache import CacheKey, CacheStore, make_opener
 from shardkit.cache.layout import try_lock_existing
 from shardkit.errors import ChecksumError
 from shardkit.io import load_manifest
-from shardkit.manifest import Manifest
+from shardkit.manifest import Manifest, ShardEntry
 from shardkit.tario.index import read_index
 from shardkit.tario.reader import read_shard
 from tests.helpers.servers import RangeServer, read_samples
@@ -43,6 +44,18 @@ def cached_files(cache: Path) -> list[Path]:
     return sorted(p for p in (cache / "data").rglob("*") if p.is_file())
 
 
+def wait_published(cache: Path, entries: list[ShardEntry]) -> None:
+    """Wait until these shards are published: a reader gets a shard's last piece as soon
+    as the piece is verified, and the publish (the whole checksum, the rename) follows."""
+    store = CacheStore(str(cache))
+    paths = [store.path(CacheKey.of(e.checksum, e.size)) for e in entries]
+    for _ in range(3000):
+        if all(os.path.exists(p) for p in paths):
+            return
+        time.sleep(0.01)
+    raise TimeoutError(f"not published: {[p for p in paths if not os.path.exists(p)]}")
+
+
 def test_second_read_is_served_from_the_cache(
     shards: Manifest, server: RangeServer, tmp_path: Path
 ) -> None:
@@ -52,6 +65,7 @@ def test_second_read_is_served_from_the_cache(
     want = read_samples(make_opener(), shards)
     assert read_samples(opener, m) == want
     assert len(server.requests("/data-*")) == 8
+    wait_published(cache, shards.shards)
     assert read_samples(opener, m) == want
     assert len(server.requests("/data-*")) == 8  # no new request
     clone = pickle.loads(pickle.dumps(opener))  # as a DataLoader worker would get it
@@ -59,6 +73,7 @@ def test_second_read_is_served_from_the_cache(
     assert read_samples(clone, m) == want and clone.stats()["cache_hits"] == 8
     stats = opener.stats()
     assert stats["cache_misses"] == 8 and stats["cache_hits"] == 8
+    assert stats["pieces_fetched"] == 8 and stats["cache_fills"] == 8
     assert [p.name for p in cached_files(cache)] == sorted(
         s.checksum.split(":")[1] for s in shards.shards
     )
@@ -84,6 +99,7 @@ def test_content_addressed_same_names_never_collide(
         for name, local in (("a", a), ("b", b)):
             remote = load_manifest(srv.url(f"{name}/manifest.json"), opener)
             assert read_samples(opener, remote) == read_samples(make_opener(), local)
+            wait_published(cache, local.shards)
         assert len(cached_files(cache)) == 4
         copy = tmp_path / "c"
         copy.mkdir()
@@ -94,24 +110,59 @@ def test_content_addressed_same_names_never_collide(
         assert srv.requests("/c/data-*") == []  # same checksums: already cached
 
 
-def test_reader_gets_samples_while_the_shard_arrives(
+def test_reader_gets_its_first_piece_while_the_shard_fills(
     make_shards: Callable[..., Manifest], tmp_path: Path
 ) -> None:
-    m = make_shards([40], tokens=8000, subdir="big")  # ~1.3 MB
+    m = make_shards([40], tokens=8000, subdir="big", piece_size="128KB")  # ~1.3 MB, 11 pieces
     size = m.shards[0].size
     with RangeServer(str(m.base), bandwidth=1_000_000) as srv:
-        opener = make_opener(cache_dir=tmp_path / "cache")
+        opener = make_opener(cache_dir=tmp_path / "cache", piece_parallel=2)
         remote, urls = entries(opener, srv)
         e = remote.shards[0]
-        with opener.open(urls[0], size=e.size, checksum=e.checksum) as f:
+        assert e.pieces is not None and len(e.pieces.digests) == 11
+        with opener.open(urls[0], size=e.size, checksum=e.checksum, pieces=e.pieces) as f:
             samples = read_shard(f, url=urls[0])
             first = next(samples)
-            (rec,) = srv.requests("/data-*")
             assert first["__key__"] == "sample-00000000"
-            assert rec.sent < size  # the shard is still arriving
+            assert srv.bytes_sent("/data-*") < size  # the shard is still arriving
             assert cached_files(tmp_path / "cache") == []  # and is not visible yet
             assert len(list(samples)) == 39
-        assert len(cached_files(tmp_path / "cache")) == 1
+        wait_published(tmp_path / "cache", remote.shards)
+    ranges = sorted(r.range or "" for r in srv.requests("/data-*"))
+    assert len(ranges) == 11  # one ranged request per piece, each piece once
+    assert f"bytes=0-{128_000 - 1}" in ranges
+
+
+def test_a_corrupt_piece_is_fetched_again_and_never_served(
+    make_shards: Callable[..., Manifest], tmp_path: Path
+) -> None:
+    m = make_shards([40], tokens=8000, subdir="big", piece_size="128KB")
+    e = m.shards[0]
+    want = read_samples(make_opener(), m)
+    with RangeServer(str(m.base)) as srv:
+        opener = make_opener(cache_dir=tmp_path / "cache")
+        remote, urls = entries(opener, srv)
+        srv.add_fault("/data-*", "corrupt", at=3 * 128_000 + 77)  # once, in piece 3
+        assert read_samples(opener, remote) == want
+        piece3 = [r for r in srv.requests("/data-*") if r.range == "bytes=384000-511999"]
+        assert len(piece3) == 2  # fetched again, and only that piece
+        assert len(srv.requests("/data-*")) == 12
+        assert opener.stats()["checksum_failures"] == 1
+        # twice corrupt: a ChecksumError naming the shard and the piece, not a byte of it read
+        srv.add_fault("/data-*", "corrupt", at=5 * 128_000 + 1, times=2)
+        cache2 = tmp_path / "cache2"
+        strict = make_opener(cache_dir=cache2, piece_parallel=1)
+        got: list[str] = []
+        with (
+            pytest.raises(ChecksumError) as info,
+            strict.open(urls[0], size=e.size, checksum=e.checksum, pieces=e.pieces) as f,
+        ):
+            got.extend(str(s["__key__"]) for s in read_shard(f, url=urls[0]))
+        assert info.value.url == urls[0] and "piece 5 (bytes 640000..768000)" in str(info.value)
+        assert e.pieces is not None and info.value.expected == f"xxh3_128:{e.pieces.digests[5]}"
+        offsets = read_index((Path(str(m.base)) / str(e.index)).read_bytes())
+        assert len(got) <= sum(1 for o in offsets[1:] if o <= 5 * 128_000)  # before piece 5
+        assert cached_files(cache2) == []
 
 
 def corrupt(path: Path) -> bytes:
@@ -136,15 +187,65 @@ def test_corrupt_byte_is_detected_and_never_cached(
             opener.open(urls[4], size=entry.size, checksum=entry.checksum) as f,
         ):
             list(read_shard(f, url=urls[4]))
+        # no pieces given (an older manifest): the one piece is the shard, its checksum
         assert info.value.url == urls[4] and info.value.expected == entry.checksum
+        assert "piece 0 (bytes 0..139264)" in str(info.value)
         assert cached_files(cache) == []
-        assert list(CacheStore(str(cache)).parts()) == []  # its readers let go of it
     assert len(server.requests("/" + entry.url)) == 4  # fetched again once, per try
     assert opener.stats()["checksum_failures"] == 4
     (Path(str(shards.base)) / entry.url).write_bytes(good)  # the server is fixed
     with opener.open(urls[4], size=entry.size, checksum=entry.checksum) as f:
         assert len(list(read_shard(f, url=urls[4]))) == 10
+    wait_published(cache, [entry])
     assert len(cached_files(cache)) == 1
+    assert list(CacheStore(str(cache)).parts()) == []
+
+
+def test_pieces_that_are_not_the_shards_are_never_published(
+    shards: Manifest, server: RangeServer, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    opener = make_opener(cache_dir=cache)
+    _, urls = entries(opener, server)
+    a, b = shards.shards[0], shards.shards[1]
+    assert a.size == b.size
+    # shard 0's pieces (they match its bytes, which its reader gets) under shard 1's checksum
+    with opener.open(urls[0], size=a.size, checksum=b.checksum, pieces=a.pieces) as f:
+        assert f.read() == (Path(str(shards.base)) / a.url).read_bytes()
+    with pytest.raises(ChecksumError, match="pieces listed are not this shard") as info:
+        opener.ensure_cached(urls[0], a.size, b.checksum, a.pieces)
+    assert info.value.expected == b.checksum and info.value.actual == a.checksum
+    assert cached_files(cache) == [] and list(CacheStore(str(cache)).parts()) == []
+
+
+def test_a_reader_waits_for_another_fills_piece_at_most_cache_wait(
+    shards: Manifest, server: RangeServer, tmp_path: Path
+) -> None:
+    from shardkit.cache.layout import Layout
+    from shardkit.cache.locks import claim_byte, unlock
+    from shardkit.errors import CacheError
+
+    cache = tmp_path / "cache"
+    store = CacheStore(str(cache))
+    e = shards.shards[2]
+    key, layout = CacheKey.of(e.checksum, e.size), Layout.of(e.size, e.pieces)
+    fd, published = store.open_part(key, layout)
+    assert fd is not None and not published
+    holder = claim_byte(fd, e.size)  # a fill that holds piece 0 and never finishes it
+    assert holder is not None
+    opener = make_opener(cache_dir=cache, cache_wait=0.5)
+    _, urls = entries(opener, server)
+    with (
+        pytest.raises(CacheError, match=r"waited 1 s for piece 0") as info,
+        opener.open(urls[2], size=e.size, checksum=e.checksum, pieces=e.pieces) as f,
+    ):
+        f.read()
+    assert urls[2] in str(info.value)
+    assert server.requests("/" + e.url) == []
+    unlock(holder)  # its process dies: the next reader fetches the piece itself
+    with opener.open(urls[2], size=e.size, checksum=e.checksum, pieces=e.pieces) as f:
+        assert f.read() == (Path(str(shards.base)) / e.url).read_bytes()
+    os.close(fd)
 
 
 Look = tuple[frozenset[tuple[str, int, int]], dict[tuple[int, int], int]]
@@ -200,7 +301,7 @@ def test_eviction_keeps_the_limit_and_spares_a_shard_in_use(
     shards: Manifest, server: RangeServer, tmp_path: Path
 ) -> None:
     size = max(s.size for s in shards.shards)
-    limit = 3 * size
+    limit = 3 * (size + 1)  # room for 3 shards and the piece map of one being filled
     cache = tmp_path / "cache"
     opener = make_opener(cache_dir=cache, cache_limit=limit, prefetch_depth=1)
     store = CacheStore(str(cache), limit)
@@ -257,16 +358,15 @@ def test_prefetch_fetches_the_next_shards_in_the_background(
 ) -> None:
     opener = make_opener(cache_dir=tmp_path / "cache", prefetch_depth=2)
     m, urls = entries(opener, server)
-    store = CacheStore(str(tmp_path / "cache"))
-    plan = [(u, s.size, s.checksum) for u, s in zip(urls, m.shards, strict=True)]
+    plan = [(u, s.size, s.checksum, s.pieces) for u, s in zip(urls, m.shards, strict=True)]
     opener.prefetch(plan[1:])  # the next two of this worker's plan; the rest is too deep
     with opener.open(urls[0], size=m.shards[0].size, checksum=m.shards[0].checksum) as f:
         assert len(list(read_shard(f, url=urls[0]))) == 10
     for i in (1, 2):
         e = m.shards[i]
-        with opener.open(urls[i], size=e.size, checksum=e.checksum) as f:
+        with opener.open(urls[i], size=e.size, checksum=e.checksum, pieces=e.pieces) as f:
             assert len(list(read_shard(f, url=urls[i]))) == 10
-        assert os.path.exists(store.path(CacheKey.of(e.checksum, e.size)))
+        wait_published(tmp_path / "cache", [e])
     assert opener.stats()["prefetches"] == 2
     assert [len(server.requests("/" + s.url)) for s in m.shards] == [1, 1, 1, 0, 0, 0, 0, 0]
 
@@ -334,7 +434,7 @@ def test_node_request_cap(shards: Manifest, tmp_path: Path) -> None:
         assert all(a_end <= b_start for (_, a_end), (b_start, _) in itertools.pairwise(spans))
 
 
-def test_dead_temp_files_are_recovered(
+def test_a_temp_file_of_another_shape_is_replaced(
     shards: Manifest, server: RangeServer, tmp_path: Path
 ) -> None:
     cache = tmp_path / "cache"
@@ -342,14 +442,13 @@ def test_dead_temp_files_are_recovered(
     store.ensure()
     e = shards.shards[0]
     key = CacheKey.of(e.checksum, e.size)
-    Path(store.part_path(key)).write_bytes(b"half a shard")  # left by a killed process
-    other = CacheKey.of(shards.shards[1].checksum, shards.shards[1].size)
-    Path(store.part_path(other)).write_bytes(b"another")
+    Path(store.part_path(key)).write_bytes(b"half a shard")  # not what a fill leaves
     opener = make_opener(cache_dir=cache)
     _, urls = entries(opener, server)
     with opener.open(urls[0], size=e.size, checksum=e.checksum) as f:
         assert f.read() == (Path(str(shards.base)) / e.url).read_bytes()
-    assert list(store.parts()) == []  # both dead temp files removed
+    wait_published(cache, [e])
+    assert list(store.parts()) == []
 
 
 def test_unwritable_cache_reads_uncached(

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,10 @@ from typing import Any
 import pytest
 
 from shardkit.cache import CacheKey, CacheStore, make_opener
+from shardkit.cache.layout import Layout
 from shardkit.io import load_manifest
-from shardkit.manifest import Manifest
+from shardkit.manifest import Manifest, ShardEntry
+from shardkit.tario.index import read_index
 from shardkit.tario.reader import read_shard
 from tests.helpers.servers import RangeServer, read_samples
 
@@ -134,11 +137,9 @@ def test_two_ranks_two_workers_share_one_download(
     assert [d for d, _ in results] == [want] * 4
     assert len(server.requests("/manifest.json")) == 1
     assert_each_shard_fetched_once(server, shards)
-    total = {k: sum(st.get(k, 0) for _, st in results) for k in ("requests", "cache_misses")}
+    total = {k: sum(st.get(k, 0) for _, st in results) for k in ("requests", "pieces_fetched")}
     assert total["requests"] == 1 + len(shards)
-    assert sum(st.get("read_along", 0) + st.get("cache_hits", 0) for _, st in results) == (
-        3 * len(shards)
-    )
+    assert total["pieces_fetched"] == len(shards)  # one piece each, fetched by one process
     server.clear_log()
     again = run_processes(4, server.url("manifest.json"), cache)  # the second epoch
     assert [d for d, _ in again] == [want] * 4
@@ -166,56 +167,100 @@ def test_two_independent_jobs_on_one_cache_dir(
     assert len(server.requests("/manifest.json")) == 1
 
 
+PIECE = 128_000
+
+
 @pytest.fixture
 def big(make_shards: Callable[..., Manifest]) -> Manifest:
-    return make_shards([40], tokens=8000, subdir="big")  # ~1.3 MB
+    return make_shards([40], tokens=8000, subdir="big", piece_size=PIECE)  # ~1.3 MB, 11 pieces
 
 
-def test_sigkill_mid_download_then_rerun(big: Manifest, tmp_path: Path) -> None:
+def piece_ranges(e: ShardEntry, pieces: list[int]) -> list[str]:
+    return [f"bytes={k * PIECE}-{min((k + 1) * PIECE, e.size) - 1}" for k in pieces]
+
+
+def verified(store: CacheStore, key: CacheKey, n: int) -> list[int]:
+    """The pieces a temp file's map says are verified."""
+    with open(store.part_path(key, Layout(key.size, PIECE)), "rb") as f:
+        f.seek(key.size)
+        return [k for k, b in enumerate(f.read(n)) if b]
+
+
+def pieces_main(argv: list[str]) -> None:
+    """Read one shard (or the samples ``[lo, hi)`` of it) through the cache, with pieces."""
+    manifest_url, cache_dir, lo, hi = argv[0], argv[1], int(argv[2]), int(argv[3])
+    opener = make_opener(cache_dir=cache_dir, piece_parallel=1)
+    m = load_manifest(manifest_url, opener)
+    e = m.shards[0]
+    url = m.resolve(e.url)
+    offsets = read_index(opener.read(m.resolve(str(e.index))))
+    start, end = int(offsets[lo]), int(offsets[hi])
+    with opener.open(
+        url, start=start, end=end, size=e.size, checksum=e.checksum, pieces=e.pieces
+    ) as f:
+        keys = [str(s["__key__"]) for s in read_shard(f, url=url, start=start, end=end)]
+    print(json.dumps({"keys": keys, "stats": opener.stats()}), flush=True)
+
+
+def test_sigkill_mid_fill_then_rerun_fetches_only_the_missing_pieces(
+    big: Manifest, tmp_path: Path
+) -> None:
     cache = str(tmp_path / "cache")
     e = big.shards[0]
     store = CacheStore(cache)
     key = CacheKey.of(e.checksum, e.size)
-    with RangeServer(str(big.base), bandwidth=300_000) as srv:
-        url = srv.url(e.url)
-        proc = spawn("download_main", url, str(e.size), e.checksum, cache)
-        srv.wait_body("/" + e.url, 200_000)
+    with RangeServer(str(big.base), bandwidth=600_000) as srv:
+        url = srv.url("manifest.json")
+        proc = spawn("pieces_main", url, cache, "0", "40")
+        srv.wait_body("/" + e.url, PIECE)  # a piece or more is in
+        while len(verified(store, key, 11)) < 3:  # a few pieces verified, the rest not
+            time.sleep(0.01)
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(timeout=30) == -signal.SIGKILL
-        assert os.path.getsize(store.part_path(key)) < e.size  # a partial temp file...
-        assert not os.path.exists(store.path(key))  # ...never visible as a shard
-        assert not store.downloading(key)  # its lock died with it
+        done = verified(store, key, 11)
+        assert 3 <= len(done) < 11
+        assert not os.path.exists(store.path(key))  # never visible as a shard
+        before = {r.range for r in srv.requests("/" + e.url)}
+        srv.clear_log()
         srv.throttle.rate = None
-        opener = make_opener(cache_dir=cache)
-        with opener.open(url, size=e.size, checksum=e.checksum) as f:
-            got = list(read_shard(f, url=url))
-        assert got == read_samples(make_opener(), big)
-        assert [r.range for r in srv.requests("/" + e.url)] == [f"bytes=0-{e.size - 1}"] * 2
+        rerun = spawn("pieces_main", url, cache, "0", "40", pipes=True)
+        out = json.loads(rerun.communicate(timeout=60)[0])
+        assert out["keys"] == [f"sample-{i:08d}" for i in range(40)]
+        again = sorted(r.range or "" for r in srv.requests("/" + e.url))
+        missing = [k for k in range(11) if k not in done]
+        assert again == sorted(piece_ranges(e, missing))  # the server's log: only those
+        assert set(piece_ranges(e, done)) <= before
         assert os.path.getsize(store.path(key)) == e.size
         assert list(store.parts()) == []
 
 
-def test_reader_along_takes_over_from_a_killed_downloader(big: Manifest, tmp_path: Path) -> None:
+def test_two_processes_at_different_offsets_of_one_shard_both_stream_at_once(
+    big: Manifest, tmp_path: Path
+) -> None:
     cache = str(tmp_path / "cache")
     e = big.shards[0]
-    with RangeServer(str(big.base), bandwidth=300_000) as srv:
-        url = srv.url(e.url)
-        proc = spawn("download_main", url, str(e.size), e.checksum, cache)
-        srv.wait_body("/" + e.url, 200_000)
-        opener = make_opener(cache_dir=cache)
-        with opener.open(url, size=e.size, checksum=e.checksum) as f:
-            samples = read_shard(f, url=url)
-            got = [next(samples)]  # read along the other process's temp file
-            assert opener.stats()["read_along"] == 1
-            proc.send_signal(signal.SIGKILL)
-            assert proc.wait(timeout=30) == -signal.SIGKILL
-            srv.throttle.rate = None
-            got.extend(samples)
-        assert got == read_samples(make_opener(), big)
-        assert opener.stats()["takeovers"] == 1
-        assert len(srv.requests("/" + e.url)) == 2
-        store = CacheStore(cache)
-        assert os.path.getsize(store.path(CacheKey.of(e.checksum, e.size))) == e.size
+    offsets = read_index((Path(str(big.base)) / str(e.index)).read_bytes())
+    mid = 30  # sample 30 starts in piece 8 of 11: a rank whose range starts mid-shard
+    first = int(offsets[mid]) // PIECE
+    assert first >= 7
+    with RangeServer(str(big.base), per_connection=250_000) as srv:
+        url = srv.url("manifest.json")
+        procs = [
+            spawn("pieces_main", url, cache, "0", str(mid), pipes=True),
+            spawn("pieces_main", url, cache, str(mid), "40", pipes=True),
+        ]
+        outs = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    assert outs[0]["keys"] == [f"sample-{i:08d}" for i in range(mid)]
+    assert outs[1]["keys"] == [f"sample-{i:08d}" for i in range(mid, 40)]
+    reqs = srv.requests("/" + e.url)
+    # a process that is done leaves its background pieces to the other (a piece in flight
+    # when it exits is fetched again there), but every piece was verified exactly once
+    assert sorted({r.range or "" for r in reqs}) == sorted(piece_ranges(e, list(range(11))))
+    starts = {r.range: r.start for r in sorted(reqs, key=lambda r: -r.start)}  # the first
+    # the second reader's own piece was fetched at once, not after the pieces before it
+    (own,) = piece_ranges(e, [first])
+    assert starts[own] < starts[piece_ranges(e, [first - 2])[0]]
+    assert sum(o["stats"].get("pieces_fetched", 0) for o in outs) == 11
 
 
 def rank_main(argv: list[str]) -> None:
@@ -258,7 +303,8 @@ def test_full_disk_reads_on_uncached_or_raises(
     out = json.loads(job.communicate(timeout=120)[0])
     assert job.returncode == 0
     if mode == "raise":
-        assert out["error"] == "CacheError" and "cannot write" in out["message"]
+        # the temp file is sized up front (sparse): a "disk" too small refuses it at once
+        assert out["error"] == "CacheError" and "cannot reserve" in out["message"]
         assert cache in out["message"]
         return
     assert out["digest"] == digest(read_samples(make_opener(), shards))

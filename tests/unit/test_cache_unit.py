@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 import shardkit.cache.store as store_module
-from shardkit.cache.fill import Fill, run_fill
-from shardkit.cache.locks import NodeSlots, is_locked, try_lock, unlock
+from shardkit.cache.fill import ShardFill
+from shardkit.cache.layout import Layout, try_lock_existing
+from shardkit.cache.locks import NodeSlots, claim_byte, is_locked, try_lock, unlock
 from shardkit.cache.store import CachedShard, CacheKey, CacheStore
 from shardkit.errors import ChecksumError, ConfigError, FetchError
 from shardkit.io.config import IoConfig
@@ -32,6 +33,7 @@ from shardkit.io.retry import (
     parse_retry_after,
     resuming_chunks,
 )
+from shardkit.pieces import PieceHasher, piece_digest
 
 DATA = bytes(random.Random(7).randrange(256) for _ in range(10_000))
 
@@ -189,8 +191,15 @@ def put(store: CacheStore, n: int, size: int, mtime: float) -> CacheKey:
     return key
 
 
+def open_part(store: CacheStore, key: CacheKey) -> int | None:
+    """A new temp file for ``key`` (one piece: its map is 1 byte), or None: no room."""
+    fd, published = store.open_part(key, Layout(key.size))
+    assert not published
+    return fd
+
+
 def reserve(store: CacheStore, key: CacheKey) -> bool:
-    fd = store.reserve(key)
+    fd = open_part(store, key)
     if fd is None:
         return False
     os.close(fd)
@@ -204,7 +213,7 @@ def test_eviction_is_lru_and_spares_leased_shards(tmp_path: Path) -> None:
     old, mid, new = (put(store, i, 100, 1000.0 + i) for i in range(3))
     lease = store.open_published(old)  # being read; also makes it the most recent
     assert lease is not None
-    assert reserve(store, put_key(3))
+    assert reserve(store, put_key(3, size=99))  # and its piece map: 100 bytes
     assert os.path.exists(store.path(old)) and not os.path.exists(store.path(mid))
     assert os.path.exists(store.path(new))
     os.utime(store.path(new), (5000.0, 5000.0))  # read again: now the newest
@@ -221,26 +230,26 @@ def put_key(n: int, size: int = 100) -> CacheKey:
     return CacheKey.of("sha256:" + hashlib.sha256(bytes([n])).hexdigest(), size)
 
 
-def test_dead_parts_are_removed_live_ones_counted(tmp_path: Path) -> None:
+def test_dead_parts_are_kept_and_evicted_like_shards_live_ones_counted(tmp_path: Path) -> None:
     store = CacheStore(str(tmp_path), limit=1000)
     store.ensure()
-    dead, live, mine = put_key(1, 400), put_key(2, 400), put_key(3, 500)
-    Path(store.part_path(dead)).write_bytes(b"x")  # its process died: nobody holds the lock
-    Path(store.part_path(live)).write_bytes(b"y")
-    live_lock = store.try_download_lock(live)
-    my_lock = store.try_download_lock(mine)
-    assert live_lock is not None and my_lock is not None
-    assert store.downloading(live) and not store.downloading(dead)
-    fd = store.reserve(mine)  # 400 (live) + 500 fits once the dead 400 is gone
+    dead, live, mine = put_key(1, 399), put_key(2, 399), put_key(3, 499)
+    for key in (dead, live):
+        fd = open_part(store, key)
+        assert fd is not None
+        os.close(fd)  # its fill died: the file stays, resumable
+    held = store.lease(store.part_path(live))  # a fill or reader holds this one
+    assert held is not None
+    assert store.usage() == 800 and store.stat().dead_temp_files == 1
+    fd = open_part(store, mine)  # 400 (live) + 500 fits once the dead 400 is evicted
     assert fd is not None
     assert not os.path.exists(store.part_path(dead))
     assert os.path.exists(store.part_path(live)) and os.path.exists(store.part_path(mine))
-    assert not reserve(store, put_key(4, 200))  # 400 + 500 reserved by live downloads
-    unlock(live_lock)  # that download died: its temp file is garbage now
-    assert reserve(store, put_key(4, 200))
+    assert not reserve(store, put_key(4, 199))  # 400 + 500 held
+    os.close(held)  # its fill died: now it can go
+    assert reserve(store, put_key(4, 199))
     assert not os.path.exists(store.part_path(live))
     os.close(fd)
-    unlock(my_lock)
 
 
 def telling_waits(name: str, waits: threading.Event) -> Callable[..., Any]:
@@ -286,7 +295,7 @@ def test_an_eviction_never_falls_between_opening_a_shard_and_leasing_it(
 
     def evict() -> None:
         try:
-            reserved.append(store.reserve(put_key(2, 200)))  # fits only without the shard
+            reserved.append(open_part(store, put_key(2, 199)))  # fits only without the shard
         finally:
             decided.set()  # or it did not wait
 
@@ -308,7 +317,7 @@ def test_an_eviction_never_falls_between_opening_a_shard_and_leasing_it(
     assert os.stat(store.path(shard)).st_ino == inode
     assert reserved == [None]  # no room: the only shard that could go is being read
     os.close(lease)
-    assert reserve(store, put_key(2, 200))  # read: now it can go
+    assert reserve(store, put_key(2, 199))  # read: now it can go
 
 
 def fds_on(inode: int) -> list[str]:
@@ -321,40 +330,146 @@ def fds_on(inode: int) -> list[str]:
     return found
 
 
-def test_a_download_closes_its_temp_file_before_publishing_it(
+class MemoryHost:
+    """An in-memory remote for a fill: serves DATA, corrupting the next ``bad`` bodies
+    that start at ``at``."""
+
+    def __init__(self, store: CacheStore, bad: int = 0, at: int = 0, **cfg: Any) -> None:
+        self.store = store
+        self.counters = Counters()
+        self.cfg = IoConfig(**cfg)
+        self.bad = bad
+        self.at = at
+        self.asked: list[tuple[int, int]] = []
+
+    def fetch(self, url: str, start: int, end: int) -> Iterator[bytes]:
+        self.asked.append((start, end))
+        data = bytearray(DATA[start:end])
+        if self.bad and start == self.at:
+            self.bad -= 1
+            data[0] ^= 1
+        return iter([bytes(data[: len(data) // 2]), bytes(data[len(data) // 2 :])])
+
+
+def pieces_of(size: int, piece: int) -> Layout:
+    h = PieceHasher(piece)
+    h.update(DATA[:size])
+    return Layout(size, piece, h.result().digests)
+
+
+def fill_all(fill: ShardFill) -> None:
+    fill.start(0)
+    assert fill.done.wait(30)
+
+
+def test_a_fill_publishes_with_no_lease_of_its_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # else an eviction right after the publish would unlink bytes the download still holds
+    # else an eviction right after the publish could not take a shard nobody reads
     store = CacheStore(str(tmp_path), limit=250)
     store.ensure()
     key = CacheKey.of("sha256:" + hashlib.sha256(DATA[:100]).hexdigest(), 100)
-    download = store.try_download_lock(key)
-    assert download is not None
-    held: list[list[str]] = []
+    layout = pieces_of(100, 30)
+    unleased: list[bool] = []
     real_replace = os.replace
 
     def replace(src: str, dst: str) -> None:
-        if src == store.part_path(key):
-            held.append(fds_on(os.stat(src).st_ino))
+        if src == store.part_path(key, layout):
+            fd = try_lock_existing(src)
+            unleased.append(fd is not None)
+            if fd is not None:
+                os.close(fd)
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", replace)
-    fill = Fill(key, "mem://shard")
-    chunks = [DATA[:60], DATA[60:100]]
-    run_fill(
-        fill,
-        store=store,
-        stream=lambda: iter(chunks),
-        lock_fd=download,
-        counters=Counters(),
-        raise_cache_errors=True,
-    )
+    fd, _ = store.open_part(key, layout)
+    assert fd is not None
+    host = MemoryHost(store, piece_parallel=2)
+    fill = ShardFill(host, key, "mem://shard", layout, os.dup(fd))
+    os.close(fd)
+    fill_all(fill)
     monkeypatch.undo()
-    assert fill.error is None and not fill.bypass
-    assert held == [[]]  # published once, with no fd of its download open on it
+    assert fill.error is None and unleased == [True]
     assert Path(store.path(key)).read_bytes() == DATA[:100]
-    assert reserve(store, put_key(2, 200))  # evicted at once: nobody holds it
+    assert sorted(host.asked) == [(0, 30), (30, 60), (60, 90), (90, 100)]
+    assert host.counters.snapshot()["pieces_fetched"] == 4
+    assert reserve(store, put_key(2, 199))  # evicted at once: nobody holds it
     assert not os.path.exists(store.path(key))
+
+
+def test_a_piece_is_verified_before_its_map_says_so_and_resumed(tmp_path: Path) -> None:
+    store = CacheStore(str(tmp_path))
+    key = CacheKey.of("sha256:" + hashlib.sha256(DATA[:1000]).hexdigest(), 1000)
+    layout = pieces_of(1000, 256)
+    fd, _ = store.open_part(key, layout)
+    assert fd is not None
+    host = MemoryHost(store, bad=1, at=512)
+    fill = ShardFill(host, key, "mem://shard", layout, os.dup(fd))
+    fill.need(fd, 2)  # a reader mid-shard: its piece at once; corrupt once, fetched again
+    assert host.asked.count((512, 768)) == 2
+    assert os.pread(fd, 256, 512) == DATA[512:768] and fill.ready(fd, 2)
+    assert host.counters.snapshot()["checksum_failures"] == 1
+    assert fill.done.wait(30) and os.path.exists(store.path(key))
+    os.close(fd)
+    # a temp file left by a dead fill: its verified pieces are kept, the others fetched
+    key2 = CacheKey.of("sha256:" + hashlib.sha256(DATA[:900]).hexdigest(), 900)
+    layout2 = pieces_of(900, 256)
+    fd, _ = store.open_part(key2, layout2)
+    assert fd is not None
+    os.pwrite(fd, DATA[256:512], 256)
+    os.pwrite(fd, b"\1", 900 + 1)  # piece 1 verified, then the fill died
+    os.close(fd)
+    fd, _ = store.open_part(key2, layout2)
+    assert fd is not None
+    host2 = MemoryHost(store)
+    fill_all(ShardFill(host2, key2, "mem://shard", layout2, os.dup(fd)))
+    os.close(fd)
+    assert sorted(host2.asked) == [(0, 256), (512, 768), (768, 900)]
+    assert Path(store.path(key2)).read_bytes() == DATA[:900]
+
+
+def test_a_piece_corrupt_twice_is_named_and_never_marked(tmp_path: Path) -> None:
+    store = CacheStore(str(tmp_path))
+    key = CacheKey.of("sha256:" + hashlib.sha256(DATA[:1000]).hexdigest(), 1000)
+    layout = pieces_of(1000, 256)
+    fd, _ = store.open_part(key, layout)
+    assert fd is not None
+    host = MemoryHost(store, bad=2, at=256, piece_parallel=1)
+    fill = ShardFill(host, key, "mem://s", layout, os.dup(fd))
+    with pytest.raises(ChecksumError, match=r"piece 1 \(bytes 256\.\.512\)") as info:
+        fill.need(fd, 1)
+    assert info.value.url == "mem://s" and info.value.expected == f"xxh3_128:{layout.digests[1]}"  # type: ignore[index]
+    assert not fill.ready(fd, 1) and fill.done.wait(30)
+    with pytest.raises(ChecksumError):  # this fill is over: a later open tries again
+        fill.need(fd, 1)
+    os.close(fd)
+    assert not os.path.exists(store.path(key))
+
+
+def test_claims_conflict_across_descriptions_and_die_with_them(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(bytes(10))
+    fd = os.open(path, os.O_RDWR)
+    a = claim_byte(fd, 3)
+    assert a is not None
+    assert claim_byte(fd, 3) is None  # even in this process, on another description
+    b = claim_byte(fd, 4)
+    assert b is not None
+    unlock(a)
+    c = claim_byte(fd, 3)
+    assert c is not None
+    for x in (b, c):
+        unlock(x)
+    os.close(fd)
+
+
+def test_piece_hasher_splits_at_piece_boundaries() -> None:
+    h = PieceHasher(1000)
+    for i in range(0, len(DATA), 333):
+        h.update(DATA[i : i + 333])
+    got = h.result()
+    assert got.digests == tuple(piece_digest(DATA[i : i + 1000]) for i in range(0, 10_000, 1000))
+    assert got.span(9, len(DATA)) == (9000, 10_000) and Layout(10, 0).span(0) == (0, 10)
 
 
 def test_a_reservation_never_counts_a_shard_being_published_twice(
@@ -365,18 +480,18 @@ def test_a_reservation_never_counts_a_shard_being_published_twice(
     # room, for room that is there.
     store = CacheStore(str(tmp_path), limit=250)
     store.ensure()
-    done = put_key(1, 100)
-    download = store.try_download_lock(done)
-    fd = store.reserve(done)
-    assert download is not None and fd is not None
-    os.write(fd, bytes(100))
-    os.close(fd)  # verified: about to be published
+    done = put_key(1, 99)
+    fd = open_part(store, done)
+    assert fd is not None
+    os.pwrite(fd, bytes(99), 0)
+    os.ftruncate(fd, 99)
+    os.close(fd)  # verified and cut: about to be published
     decided = threading.Event()
     real_shards = store.shards
 
     def publish() -> None:
         try:
-            store.publish(done)
+            store.publish(done, Layout(99))
         finally:
             decided.set()  # or it did not wait
 
@@ -390,43 +505,37 @@ def test_a_reservation_never_counts_a_shard_being_published_twice(
 
     monkeypatch.setattr(store_module, "locked", telling_waits("publisher", decided))
     monkeypatch.setattr(store, "shards", shards)
-    other = store.reserve(put_key(2, 150))
+    other = open_part(store, put_key(2, 149))
     publisher.join()
     monkeypatch.undo()
     assert other is not None and os.path.exists(store.path(done))  # 100 + 150 fit
     os.close(other)
-    assert store.usage() == 250
-    unlock(download)
+    assert store.usage() == 99 + 150  # published: its piece map is gone
 
 
 def test_a_given_up_temp_file_stays_counted_while_it_is_read(tmp_path: Path) -> None:
     store = CacheStore(str(tmp_path), limit=250)
     store.ensure()
-    key = put_key(1, 100)
-    download = store.try_download_lock(key)
-    fd = store.reserve(key)
-    assert download is not None and fd is not None
-    os.write(fd, bytes(60))
+    key = put_key(1, 99)
+    fd = open_part(store, key)
+    assert fd is not None
     os.close(fd)
-    along = store.lease(store.part_path(key))  # a reader reading along
+    along = store.lease(store.part_path(key))  # a reader
     assert along is not None
-    store.mark_failed(key, os.fstat(along).st_ino, "sha256:" + "0" * 64)
+    store.discard(key, Layout(99))
     assert not os.path.exists(store.part_path(key))  # the name is free for another try
-    assert store.failed_inode(key) == (os.fstat(along).st_ino, "sha256:" + "0" * 64)
     assert store.usage() == 100  # the bytes are still on disk: still counted
-    assert not reserve(store, put_key(2, 200))
+    assert not reserve(store, put_key(2, 199))
     store.sweep()
     assert [(p.size, p.retired) for p in store.parts()] == [(100, True)]
     assert store.stat().dead_temp_files == 1
-    again = store.reserve(key)  # the next try of the same shard fits beside it
+    again = open_part(store, key)  # the next try of the same shard fits beside it
     assert again is not None
-    os.close(along)  # the reader lets go
-    store.sweep()
+    store.let_go(along, key, Layout(99))  # the reader lets go: the given-up file goes
     assert [(p.size, p.retired) for p in store.parts()] == [(100, False)]  # the new try
     os.close(again)
-    store.discard(key)
+    store.discard(key, Layout(99))
     assert list(store.parts()) == [] and store.usage() == 0
-    unlock(download)
 
 
 def test_clean_keeps_leased_shards(tmp_path: Path) -> None:
