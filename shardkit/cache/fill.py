@@ -45,6 +45,7 @@ __all__ = ["FillHost", "ShardFill", "WriteError"]
 log = logging.getLogger(__name__)
 _POLL_MAX = 0.02  # longest pause between two looks at a piece another process fetches
 _HASH_CHUNK = 8 << 20
+_MIN_SPLIT = 1 << 20  # a piece a reader waits for is fetched as ranges of at least this
 
 
 class WriteError(CacheError):
@@ -96,7 +97,7 @@ class ShardFill:
         self.start(k + 1)
         t0 = time.monotonic()
         pause = 0.001
-        while not self._fetch(fd, k):
+        while not self._fetch(fd, k, split=self.host.cfg.piece_parallel):
             waited = time.monotonic() - t0
             if waited > self.host.cfg.cache_wait:
                 raise CacheError(
@@ -111,9 +112,10 @@ class ShardFill:
             self.done.wait(self.host.cfg.cache_wait)
 
     # -- fetching a piece ----------------------------------------------------------
-    def _fetch(self, fd: int, k: int) -> bool:
+    def _fetch(self, fd: int, k: int, *, split: int = 1) -> bool:
         """Fetch, verify and mark piece ``k`` unless another claim holds it; True if it
-        is verified now."""
+        is verified now. ``split``: over that many ranged requests at once (a reader is
+        waiting for it)."""
         if self.ready(fd, k):
             return True
         if k in self._failed:
@@ -128,7 +130,7 @@ class ShardFill:
             algo, want = self._expected(k)
             actual = ""
             for attempt in (1, 2):
-                actual = self._download(claim, lo, hi, algo)
+                actual = self._download(claim, lo, hi, algo, split)
                 if actual == want:
                     _write_at(claim, b"\1", self.key.size + k, self.host.store)
                     self.host.counters.add("pieces_fetched")
@@ -159,8 +161,11 @@ class ShardFill:
             return self.key.algo, self.key.digest
         return PIECE_ALGORITHM, self.layout.digests[k]
 
-    def _download(self, fd: int, lo: int, hi: int, algo: str) -> str:
+    def _download(self, fd: int, lo: int, hi: int, algo: str, split: int) -> str:
         """Write the remote bytes ``[lo, hi)`` at their offsets; their digest."""
+        n = max(1, min(split, (hi - lo) // _MIN_SPLIT))
+        if n > 1:
+            return self._download_split(fd, lo, hi, algo, n)
         h = new_hasher(algo)
         pos = lo
         for chunk in self.host.fetch(self.url, lo, hi):
@@ -168,6 +173,34 @@ class ShardFill:
             h.update(chunk)
             pos += len(chunk)
         return h.hexdigest() if pos == hi else f"{pos - lo} of {hi - lo} bytes"
+
+    def _download_split(self, fd: int, lo: int, hi: int, algo: str, n: int) -> str:
+        """``[lo, hi)`` as ``n`` ranged requests at once; the digest of what was written."""
+        bounds = [lo + (hi - lo) * i // n for i in range(n + 1)]
+        got = [0] * n
+        errors: list[BaseException] = []
+
+        def one(i: int) -> None:
+            try:
+                pos = bounds[i]
+                for chunk in self.host.fetch(self.url, bounds[i], bounds[i + 1]):
+                    _write_at(fd, chunk, pos, self.host.store)
+                    pos += len(chunk)
+                got[i] = pos - bounds[i]
+            except BaseException as exc:  # noqa: BLE001 - raised below, in the reader thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(1, n)]
+        for t in threads:
+            t.start()
+        one(0)
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        if sum(got) != hi - lo:
+            return f"{sum(got)} of {hi - lo} bytes"
+        return _hash(fd, hi, algo, start=lo)
 
     # -- the background ------------------------------------------------------------
     def start(self, k: int = 0) -> None:
@@ -279,9 +312,10 @@ class ShardFill:
             unlock(lock)
 
 
-def _hash(fd: int, size: int, algo: str) -> str:
+def _hash(fd: int, size: int, algo: str, *, start: int = 0) -> str:
+    """The digest of the bytes ``[start, size)`` of the file ``fd``."""
     h = new_hasher(algo)
-    pos = 0
+    pos = start
     while pos < size:
         data = os.pread(fd, min(_HASH_CHUNK, size - pos), pos)
         if not data:

@@ -428,6 +428,28 @@ def test_a_piece_is_verified_before_its_map_says_so_and_resumed(tmp_path: Path) 
     assert Path(store.path(key2)).read_bytes() == DATA[:900]
 
 
+def test_the_piece_a_reader_waits_for_comes_over_several_ranges(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shardkit.cache.fill as fill_module
+
+    monkeypatch.setattr(fill_module, "_MIN_SPLIT", 100)
+    store = CacheStore(str(tmp_path))
+    key = CacheKey.of("sha256:" + hashlib.sha256(DATA[:2000]).hexdigest(), 2000)
+    layout = pieces_of(2000, 1000)
+    fd, _ = store.open_part(key, layout)
+    assert fd is not None
+    host = MemoryHost(store, bad=1, at=1000, piece_parallel=4)
+    fill = ShardFill(host, key, "mem://shard", layout, os.dup(fd))
+    fill.need(fd, 1)  # 4 ranges at once; one came corrupt: the piece is fetched again
+    mine = sorted(a for a in host.asked if a[0] >= 1000)
+    assert mine == sorted([(1000, 1250), (1250, 1500), (1500, 1750), (1750, 2000)] * 2)
+    assert os.pread(fd, 1000, 1000) == DATA[1000:2000] and fill.ready(fd, 1)
+    assert fill.done.wait(30)
+    os.close(fd)
+    assert Path(store.path(key)).read_bytes() == DATA[:2000]
+
+
 def test_a_piece_corrupt_twice_is_named_and_never_marked(tmp_path: Path) -> None:
     store = CacheStore(str(tmp_path))
     key = CacheKey.of("sha256:" + hashlib.sha256(DATA[:1000]).hexdigest(), 1000)
