@@ -7,16 +7,26 @@ The io layer implements it (local, http, s3), the cache wraps it; the layers bel
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, BinaryIO, Protocol, TypeAlias
+from typing import BinaryIO, Protocol, Union
 
-if TYPE_CHECKING:  # a name for annotations only: this module imports nothing of shardkit
-    from shardkit.pieces import Pieces
+__all__ = ["Hint", "Opener", "PieceChecksums"]
 
-__all__ = ["Hint", "Opener"]
 
-Hint: TypeAlias = (
-    "tuple[str, int | None, str | None] | tuple[str, int | None, str | None, Pieces | None]"
-)
+class PieceChecksums(Protocol):
+    """What an opener needs of a shard's piece checksums (:class:`shardkit.pieces.Pieces`):
+    ``size`` bytes a piece, the xxh3-128 ``digests`` in order."""
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def digests(self) -> tuple[str, ...]: ...
+
+
+Hint = Union[  # noqa: UP007 - a runtime alias
+    tuple[str, int | None, str | None],
+    tuple[str, int | None, str | None, PieceChecksums | None],
+]
 """A shard coming next: ``(url, size, checksum)``, optionally with its pieces."""
 
 
@@ -37,7 +47,7 @@ class Opener(Protocol):
         end: int | None = None,
         size: int | None = None,
         checksum: str | None = None,
-        pieces: Pieces | None = None,
+        pieces: PieceChecksums | None = None,
     ) -> BinaryIO: ...
 
     def read(self, url: str, *, start: int = 0, end: int | None = None) -> bytes: ...

@@ -9,9 +9,10 @@ import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from shardkit._types import PieceChecksums
 from shardkit.checksum import split_checksum
 from shardkit.errors import ConfigError
-from shardkit.pieces import Pieces, piece_count
+from shardkit.pieces import piece_count
 
 __all__ = [
     "CacheKey",
@@ -68,7 +69,7 @@ class Layout:
     digests: tuple[str, ...] | None = None
 
     @classmethod
-    def of(cls, size: int, pieces: Pieces | None) -> Layout:
+    def of(cls, size: int, pieces: PieceChecksums | None) -> Layout:
         if pieces is None or size == 0:
             return cls(size)
         return cls(size, pieces.size, pieces.digests)

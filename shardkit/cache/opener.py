@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO
 
-from shardkit._types import Hint
+from shardkit._types import Hint, PieceChecksums
 from shardkit.cache.fill import ShardFill
 from shardkit.cache.layout import Layout
 from shardkit.cache.locks import NodeSlots
@@ -33,7 +33,6 @@ from shardkit.cache.stream import CacheStream
 from shardkit.errors import CacheError, ChecksumError, ConfigError
 from shardkit.io.config import IoConfig
 from shardkit.io.remote import RangeSource, RemoteOpener, buffered
-from shardkit.pieces import Pieces
 from shardkit.urls import REMOTE_SCHEMES, url_scheme
 
 __all__ = ["CachingOpener"]
@@ -112,7 +111,7 @@ class CachingOpener:
         end: int | None = None,
         size: int | None = None,
         checksum: str | None = None,
-        pieces: Pieces | None = None,
+        pieces: PieceChecksums | None = None,
     ) -> BinaryIO:
         """Stream ``[start, end)`` of ``url``, through the cache when it can be cached."""
         if size is None or checksum is None or self.remote.source(url) is None:
@@ -175,7 +174,7 @@ class CachingOpener:
             local.submit(functools.partial(self._prefetch_one, key, url, layout))
 
     def ensure_cached(
-        self, url: str, size: int, checksum: str, pieces: Pieces | None = None
+        self, url: str, size: int, checksum: str, pieces: PieceChecksums | None = None
     ) -> str:
         """Put one shard in the cache now (``shardkit cache warm``); what happened:
         ``"cached"`` (it was there), ``"fetched"`` or ``"no room"`` (the limit is taken

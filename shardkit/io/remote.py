@@ -13,7 +13,7 @@ import io
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO, Protocol
 
-from shardkit._types import Hint
+from shardkit._types import Hint, PieceChecksums
 from shardkit.checksum import new_hasher, split_checksum
 from shardkit.errors import ChecksumError, ConfigError
 from shardkit.io.config import IoConfig
@@ -22,7 +22,6 @@ from shardkit.io.local import open_local
 from shardkit.io.pipe import check_pipe_allowed, open_pipe
 from shardkit.io.retry import Counters
 from shardkit.io.s3 import S3Source
-from shardkit.pieces import Pieces
 from shardkit.urls import HTTP_SCHEMES, url_scheme
 
 __all__ = ["ChunkStream", "RangeSource", "RemoteOpener"]
@@ -149,7 +148,7 @@ class RemoteOpener:
         end: int | None = None,
         size: int | None = None,
         checksum: str | None = None,
-        pieces: Pieces | None = None,
+        pieces: PieceChecksums | None = None,
     ) -> BinaryIO:
         """Stream ``[start, end)`` of ``url``; a whole-object read is verified."""
         del pieces  # a stream is verified whole, at its end
