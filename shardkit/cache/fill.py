@@ -24,11 +24,12 @@ reader then gets its first byte once the whole shard is verified.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from shardkit.cache.layout import CacheKey, Layout, inode_of
@@ -94,10 +95,11 @@ class ShardFill:
             return
         if k in self._failed:  # corrupt twice in this fill: not fetched a third time
             raise self._failed[k]
-        self.start(k + 1)
         t0 = time.monotonic()
         pause = 0.001
-        while not self._fetch(fd, k, split=self.host.cfg.piece_parallel):
+        after = functools.partial(self.start, k + 1)  # the next pieces, once this one is ours
+        while not self._fetch(fd, k, split=self.host.cfg.piece_parallel, claimed=after):
+            after()
             waited = time.monotonic() - t0
             if waited > self.host.cfg.cache_wait:
                 raise CacheError(
@@ -112,7 +114,9 @@ class ShardFill:
             self.done.wait(self.host.cfg.cache_wait)
 
     # -- fetching a piece ----------------------------------------------------------
-    def _fetch(self, fd: int, k: int, *, split: int = 1) -> bool:
+    def _fetch(
+        self, fd: int, k: int, *, split: int = 1, claimed: Callable[[], None] | None = None
+    ) -> bool:
         """Fetch, verify and mark piece ``k`` unless another claim holds it; True if it
         is verified now. ``split``: over that many ranged requests at once (a reader is
         waiting for it)."""
@@ -124,6 +128,8 @@ class ShardFill:
         if claim is None:
             return False
         try:
+            if claimed is not None:
+                claimed()
             if self.ready(claim, k):
                 return True
             lo, hi = self.layout.span(k)
