@@ -36,9 +36,9 @@ from shardkit.cache.layout import CacheKey, Layout, inode_of
 from shardkit.cache.locks import claim_byte, try_lock, unlock
 from shardkit.cache.store import CacheStore
 from shardkit.checksum import new_hasher
+from shardkit.counters import Counters
 from shardkit.errors import CacheError, ChecksumError, FetchError
 from shardkit.io.config import IoConfig
-from shardkit.io.retry import Counters
 from shardkit.pieces import PIECE_ALGORITHM
 
 __all__ = ["FillHost", "ShardFill", "WriteError"]

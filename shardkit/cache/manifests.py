@@ -17,9 +17,9 @@ import time
 
 from shardkit.cache.locks import locked
 from shardkit.cache.store import CacheStore
+from shardkit.counters import Counters
 from shardkit.durable import atomic_write
 from shardkit.io.remote import RangeSource
-from shardkit.io.retry import Counters
 
 __all__ = ["fetch_manifest_once"]
 

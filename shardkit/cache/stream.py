@@ -20,10 +20,10 @@ from typing import Protocol
 
 from shardkit.cache.fill import ShardFill, WriteError
 from shardkit.cache.store import CacheKey, CacheStore
+from shardkit.counters import Counters
 from shardkit.errors import CacheError, ChecksumError
 from shardkit.io.config import IoConfig
 from shardkit.io.remote import ChunkStream
-from shardkit.io.retry import Counters
 
 __all__ = ["CacheStream", "StreamHost"]
 

@@ -23,9 +23,10 @@ from typing import Any
 import requests
 import urllib3
 
+from shardkit.counters import Counters
 from shardkit.errors import FetchError
 from shardkit.io.config import IoConfig
-from shardkit.io.retry import Counters, Retryable, RetryPolicy, parse_retry_after, resuming_chunks
+from shardkit.io.retry import Retryable, RetryPolicy, parse_retry_after, resuming_chunks
 
 __all__ = ["CHUNK", "Gate", "HttpSource", "policy_of"]
 

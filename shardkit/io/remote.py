@@ -15,12 +15,12 @@ from typing import Any, BinaryIO, Protocol
 
 from shardkit._types import Hint, PieceChecksums
 from shardkit.checksum import new_hasher, split_checksum
+from shardkit.counters import Counters
 from shardkit.errors import ChecksumError, ConfigError
 from shardkit.io.config import IoConfig
 from shardkit.io.http import Gate, HttpSource
 from shardkit.io.local import open_local
 from shardkit.io.pipe import check_pipe_allowed, open_pipe
-from shardkit.io.retry import Counters
 from shardkit.io.s3 import S3Source
 from shardkit.urls import HTTP_SCHEMES, url_scheme
 

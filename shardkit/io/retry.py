@@ -24,7 +24,6 @@ from shardkit.counters import Counters
 from shardkit.errors import FetchError
 
 __all__ = [
-    "Counters",  # re-exported: the io and cache counters (shardkit.counters)
     "RangeResponse",
     "RetryPolicy",
     "Retryable",

@@ -16,10 +16,11 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
+from shardkit.counters import Counters
 from shardkit.errors import ConfigError, FetchError
 from shardkit.io.config import IoConfig
 from shardkit.io.http import CHUNK, Gate, policy_of
-from shardkit.io.retry import Counters, Retryable, resuming_chunks
+from shardkit.io.retry import Retryable, resuming_chunks
 
 __all__ = ["S3Source", "split_s3_url"]
 
