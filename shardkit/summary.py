@@ -10,7 +10,6 @@ what ``shardkit inspect`` shows.
 
 from __future__ import annotations
 
-import io
 import itertools
 import os
 import statistics
@@ -18,12 +17,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from shardkit.checksum import Hasher, new_hasher
+from shardkit.checksum import new_hasher
 from shardkit.compression import open_tar
+from shardkit.digest import Digest, HashingReader
 from shardkit.durable import atomic_write
 from shardkit.errors import ConfigError, ShardFormatError
 from shardkit.manifest import Manifest, ShardEntry, creation_info
-from shardkit.pieces import DEFAULT_PIECE_SIZE, PieceHasher, Pieces
+from shardkit.pieces import DEFAULT_PIECE_SIZE, Pieces
 from shardkit.sources import discover
 from shardkit.tario.index import write_index
 from shardkit.tario.reader import TarReader
@@ -65,43 +65,6 @@ class ShardScan:
     @property
     def nsamples(self) -> int:
         return len(self.offsets)
-
-
-class _HashingReader(io.RawIOBase):
-    """Reads through ``f``, hashing and counting every byte that passes."""
-
-    def __init__(
-        self,
-        f: BinaryIO,
-        hasher: Hasher,
-        progress: Callable[[int], object] | None,
-        pieces: PieceHasher | None = None,
-    ):
-        self._f = f
-        self.hasher = hasher
-        self.pieces = pieces
-        self.size = 0
-        self._progress = progress
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        n = self._f.readinto(b)  # type: ignore[attr-defined]
-        if n:
-            self.hasher.update(memoryview(b)[:n])
-            if self.pieces is not None:
-                self.pieces.update(memoryview(b)[:n])
-            self.size += n
-            if self._progress is not None:
-                self._progress(n)
-        return int(n or 0)
-
-    def drain(self) -> None:
-        """Read (and hash) whatever the tar parser left: end-of-archive padding."""
-        buf = bytearray(1 << 20)
-        while self.readinto(buf):
-            pass
 
 
 def _scan_tar(f: BinaryIO, url: str, size: int | None, nkeys: int) -> tuple[Any, ...]:
@@ -162,15 +125,14 @@ def scan_stream(
 ) -> ShardScan:
     """:func:`scan_shard` of a stream positioned at a shard's first byte (a remote shard);
     ``size`` is its size when known."""
-    pieces = PieceHasher(piece_size) if piece_size else None
-    src = _HashingReader(raw, new_hasher(algo), progress, pieces)
+    src = HashingReader(raw, Digest(algo, piece_size, progress))
     with open_tar(src, url=name) as (tar, kind):  # type: ignore[arg-type]
         found = _scan_tar(tar, name, size if kind is None else None, nkeys)
     src.drain()
     offsets, end, stats, keys = found
-    checksum = f"{algo}:{src.hasher.hexdigest()}"
-    found_pieces = pieces.result() if pieces is not None else None
-    return ShardScan(name, src.size, checksum, offsets, end, stats, keys, found_pieces)
+    checksum = src.digest.checksum()
+    found_pieces = src.digest.pieces.result() if src.digest.pieces is not None else None
+    return ShardScan(name, src.digest.size, checksum, offsets, end, stats, keys, found_pieces)
 
 
 def add_fields(acc: FieldStats, more: FieldStats) -> None:

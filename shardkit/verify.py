@@ -21,11 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from shardkit.checksum import Hasher, new_hasher, split_checksum
+from shardkit.checksum import split_checksum
 from shardkit.compression import open_tar
+from shardkit.digest import Digest, HashingReader
 from shardkit.errors import ConfigError, FetchError, ShardFormatError, ShardkitError
 from shardkit.manifest import Manifest, ShardEntry, incomplete_reason
-from shardkit.pieces import PieceHasher
 from shardkit.tario.index import read_index
 from shardkit.tario.reader import TarReader, stream_size
 from shardkit.urls import check_within
@@ -109,53 +109,6 @@ class VerifyReport:
         }
 
 
-class _Tee:
-    """A read-only stream that hashes, counts and reports every byte read through it."""
-
-    def __init__(
-        self, f: BinaryIO, hasher: Hasher, progress: Progress | None, entry: ShardEntry
-    ) -> None:
-        self.f = f
-        self.hasher = hasher
-        self.pieces = PieceHasher(entry.pieces.size) if entry.pieces is not None else None
-        self.progress = progress
-        self.nbytes = 0
-
-    def _seen(self, data: bytes | memoryview) -> None:
-        n = len(data)
-        if n:
-            self.hasher.update(data)
-            if self.pieces is not None:
-                self.pieces.update(data)
-            self.nbytes += n
-            if self.progress is not None:
-                self.progress(n)
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.f.read(n)
-        self._seen(data)
-        return data
-
-    def readinto(self, buf: bytearray | memoryview) -> int:
-        readinto = getattr(self.f, "readinto", None)
-        if readinto is None:
-            data = self.f.read(len(buf))
-            buf[: len(data)] = data
-            n = len(data)
-        else:
-            n = readinto(buf) or 0
-        self._seen(memoryview(buf)[:n])
-        return n
-
-    def drain(self, buf: bytearray) -> None:
-        """Read (and hash) everything left."""
-        while self.readinto(buf):
-            pass
-
-    def readable(self) -> bool:
-        return True
-
-
 _local = threading.local()
 
 
@@ -204,11 +157,15 @@ def _check_quick(
     return size
 
 
-def _check_pieces(entry: ShardEntry, tee: _Tee) -> list[Problem]:
+def _digest(algo: str, progress: Progress | None, entry: ShardEntry) -> Digest:
+    return Digest(algo, entry.pieces.size if entry.pieces is not None else None, progress)
+
+
+def _check_pieces(entry: ShardEntry, tee: HashingReader) -> list[Problem]:
     """The manifest's piece checksums against the bytes read: the first piece that differs."""
-    if entry.pieces is None or tee.pieces is None or tee.nbytes != entry.size:
+    if entry.pieces is None or tee.digest.pieces is None or tee.digest.size != entry.size:
         return []  # a size problem says it already
-    found = tee.pieces.result()
+    found = tee.digest.pieces.result()
     for k, (want, got) in enumerate(zip(entry.pieces.digests, found.digests, strict=True)):
         if want != got:
             lo, hi = entry.pieces.span(k, entry.size)
@@ -224,9 +181,9 @@ def _check_bytes(
     algo = split_checksum(entry.checksum)[0]
     buf = _buffer()
     with opener.open(url) as f:
-        tee = _Tee(f, new_hasher(algo), progress, entry)
+        tee = HashingReader(f, _digest(algo, progress, entry))
         tee.drain(buf)
-    return tee.nbytes, f"{algo}:{tee.hasher.hexdigest()}", _check_pieces(entry, tee)
+    return tee.digest.size, tee.digest.checksum(), _check_pieces(entry, tee)
 
 
 def _check_deep(
@@ -238,7 +195,7 @@ def _check_deep(
     buf = _buffer()
     with opener.open(url) as f:
         size = stream_size(f)
-        tee = _Tee(f, new_hasher(algo), progress, entry)
+        tee = HashingReader(f, _digest(algo, progress, entry))
         offsets: list[int] = []
         end: int | None = None
         try:
@@ -253,7 +210,7 @@ def _check_deep(
     problems.extend(_check_pieces(entry, tee))
     if not problems:
         problems.extend(_check_samples(manifest, entry, opener, offsets, end))
-    return tee.nbytes, f"{algo}:{tee.hasher.hexdigest()}", problems
+    return tee.digest.size, tee.digest.checksum(), problems
 
 
 def _scan(f: BinaryIO, url: str, size: int | None) -> tuple[list[int], int | None]:

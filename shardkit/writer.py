@@ -13,7 +13,6 @@ block that raises finishes no shard: the one being written is deleted.
 from __future__ import annotations
 
 import contextlib
-import errno
 import gzip
 import json
 import logging
@@ -25,11 +24,12 @@ from typing import Any, BinaryIO
 
 from shardkit.checksum import new_hasher
 from shardkit.codecs import encode_field, zstd_writer
+from shardkit.digest import Digest, HashingWriter
 from shardkit.durable import atomic_write
 from shardkit.errors import ConfigError, ManifestError, WriterError
 from shardkit.manifest import Manifest, ShardEntry, creation_info
 from shardkit.manifest_check import check_entry
-from shardkit.pieces import DEFAULT_PIECE_SIZE, PieceHasher
+from shardkit.pieces import DEFAULT_PIECE_SIZE
 from shardkit.tario.index import write_index
 from shardkit.tario.writer import END_OF_ARCHIVE, check_field, check_key, member_header, padding
 from shardkit.units import parse_size
@@ -61,32 +61,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-class _HashingFile:
-    """A write-only file that hashes (whole and per piece) and counts what passes."""
-
-    def __init__(self, f: BinaryIO, algo: str, piece_size: int | None) -> None:
-        self.f = f
-        self.hasher = new_hasher(algo)
-        self.pieces = PieceHasher(piece_size) if piece_size else None
-        self.size = 0
-
-    def write(self, data: bytes | bytearray | memoryview) -> int:
-        self.hasher.update(data)
-        if self.pieces is not None:
-            self.pieces.update(data)
-        view = memoryview(data).cast("B")
-        while view:  # an unbuffered write may take a part (a disk filling up): go on
-            n = self.f.write(view)
-            if not n:
-                raise OSError(errno.EIO, "the file took no bytes")
-            view = view[n:]
-        self.size += len(data)
-        return len(data)
-
-    def flush(self) -> None:
-        self.f.flush()
 
 
 def journal_path(manifest_path: str) -> str:
@@ -202,7 +176,7 @@ class ShardWriter:
         self._file: BinaryIO | None = None
         self._shard_fields: dict[str, dict[str, int]] = {}  # stats of the open shard
         self._sink: Any = None
-        self._hashing: _HashingFile | None = None
+        self._hashing: HashingWriter | None = None
         self._tmp_path: str | None = None
         self._pending: list[bytes | bytearray | memoryview] = []
         self._pending_size = 0
@@ -355,7 +329,7 @@ class ShardWriter:
         name = self._shard_name()
         self._tmp_path = os.path.join(self.out_dir, f".{name}.tmp-{os.getpid()}")
         self._file = open(self._tmp_path, "wb", buffering=0)  # noqa: SIM115
-        self._hashing = _HashingFile(self._file, self.algo, self.piece_size)
+        self._hashing = HashingWriter(self._file, Digest(self.algo, self.piece_size))
         if self.compress == "zstd":
             self._sink = zstd_writer(self._hashing)  # type: ignore[arg-type]
         elif self.compress == "gzip":
@@ -399,12 +373,12 @@ class ShardWriter:
         self._tmp_path = None
         entry = ShardEntry(
             url=name,
-            size=self._hashing.size,
+            size=self._hashing.digest.size,
             nsamples=len(self._offsets),
-            checksum=f"{self.algo}:{self._hashing.hasher.hexdigest()}",
+            checksum=self._hashing.digest.checksum(),
             index=index_name,
             index_checksum=f"{self.algo}:{index_hash.hexdigest()}",
-            pieces=self._hashing.pieces.result() if self._hashing.pieces else None,
+            pieces=self._hashing.digest.pieces.result() if self._hashing.digest.pieces else None,
         )
         self.manifest.shards.append(entry)
         for field, st in self._shard_fields.items():

@@ -14,8 +14,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO, Protocol
 
 from shardkit._types import Hint, PieceChecksums
-from shardkit.checksum import new_hasher, split_checksum
+from shardkit.checksum import split_checksum
 from shardkit.counters import Counters
+from shardkit.digest import Digest
 from shardkit.errors import ChecksumError, ConfigError
 from shardkit.io.config import IoConfig
 from shardkit.io.http import Gate, HttpSource
@@ -57,7 +58,7 @@ class ChunkStream(io.RawIOBase):
         self._url = url
         self._size = size
         self._checksum = checksum
-        self._hasher = new_hasher(split_checksum(checksum)[0]) if checksum else None
+        self._digest = Digest(split_checksum(checksum)[0]) if checksum else None
         self._seen = 0
 
     def readable(self) -> bool:
@@ -71,8 +72,8 @@ class ChunkStream(io.RawIOBase):
                 return 0
             self._buf = memoryview(chunk)
             self._seen += len(chunk)
-            if self._hasher is not None:
-                self._hasher.update(chunk)
+            if self._digest is not None:
+                self._digest.update(chunk)
         n = min(len(b), len(self._buf))
         b[:n] = self._buf[:n]
         self._buf = self._buf[n:]
@@ -86,9 +87,9 @@ class ChunkStream(io.RawIOBase):
                 expected=f"{self._size} bytes",
                 actual=f"{self._seen} bytes",
             )
-        if self._hasher is not None and self._checksum is not None:
+        if self._digest is not None and self._checksum is not None:
             algo, want = split_checksum(self._checksum)
-            got = self._hasher.hexdigest()
+            got = self._digest.hasher.hexdigest()
             if got != want:
                 raise ChecksumError(
                     "checksum differs from the manifest",
@@ -96,7 +97,7 @@ class ChunkStream(io.RawIOBase):
                     expected=self._checksum,
                     actual=f"{algo}:{got}",
                 )
-            self._hasher = None
+            self._digest = None
 
     def close(self) -> None:
         close = getattr(self._chunks, "close", None)

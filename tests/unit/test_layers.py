@@ -20,6 +20,7 @@ LAYERS: list[list[str]] = [
     [
         "checksum",
         "pieces",
+        "digest",
         "images",
         "codecs",
         "compression",
