@@ -21,9 +21,11 @@ from typing import Any, BinaryIO
 from shardkit.codecs import zstd_reader
 from shardkit.errors import ShardFormatError
 
-__all__ = ["COMPRESSED_SUFFIXES", "compressed_name", "open_tar", "sniff"]
+__all__ = ["COMPRESSED_SUFFIXES", "SHARD_SUFFIXES", "compressed_name", "open_tar", "sniff"]
 
 COMPRESSED_SUFFIXES = (".zst", ".gz", ".tgz")
+# the names a shard file may end with (its content is still told by magic bytes)
+SHARD_SUFFIXES = (".tar", ".tar.zst", ".tar.gz", ".tgz")
 _MAGIC = (
     (b"\x28\xb5\x2f\xfd", "zstd"),
     (b"\x1f\x8b", "gzip"),

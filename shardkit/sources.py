@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from shardkit.compression import SHARD_SUFFIXES
 from shardkit.errors import ConfigError, WriterError
 from shardkit.images import ImageOptions
 from shardkit.manifest import expand_braces
@@ -61,7 +62,6 @@ _JSONL_EXTS = (
     ".ndjson.gz",
     ".json.gz",
 )
-_TAR_EXTS = (".tar", ".tar.zst", ".tar.gz", ".tgz")
 Sample = dict[str, Any]
 
 
@@ -218,8 +218,8 @@ def _detect(files: list[str]) -> Kind:
         return "jsonl"
     if files and all(_has_ext(f, TABLE_EXTS) for f in files):
         return "table"
-    tars = [f for f in files if _has_ext(f, _TAR_EXTS)]
-    if tars and all(_has_ext(f, _TAR_EXTS) or _is_tar_companion(f) for f in files):
+    tars = [f for f in files if _has_ext(f, SHARD_SUFFIXES)]
+    if tars and all(_has_ext(f, SHARD_SUFFIXES) or _is_tar_companion(f) for f in files):
         return "tar"
     return "files"
 
@@ -258,7 +258,7 @@ def _dir_units(root: str, d: DiscoverOptions) -> list[Unit]:
             if _has_ext(rel, TABLE_EXTS)
             for u in table_units(os.path.join(root, rel), _strip_ext(rel, TABLE_EXTS))
         ]
-    exts = _JSONL_EXTS if kind == "jsonl" else _TAR_EXTS
+    exts = _JSONL_EXTS if kind == "jsonl" else SHARD_SUFFIXES
     units = []
     for rel in files:
         if not _has_ext(rel, exts):
@@ -273,8 +273,8 @@ def _file_unit(path: str, source_type: str) -> Unit:
     size = os.path.getsize(path)
     if source_type in ("auto", "jsonl") and _has_ext(base, _JSONL_EXTS):
         return Unit("jsonl", path, size, _strip_ext(base, _JSONL_EXTS))
-    if source_type in ("auto", "tar") and _has_ext(base, _TAR_EXTS):
-        return Unit("tar", path, size, _strip_ext(base, _TAR_EXTS))
+    if source_type in ("auto", "tar") and _has_ext(base, SHARD_SUFFIXES):
+        return Unit("tar", path, size, _strip_ext(base, SHARD_SUFFIXES))
     if source_type == "jsonl":
         return Unit("jsonl", path, size, base.split(".", 1)[0] or base)
     raise ConfigError(

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from shardkit.checksum import split_checksum
-from shardkit.compression import open_tar
+from shardkit.compression import SHARD_SUFFIXES, open_tar
 from shardkit.digest import Digest, HashingReader
 from shardkit.errors import ConfigError, FetchError, ShardFormatError, ShardkitError
 from shardkit.manifest import Manifest, ShardEntry, incomplete_reason
@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 
 LEVELS = ("quick", "checksum", "deep")
 CHUNK = 8 << 20  # hashlib releases the GIL on big buffers; 8 MB amortises each call
-SHARD_SUFFIXES = (".tar", ".tar.zst", ".tar.gz", ".tgz")
 Progress = Callable[[int], object]
 
 

@@ -61,16 +61,16 @@ def guess_token_field(m: Manifest) -> str | None:
 
 def _first_payload(m: Manifest, opener: Opener, field: str) -> bytes:
     """The field's bytes in the first sample that has it (of the first shards)."""
+    from shardkit.compression import open_tar
     from shardkit.tario.reader import iter_samples
 
     for entry in m.shards[:4]:
         url = m.resolve(entry.url)
         with contextlib.ExitStack() as stack:
-            f: Any = stack.enter_context(opener.open(url, size=entry.size, checksum=entry.checksum))
-            if url.endswith(".zst"):
-                from shardkit.codecs import zstd_reader
-
-                f = stack.enter_context(zstd_reader(f))
+            raw: Any = stack.enter_context(
+                opener.open(url, size=entry.size, checksum=entry.checksum)
+            )
+            f, _ = stack.enter_context(open_tar(raw, url=url))  # compression by magic bytes
             for _, sample in iter_samples(f, url=url):
                 value = sample.get(field)
                 if isinstance(value, bytes | bytearray | memoryview):

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from shardkit.cache import make_opener
+from shardkit.compression import SHARD_SUFFIXES
 from shardkit.io import load_manifest
 from shardkit.manifest import incomplete_reason
 from shardkit.summary import first_keys, scan_shard, summarize_manifest, summarize_shard
@@ -15,8 +16,6 @@ from shardkit.units import format_bytes
 from shardkit.urls import check_within
 
 __all__ = ["command"]
-
-_SHARD_EXTS = (".tar", ".tar.zst", ".tar.gz", ".tgz")
 
 
 def _manifest_summary(source: str, nkeys: int) -> dict[str, Any]:
@@ -113,7 +112,7 @@ def _plot(source: str, path: str, d: dict[str, Any]) -> None:
 @click.option("--plot", "plot_path", default=None, help="Draw shard-size histograms into this PNG.")
 def command(target: str, nkeys: int, as_json: bool, plot_path: str | None) -> None:  # fmt: skip
     """Show what a manifest (or one shard) holds: totals, sizes, fields, first keys."""
-    if target.lower().endswith(_SHARD_EXTS):
+    if target.lower().endswith(SHARD_SUFFIXES):
         if plot_path is not None:
             raise click.UsageError("--plot draws a manifest's shards; give a manifest")
         d = summarize_shard(scan_shard(target, nkeys=nkeys))
