@@ -172,7 +172,7 @@ class CacheStore:
                 return None, False
             used = self._sweep() + sum(s.size for s in self.shards())
             if self.limit is not None and used + nbytes > self.limit:
-                used -= self._evict(used + nbytes - self.limit)
+                used -= self._evict(used + nbytes - self.limit)[1]
                 if used + nbytes > self.limit:
                     return None, False
             fd = _open_leased(part, os.O_RDWR | os.O_CREAT | os.O_EXCL)
@@ -281,9 +281,11 @@ class CacheStore:
             os.close(fd)  # after the unlink: nobody could lease it in between
         return True
 
-    def _evict(self, need: int) -> int:
-        """Evict unleased shards, least recently used first, to free ``need`` bytes; if
-        that many cannot be freed, evict nothing. Returns the bytes freed.
+    def _evict(self, need: int, *, partial: bool = False) -> tuple[int, int]:
+        """Evict unleased shards (and dead temp files), least recently used first, to free
+        ``need`` bytes; if that many cannot be freed, evict nothing (``partial``: as many
+        as can be). Returns ``(files evicted, bytes freed)``. The one eviction loop: both
+        a reservation and ``clean`` go through it, under the eviction lock.
         """
         taken: list[tuple[int, CachedShard]] = []
         freed = 0
@@ -295,13 +297,16 @@ class CacheStore:
                 if fd is not None:  # None: someone holds a lease, it is being read
                     taken.append((fd, shard))
                     freed += shard.size
-            if freed < need:
-                return 0
+            if freed < need and not partial:
+                return 0, 0
+            n = freed = 0
             for _, shard in taken:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(shard.path)
                     log.info("evicted %s", shard.path)
-            return freed
+                    n += 1
+                    freed += shard.size
+            return n, freed
         finally:
             for fd, _ in taken:
                 os.close(fd)  # the bytes are gone once this last fd on them is closed
@@ -315,19 +320,6 @@ class CacheStore:
                     st = os.stat(t.path)
                     if st.st_size == t.size:
                         yield CachedShard(t.path, t.size, st.st_mtime)
-
-    def _evict_one(self, path: str) -> bool:
-        fd = try_lock_existing(path)
-        if fd is None:
-            return False  # someone is reading it
-        try:
-            os.unlink(path)
-            log.info("evicted %s", path)
-            return True
-        except FileNotFoundError:
-            return False
-        finally:
-            os.close(fd)
 
     def usage(self) -> int:
         """Bytes held: verified shards plus the reservations of temp files.
@@ -372,16 +364,8 @@ class CacheStore:
         self.ensure()
         with locked(self.evict_lock_path()):
             self._sweep()
-            shards = sorted([*self.shards(), *self._dead_parts()], key=lambda s: s.mtime)
-            total = sum(s.size for s in shards)
-            n = freed = 0
-            for s in shards:
-                if total - freed <= keep:
-                    break
-                if self._evict_one(s.path):
-                    n += 1
-                    freed += s.size
-            return n, freed
+            total = sum(s.size for s in [*self.shards(), *self._dead_parts()])
+            return self._evict(total - keep, partial=True) if total > keep else (0, 0)
 
 
 def _open_leased(path: str, flags: int) -> int | None:

@@ -1,4 +1,5 @@
-"""Pure pieces of io and cache: retry policy, resume loop, config, keys, store, locks."""
+"""io and cache pieces with real threads, locks and files: retry policy, resume loop,
+config, keys, store, locks (integration: threads and filesystem semantics, not pure logic)."""
 
 from __future__ import annotations
 
