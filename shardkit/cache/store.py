@@ -41,7 +41,8 @@ import fcntl
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from shardkit.cache.layout import (
     CachedShard,
@@ -74,13 +75,20 @@ class CacheStore:
         limit: bytes the cache may hold, temp files included; None: no limit.
     """
 
-    def __init__(self, root: str, limit: int | None = None) -> None:
+    def __init__(
+        self, root: str, limit: int | None = None, *, lock: Callable[..., Any] = locked
+    ) -> None:
         self.root = os.path.abspath(root)
         self.limit = limit
         self._ready = False
+        self._lock = lock  # the eviction lock's seam: tests watch who waits on it
 
     def __getstate__(self) -> dict[str, object]:
         return {"root": self.root, "limit": self.limit, "_ready": False}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = locked
 
     # -- paths ---------------------------------------------------------------------
     def ensure(self) -> None:
@@ -119,7 +127,7 @@ class CacheStore:
         the two: a lease is never taken on a file that eviction has already unlinked.
         """
         self.ensure()
-        with locked(self.evict_lock_path(), exclusive=False):
+        with self._lock(self.evict_lock_path(), exclusive=False):
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
@@ -158,7 +166,7 @@ class CacheStore:
         self.ensure()
         part = self.part_path(key, layout)
         nbytes = key.size + layout.count
-        with locked(self.evict_lock_path()):
+        with self._lock(self.evict_lock_path()):
             fd = _open_leased(self.path(key), os.O_RDONLY)
             if fd is not None:
                 return fd, True
@@ -191,7 +199,7 @@ class CacheStore:
         False if it was evicted meanwhile."""
         path = self.path(key)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with locked(self.evict_lock_path(), exclusive=False):  # not while bytes are counted
+        with self._lock(self.evict_lock_path(), exclusive=False):  # not while bytes are counted
             try:
                 os.replace(self.part_path(key, layout), path)
             except FileNotFoundError:
@@ -203,7 +211,7 @@ class CacheStore:
         """Give up the temp file of ``key``: removed, or renamed aside and still counted
         while readers hold it."""
         self.ensure()
-        with locked(self.evict_lock_path()):
+        with self._lock(self.evict_lock_path()):
             self._retire(self.part_path(key, layout))
 
     def let_go(self, fd: int, key: CacheKey, layout: Layout | None) -> None:
@@ -220,7 +228,7 @@ class CacheStore:
     def sweep(self) -> None:
         """Remove the temp files that nobody downloads or reads any more."""
         self.ensure()
-        with locked(self.evict_lock_path()):
+        with self._lock(self.evict_lock_path()):
             self._sweep()
 
     # -- accounting and eviction ---------------------------------------------------
@@ -328,7 +336,7 @@ class CacheStore:
         temp file or publish falls between reading ``tmp/`` and ``data/``.
         """
         self.ensure()
-        with locked(self.evict_lock_path()):
+        with self._lock(self.evict_lock_path()):
             return sum(p.size for p in self.parts()) + sum(s.size for s in self.shards())
 
     def stat(self) -> CacheStat:
@@ -337,7 +345,7 @@ class CacheStore:
         in_use = 0
         if shards:
             self.ensure()  # its locks dir
-            with locked(self.evict_lock_path(), exclusive=False):  # as leases are taken
+            with self._lock(self.evict_lock_path(), exclusive=False):  # as leases are taken
                 for s in shards:
                     fd = try_lock_existing(s.path)
                     if fd is None:
@@ -362,7 +370,7 @@ class CacheStore:
         files; returns ``(shards evicted, bytes freed)``.
         """
         self.ensure()
-        with locked(self.evict_lock_path()):
+        with self._lock(self.evict_lock_path()):
             self._sweep()
             total = sum(s.size for s in [*self.shards(), *self._dead_parts()])
             return self._evict(total - keep, partial=True) if total > keep else (0, 0)

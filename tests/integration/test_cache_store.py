@@ -19,10 +19,9 @@ from typing import Any
 
 import pytest
 
-import shardkit.cache.store as store_module
 from shardkit.cache.fill import ShardFill
 from shardkit.cache.layout import Layout, try_lock_existing
-from shardkit.cache.locks import NodeSlots, claim_byte, is_locked, try_lock, unlock
+from shardkit.cache.locks import NodeSlots, claim_byte, is_locked, locked, try_lock, unlock
 from shardkit.cache.store import CachedShard, CacheKey, CacheStore
 from shardkit.errors import ChecksumError, ConfigError, FetchError
 from shardkit.io.config import IoConfig
@@ -254,8 +253,8 @@ def test_dead_parts_are_kept_and_evicted_like_shards_live_ones_counted(tmp_path:
 
 
 def telling_waits(name: str, waits: threading.Event) -> Callable[..., Any]:
-    """The store's ``locked``, which sets ``waits`` when thread ``name`` has to wait."""
-    real = store_module.locked
+    """A lock for the store's seam that sets ``waits`` when thread ``name`` has to wait."""
+    real = locked
 
     @contextlib.contextmanager
     def probed(path: str, *, exclusive: bool = True) -> Iterator[int]:
@@ -276,11 +275,12 @@ def test_an_eviction_never_falls_between_opening_a_shard_and_leasing_it(
 ) -> None:
     # A reader stopped after its open and before its lock, and an eviction that wants the
     # shard: evicting it then would unlink bytes the reader keeps on disk, uncounted.
-    store = CacheStore(str(tmp_path), limit=250)
+    decided = threading.Event()
+    store = CacheStore(str(tmp_path), limit=250, lock=telling_waits("evictor", decided))
     store.ensure()
     shard = put(store, 1, 100, 1000.0)
     inode = os.stat(store.path(shard)).st_ino
-    opened, go, decided = threading.Event(), threading.Event(), threading.Event()
+    opened, go = threading.Event(), threading.Event()
     real_flock = fcntl.flock
 
     def flock(fd: int, op: int) -> None:
@@ -290,7 +290,6 @@ def test_an_eviction_never_falls_between_opening_a_shard_and_leasing_it(
         real_flock(fd, op)
 
     monkeypatch.setattr(fcntl, "flock", flock)
-    monkeypatch.setattr(store_module, "locked", telling_waits("evictor", decided))
     leases: list[int | None] = []
     reserved: list[int | None] = []
 
@@ -501,7 +500,8 @@ def test_a_reservation_never_counts_a_shard_being_published_twice(
     # A publish (a rename from tmp/ to data/) between the reservation's look at tmp/ and
     # its look at data/ would count that shard twice: it would evict a shard, or find no
     # room, for room that is there.
-    store = CacheStore(str(tmp_path), limit=250)
+    decided = threading.Event()
+    store = CacheStore(str(tmp_path), limit=250, lock=telling_waits("publisher", decided))
     store.ensure()
     done = put_key(1, 99)
     fd = open_part(store, done)
@@ -509,7 +509,6 @@ def test_a_reservation_never_counts_a_shard_being_published_twice(
     os.pwrite(fd, bytes(99), 0)
     os.ftruncate(fd, 99)
     os.close(fd)  # verified and cut: about to be published
-    decided = threading.Event()
     real_shards = store.shards
 
     def publish() -> None:
@@ -526,7 +525,6 @@ def test_a_reservation_never_counts_a_shard_being_published_twice(
             assert decided.wait(30)
         return real_shards()
 
-    monkeypatch.setattr(store_module, "locked", telling_waits("publisher", decided))
     monkeypatch.setattr(store, "shards", shards)
     other = open_part(store, put_key(2, 149))
     publisher.join()
