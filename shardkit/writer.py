@@ -27,14 +27,14 @@ from shardkit.codecs import encode_field, zstd_writer
 from shardkit.digest import Digest, HashingWriter
 from shardkit.durable import atomic_write
 from shardkit.errors import ConfigError, ManifestError, WriterError
+from shardkit.journal import journal_path, read_journal
 from shardkit.manifest import Manifest, ShardEntry, creation_info
-from shardkit.manifest_check import check_entry
 from shardkit.pieces import DEFAULT_PIECE_SIZE
 from shardkit.tario.index import write_index
 from shardkit.tario.writer import END_OF_ARCHIVE, check_field, check_key, member_header, padding
 from shardkit.units import parse_size
 
-__all__ = ["COMPRESSIONS", "ShardWriter", "journal_path", "read_journal", "shard_suffix"]
+__all__ = ["COMPRESSIONS", "ShardWriter", "shard_suffix"]
 
 log = logging.getLogger(__name__)
 _FLUSH = 4 << 20
@@ -61,35 +61,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def journal_path(manifest_path: str) -> str:
-    """Where a writer journals the shards it finished since it last wrote the manifest."""
-    head, tail = os.path.split(manifest_path)
-    return os.path.join(head, f".{tail}.journal")
-
-
-def read_journal(manifest_path: str) -> list[tuple[ShardEntry, dict[str, dict[str, int]]]]:
-    """The whole entries of a journal, in order (a line cut short by a kill ends it)."""
-    out: list[tuple[ShardEntry, dict[str, dict[str, int]]]] = []
-    try:
-        with open(journal_path(manifest_path), "rb") as f:
-            lines = f.read().split(b"\n")
-    except FileNotFoundError:
-        return out
-    for i, line in enumerate(lines[:-1]):  # the last piece has no newline: cut short
-        try:
-            raw = json.loads(line)
-            entry = ShardEntry(**check_entry(raw["shard"], journal_path(manifest_path), i))
-            fields = {
-                str(k): {"count": int(v["count"]), "bytes": int(v["bytes"])}
-                for k, v in raw["fields"].items()
-            }
-        except (ValueError, KeyError, TypeError, AttributeError, ManifestError):
-            log.warning("%s: line %d is damaged; the journal ends there", manifest_path, i + 1)
-            break
-        out.append((entry, fields))
-    return out
 
 
 class ShardWriter:

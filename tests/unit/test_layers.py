@@ -35,6 +35,7 @@ LAYERS: list[list[str]] = [
         "sources",
         "sources_table",
         "source_read",
+        "journal",
         "writer",
         "build_config",
         "build_workers",

@@ -11,8 +11,8 @@ import pytest
 
 from shardkit import ConfigError, Manifest, ShardWriter, WriterError, read_shard
 from shardkit.checksum import file_checksum
+from shardkit.journal import journal_path, read_journal
 from shardkit.tario.index import read_index
-from shardkit.writer import journal_path, read_journal
 from tests.helpers.data import make_samples
 
 
