@@ -168,7 +168,13 @@ def decode_field(
     allow_pickle: bool = False,
     handlers: dict[str, Callable[[bytes], Any]] | None = None,
 ) -> Any:
-    """Decode one field by its extension; raise :class:`DecodeError` naming it on failure."""
+    """Decode one field by its extension; raise :class:`DecodeError` naming it on failure.
+
+    A handler says "these bytes are bad" by raising :class:`DecodeError` or ``ValueError``
+    (``UnicodeDecodeError`` and ``json.JSONDecodeError`` are ValueErrors): that becomes a
+    DecodeError, which the bad-data policy may skip. Any other exception from a handler is
+    a bug and propagates as it is: skipping it would silently drop every sample.
+    """
     ext = extension(field)
     try:
         if handlers is not None:
@@ -191,10 +197,13 @@ def decode_field(
                     key=key,
                     field=field,
                 )
-            return _decode_pickle(ext, bytes(data))
+            try:
+                return _decode_pickle(ext, bytes(data))
+            except Exception as exc:  # unpickling bad bytes raises anything: all bad data
+                raise ValueError(f"cannot unpickle: {exc!r}") from exc
     except DecodeError:
         raise
-    except Exception as exc:
+    except ValueError as exc:
         raise DecodeError(f"cannot decode as {ext}: {exc}", key=key, field=field) from exc
     return data
 

@@ -35,6 +35,10 @@ class IoConfig:
         backoff_base: first backoff in seconds; it doubles per failure, with jitter.
         backoff_max: cap of one backoff.
         retry_after_max: cap on how long a server's ``Retry-After`` is honoured.
+        deadline: seconds a remote read may go on failing (from its first failure since
+            a request last delivered all it asked for) before :class:`FetchError`; a
+            wait that would end past it is not begun. Keep it below a DDP collective's
+            timeout.
         endpoint_url: S3-compatible endpoint (default: ``AWS_ENDPOINT_URL`` or AWS).
         prefetch_depth: how many of the next shards of a plan are fetched ahead.
         prefetch_threads: background download threads per process.
@@ -58,6 +62,7 @@ class IoConfig:
     backoff_base: float = 0.25
     backoff_max: float = 30.0
     retry_after_max: float = 120.0
+    deadline: float = 300.0
     endpoint_url: str | None = None
     prefetch_depth: int = 2
     prefetch_threads: int = 2
@@ -75,6 +80,7 @@ class IoConfig:
             "backoff_base",
             "backoff_max",
             "cache_wait",
+            "deadline",
         ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")

@@ -41,7 +41,9 @@ Gate = Callable[[], AbstractContextManager[object]]
 
 def policy_of(cfg: IoConfig) -> RetryPolicy:
     """The retry policy an :class:`IoConfig` describes."""
-    return RetryPolicy(cfg.max_attempts, cfg.backoff_base, cfg.backoff_max, cfg.retry_after_max)
+    return RetryPolicy(
+        cfg.max_attempts, cfg.backoff_base, cfg.backoff_max, cfg.retry_after_max, cfg.deadline
+    )
 
 
 class _Body:

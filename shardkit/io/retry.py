@@ -7,7 +7,11 @@ raises :class:`Retryable` for a failure worth another try (a dropped connection,
 timeout, 429/5xx). :func:`resuming_chunks` turns that into one contiguous stream of
 ``[start, end)``: after a failure it waits (exponential backoff with jitter, or the
 server's ``Retry-After``) and asks again from the first byte it has not delivered. It gives
-up with :class:`FetchError` after ``max_attempts`` tries in a row that made no progress.
+up with :class:`FetchError` (naming the url, the attempts and the time spent) after
+``max_attempts`` failures, or once ``deadline`` seconds have passed since the first of them,
+whichever comes first. Only a request that delivers all it was asked for ends a run of
+failures: a server that sends part of every answer and then stalls still runs out of
+attempts, and a ``Retry-After`` that would wait past the deadline is not waited for.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ class RetryPolicy:
     backoff_base: float = 0.25
     backoff_max: float = 30.0
     retry_after_max: float = 120.0
+    deadline: float = 300.0
 
     def delay(self, failures: int, retry_after: float | None, rng: random.Random) -> float:
         """Seconds to wait before try ``failures + 1``."""
@@ -97,6 +102,19 @@ def parse_retry_after(value: str | None) -> float | None:
 OpenRange = Callable[[int, int | None], RangeResponse]
 
 
+class _Clock:
+    """When the current run of failures began (None: no failure since the last success)."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+
+    def spent(self) -> float:
+        now = time.monotonic()
+        if self.first is None:
+            self.first = now
+        return now - self.first
+
+
 def resuming_chunks(
     url: str,
     open_range: OpenRange,
@@ -115,11 +133,12 @@ def resuming_chunks(
     rng = random.Random()
     pos = start
     failures = 0
+    clock = _Clock()
     while end is None or pos < end:
         try:
             resp = open_range(pos, end)
         except Retryable as exc:
-            failures = _failed(url, exc, failures, policy, counters, rng, sleep)
+            failures = _failed(url, exc, failures, policy, counters, rng, sleep, clock)
             continue
         try:
             if resp.total is not None and (end is None or end > resp.total):
@@ -127,15 +146,16 @@ def resuming_chunks(
             before = pos
             for chunk in resp.chunks():
                 pos += len(chunk)
-                failures = 0
                 yield chunk
             if pos == before:
                 if end is None:
                     return  # an object of unknown size has ended
                 if pos < end:
                     raise Retryable(f"the server sent no bytes at offset {pos} of {end}")
+            failures = 0  # a whole answer: the run of failures is over
+            clock.first = None
         except Retryable as exc:
-            failures = _failed(url, exc, failures, policy, counters, rng, sleep)
+            failures = _failed(url, exc, failures, policy, counters, rng, sleep, clock)
         finally:
             resp.close()
 
@@ -148,14 +168,21 @@ def _failed(
     counters: Counters,
     rng: random.Random,
     sleep: Callable[[float], None],
+    clock: _Clock,
 ) -> int:
-    """Count one failure: wait before the next try, or raise FetchError if out of tries."""
+    """Count one failure: wait before the next try, or raise FetchError if out of tries
+    or if the wait would end past the deadline."""
     failures += 1
-    if failures >= policy.max_attempts:
-        raise FetchError(
-            f"giving up: {exc}", url=url, status=exc.status, attempts=failures
-        ) from exc
+    spent = clock.spent()
     wait = policy.delay(failures, exc.retry_after, rng)
+    if failures >= policy.max_attempts or spent + wait > policy.deadline:
+        why = "" if failures >= policy.max_attempts else f" (the deadline is {policy.deadline:g} s)"
+        raise FetchError(
+            f"giving up after {spent:.1f} s{why}: {exc}",
+            url=url,
+            status=exc.status,
+            attempts=failures,
+        ) from exc
     counters.add("retries")
     counters.add(f"retries_{retry_kind(exc.status)}")
     log.info("%s: %s; retry %d in %.2fs", url, exc, failures, wait)

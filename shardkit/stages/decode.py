@@ -9,6 +9,10 @@ WebDataset's ``torchrgb``)). Handlers given by the user come first:
 - a dict ``{"ext" or "field": fn(bytes) -> value}``;
 - a callable ``fn(field, bytes) -> value or None`` (None: not mine), as in WebDataset.
 
+A handler reports bad bytes by raising ``ValueError`` (or :class:`DecodeError`): that is a
+data error the ``handler`` policy may skip. Any other exception is a bug in the handler
+and propagates unchanged, whatever the policy: it would otherwise drop every sample.
+
 Fields whose name starts with ``__`` (``__key__``, ``__url__``) are left alone.
 """
 
@@ -43,12 +47,16 @@ def _image_decoder(mode: str) -> Callable[[bytes], Any] | None:
         return None
 
     def decode(data: bytes) -> Any:
-        img = Image.open(io.BytesIO(data))
-        if mode == "pil":
-            img.load()
-            return img
-        gray = mode in ("l8", "l")
-        arr = np.asarray(img.convert("L" if gray else "RGB"))
+        try:
+            img = Image.open(io.BytesIO(data))
+            if mode == "pil":
+                img.load()
+                return img
+            gray = mode in ("l8", "l")
+            arr = np.asarray(img.convert("L" if gray else "RGB"))
+        except (OSError, SyntaxError, EOFError, Image.DecompressionBombError) as exc:
+            # Pillow's ways of saying the bytes are no (safe) image: bad data, not a bug
+            raise ValueError(f"not a decodable image: {exc}") from exc
         if mode.endswith("8"):
             return arr
         scaled = arr.astype(np.float32) / 255.0
@@ -131,7 +139,9 @@ class Decode(Stage):
             for fn in self.callables:
                 try:
                     value = fn(field, data)
-                except Exception as exc:
+                except DecodeError:
+                    raise
+                except ValueError as exc:  # bad bytes; any other exception is a bug: it flies
                     raise DecodeError(
                         f"handler {fn!r} failed: {exc}", key=key, field=field
                     ) from exc

@@ -76,6 +76,15 @@ class FakeSource:
         return FakeBody(pos, end, step if isinstance(step, int) else None, 1000)
 
 
+class RangedSource(FakeSource):
+    """Answers at most 2000 bytes per request, as a server asked for ranges does."""
+
+    def __call__(self, pos: int, end: int | None) -> FakeBody:
+        body = super().__call__(pos, end)
+        body.end = min(body.end, pos + 2000)
+        return body
+
+
 def run(src: FakeSource, start: int = 0, end: int | None = None, attempts: int = 4) -> tuple:
     sleeps: list[float] = []
     counters = Counters()
@@ -112,11 +121,27 @@ def test_gives_up_after_max_attempts_without_progress() -> None:
     assert len(src.calls) == 3
 
 
-def test_progress_resets_the_attempt_count() -> None:
-    # every response breaks, but each one delivers bytes: 2 tries in a row never fail
+def test_only_a_whole_answer_resets_the_attempt_count() -> None:
+    # answers of at most 2000 bytes (ranged requests): two drops, a whole answer, ...
+    src = RangedSource([500, 500, None] * 10)
+    data, sleeps, stats = run(src, attempts=3)
+    assert data == DATA and stats["retries"] == len(sleeps) > 3  # never 3 in a row
+    # every answer delivers some bytes, then breaks: that never ends, so it runs out
     src = FakeSource([1000] * 20)
-    data, sleeps, stats = run(src, attempts=2)
-    assert data == DATA and stats["retries"] == 9 and len(sleeps) == 9
+    with pytest.raises(FetchError) as info:
+        run(src, attempts=3)
+    assert info.value.attempts == 3 and len(src.calls) == 3
+
+
+def test_a_wait_past_the_deadline_is_not_begun() -> None:
+    src = FakeSource([Retryable("HTTP 429", status=429, retry_after=3600.0), None])
+    sleeps: list[float] = []
+    policy = RetryPolicy(deadline=5.0)
+    with pytest.raises(FetchError) as info:
+        b"".join(resuming_chunks("mem://x", src, 0, None, policy=policy,
+                                 counters=Counters(), sleep=sleeps.append))  # fmt: skip
+    assert sleeps == [] and info.value.attempts == 1 and info.value.status == 429
+    assert "deadline is 5 s" in str(info.value) and "mem://x" in str(info.value)
 
 
 def test_retry_after_is_honoured_and_capped() -> None:

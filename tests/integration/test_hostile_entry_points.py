@@ -286,3 +286,46 @@ def hostile_free_set(directory: Path) -> Manifest:
     from tests.helpers.data import make_shards
 
     return make_shards(directory, [2])
+
+
+# -- a bug in a decode handler is not bad data ------------------------------------------------
+def _buggy_callable(field: str, data: bytes) -> object:
+    if field == "json":
+        return {"text": data.decode()}["missing"]  # a KeyError: a bug, not bad bytes
+    return None
+
+
+def _strict_callable(field: str, data: bytes) -> object:
+    if field == "json" and b"document 1" in data:
+        raise ValueError("bad record")  # this is how a handler says "bad bytes"
+    return None
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("handler", ["warn", "skip_shard"])
+def test_a_bug_in_a_decode_handler_propagates(tmp_path: Path, handler: str) -> None:
+    from tests.helpers.data import make_shards
+
+    m = make_shards(tmp_path / "set", [4, 4])
+    path = str(tmp_path / "set" / "manifest.json")
+    for buggy in (_buggy_callable, {"json": lambda data: data.no_such_method()}):
+        ds = ShardDataset(path, shardshuffle=False, handler=handler).decode(buggy)
+        with pytest.raises((KeyError, AttributeError)):
+            list(WebLoader(ds, num_workers=2, multiprocessing_context="fork"))
+    ds = ShardDataset(path, shardshuffle=False, handler=handler).decode(_strict_callable)
+    keys = [s["__key__"] for s in ds]
+    assert "sample-00000001" not in keys and len(keys) == (7 if handler == "warn" else 5)
+    assert ds.counters()["skipped_samples"] == 8 - len(keys)
+    assert m.total_samples == 8
+
+
+@pytest.mark.timeout(60)
+def test_a_corrupt_image_is_bad_data(tmp_path: Path) -> None:
+    from shardkit.writer import ShardWriter
+
+    with ShardWriter(tmp_path / "img") as w:
+        for i in range(3):
+            w.write({"__key__": f"k{i}", "png": b"\x89PNG\r\n\x1a\n" + b"junk" * i, "cls": i})
+    ds = ShardDataset(str(tmp_path / "img" / "manifest.json"), handler="warn").decode("rgb8")
+    assert list(ds) == []
+    assert ds.counters()["skipped_samples"] == 3
