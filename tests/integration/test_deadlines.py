@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from shardkit import FetchError, ShardDataset, WebLoader
-from shardkit.io import make_opener
+from shardkit.cache import make_opener
+from shardkit.io import IoConfig
 from shardkit.manifest import Manifest
 from tests.helpers.servers import RangeServer
 
@@ -33,7 +34,8 @@ def server(shards: Manifest) -> Iterator[RangeServer]:
 def test_a_huge_retry_after_is_not_waited_for(shards: Manifest, server: RangeServer) -> None:
     victim = shards.shards[1].url
     server.add_fault("/" + victim, "status", status=429, retry_after="86400", times=1000)
-    ds = ShardDataset(server.url("manifest.json"), shardshuffle=False, deadline=20.0, **FAST)
+    io = IoConfig.make(deadline=20.0, **FAST)
+    ds = ShardDataset(server.url("manifest.json"), shardshuffle=False, io=io)
     loader = WebLoader(ds, num_workers=2, multiprocessing_context="fork")
     with pytest.raises(FetchError) as info:
         list(loader)
