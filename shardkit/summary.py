@@ -25,7 +25,7 @@ from shardkit.errors import ConfigError, ShardFormatError
 from shardkit.manifest import Manifest, ShardEntry, creation_info
 from shardkit.pieces import DEFAULT_PIECE_SIZE, Pieces
 from shardkit.sources import discover
-from shardkit.tario.index import write_index
+from shardkit.tario.index import sample_signature, write_index
 from shardkit.tario.reader import TarReader
 
 __all__ = [
@@ -61,6 +61,7 @@ class ShardScan:
     fields: FieldStats = field(default_factory=dict)
     first_keys: list[str] = field(default_factory=list)
     pieces: Pieces | None = None
+    signatures: list[int] = field(default_factory=list)  # per sample, for the index
 
     @property
     def nsamples(self) -> int:
@@ -72,17 +73,19 @@ def _scan_tar(f: BinaryIO, url: str, size: int | None, nkeys: int) -> tuple[Any,
     offsets: list[int] = []
     stats: FieldStats = {}
     keys: list[str] = []
+    sigs: list[int] = []
     for offset, sample in reader.samples():
         offsets.append(offset)
+        key = str(sample.pop("__key__"))
         if len(keys) < nkeys:
-            keys.append(str(sample["__key__"]))
+            keys.append(key)
+        sigs.append(sample_signature(key, sample))
         for fld, data in sample.items():
-            if fld != "__key__":
-                st = stats.setdefault(fld, {"count": 0, "bytes": 0})
-                st["count"] += 1
-                st["bytes"] += data  # type: ignore[operator]
+            st = stats.setdefault(fld, {"count": 0, "bytes": 0})
+            st["count"] += 1
+            st["bytes"] += data  # type: ignore[operator]
     end = reader.end_offset if reader.end_offset is not None else reader.offset
-    return offsets, end, stats, keys
+    return offsets, end, stats, keys, sigs
 
 
 def scan_shard(
@@ -129,10 +132,10 @@ def scan_stream(
     with open_tar(src, url=name) as (tar, kind):  # type: ignore[arg-type]
         found = _scan_tar(tar, name, size if kind is None else None, nkeys)
     src.drain()
-    offsets, end, stats, keys = found
+    offsets, end, stats, keys, sigs = found
     checksum = src.digest.checksum()
     found_pieces = src.digest.pieces.result() if src.digest.pieces is not None else None
-    return ShardScan(name, src.digest.size, checksum, offsets, end, stats, keys, found_pieces)
+    return ShardScan(name, src.digest.size, checksum, offsets, end, stats, keys, found_pieces, sigs)
 
 
 def add_fields(acc: FieldStats, more: FieldStats) -> None:
@@ -188,7 +191,9 @@ def manifest_from_shards(
         scan = scan_shard(p, algo=algo, nkeys=0, url=url, progress=progress, piece_size=piece_size)
         idx = idx_sum = None
         if index:
-            data = write_index(scan.offsets, scan.end)
+            data = write_index(
+                scan.offsets, scan.end, signatures=scan.signatures, shard_checksum=scan.checksum
+            )
             atomic_write(p + ".idx", data)
             h = new_hasher(algo)
             h.update(data)

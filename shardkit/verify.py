@@ -26,7 +26,7 @@ from shardkit.compression import SHARD_SUFFIXES, open_tar
 from shardkit.digest import Digest, HashingReader
 from shardkit.errors import ConfigError, FetchError, ShardFormatError, ShardkitError
 from shardkit.manifest import Manifest, ShardEntry, incomplete_reason
-from shardkit.tario.index import read_index
+from shardkit.tario.index import SampleIndex, parse_index, sample_signature, shard_binding
 from shardkit.tario.reader import TarReader, stream_size
 from shardkit.urls import check_within
 
@@ -195,7 +195,7 @@ def _check_deep(
     with opener.open(url) as f:
         size = stream_size(f)
         tee = HashingReader(f, _digest(algo, progress, entry))
-        offsets: list[int] = []
+        offsets: list[tuple[int, int]] = []
         end: int | None = None
         try:
             with open_tar(tee, url=entry.url) as (tar, kind):  # type: ignore[arg-type]
@@ -212,21 +212,25 @@ def _check_deep(
     return tee.digest.size, tee.digest.checksum(), problems
 
 
-def _scan(f: BinaryIO, url: str, size: int | None) -> tuple[list[int], int | None]:
-    """Read every sample of a tar stream; return the sample offsets and the end offset."""
+def _scan(f: BinaryIO, url: str, size: int | None) -> tuple[list[tuple[int, int]], int | None]:
+    """Read every sample of a tar stream: each one's ``(offset, signature)``, and the end."""
     reader = TarReader(f, url=url, size=size, keep_data=False)
-    offsets = [off for off, _ in reader.samples()]
-    return offsets, reader.end_offset
+    found = [
+        (off, sample_signature(str(s["__key__"]), [k for k in s if k != "__key__"]))
+        for off, s in reader.samples()
+    ]
+    return found, reader.end_offset
 
 
 def _check_samples(
     manifest: Manifest,
     entry: ShardEntry,
     opener: Opener,
-    offsets: Sequence[int],
+    found: Sequence[tuple[int, int]],
     end: int | None,
 ) -> list[Problem]:
     """Sample count and sample index against what the parse found."""
+    offsets = [off for off, _ in found]
     out: list[Problem] = []
     if len(offsets) != entry.nsamples:
         out.append(
@@ -237,7 +241,8 @@ def _check_samples(
     try:
         index_url = manifest.resolve(entry.index)
         check_within(index_url, manifest.base)
-        index = read_index(opener.read(index_url), url=entry.index)
+        parsed = parse_index(opener.read(index_url), url=entry.index)
+        index = parsed.offsets
     except (ShardkitError, OSError) as exc:
         out.append(Problem(entry.url, "index", f"sample index {entry.index}: {exc}"))
         return out
@@ -257,8 +262,23 @@ def _check_samples(
         if want != got:
             what = "the end offset" if i == len(offsets) else f"the offset of sample {i}"
             out.append(Problem(entry.url, "index", f"sample index: {what} differs", want, got))
-            break
-    return out
+            return out
+    bound = _check_bound(entry, parsed, [sig for _, sig in found])
+    return out + ([bound] if bound is not None else [])
+
+
+def _check_bound(entry: ShardEntry, index: SampleIndex, sigs: Sequence[int]) -> Problem | None:
+    """A version 2 index: written for this shard, each sample's key and fields as found."""
+    if index.shard is None or index.signatures is None:
+        return None
+    if index.shard != shard_binding(entry.checksum):
+        return Problem(entry.url, "index", "sample index belongs to another shard")
+    for i, (want, got) in enumerate(zip(sigs, index.signatures.tolist(), strict=True)):
+        if want != got:
+            return Problem(
+                entry.url, "index", f"sample index: the key or fields of sample {i} differ"
+            )
+    return None
 
 
 def verify_shard(

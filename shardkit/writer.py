@@ -30,7 +30,7 @@ from shardkit.errors import ConfigError, ManifestError, WriterError
 from shardkit.journal import journal_path, read_journal
 from shardkit.manifest import Manifest, ShardEntry, creation_info
 from shardkit.pieces import DEFAULT_PIECE_SIZE
-from shardkit.tario.index import write_index
+from shardkit.tario.index import sample_signature, write_index
 from shardkit.tario.writer import END_OF_ARCHIVE, check_field, check_key, member_header, padding
 from shardkit.units import parse_size
 
@@ -153,6 +153,7 @@ class ShardWriter:
         self._pending_size = 0
         self._offset = 0  # uncompressed bytes written to the current shard
         self._offsets: list[int] = []
+        self._sigs: list[int] = []  # each sample's index signature (key and fields)
         self._keys: set[str] = set()
         self._closed = False
         self._good_fields: set[str] = set()  # field names already checked
@@ -188,6 +189,7 @@ class ShardWriter:
                 self._open_shard()
         self._keys.add(str(key))
         self._offsets.append(self._offset)
+        self._sigs.append(sample_signature(str(key), sizes))
         self._offset += size
         self._pending.extend(pieces)
         self._pending_size += size
@@ -309,6 +311,7 @@ class ShardWriter:
             self._sink = self._hashing
         self._offset = 0
         self._offsets = []
+        self._sigs = []
         self._keys = set()
         self._shard_fields = {}
 
@@ -336,7 +339,10 @@ class ShardWriter:
         name = self._shard_name()
         final = os.path.join(self.out_dir, name)
         index_name = name + ".idx"
-        index_bytes = write_index(self._offsets, self._offset)
+        checksum = self._hashing.digest.checksum()
+        index_bytes = write_index(
+            self._offsets, self._offset, signatures=self._sigs, shard_checksum=checksum
+        )
         index_hash = new_hasher(self.algo)
         index_hash.update(index_bytes)
         atomic_write(os.path.join(self.out_dir, index_name), index_bytes)
@@ -346,7 +352,7 @@ class ShardWriter:
             url=name,
             size=self._hashing.digest.size,
             nsamples=len(self._offsets),
-            checksum=self._hashing.digest.checksum(),
+            checksum=checksum,
             index=index_name,
             index_checksum=f"{self.algo}:{index_hash.hexdigest()}",
             pieces=self._hashing.digest.pieces.result() if self._hashing.digest.pieces else None,

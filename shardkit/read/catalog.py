@@ -17,20 +17,30 @@ import numpy as np
 
 from shardkit.cache.locks import locked
 from shardkit.compact import Column, Compact, build_compact, compact_path, fingerprint, load_compact
-from shardkit.compression import compressed_name
 from shardkit.errors import FetchError, ManifestError, ShardFormatError
 from shardkit.io import Opener, load_manifest
 from shardkit.manifest import Manifest, incomplete_reason
 from shardkit.pieces import Pieces
-from shardkit.tario.index import INDEX_MAGIC, index_entry_range, read_index
+from shardkit.read.indexes import IndexReader
+from shardkit.tario.index import INDEX_MAGIC, INDEX_MAGIC_V1
 from shardkit.tario.reader import iter_samples
 from shardkit.urls import check_within, expand_braces, local_path, url_scheme
 
-__all__ = ["Catalog", "CompactShards", "ShardInfo", "load_catalog", "open_catalog"]
+__all__ = ["ByteRange", "Catalog", "CompactShards", "ShardInfo", "load_catalog", "open_catalog"]
 
 log = logging.getLogger("shardkit.stages")
 _HEAD = struct.Struct("<8sQ")
 _U64 = struct.Struct("<Q")
+
+
+class ByteRange(NamedTuple):
+    """Where a sample range lies in a shard (see :meth:`Catalog.byte_range`)."""
+
+    start: int
+    end: int | None
+    skip: int
+    first: int | None = None  # signature the range's first sample must have
+    last: int | None = None  # signature its last sample must have
 
 
 class ShardInfo(NamedTuple):
@@ -100,7 +110,7 @@ def _probe(url: str, opener: Opener) -> ShardInfo:
         head = opener.read(index, start=0, end=_HEAD.size)
     except FetchError:
         head = b""
-    if len(head) == _HEAD.size and head[:8] == INDEX_MAGIC:
+    if len(head) == _HEAD.size and head[:8] in (INDEX_MAGIC, INDEX_MAGIC_V1):
         return ShardInfo(url, int(_HEAD.unpack(head)[1]), index_url=index)
     log.info("%s has no sample index: counting its samples by reading it", url)
     with opener.open(url) as f:
@@ -164,7 +174,7 @@ class Catalog:
             self.counts = np.array([s.nsamples for s in shards], dtype=np.int64)
         self.total = int(self.counts.sum())
         self._checked: set[str] = set()
-        self._indexes: dict[str, np.ndarray] = {}  # whole indexes this process has read
+        self._index_reader = IndexReader()
         self._within: set[str] = set()  # local urls whose real path was checked
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -197,13 +207,13 @@ class Catalog:
             self._within.add(url)
         return url
 
-    def byte_range(
-        self, opener: Opener, shard: int, lo: int, hi: int
-    ) -> tuple[int, int | None, int]:
-        """``(start, end, skip)``: where samples ``[lo, hi)`` of a shard lie.
+    def byte_range(self, opener: Opener, shard: int, lo: int, hi: int) -> ByteRange:
+        """Where samples ``[lo, hi)`` of a shard lie, and what a read there must find.
 
-        With a sample index that is a seek (``skip`` 0); without one the shard is read
-        from its start and the first ``skip`` samples are parsed and dropped.
+        With a sample index that is a seek (``skip`` 0), and ``first``/``last`` are the
+        signatures the samples at either end of the range must have (None where the
+        range starts at 0 or runs to the shard's end, or the index has none). Without an
+        index the shard is read from its start and the first ``skip`` samples dropped.
         """
         info = self.shards[shard]
         if info.index_url is None and (lo > 0 or hi < info.nsamples):
@@ -212,77 +222,22 @@ class Catalog:
                 log.warning(
                     "%s has no sample index: reading a part of it reads from its start", info.url
                 )
-            return 0, None, lo
-        start = 0 if lo == 0 else self._offset(opener, info, lo)
-        end = None if hi >= info.nsamples else self._offset(opener, info, hi)
+            return ByteRange(0, None, lo)
+        if lo == 0 and hi >= info.nsamples:
+            return ByteRange(0, None, 0)
+        assert info.index_url is not None
+        self.check_within(info, info.index_url)
+        idx = self._index_reader
+        start = 0 if lo == 0 else idx.offset(opener, info, lo)
+        end = None if hi >= info.nsamples else idx.offset(opener, info, hi)
         if end is not None and end <= start:
             raise ShardFormatError(
                 f"sample index gives samples {lo}..{hi} the byte range {start}..{end}",
                 url=info.index_url,
             )
-        return start, end, 0
-
-    def _whole_index(self, opener: Opener, info: ShardInfo) -> np.ndarray:
-        """The shard's whole index, read once per process through the (caching) opener.
-
-        With its checksum in the manifest the index is an object like a shard: a node-local
-        cache keeps and verifies it, so later epochs and other workers read it from disk.
-        """
-        assert info.index_url is not None
-        arr = self._indexes.get(info.index_url)
-        if arr is None:
-            size = _HEAD.size + 8 * (info.nsamples + 1)
-            url = self.check_within(info, info.index_url)
-            with opener.open(url, size=size, checksum=info.index_checksum) as f:
-                data = f.read()
-            arr = read_index(data, url=info.index_url)
-            if len(arr) != info.nsamples + 1:
-                raise ShardFormatError(
-                    f"sample index lists {len(arr) - 1} samples, the manifest says {info.nsamples}",
-                    url=info.index_url,
-                    offset=8,
-                )
-            if len(self._indexes) >= 64:  # bound the memory: indexes of recent shards only
-                self._indexes.pop(next(iter(self._indexes)))
-            self._indexes[info.index_url] = arr
-        return arr
-
-    def _offset(self, opener: Opener, info: ShardInfo, i: int) -> int:
-        assert info.index_url is not None
-        if info.index_checksum is not None:
-            value = int(self._whole_index(opener, info)[i])
-            if info.size is not None and value > info.size and not compressed_name(info.url):
-                raise ShardFormatError(
-                    f"sample index points at byte {value}, past the shard's {info.size} bytes",
-                    url=info.index_url,
-                    offset=_HEAD.size + 8 * i,
-                )
-            return value
-        if info.index_url not in self._checked:
-            self.check_within(info, info.index_url)
-            head = opener.read(info.index_url, start=0, end=_HEAD.size)
-            if len(head) != _HEAD.size or head[:8] != INDEX_MAGIC:
-                raise ShardFormatError("not a shardkit sample index", url=info.index_url, offset=0)
-            n = int(_HEAD.unpack(head)[1])
-            if n != info.nsamples:
-                raise ShardFormatError(
-                    f"sample index lists {n} samples, the manifest says {info.nsamples}",
-                    url=info.index_url,
-                    offset=8,
-                )
-            self._checked.add(info.index_url)
-        lo, _ = index_entry_range(i)
-        data = opener.read(info.index_url, start=lo, end=lo + 8)
-        if len(data) != 8:
-            raise ShardFormatError("sample index is truncated", url=info.index_url, offset=lo)
-        value = int(_U64.unpack(data)[0])
-        if info.size is not None and value > info.size and not compressed_name(info.url):
-            raise ShardFormatError(
-                f"sample index points at byte {value}, past the shard's {info.size} bytes",
-                url=info.index_url,
-                offset=lo,
-            )
-        return value
+        first = idx.signature(opener, info, lo) if lo > 0 else None
+        last = idx.signature(opener, info, hi - 1) if end is not None else None
+        return ByteRange(start, end, 0, first, last)
 
 
 def _reopen(manifest_path: str, allow_unsafe_urls: bool) -> Catalog:

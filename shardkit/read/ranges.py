@@ -15,8 +15,9 @@ from typing import Any, BinaryIO
 from shardkit.compression import compressed_name, open_tar
 from shardkit.errors import ShardFormatError
 from shardkit.io import Opener
-from shardkit.read.catalog import Catalog, ShardInfo
+from shardkit.read.catalog import ByteRange, Catalog, ShardInfo
 from shardkit.read.policy import DATA_ERRORS, count_error, report
+from shardkit.tario.index import sample_signature
 from shardkit.tario.reader import DEFAULT_MAX_MEMBER, iter_samples, skip_bytes
 
 __all__ = ["read_stream"]
@@ -100,7 +101,8 @@ def _read_range(
     catalog: Catalog, opener: Opener, counts: dict[str, float], shard: int, lo: int, hi: int
 ) -> Iterator[Sample]:
     info = catalog.shards[shard]
-    start, end, skip = catalog.byte_range(opener, shard, lo, hi)
+    where = catalog.byte_range(opener, shard, lo, hi)
+    start, end = where.start, where.end
     packed = compressed_name(info.url)
     limit = getattr(getattr(opener, "cfg", None), "max_member", DEFAULT_MAX_MEMBER)
     f = opener.open(
@@ -117,7 +119,7 @@ def _read_range(
             with open_tar(counted, url=info.url) as (tar, _):
                 skip_bytes(tar, start)
                 samples = iter_samples(tar, url=info.url, start=start, end=end, max_member=limit)
-                yield from _take(samples, info, skip, hi - lo)
+                yield from _take(samples, info, where, lo, hi)
             return
         if start == 0:
             with open_tar(counted, url=info.url) as (tar, kind):
@@ -129,31 +131,63 @@ def _read_range(
                         offset=0,
                     )
                 samples = iter_samples(tar, url=info.url, end=end, size=info.size, max_member=limit)
-                yield from _take(samples, info, skip, hi - lo)
+                yield from _take(samples, info, where, lo, hi)
             return
         samples = iter_samples(
             counted, url=info.url, start=start, end=end, size=info.size, max_member=limit
         )
-        yield from _take(samples, info, skip, hi - lo)
+        yield from _take(samples, info, where, lo, hi)
 
 
 def _take(
-    samples: Iterator[tuple[int, Sample]], info: ShardInfo, skip: int, want: int
+    samples: Iterator[tuple[int, Sample]], info: ShardInfo, where: ByteRange, lo: int, hi: int
 ) -> Iterator[Sample]:
-    """Drop ``skip`` samples, then yield ``want`` (tagged with ``__url__``)."""
+    """Drop ``where.skip`` samples, then yield samples ``lo..hi`` (tagged ``__url__``).
+
+    A seek must prove it landed where the index says: the first and last samples have the
+    signatures the index gives them (key and field names: a range cut at a field boundary
+    fails too), and a range that holds more samples than asked is refused. None of this
+    costs more than a hash of a few names per range.
+    """
     url = info.url
+    want = hi - lo
+    skip = where.skip
     got = 0
     for _, sample in samples:
         if skip:
             skip -= 1
             continue
+        if got == 0 and where.first is not None:
+            _check_signature(sample, where.first, info, lo)
+        if got == want - 1 and where.last is not None:
+            _check_signature(sample, where.last, info, hi - 1)
         sample["__url__"] = url
         yield sample
         got += 1
         if got == want:
+            if (where.end is not None or hi == info.nsamples) and not where.skip:
+                extra = next(samples, None)
+                if extra is not None:
+                    raise ShardFormatError(
+                        f"samples {lo}..{hi} by the index hold more samples than that (then "
+                        f"{extra[1]['__key__']!r}): the index or the manifest's count is wrong",
+                        url=url,
+                        offset=extra[0],
+                    )
             return
     raise ShardFormatError(
         f"the shard ends {want - got} samples short of the range asked for; the manifest "
         f"says it holds {info.nsamples}",
         url=url,
     )
+
+
+def _check_signature(sample: Sample, want: int, info: ShardInfo, i: int) -> None:
+    key = str(sample["__key__"])
+    if sample_signature(key, [k for k in sample if k != "__key__"]) != want:
+        raise ShardFormatError(
+            f"the sample index sends sample {i} to sample {key!r} with fields "
+            f"{[k for k in sample if k != '__key__']}, not the sample it indexed: the index "
+            "is not this shard's or is wrong; rewrite it with `shardkit manifest from-shards`",
+            url=info.url,
+        )

@@ -18,6 +18,7 @@ from click.testing import CliRunner, Result
 from shardkit import Manifest, ShardWriter
 from shardkit.checksum import file_checksum
 from shardkit.cli import cli
+from shardkit.tario.index import index_entry_range
 from tests.helpers import hostile
 from tests.helpers.data import make_samples
 
@@ -163,7 +164,7 @@ def test_wrong_size_in_the_manifest(shards: Path, level: str) -> None:
 def test_bad_sample_index(shards: Path) -> None:
     idx = shards.parent / "data-000000.tar.idx"
     data = bytearray(idx.read_bytes())
-    data[16 + 8 * 2] += 1  # sample 2's offset
+    data[index_entry_range(2, version=2)[0]] += 1  # sample 2's offset
     idx.write_bytes(bytes(data))
     report = _report(str(shards), "--deep")
     assert [(p["kind"], p["expected"], p["found"]) for p in report["problems"]] == [

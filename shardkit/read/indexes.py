@@ -1,0 +1,187 @@
+"""Sample indexes as a reader uses them: offsets to seek to, and what proves a seek landed.
+
+An index is believed only as far as it is checked. A version 2 index is bound to its shard
+(the blake2b of the shard's checksum, compared with the manifest's) and gives each sample's
+signature (key and field names), which the read at that offset compares with the sample
+it finds (:mod:`shardkit.read.ranges`). A version 1 index has neither: it is read, with a
+warning once per index, and the read can only check its sample counts.
+
+With ``index_checksum`` in the manifest the whole index is read once per process through
+the (caching) opener; without, each lookup is a small ranged read.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from typing import Protocol
+
+from shardkit.compression import compressed_name
+from shardkit.errors import ChecksumError, ShardFormatError
+from shardkit.io import Opener
+from shardkit.tario.index import (
+    INDEX_MAGIC,
+    INDEX_MAGIC_V1,
+    SampleIndex,
+    index_entry_range,
+    index_header_size,
+    parse_index,
+    shard_binding,
+    signature_range,
+)
+
+__all__ = ["IndexReader"]
+
+log = logging.getLogger("shardkit.stages")
+_U64 = struct.Struct("<Q")
+_KEEP = 64  # whole indexes kept per process: those of recent shards only
+
+
+class _Shard(Protocol):
+    """What a lookup needs of a shard (a :class:`~shardkit.read.catalog.ShardInfo`)."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def nsamples(self) -> int: ...
+    @property
+    def size(self) -> int | None: ...
+    @property
+    def checksum(self) -> str | None: ...
+    @property
+    def index_url(self) -> str | None: ...
+    @property
+    def index_checksum(self) -> str | None: ...
+
+
+class _Head:
+    """What the first bytes of an index said: its version and sample count."""
+
+    def __init__(self, version: int, n: int) -> None:
+        self.version = version
+        self.n = n
+
+
+class IndexReader:
+    """Offsets and signatures of samples, from each shard's index, checked once each."""
+
+    def __init__(self) -> None:
+        self._whole: dict[str, SampleIndex] = {}
+        self._heads: dict[str, _Head] = {}
+
+    def offset(self, opener: Opener, info: _Shard, i: int) -> int:
+        """The byte offset where sample ``i`` starts (``i == nsamples``: the end)."""
+        url = _url(info)
+        if info.index_checksum is not None:
+            value = int(self._index(opener, info).offsets[i])
+            at = index_entry_range(i, self._index(opener, info).version)[0]
+        else:
+            head = self._head(opener, info)
+            at = index_entry_range(i, head.version)[0]
+            value = int(_U64.unpack(self._read(opener, url, at, 8))[0])
+        if info.size is not None and value > info.size and not compressed_name(info.url):
+            raise ShardFormatError(
+                f"sample index points at byte {value}, past the shard's {info.size} bytes",
+                url=url,
+                offset=at,
+            )
+        return value
+
+    def signature(self, opener: Opener, info: _Shard, i: int) -> int | None:
+        """Sample ``i``'s signature (key and fields), or None for a version 1 index."""
+        if info.index_checksum is not None:
+            sigs = self._index(opener, info).signatures
+            return None if sigs is None else int(sigs[i])
+        head = self._head(opener, info)
+        if head.version == 1:
+            return None
+        lo, _ = signature_range(i, head.n)
+        return int(_U64.unpack(self._read(opener, _url(info), lo, 8))[0])
+
+    # -- whole indexes (with a checksum in the manifest) --------------------------------
+    def _index(self, opener: Opener, info: _Shard) -> SampleIndex:
+        url = _url(info)
+        idx = self._whole.get(url)
+        if idx is not None:
+            return idx
+        n = info.nsamples
+        v2 = index_header_size(2) + 16 * n + 8
+        v1 = index_header_size(1) + 8 * (n + 1)
+        try:  # the size the cache stores it under: version 2, or an older version 1
+            data = self._fetch(opener, url, v2, info.index_checksum)
+        except ChecksumError:
+            data = self._fetch(opener, url, v1, info.index_checksum)
+        idx = parse_index(data, url=url)
+        _check_count(url, len(idx.offsets) - 1, n)
+        _check_binding(url, info, idx.shard)
+        if len(self._whole) >= _KEEP:
+            self._whole.pop(next(iter(self._whole)))
+        self._whole[url] = idx
+        return idx
+
+    @staticmethod
+    def _fetch(opener: Opener, url: str, size: int, checksum: str | None) -> bytes:
+        with opener.open(url, size=size, checksum=checksum) as f:
+            return f.read()
+
+    # -- ranged lookups (no checksum: nothing to cache it under) ------------------------
+    def _head(self, opener: Opener, info: _Shard) -> _Head:
+        url = _url(info)
+        head = self._heads.get(url)
+        if head is not None:
+            return head
+        data = opener.read(url, start=0, end=index_header_size(2))
+        magic = data[:8]
+        if magic not in (INDEX_MAGIC, INDEX_MAGIC_V1) or len(data) < 16:
+            raise ShardFormatError("not a shardkit sample index", url=url, offset=0)
+        version = 2 if magic == INDEX_MAGIC else 1
+        if len(data) < index_header_size(version):
+            raise ShardFormatError("sample index is truncated", url=url, offset=len(data))
+        n = int(_U64.unpack_from(data, 8)[0])
+        _check_count(url, n, info.nsamples)
+        _check_binding(url, info, data[16:48] if version == 2 else None)
+        head = self._heads[url] = _Head(version, n)
+        return head
+
+    @staticmethod
+    def _read(opener: Opener, url: str, lo: int, n: int) -> bytes:
+        data = opener.read(url, start=lo, end=lo + n)
+        if len(data) != n:
+            raise ShardFormatError("sample index is truncated", url=url, offset=lo)
+        return data
+
+
+def _url(info: _Shard) -> str:
+    assert info.index_url is not None
+    return info.index_url
+
+
+def _check_count(url: str, n: int, nsamples: int) -> None:
+    if n != nsamples:
+        raise ShardFormatError(
+            f"sample index lists {n} samples, the manifest says {nsamples}", url=url, offset=8
+        )
+
+
+_warned: set[str] = set()
+
+
+def _check_binding(url: str, info: _Shard, binding: bytes | None) -> None:
+    """A version 2 index must be the one written for this shard (its checksum)."""
+    if binding is None:
+        if url not in _warned:
+            _warned.add(url)
+            log.warning(
+                "%s is a version 1 sample index: a seek to its offsets cannot be checked "
+                "against the samples found there; rewrite it with `shardkit manifest "
+                "from-shards`",
+                url,
+            )
+        return
+    if info.checksum is not None and binding != shard_binding(info.checksum):
+        raise ShardFormatError(
+            f"sample index belongs to another shard, not {info.url} ({info.checksum}); "
+            "rewrite it with `shardkit manifest from-shards`",
+            url=url,
+            offset=16,
+        )
