@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from shardkit import ShardDataset, ShardFormatError, WebLoader
+from shardkit.cache import make_opener
 from shardkit.io import load_manifest
 from shardkit.manifest import Manifest
 from shardkit.tario.index import (
@@ -71,7 +72,7 @@ def test_index_of_another_shard_is_refused(tmp_path: Path, with_checksum: bool) 
     _rewrite(manifest, 0, other, with_checksum=with_checksum)  # same offsets, other shard
     with pytest.raises(ShardFormatError, match="belongs to another shard"):
         _read_every_rank(manifest)
-    report = verify(load_manifest(str(manifest)), level="deep")
+    report = verify(load_manifest(str(manifest)), level="deep", opener=make_opener())
     assert [(p.kind, p.message) for p in report.problems] == [
         ("index", "sample index belongs to another shard")
     ]
@@ -101,7 +102,7 @@ def test_offset_inside_a_sample_is_refused(tmp_path: Path, with_checksum: bool) 
     with pytest.raises(ShardFormatError, match=r"sends sample|hold more samples") as info:
         _read_every_rank(manifest)
     assert m.shards[0].url in str(info.value)
-    report = verify(load_manifest(str(manifest)), level="deep")
+    report = verify(load_manifest(str(manifest)), level="deep", opener=make_opener())
     assert [p.kind for p in report.problems] == ["index"]
     assert "the offset of sample 2 differs" in report.problems[0].message
 
@@ -133,4 +134,4 @@ def test_a_version_1_index_still_reads(
         keys = _read_every_rank(manifest, workers=0)
     assert sorted(keys) == [f"sample-{i:08d}" for i in range(12)]
     assert "version 1 sample index" in caplog.text
-    assert verify(load_manifest(str(manifest)), level="deep").ok
+    assert verify(load_manifest(str(manifest)), level="deep", opener=make_opener()).ok
