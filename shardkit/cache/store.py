@@ -55,6 +55,7 @@ from shardkit.cache.layout import (
     try_lock_existing,
 )
 from shardkit.cache.locks import locked
+from shardkit.checksum import new_hasher
 from shardkit.durable import fsync_dir
 from shardkit.errors import CacheError
 
@@ -180,7 +181,7 @@ class CacheStore:
                 return None, False
             used = self._sweep() + sum(s.size for s in self.shards())
             if self.limit is not None and used + nbytes > self.limit:
-                used -= self._evict(used + nbytes - self.limit)[1]
+                used -= self._evict(used + nbytes - self.limit)
                 if used + nbytes > self.limit:
                     return None, False
             fd = _open_leased(part, os.O_RDWR | os.O_CREAT | os.O_EXCL)
@@ -230,6 +231,40 @@ class CacheStore:
         self.ensure()
         with self._lock(self.evict_lock_path()):
             self._sweep()
+
+    def scrub(self, progress: Callable[[int], object] | None = None) -> list[tuple[str, str]]:
+        """Hash every cached shard again (disk rot): a shard whose bytes no longer match the
+        checksum its place names is evicted (one being read: evicted by the next eviction
+        that finds it free, and reported). Returns ``(path, what is wrong)`` per bad shard.
+        """
+        bad: list[tuple[str, str]] = []
+        for shard in list(self.shards()):
+            algo = os.path.basename(os.path.dirname(os.path.dirname(shard.path)))
+            want = os.path.basename(shard.path)
+            h = new_hasher(algo)
+            try:
+                with open(shard.path, "rb") as f:
+                    while chunk := f.read(1 << 22):
+                        h.update(chunk)
+                        if progress is not None:
+                            progress(len(chunk))
+            except FileNotFoundError:
+                continue  # evicted meanwhile
+            if h.hexdigest() == want:
+                continue
+            with self._lock(self.evict_lock_path()):
+                fd = try_lock_existing(shard.path)
+                if fd is None:
+                    bad.append((shard.path, f"{algo} differs; being read, not evicted yet"))
+                    continue
+                try:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(shard.path)
+                finally:
+                    os.close(fd)
+            log.warning("cache: %s does not match its checksum: evicted", shard.path)
+            bad.append((shard.path, f"{algo} differs; evicted"))
+        return bad
 
     # -- accounting and eviction ---------------------------------------------------
     def shards(self) -> Iterator[CachedShard]:
@@ -289,11 +324,9 @@ class CacheStore:
             os.close(fd)  # after the unlink: nobody could lease it in between
         return True
 
-    def _evict(self, need: int, *, partial: bool = False) -> tuple[int, int]:
-        """Evict unleased shards (and dead temp files), least recently used first, to free
-        ``need`` bytes; if that many cannot be freed, evict nothing (``partial``: as many
-        as can be). Returns ``(files evicted, bytes freed)``. The one eviction loop: both
-        a reservation and ``clean`` go through it, under the eviction lock.
+    def _evict(self, need: int) -> int:
+        """Evict unleased shards, least recently used first, to free ``need`` bytes; if
+        that many cannot be freed, evict nothing. Returns the bytes freed.
         """
         taken: list[tuple[int, CachedShard]] = []
         freed = 0
@@ -305,16 +338,13 @@ class CacheStore:
                 if fd is not None:  # None: someone holds a lease, it is being read
                     taken.append((fd, shard))
                     freed += shard.size
-            if freed < need and not partial:
-                return 0, 0
-            n = freed = 0
+            if freed < need:
+                return 0
             for _, shard in taken:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(shard.path)
                     log.info("evicted %s", shard.path)
-                    n += 1
-                    freed += shard.size
-            return n, freed
+            return freed
         finally:
             for fd, _ in taken:
                 os.close(fd)  # the bytes are gone once this last fd on them is closed
@@ -328,6 +358,19 @@ class CacheStore:
                     st = os.stat(t.path)
                     if st.st_size == t.size:
                         yield CachedShard(t.path, t.size, st.st_mtime)
+
+    def _evict_one(self, path: str) -> bool:
+        fd = try_lock_existing(path)
+        if fd is None:
+            return False  # someone is reading it
+        try:
+            os.unlink(path)
+            log.info("evicted %s", path)
+            return True
+        except FileNotFoundError:
+            return False
+        finally:
+            os.close(fd)
 
     def usage(self) -> int:
         """Bytes held: verified shards plus the reservations of temp files.
@@ -372,8 +415,16 @@ class CacheStore:
         self.ensure()
         with self._lock(self.evict_lock_path()):
             self._sweep()
-            total = sum(s.size for s in [*self.shards(), *self._dead_parts()])
-            return self._evict(total - keep, partial=True) if total > keep else (0, 0)
+            shards = sorted([*self.shards(), *self._dead_parts()], key=lambda s: s.mtime)
+            total = sum(s.size for s in shards)
+            n = freed = 0
+            for s in shards:
+                if total - freed <= keep:
+                    break
+                if self._evict_one(s.path):
+                    n += 1
+                    freed += s.size
+            return n, freed
 
 
 def _open_leased(path: str, flags: int) -> int | None:

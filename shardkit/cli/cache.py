@@ -196,6 +196,25 @@ def _warm(
         bar.close()
 
 
+@command.command("verify")
+@_CACHE_DIR
+@_JSON
+def verify_cache(cache_dir: str, as_json: bool) -> None:
+    """Hash every cached shard again; evict what no longer matches (exit 1 if any)."""
+    store = CacheStore(cache_dir)
+    total = sum(s.size for s in store.shards())
+    with tqdm(total=total, unit="B", unit_scale=True, disable=as_json, desc="verify") as bar:
+        bad = store.scrub(progress=bar.update)
+    if as_json:
+        click.echo(json.dumps({"bad": [{"path": p, "what": w} for p, w in bad]}, indent=1))
+    else:
+        for path, what in bad:
+            click.echo(f"BAD {path}: {what}")
+        click.echo(f"{len(bad)} bad of {format_bytes(total)} checked")
+    if bad:
+        raise SystemExit(1)
+
+
 @command.command("clean")
 @_CACHE_DIR
 @click.option("--keep", default=None, help="Evict least recently used shards down to this size.")

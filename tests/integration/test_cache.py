@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import pickle
 import stat
@@ -526,3 +527,39 @@ def test_node_manifest_copy_is_revalidated_with_its_etag(
     assert len(load_manifest(url, stale).shards) == 3
     assert server.requests("/manifest.json")[-1].status == 200
     assert len(load_manifest(url, make_opener(cache_dir=cache)).shards) == 3  # the new copy
+
+
+def test_cache_verify_evicts_a_rotted_shard(
+    shards: Manifest, server: RangeServer, tmp_path: Path
+) -> None:
+    """`shardkit cache verify`: every cached shard hashed again; one whose bytes rotted on
+    disk is named and evicted (exit 1), the next read fetches it again, then all is clean."""
+    from click.testing import CliRunner
+
+    from shardkit.cache import CacheStore
+    from shardkit.cli import cli
+    from shardkit.dataset import ShardDataset
+
+    def keys(ds: ShardDataset) -> list[str]:
+        return [str(s["__key__"]) for s in ds]
+
+    cache = str(tmp_path / "cache")
+    url = server.url("manifest.json")
+    want = keys(ShardDataset(url, seed=1, cache_dir=cache))
+    runner = CliRunner()
+    ok = runner.invoke(cli, ["cache", "verify", "--cache-dir", cache, "--json"])
+    assert ok.exit_code == 0 and json.loads(ok.stdout)["bad"] == [], ok.output
+    rotten = sorted(CacheStore(cache).shards(), key=lambda s: s.path)[2].path
+    with open(rotten, "r+b") as f:  # a flipped byte on disk
+        f.seek(700)
+        byte = f.read(1)
+        f.seek(700)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    res = runner.invoke(cli, ["cache", "verify", "--cache-dir", cache])
+    assert res.exit_code == 1 and f"BAD {rotten}" in res.output, res.output
+    assert not os.path.exists(rotten)
+    server.clear_log()
+    assert keys(ShardDataset(url, seed=1, cache_dir=cache)) == want
+    assert len(server.requests("/data-*.tar")) >= 1, "the evicted shard is fetched again"
+    again = runner.invoke(cli, ["cache", "verify", "--cache-dir", cache])
+    assert again.exit_code == 0, again.output
