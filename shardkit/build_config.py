@@ -13,6 +13,7 @@ from shardkit.errors import ConfigError
 from shardkit.images import REENCODE_FORMATS, ImageOptions
 from shardkit.manifest import Manifest
 from shardkit.sources import ON_ERROR, FieldMap, Unit
+from shardkit.tario.reader import DEFAULT_MAX_MEMBER
 from shardkit.tree_select import TreeOptions
 from shardkit.units import parse_size
 from shardkit.writer import COMPRESSIONS
@@ -46,6 +47,8 @@ class BuildConfig:
         image: resize / re-encode the images of folder sources.
         fn: a build function: ``fn(input)`` yields the samples of one input (see
             :func:`build`); the sources are then its inputs.
+        max_member: the largest member (bytes) of a tar input held in memory when
+            re-sharding (1 GiB by default); a larger one is a ``ShardFormatError``.
     """
 
     prefix: str = "data"
@@ -64,6 +67,7 @@ class BuildConfig:
     tree: TreeOptions = dataclasses.field(default_factory=TreeOptions)
     image: ImageOptions | None = None
     fn: Callable[[Any], Iterable[Mapping[str, Any]]] | None = None
+    max_member: int | str = DEFAULT_MAX_MEMBER
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,8 @@ def check_config(c: BuildConfig) -> None:
         raise ConfigError(f"bad shard prefix {c.prefix!r}")
     if parse_size(c.maxsize) < 4096:
         raise ConfigError(f"maxsize {c.maxsize!r} is too small (at least 4 KB)")
+    if parse_size(c.max_member) < 1:
+        raise ConfigError(f"max_member must be at least 1 byte, got {c.max_member!r}")
     if c.maxcount is not None and c.maxcount < 1:
         raise ConfigError(f"maxcount must be at least 1, got {c.maxcount}")
     new_hasher(c.checksum)

@@ -30,6 +30,7 @@ from shardkit.errors import ShardkitError, WriterError
 from shardkit.manifest import Manifest, ShardEntry, creation_info
 from shardkit.source_read import read_units
 from shardkit.sources import BadRecord, SourceOptions, Unit
+from shardkit.units import parse_size
 from shardkit.writer import ShardWriter, shard_suffix
 
 if TYPE_CHECKING:
@@ -230,7 +231,7 @@ def _portable(exc: ShardkitError) -> ShardkitError:
 def make_jobs(plan: BuildPlan) -> list[Job]:
     """One job writing the final shards directly, or one per worker into the work dir."""
     c = plan.config
-    opts = SourceOptions(c.fields, c.key_field, c.on_error, c.image, c.fn)
+    opts = SourceOptions(c.fields, c.key_field, c.on_error, c.image, c.fn, parse_size(c.max_member))
     common: dict[str, Any] = {
         "config": c,
         "fingerprint": plan.fingerprint,

@@ -196,8 +196,8 @@ def _read_call(
         yield BadRecord(unit.path, "input", int(unit.name), reason), 0
 
 
-def _read_tar(unit: Unit, skip: _Skip) -> Iterator[tuple[Sample | None, int]]:
-    for sample in read_shard(unit.path):
+def _read_tar(unit: Unit, skip: _Skip, limit: int) -> Iterator[tuple[Sample | None, int]]:
+    for sample in read_shard(unit.path, max_member=limit):
         nbytes = sum(len(v) for k, v in sample.items() if isinstance(v, bytes))
         yield (None if skip.take() else sample), nbytes
 
@@ -216,7 +216,7 @@ def _read_unit(
 
         yield from read_table(unit, opts, skip)
     else:
-        yield from _read_tar(unit, skip)
+        yield from _read_tar(unit, skip, opts.max_member)
 
 
 def read_units(

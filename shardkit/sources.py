@@ -30,7 +30,7 @@ from shardkit.errors import ConfigError, WriterError
 from shardkit.images import ImageOptions
 from shardkit.manifest import expand_braces
 from shardkit.table_meta import TABLE_EXTS, table_parts
-from shardkit.tario.reader import split_key
+from shardkit.tario.reader import DEFAULT_MAX_MEMBER, split_key
 from shardkit.tario.writer import check_field
 from shardkit.tree_select import TreeOptions, group_samples, select_files
 
@@ -99,13 +99,15 @@ class SourceOptions:
     ``on_error``: ``raise`` stops at a bad record, ``skip`` yields a :class:`BadRecord`
     in its place and goes on (JSONL lines, unreadable tree samples, failing ``fn``
     inputs); ``image`` re-encodes the image files of trees; ``fn(input)`` yields the
-    samples of a ``call`` unit (:func:`shardkit.build.build` with a function)."""
+    samples of a ``call`` unit (:func:`shardkit.build.build` with a function);
+    ``max_member`` is the largest member of a tar input held in memory (bytes)."""
 
     fields: tuple[FieldMap, ...] = ()
     key_field: str | None = None
     on_error: str = "raise"
     image: ImageOptions | None = None
     fn: Callable[[Any], Iterable[Mapping[str, Any]]] | None = None
+    max_member: int = DEFAULT_MAX_MEMBER
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,11 @@ class ShardWriter:
         image_quality: int = 90,
     ) -> None:
         self.out_dir = os.fspath(out_dir)
+        if "%" in os.path.basename(self.out_dir) and ".tar" in os.path.basename(self.out_dir):
+            raise ConfigError(
+                f"{self.out_dir!r} looks like a webdataset shard pattern: ShardWriter takes "
+                "the output directory and a prefix (ShardWriter(out_dir, prefix='data'))"
+            )
         if not prefix or "/" in prefix or prefix.startswith("."):
             raise ConfigError(f"bad shard prefix {prefix!r}")
         self.prefix = prefix

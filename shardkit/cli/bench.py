@@ -21,6 +21,7 @@ from typing import Any
 import click
 from tqdm import tqdm
 
+from shardkit.cli.build import parse_size_option
 from shardkit.units import format_bytes
 
 __all__ = ["command", "measure", "render"]
@@ -171,6 +172,13 @@ def render(stats: dict[str, Any]) -> str:
 )
 @click.option("--prefetch-factor", type=click.IntRange(1), default=None, help="Per worker.")
 @click.option("--cache-dir", default=None, help="Node-local cache for remote shards.")
+@click.option(
+    "--max-member",
+    default="1GiB",
+    show_default=True,
+    callback=parse_size_option,
+    help="The largest tar member a reader holds in memory; a larger one is an error.",
+)
 @click.option("--plot", "plot_path", default=None, help="Draw the run into this PNG.")
 @click.option("--tune", is_flag=True, help="Sweep workers x prefetch factor; name the best.")
 @click.option("--tune-workers", default=None, help="Worker counts to try (default 1,2,4..).")

@@ -129,6 +129,13 @@ def _report(result: BuildResult) -> None:
     "smaller on disk); 0.5-2 GB is what streaming wants.",
 )
 @click.option("--maxcount", type=click.IntRange(min=1), help="Most samples per shard.")
+@click.option(
+    "--max-member",
+    default="1GiB",
+    show_default=True,
+    callback=parse_size_option,
+    help="Tar inputs: the largest member held in memory; a larger one stops the build.",
+)
 @click.option("--prefix", default="data", show_default=True, help="Shard names: PREFIX-000000.tar.")
 @click.option("--checksum", type=click.Choice(ALGORITHMS), default="sha256", show_default=True)
 @click.option(
@@ -222,6 +229,7 @@ def command(
     out_dir: str,
     maxsize: int,
     maxcount: int | None,
+    max_member: int,
     prefix: str,
     checksum: str,
     compress: str | None,
@@ -257,6 +265,7 @@ def command(
         prefix=prefix,
         maxsize=maxsize,
         maxcount=maxcount,
+        max_member=max_member,
         checksum=checksum,
         compress=compress,
         workers=workers,

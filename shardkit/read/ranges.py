@@ -49,8 +49,11 @@ def read_stream(
     opener: Opener,
     counts: dict[str, float],
     policy: str,
+    max_member: int = DEFAULT_MAX_MEMBER,
 ) -> Generator[tuple[int, Sample], None, None]:
     """Yield ``(stream position, sample)`` for ``(shard, lo, hi, position of lo)`` ranges.
+
+    ``max_member`` is the largest tar member a read holds in memory (bytes).
 
     A range that fails (missing, truncated, hostile, bad checksum) raises under the
     ``raise`` policy; otherwise the rest of it is dropped, logged and counted.
@@ -58,7 +61,7 @@ def read_stream(
     for shard, lo, hi, spos in _hinted(ranges, catalog.shards, opener):
         got = 0
         try:
-            for sample in _read_range(catalog, opener, counts, shard, lo, hi):
+            for sample in _read_range(catalog, opener, counts, (shard, lo, hi), max_member):
                 yield spos + got, sample
                 got += 1
         except DATA_ERRORS as exc:
@@ -98,13 +101,17 @@ def _hint_and_pop(ahead: deque[RangeRow], shards: Sequence[ShardInfo], opener: O
 
 
 def _read_range(
-    catalog: Catalog, opener: Opener, counts: dict[str, float], shard: int, lo: int, hi: int
+    catalog: Catalog,
+    opener: Opener,
+    counts: dict[str, float],
+    row: tuple[int, int, int],
+    limit: int,
 ) -> Iterator[Sample]:
+    shard, lo, hi = row
     info = catalog.shards[shard]
     where = catalog.byte_range(opener, shard, lo, hi)
     start, end = where.start, where.end
     packed = compressed_name(info.url)
-    limit = getattr(getattr(opener, "cfg", None), "max_member", DEFAULT_MAX_MEMBER)
     f = opener.open(
         catalog.check_within(info, info.url),
         start=0 if packed else start,

@@ -359,7 +359,12 @@ class ShardSource(Stage):
     def _read(self, stream: Stream, start: int) -> Generator[tuple[int, Sample], None, None]:
         """Yield ``(stream position, sample)`` from ``start`` on (see :mod:`.reader`)."""
         return read_stream(
-            stream.iter_ranges(start), self.catalog(), self.opener(), self._counts, self.policy
+            stream.iter_ranges(start),
+            self.catalog(),
+            self.opener(),
+            self._counts,
+            self.policy,
+            self.io.max_member,
         )
 
     def _plain(self, stream: Stream) -> Iterator[Sample]:

@@ -214,7 +214,7 @@ class MemberReader:
         if size > self.max_member:
             raise ShardFormatError(
                 f"{what} is {size} bytes, over the largest-member limit of {self.max_member} "
-                "bytes (raise it with max_member= if this shard is trusted)",
+                "bytes (raise it with max_member= or --max-member if this shard is trusted)",
                 url=self.url,
                 offset=at,
             )

@@ -191,3 +191,41 @@ def test_demo_builds_and_verifies(tmp_path: Path) -> None:
     assert set(m.fields) == {"json", "text.txt", "tokens.npy"}
     d = json.loads(shardkit("demo", "--samples", "50", "--format", "files", "--json").stdout)
     assert d["verify"]["ok"] and d["build"]["samples"] == 50
+
+
+def test_max_member_limits_what_a_build_and_a_bench_hold(tmp_path: Path) -> None:
+    """``--max-member``: a tar input with a member over the limit stops the build with one
+    line naming the shard and the member's offset; a limit above it builds; ``bench``
+    takes the same flag for the loader."""
+    from shardkit import ConfigError, ShardWriter
+    from shardkit.manifest import incomplete_reason
+
+    src = tmp_path / "src"
+    src.mkdir()
+    big = bytes(range(256)) * 1200  # 307,200 bytes
+    with pytest.raises(ConfigError, match="looks like a webdataset shard pattern"):
+        ShardWriter(str(src / "data-%06d.tar"))  # the habit of webdataset users
+    with ShardWriter(src, maxcount=10) as w:
+        w.write({"__key__": "a", "txt": b"small"})
+        w.write({"__key__": "b", "bin": big})
+    shard = src / "data-000000.tar"
+    low = shardkit("build", shard, "-o", tmp_path / "low", "--max-member", "100KB")
+    assert low.returncode == 1, low.stderr
+    line = low.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line, low.stderr
+    assert "data-000000.tar" in line and "byte 1024" in line, line
+    assert "307200 bytes" in line and "largest-member limit of 100000" in line, line
+    stopped = Manifest.load(tmp_path / "low" / "manifest.json")
+    assert incomplete_reason(stopped) is not None and len(stopped) == 0
+
+    ok = shardkit("build", shard, "-o", tmp_path / "ok", "--max-member", "1MB")
+    assert ok.returncode == 0, ok.stderr
+    assert [s["bin"] for s in read_samples(tmp_path / "ok" / "manifest.json") if "bin" in s] == [
+        big
+    ]
+
+    args = ("bench", tmp_path / "ok" / "manifest.json", "--workers", "0", "--epochs", "1")
+    bench = shardkit(*args, "--max-member", "100KB")
+    assert bench.returncode == 1 and "largest-member limit of 100000" in bench.stderr, bench.stderr
+    assert "Traceback" not in bench.stderr
+    assert shardkit(*args, "--max-member", "1MB").returncode == 0
