@@ -57,7 +57,7 @@ def serve(root: str, latency: float, bandwidth: float, per_connection: float) ->
             cmd = line.strip()
             if cmd == "log":
                 recs = srv.requests("*") + srv.requests("*", method="HEAD")
-                out = [[r.method, r.path, r.range, r.status, r.sent, r.start] for r in recs]
+                out = [[r.method, r.path, r.range, r.status, r.sent, r.start, r.end] for r in recs]
                 print(json.dumps(out), flush=True)
             elif cmd == "clear":
                 srv.clear_log()
@@ -162,7 +162,7 @@ def run_client(spec: dict[str, Any]) -> dict[str, Any]:
 def count_requests(log: list[list[Any]], lo: float, hi: float) -> dict[str, int]:
     """Requests that started in [lo, hi), by kind of file."""
     out = {"manifest": 0, "index": 0, "shard": 0, "other": 0, "bytes": 0}
-    for _method, path, _range, _status, sent, start in log:
+    for _method, path, _range, _status, sent, start, *_end in log:
         if not lo <= start < hi:
             continue
         kind = "manifest" if path.endswith(".json") else "index" if path.endswith(".idx") else None

@@ -11,8 +11,10 @@ matched its checksum. The map is the only state, on disk, in the file it speaks 
   worker starting mid-shard gets its own pieces at once and the shard fills over several
   ranged requests in parallel;
 - a reader waits only for the piece it needs, and at most ``cache_wait`` seconds while
-  another process holds it (a claim dies with its process: a SIGKILLed fill's piece is
-  taken over by the next one that wants it, its verified pieces are kept);
+  another thread or process holds it: it blocks on the holder's claim
+  (:func:`~shardkit.cache.locks.wait_claim`) and wakes the moment the claim goes, the
+  piece verified or its holder dead (a claim dies with its process: a SIGKILLed fill's
+  piece is taken over by the next one that wants it, its verified pieces are kept);
 - a piece that does not match is fetched once more; twice is a :class:`ChecksumError`
   naming the shard and the piece, and no byte of it ever reaches a reader;
 - whoever finds every piece verified checks the whole shard against the manifest's
@@ -33,7 +35,7 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from shardkit.cache.layout import CacheKey, Layout, inode_of
-from shardkit.cache.locks import claim_byte, try_lock, unlock
+from shardkit.cache.locks import claim_byte, try_lock, unlock, wait_claim
 from shardkit.cache.store import CacheStore
 from shardkit.checksum import new_hasher
 from shardkit.counters import Counters
@@ -44,7 +46,6 @@ from shardkit.pieces import PIECE_ALGORITHM
 __all__ = ["FillHost", "ShardFill", "WriteError"]
 
 log = logging.getLogger(__name__)
-_POLL_MAX = 0.02  # longest pause between two looks at a piece another process fetches
 _HASH_CHUNK = 8 << 20
 _MIN_SPLIT = 1 << 20  # a piece a reader waits for is fetched as ranges of at least this
 
@@ -60,7 +61,7 @@ class FillHost(Protocol):
     counters: Counters
     cfg: IoConfig
 
-    def fetch(self, url: str, start: int, end: int) -> Iterator[bytes]: ...
+    def fetch(self, url: str, start: int, end: int, *, urgent: bool = False) -> Iterator[bytes]: ...
 
 
 class ShardFill:
@@ -96,18 +97,17 @@ class ShardFill:
         if k in self._failed:  # corrupt twice in this fill: not fetched a third time
             raise self._failed[k]
         t0 = time.monotonic()
-        pause = 0.001
+        wait = self.host.cfg.cache_wait
         after = functools.partial(self.start, k + 1)  # the next pieces, once this one is ours
-        while not self._fetch(fd, k, split=self.host.cfg.piece_parallel, claimed=after):
+        split = self.host.cfg.piece_parallel
+        while not self._fetch(fd, k, split=split, urgent=True, claimed=after):
             after()
-            waited = time.monotonic() - t0
-            if waited > self.host.cfg.cache_wait:
+            left = wait - (time.monotonic() - t0)
+            if left <= 0 or not wait_claim(fd, self.key.size + k, left):
                 raise CacheError(
-                    f"{self.url}: waited {waited:.0f} s for piece {k} of another process's "
-                    f"fill (cache_wait={self.host.cfg.cache_wait:g})"
+                    f"{self.url}: waited {time.monotonic() - t0:.0f} s for piece {k} of "
+                    f"another fill (cache_wait={wait:g})"
                 )
-            time.sleep(pause)
-            pause = min(pause * 2, _POLL_MAX)
         if b"\0" not in os.pread(fd, self.layout.count, self.key.size):
             # the last piece: the fill publishes now; its lease is gone once it is done, so
             # the next reservation can evict the shard as soon as its readers are done
@@ -115,11 +115,17 @@ class ShardFill:
 
     # -- fetching a piece ----------------------------------------------------------
     def _fetch(
-        self, fd: int, k: int, *, split: int = 1, claimed: Callable[[], None] | None = None
+        self,
+        fd: int,
+        k: int,
+        *,
+        split: int = 1,
+        urgent: bool = False,
+        claimed: Callable[[], None] | None = None,
     ) -> bool:
         """Fetch, verify and mark piece ``k`` unless another claim holds it; True if it
-        is verified now. ``split``: over that many ranged requests at once (a reader is
-        waiting for it)."""
+        is verified now. ``split``: over that many ranged requests at once; ``urgent``: a
+        reader waits for it (its requests may take the slots kept for readers)."""
         if self.ready(fd, k):
             return True
         if k in self._failed:
@@ -136,7 +142,7 @@ class ShardFill:
             algo, want = self._expected(k)
             actual = ""
             for attempt in (1, 2):
-                actual = self._download(claim, lo, hi, algo, split)
+                actual = self._download(claim, lo, hi, algo, split, urgent)
                 if actual == want:
                     _write_at(claim, b"\1", self.key.size + k, self.host.store)
                     self.host.counters.add("pieces_fetched")
@@ -167,20 +173,20 @@ class ShardFill:
             return self.key.algo, self.key.digest
         return PIECE_ALGORITHM, self.layout.digests[k]
 
-    def _download(self, fd: int, lo: int, hi: int, algo: str, split: int) -> str:
+    def _download(self, fd: int, lo: int, hi: int, algo: str, split: int, urgent: bool) -> str:
         """Write the remote bytes ``[lo, hi)`` at their offsets; their digest."""
         n = max(1, min(split, (hi - lo) // _MIN_SPLIT))
         if n > 1:
-            return self._download_split(fd, lo, hi, algo, n)
+            return self._download_split(fd, lo, hi, algo, n, urgent)
         h = new_hasher(algo)
         pos = lo
-        for chunk in self.host.fetch(self.url, lo, hi):
+        for chunk in self.host.fetch(self.url, lo, hi, urgent=urgent):
             _write_at(fd, chunk, pos, self.host.store)
             h.update(chunk)
             pos += len(chunk)
         return h.hexdigest() if pos == hi else f"{pos - lo} of {hi - lo} bytes"
 
-    def _download_split(self, fd: int, lo: int, hi: int, algo: str, n: int) -> str:
+    def _download_split(self, fd: int, lo: int, hi: int, algo: str, n: int, urgent: bool) -> str:
         """``[lo, hi)`` as ``n`` ranged requests at once; the digest of what was written."""
         bounds = [lo + (hi - lo) * i // n for i in range(n + 1)]
         got = [0] * n
@@ -189,7 +195,7 @@ class ShardFill:
         def one(i: int) -> None:
             try:
                 pos = bounds[i]
-                for chunk in self.host.fetch(self.url, bounds[i], bounds[i + 1]):
+                for chunk in self.host.fetch(self.url, bounds[i], bounds[i + 1], urgent=urgent):
                     _write_at(fd, chunk, pos, self.host.store)
                     pos += len(chunk)
                 got[i] = pos - bounds[i]
@@ -233,6 +239,10 @@ class ShardFill:
     def _work(self) -> None:
         """One background thread: fetch pieces until every one is verified; the last
         thread out publishes (no other thread of the fill uses its file by then)."""
+        # piece_parallel requests per shard in all: a shard of fewer pieces than that (the
+        # last, small shard of a set) splits them, else it would crawl over one connection
+        width = self.host.cfg.piece_parallel
+        split = max(1, width // min(width, self.layout.count))
         try:
             fd = self._fd
             while fd is not None and not self.done.is_set():
@@ -242,10 +252,10 @@ class ShardFill:
                 for k in todo:
                     with self._lock:
                         self._cursor = (k + 1) % self.layout.count
-                    if self._fetch(fd, k):
+                    if self._fetch(fd, k, split=split):
                         break
-                else:
-                    time.sleep(_POLL_MAX)  # others fetch the rest: wait for them, or their death
+                else:  # others fetch the rest: wait for them, or their death
+                    wait_claim(fd, self.key.size + todo[0], self.host.cfg.cache_wait)
         except (FetchError, ChecksumError, CacheError) as exc:
             log.warning("%s: the cache fill stops: %s", self.url, exc)
             self._stop(exc)

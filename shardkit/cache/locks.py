@@ -14,9 +14,18 @@ import os
 import random
 import struct
 import threading
+import time
 from collections.abc import Iterator
 
-__all__ = ["NodeSlots", "claim_byte", "is_locked", "lock_file", "try_lock", "unlock"]
+__all__ = [
+    "NodeSlots",
+    "claim_byte",
+    "is_locked",
+    "lock_file",
+    "try_lock",
+    "unlock",
+    "wait_claim",
+]
 
 # Lock fds this process holds. A forked child (a DataLoader worker) inherits them, and an
 # inherited copy would keep the lock alive after this process let go of it or died; the
@@ -92,6 +101,8 @@ def is_locked(path: str) -> bool:
 # struct flock on Linux (x86_64, aarch64): l_type, l_whence, l_start, l_len, l_pid
 _FLOCK = "hhqqi4x"
 _OFD_SETLK: int | None = getattr(fcntl, "F_OFD_SETLK", None)
+_OFD_SETLKW: int | None = getattr(fcntl, "F_OFD_SETLKW", None)
+_SLOT_POLL = 0.005  # longest pause of the one waiter that looks for a free slot
 
 
 def claim_byte(fd: int, offset: int) -> int | None:
@@ -118,6 +129,34 @@ def claim_byte(fd: int, offset: int) -> int | None:
     return _held(mine)
 
 
+def wait_claim(fd: int, offset: int, timeout: float) -> bool:
+    """Wait until nobody holds a claim on byte ``offset`` of the file ``fd`` (its holder
+    let go, or died), at most ``timeout`` seconds; True if it was let go.
+
+    No polling: a helper thread blocks on a read lock of that byte (``F_OFD_SETLKW``),
+    which the kernel grants the moment the claim goes, whichever thread or process held
+    it, and drops it at once. A wait that times out leaves the helper blocked until the
+    claim goes (a holder's own requests are bounded by their deadline).
+    """
+    if _OFD_SETLKW is None:  # pragma: no cover - only Linux has OFD locks
+        raise OSError(errno.ENOTSUP, "the node cache needs Linux open file description locks")
+    mine = _held(os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC))
+    free = threading.Event()
+
+    def block() -> None:
+        try:
+            lock = struct.pack(_FLOCK, fcntl.F_RDLCK, os.SEEK_SET, offset, 1, 0)
+            fcntl.fcntl(mine, _OFD_SETLKW, lock)
+        except OSError:
+            pass  # the waiter looks at the map again and finds out for itself
+        finally:
+            unlock(mine)  # the read lock goes with its description, before the waiter runs
+            free.set()
+
+    threading.Thread(target=block, name="shardkit-claim-wait", daemon=True).start()
+    return free.wait(timeout)
+
+
 @contextlib.contextmanager
 def locked(path: str, *, exclusive: bool = True) -> Iterator[int]:
     """Hold a lock on ``path`` (exclusive, or shared) for the block."""
@@ -131,24 +170,44 @@ def locked(path: str, *, exclusive: bool = True) -> Iterator[int]:
 class NodeSlots:
     """At most ``n`` remote requests at once on this node: ``n`` lock files as slots.
 
-    A request takes a free slot, or waits on a random busy one. A killed process's slots
-    are free at once (its locks die with it).
+    The last ``reserve`` slots are kept for requests a reader waits on (``urgent``): the
+    background (prefetch, the rest of a shard) never holds more than ``n - reserve``, so
+    a reader's piece starts at once however much is being filled ahead.
+
+    A request takes a free slot; if none is free it queues on its door lock (one for
+    urgent requests, one for the background), and the request at the head of the queue
+    takes the first slot that frees, whichever it is (``flock`` cannot wait for one of
+    several files, so that one waiter looks every few milliseconds; waiting on one busy
+    slot could wait for the longest request on the node while others end). A killed
+    process's slots are free at once (its locks die with it).
     """
 
-    def __init__(self, directory: str, n: int) -> None:
+    def __init__(self, directory: str, n: int, reserve: int = 0) -> None:
         self.directory = directory
         self.n = n
+        self.reserve = min(reserve, n - 1) if n > 1 else 0
 
     @contextlib.contextmanager
-    def slot(self) -> Iterator[None]:
+    def slot(self, *, urgent: bool = False) -> Iterator[None]:
         """Hold one slot for the block."""
         os.makedirs(self.directory, exist_ok=True)
-        paths = [os.path.join(self.directory, f"slot-{i:03d}.lock") for i in range(self.n)]
-        order = random.sample(paths, len(paths))
-        fd = next((f for f in map(try_lock, order) if f is not None), None)
+        mine = self.n if urgent else self.n - self.reserve
+        paths = [os.path.join(self.directory, f"slot-{i:03d}.lock") for i in range(mine)]
+        fd = _any_free(paths)
         if fd is None:
-            fd = lock_file(order[0])
+            door = "door-urgent.lock" if urgent else "door.lock"
+            with locked(os.path.join(self.directory, door)):
+                pause = 0.0005
+                while (fd := _any_free(paths)) is None:
+                    time.sleep(pause)
+                    pause = min(2 * pause, _SLOT_POLL)
         try:
             yield
         finally:
             unlock(fd)
+
+
+def _any_free(paths: list[str]) -> int | None:
+    """A lock on one of ``paths`` (tried in random order), or None if all are taken."""
+    tried = map(try_lock, random.sample(paths, len(paths)))
+    return next((f for f in tried if f is not None), None)

@@ -88,7 +88,8 @@ class CachingOpener:
         self.counters = self.remote.counters
         self.store = CacheStore(cfg.cache_dir, cfg.cache_limit)
         root = self.store.root
-        self.slots = NodeSlots(os.path.join(root, "slots"), cfg.node_requests)
+        reserve = cfg.piece_parallel  # slots the background leaves for waiting readers
+        self.slots = NodeSlots(os.path.join(root, "slots"), cfg.node_requests, reserve)
         self._local_state: _Local | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -210,9 +211,10 @@ class CachingOpener:
         return self.counters.snapshot()
 
     # -- the StreamHost and FillHost protocols --------------------------------------
-    def fetch(self, url: str, start: int, end: int) -> Iterator[bytes]:
-        """The remote bytes ``[start, end)``, each request under the node's request cap."""
-        gate = self.slots.slot if self.cfg.node_requests else None
+    def fetch(self, url: str, start: int, end: int, *, urgent: bool = False) -> Iterator[bytes]:
+        """The remote bytes ``[start, end)``, each request under the node's request cap
+        (``urgent``: a reader waits for them, see :class:`NodeSlots`)."""
+        gate = functools.partial(self.slots.slot, urgent=urgent) if self.cfg.node_requests else None
         return self._source(url).stream(url, start, end, gate=gate)
 
     # -- internals -----------------------------------------------------------------
@@ -275,10 +277,9 @@ class CachingOpener:
             if fd is not None:
                 fill = None if published else self._fill_for(key, url, layout, fd)
                 self._keep(key, fd)  # from now on its reader may take it over
-                if fill is not None:
+                if fill is not None:  # its own threads fill it: this one goes on to the next
                     self.counters.add("prefetches")
                     fill.start(0)
-                    fill.done.wait()
         except Exception:  # a prefetch is a hint: its reader will meet the error itself
             log.debug("prefetch of %s failed", url, exc_info=True)
         with local.lock:

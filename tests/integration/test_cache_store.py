@@ -367,7 +367,7 @@ class MemoryHost:
         self.at = at
         self.asked: list[tuple[int, int]] = []
 
-    def fetch(self, url: str, start: int, end: int) -> Iterator[bytes]:
+    def fetch(self, url: str, start: int, end: int, *, urgent: bool = False) -> Iterator[bytes]:
         self.asked.append((start, end))
         data = bytearray(DATA[start:end])
         if self.bad and start == self.at:
