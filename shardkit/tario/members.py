@@ -1,12 +1,13 @@
 """The member layer of the tar reader: buffered reads, header parsing, hostile-input checks.
 
 Headers are parsed straight out of large buffered reads; small members are sliced out of
-the same buffer, large ones are read in bounded pieces. Hostile members (absolute or
-``..`` paths, links, devices, sizes past the end of the data, bad header checksums) raise
-:class:`ShardFormatError` naming the shard and the byte offset. Memory stays bounded by
-the data actually present, whatever a header claims. :class:`MemberReader` is the general
-(slow) path that names every error; :mod:`shardkit.tario.reader` builds the sample loop and
-its fast path on it.
+the same buffer; a large member of a plain file is read straight into its own ``bytes`` (no
+copy but the kernel's), and on a stream of unknown size in bounded pieces. Hostile members
+(absolute or ``..`` paths, links, devices, sizes past the end of the data, bad header
+checksums) raise :class:`ShardFormatError` naming the shard and the byte offset. Memory
+stays bounded by the data actually present, whatever a header claims. :class:`MemberReader`
+is the general (slow) path that names every error; :mod:`shardkit.tario.reader` builds the
+sample loop and its fast path on it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ _ZERO = b"\0" * BLOCK
 # ~25% faster than 1 MiB on shards with a pax header per member, the same on others
 _CHUNK = 1 << 19
 _PIECE = 64 << 20  # large members are read in pieces of this size
+# a member at least this large whose data is not all in the buffer is read straight into
+# its own bytes object (one copy, the kernel's), when the stream can seek and has a size
+_DIRECT = 1 << 16
+_AFTER_DIRECT = 8 << 10  # the first buffered read after one: the next headers, little data
 _DISCARD = 8 << 20  # the largest read when passing over data that is not kept
 _MAX_META = 1 << 20  # pax / GNU long-name records larger than this are hostile
 DEFAULT_MAX_MEMBER = 1 << 30  # the largest member a reader holds in memory, by default
@@ -89,6 +94,8 @@ class MemberReader:
         self._buf = b""
         self._pos = 0
         self._base = start  # absolute offset of _buf[0]
+        self._chunk = _CHUNK  # the next buffered read's size (smaller after a direct read)
+        self._direct: bool | None = None  # whether direct reads work here (found on first use)
         self.member_offset = start  # where the last member (with its pax headers) began
         self.end_offset: int | None = None  # the end-of-archive marker (or ``end``), once met
 
@@ -117,8 +124,9 @@ class MemberReader:
         parts = [self._buf[self._pos :]] if avail else []
         self._base += self._pos
         self._pos = 0
+        chunk, self._chunk = self._chunk, min(self._chunk * 2, _CHUNK)
         while avail < need:
-            data = self._read(max(need, _CHUNK) - avail, self._base + avail)
+            data = self._read(max(need, chunk) - avail, self._base + avail)
             if not data:
                 break
             parts.append(data)
@@ -137,12 +145,45 @@ class MemberReader:
     def _take(self, n: int, what: str, at: int) -> bytes:
         """Return the next ``n`` bytes; raise naming header offset ``at`` if they run out."""
         if n <= _PIECE:
+            if n >= _DIRECT and len(self._buf) - self._pos < n and self._can_seek():
+                return self._take_direct(n, what, at)
             if not self._fill(n):
                 raise self._truncated(what, n, at)
             p = self._pos
             self._pos = p + n
             return self._buf[p : p + n]
         return self._take_large(n, what, at)
+
+    def _can_seek(self) -> bool:
+        if self._direct is None:
+            seekable = getattr(self.f, "seekable", None)
+            self._direct = self.size is not None and seekable is not None and bool(seekable())
+        return self._direct
+
+    def _take_direct(self, n: int, what: str, at: int) -> bytes:
+        """``n`` bytes read into their own object: the stream steps back over what the
+        buffer holds of them, and the kernel copies them once, where joining the buffer
+        with the rest would copy them twice more. The buffered reads that follow start
+        small, so that the next large member is not in the buffer in part either.
+        """
+        avail = len(self._buf) - self._pos
+        try:
+            if avail:
+                self.f.seek(-avail, io.SEEK_CUR)
+        except OSError as exc:
+            raise ShardFormatError(f"seek failed: {exc}", url=self.url, offset=at) from exc
+        self._base += self._pos
+        self._buf, self._pos = b"", 0
+        data = self._read(n, self._base)
+        self._base += len(data)
+        while len(data) < n:  # a short read: rare for a file (a signal), or its end
+            more = self._read(n - len(data), self._base)
+            if not more:
+                raise self._truncated(what, n, at)
+            self._base += len(more)
+            data += more
+        self._chunk = _AFTER_DIRECT
+        return data
 
     def _take_large(self, n: int, what: str, at: int) -> bytes:
         """``n`` bytes read in bounded pieces into one growing buffer: no joined copy.

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shardkit.errors import ShardFormatError
+from shardkit.tario import members
 from shardkit.tario.reader import TarReader
 
 Outcome = tuple[list[tuple[int, dict[str, object]]], tuple[str, int | None] | None]
@@ -189,3 +190,59 @@ def test_a_size_with_digits_8_or_9_is_a_format_error() -> None:
     data[124:136] = b"00000000019\0"
     with pytest.raises(ShardFormatError, match=r"bad header checksum|bad size"):
         list(TarReader(io.BytesIO(bytes(data))).samples())
+
+
+def _sized(data: bytes, *, direct: bool, keep: bool = True) -> Outcome:
+    """The fast loop over a seekable stream of known size, with small buffered reads (so
+    that members run past the buffer) and members read directly (or never so)."""
+    saved = members._CHUNK, members._DIRECT, members._AFTER_DIRECT
+    members._CHUNK, members._AFTER_DIRECT = 1024, 512
+    members._DIRECT = 1 if direct else 1 << 40
+    try:
+        out: list[tuple[int, dict[str, object]]] = []
+        reader = TarReader(io.BytesIO(data), url="s.tar", size=len(data), keep_data=keep)
+        try:
+            for item in reader.samples():
+                out.append(item)
+        except ShardFormatError as exc:
+            return out, (str(exc), exc.offset)
+        return out, None
+    finally:
+        members._CHUNK, members._DIRECT, members._AFTER_DIRECT = saved
+
+
+@given(data=_tars, pos=st.integers(0, 1 << 16), value=st.integers(-1, 255), cut=st.integers(1))
+def test_direct_reads_give_what_buffered_reads_give(
+    data: bytes, pos: int, value: int, cut: int
+) -> None:
+    damaged = bytearray(data)
+    if value >= 0:  # -1: undamaged
+        damaged[pos % len(data)] = value
+    for case in (bytes(damaged), data[: cut % (len(data) + 1)]):
+        assert _sized(case, direct=True) == _sized(case, direct=False)
+
+
+def test_large_members_are_read_directly_and_whole() -> None:
+    payloads = [bytes([i]) * (70_000 + 513 * i) for i in range(16)]
+    names = [f"s{i // 2:03d}.{'bin' if i % 2 else 'jpg'}" for i in range(16)]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for name, payload in zip(names, payloads, strict=True):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(payload), 1700000000.5
+            tf.addfile(info, io.BytesIO(payload))
+    data = buf.getvalue()
+    reads: list[int] = []
+
+    class _Spy(io.BytesIO):
+        def read(self, n: int | None = -1) -> bytes:
+            out = super().read(n)
+            reads.append(len(out))
+            return out
+
+    got = [s for _, s in TarReader(_Spy(data), size=len(data)).samples()]
+    assert [s[f] for s in got for f in ("jpg", "bin")] == payloads
+    first, *direct = [n for n in reads if n >= 70_000]
+    assert first == 512 << 10  # the first buffered read holds the first members whole
+    assert len(direct) >= 8
+    assert direct == [len(p) for p in payloads[-len(direct) :]]  # the rest: one read each
