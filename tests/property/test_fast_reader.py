@@ -53,8 +53,11 @@ def _general(data: bytes, keep: bool = True, limit: int = 1 << 30) -> Outcome:
 
 
 def _fast(data: bytes, keep: bool = True, limit: int = 1 << 30) -> Outcome:
+    return _samples(TarReader(io.BytesIO(data), url="s.tar", keep_data=keep, max_member=limit))
+
+
+def _samples(reader: TarReader) -> Outcome:
     out: list[tuple[int, dict[str, object]]] = []
-    reader = TarReader(io.BytesIO(data), url="s.tar", keep_data=keep, max_member=limit)
     try:
         for item in reader.samples():
             out.append(item)
@@ -199,14 +202,7 @@ def _sized(data: bytes, *, direct: bool, keep: bool = True) -> Outcome:
     members._CHUNK, members._AFTER_DIRECT = 1024, 512
     members._DIRECT = 1 if direct else 1 << 40
     try:
-        out: list[tuple[int, dict[str, object]]] = []
-        reader = TarReader(io.BytesIO(data), url="s.tar", size=len(data), keep_data=keep)
-        try:
-            for item in reader.samples():
-                out.append(item)
-        except ShardFormatError as exc:
-            return out, (str(exc), exc.offset)
-        return out, None
+        return _samples(TarReader(io.BytesIO(data), url="s.tar", size=len(data), keep_data=keep))
     finally:
         members._CHUNK, members._DIRECT, members._AFTER_DIRECT = saved
 
