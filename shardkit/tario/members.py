@@ -33,7 +33,8 @@ _PIECE = 64 << 20  # large members are read in pieces of this size
 # a member at least this large whose data is not all in the buffer is read straight into
 # its own bytes object (one copy, the kernel's), when the stream can seek and has a size
 _DIRECT = 1 << 16
-_AFTER_DIRECT = 8 << 10  # the first buffered read after one: the next headers, little data
+_SHORT_GAP = 1 << 16  # the longest run between two directly read members read as one
+_AFTER_DIRECT = 8 << 10  # the buffered read after one, when that run was longer
 _DISCARD = 8 << 20  # the largest read when passing over data that is not kept
 _MAX_META = 1 << 20  # pax / GNU long-name records larger than this are hostile
 DEFAULT_MAX_MEMBER = 1 << 30  # the largest member a reader holds in memory, by default
@@ -96,6 +97,7 @@ class MemberReader:
         self._base = start  # absolute offset of _buf[0]
         self._chunk = _CHUNK  # the next buffered read's size (smaller after a direct read)
         self._direct: bool | None = None  # whether direct reads work here (found on first use)
+        self._direct_end = -1  # where the last directly read member ended
         self.member_offset = start  # where the last member (with its pax headers) began
         self.end_offset: int | None = None  # the end-of-archive marker (or ``end``), once met
 
@@ -161,10 +163,14 @@ class MemberReader:
         return self._direct
 
     def _take_direct(self, n: int, what: str, at: int) -> bytes:
-        """``n`` bytes read into their own object: the stream steps back over what the
-        buffer holds of them, and the kernel copies them once, where joining the buffer
-        with the rest would copy them twice more. The buffered reads that follow start
-        small, so that the next large member is not in the buffer in part either.
+        """``n`` bytes read into their own object: the kernel copies them once, where
+        joining the buffer with the rest would copy them twice more.
+
+        The stream steps back over what the buffer holds of them. So that it rarely has
+        to, the buffered read that follows is short: as long as the run from the end of
+        the last directly read member to the start of this one, when that is short
+        (samples tend to repeat their layout, so it ends where the next large member
+        begins), else 8 KiB.
         """
         avail = len(self._buf) - self._pos
         try:
@@ -173,6 +179,7 @@ class MemberReader:
         except OSError as exc:
             raise ShardFormatError(f"seek failed: {exc}", url=self.url, offset=at) from exc
         self._base += self._pos
+        gap = self._base - self._direct_end
         self._buf, self._pos = b"", 0
         data = self._read(n, self._base)
         self._base += len(data)
@@ -182,7 +189,8 @@ class MemberReader:
                 raise self._truncated(what, n, at)
             self._base += len(more)
             data += more
-        self._chunk = _AFTER_DIRECT
+        self._direct_end = self._base
+        self._chunk = gap if BLOCK <= gap <= _SHORT_GAP else _AFTER_DIRECT
         return data
 
     def _take_large(self, n: int, what: str, at: int) -> bytes:

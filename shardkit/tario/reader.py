@@ -9,6 +9,7 @@ buffer. Anything unusual goes through the general path, which names the error.
 from __future__ import annotations
 
 import os
+import re
 import struct
 from collections.abc import Iterator
 from typing import BinaryIO, cast
@@ -31,13 +32,17 @@ __all__ = [
 ]
 
 _CHUNK = 1 << 20  # the read size when passing over the head of a stream that cannot seek
+
 # name, size, checksum, typeflag and the first byte of the ustar prefix, in one call
 _HEADER = struct.Struct("100s24x12s12x8sc188xc")
-
 _OCTAL_DIGITS = b"01234567"
 _FAST_META = 4 * BLOCK  # larger extended headers take the general path
 # pax records that change nothing about a member as the reader hands it out
 _PAX_IGNORED = frozenset((b"mtime", b"atime", b"ctime", b"uid", b"gid", b"uname", b"gname"))
+# from byte 124 of a header: size and checksum fields of octal digits, a regular typeflag
+_FIELDS = re.compile(rb"([0-7]{11})[\0 ].{12}([0-7]{6})[\0 ].[0\0]", re.DOTALL)
+# what the fast path leaves to the general one: absolute, drive-letter, "..", "\\", NUL
+_BAD_NAME = re.compile(rb"\A/|\A.:|\.\.|\\|\0", re.DOTALL)
 
 Sample = dict[str, object]
 
@@ -49,7 +54,7 @@ class TarReader(MemberReader):
     """
 
     # the last extended header blocks the fast path checked, and the sizes they give
-    _ext_seen: list[tuple[bytes, int]] = []  # noqa: RUF012 - replaced, never mutated
+    _ext_seen: list[tuple[bytes, int, bytes]] = []  # noqa: RUF012 - replaced, never mutated
 
     def samples(self) -> Iterator[tuple[int, Sample]]:
         """Yield ``(byte_offset, sample)``: consecutive members sharing a key, grouped.
@@ -113,7 +118,7 @@ class TarReader(MemberReader):
                             self._pos = p + total
                             item = (name, buf[p + BLOCK : p + BLOCK + size] if keep else size)
                 elif tf == b"x" or tf == b"L":
-                    item = self._fast_extended(buf, p, tf)
+                    item = self._fast_extended(buf, p, tf == b"L")
             if item is None:
                 item = slow()
                 if item is None:
@@ -141,7 +146,7 @@ class TarReader(MemberReader):
         if current:
             yield sample_offset, current
 
-    def _fast_extended(self, buf: bytes, p: int, tf: bytes) -> tuple[str, bytes | int] | None:
+    def _fast_extended(self, buf: bytes, p: int, gnu: bool) -> tuple[str, bytes | int] | None:
         """A pax (``x``) or GNU long-name (``L``) header at ``p`` and the plain regular member
         after it: ``(name, data)``, or None when in doubt (nothing is consumed then).
 
@@ -149,82 +154,82 @@ class TarReader(MemberReader):
         ``size`` in ASCII digits) are taken; anything else, and every malformed byte, is
         left to :meth:`_next_member`, which names the error. ``tarfile`` writes the same
         extended header block before every member whose records have the same length, so
-        a block equal to one of the last few checked is not checked again. Member data that is not
-        all in the buffer yet is read as the general path reads it.
+        a block equal to one of the last few checked is not checked again. Member data
+        that is not all in the buffer yet is read as the general path reads it.
         """
         n = len(buf)
-        esize = -1
-        for block, known in self._ext_seen:
-            if buf.startswith(block, p):
-                esize = known
+        for seen in self._ext_seen:
+            if buf.startswith(seen[0], p):
                 break
-        if esize < 0:
-            hdr = buf[p : p + BLOCK]
-            sizef, chkf = hdr[124:136], hdr[148:156]
-            if not (_octal(sizef, 11) and _octal(chkf, 6) and _sum_ok(hdr, chkf)):
+        else:
+            checked = self._check_extended(buf, p)
+            if checked is None:
                 return None
-            esize = int(sizef[:11], 8)
-            if esize > _FAST_META:
-                return None
-            self._ext_seen = [(hdr, esize), *self._ext_seen[:3]]
-        q = p + BLOCK + esize + (-esize) % BLOCK  # the regular member's header
+            seen = checked
+        esize = seen[1]
+        a = p + BLOCK  # the records
+        q = a + esize + (-esize) % BLOCK  # the regular member's header
         if q + BLOCK > n:
             return None
-        data = buf[p + BLOCK : p + BLOCK + esize]
         name: bytes | None = None
         psize: int | None = None
-        if tf == b"L":
-            name = data.partition(b"\0")[0]
+        if gnu:
+            name = buf[a : a + esize].partition(b"\0")[0]
         else:
-            sp = data.find(b" ", 0, 21)
-            eq = data.find(b"=", sp)
-            if not (  # the common case: one record whose keyword changes nothing
-                sp > 0
-                and eq > sp + 1
-                and data[:sp].isdigit()
-                and int(data[:sp]) == esize
-                and data[-1] == 10
-                and data[sp + 1 : eq] in _PAX_IGNORED
+            k = a + len(seen[2])  # the common case: one record whose keyword changes nothing
+            eq = buf.find(b"=", k, a + esize)
+            if not (
+                buf.startswith(seen[2], a)
+                and buf[a + esize - 1] == 10
+                and eq > k
+                and buf[k:eq] in _PAX_IGNORED
             ):
-                rec = _simple_pax(data)
+                rec = _simple_pax(buf[a : a + esize])
                 if rec is None:
                     return None
                 name, psize = rec
-        raw, sizef, chkf, tf, prefix0 = _HEADER.unpack_from(buf, q)
-        if not (
-            (tf == b"0" or tf == b"\0")
-            and not sizef[:11].strip(_OCTAL_DIGITS)
-            and not chkf[:6].strip(_OCTAL_DIGITS)
-            and sizef[11] in (0, 32)
-            and chkf[6] in (0, 32)
-            and (adler32(buf[q : q + BLOCK]) & 0xFFFF)
-            == (int(chkf[:6], 8) - 255 + sum(chkf)) % 65521
+        m = _FIELDS.match(buf, q + 124)
+        if (
+            m is None
+            or (adler32(buf[q : q + BLOCK]) & 0xFFFF)
+            != (int(m[2], 8) - 255 + sum(buf[q + 148 : q + 156])) % 65521
         ):
             return None
         if name is None:
-            if prefix0 != b"\0":
+            if buf[q + 345]:  # a ustar prefix: the general path joins it
                 return None
-            name = raw.partition(b"\0")[0]
-        if not name or name[0] == 47 or b".." in name or b"\\" in name or b"\0" in name:
-            return None
-        if name[1:2] == b":":
+            nul = buf.find(b"\0", q, q + 100)
+            name = buf[q : nul if nul >= 0 else q + 100]
+        if not name or _BAD_NAME.search(name):
             return None
         try:
             text = name.decode()
         except UnicodeDecodeError:  # not UTF-8: the general path refuses it
             return None
-        size = int(sizef[:11], 8) if psize is None else psize
+        size = int(m[1], 8) if psize is None else psize
         keep = self.keep_data
-        first = self._base + p
+        self.member_offset = first = self._base + p
         stop = q + BLOCK + size
         if stop + (-size) % BLOCK <= n and (not keep or size <= self.max_member):
-            self.member_offset = first
             self._pos = stop + (-size) % BLOCK
             return text, buf[q + BLOCK : stop] if keep else size
-        self.member_offset = first
         self._pos = q + BLOCK  # the data runs past the buffer: read it as the general path does
         data = self._member_data(size, first, text, keep=keep)
         return text, (data if keep else size)
+
+    def _check_extended(self, buf: bytes, p: int) -> tuple[bytes, int, bytes] | None:
+        """Check the extended header block at ``p``; remember it with its record size and
+        the length prefix of a record that fills it (``b"28 "``), or None when in doubt."""
+        hdr = buf[p : p + BLOCK]
+        sizef, chkf = hdr[124:136], hdr[148:156]
+        if not (_octal(sizef, 11) and _octal(chkf, 6) and _sum_ok(hdr, chkf)):
+            return None
+        esize = int(sizef[:11], 8)
+        if esize > _FAST_META:
+            return None
+        seen = (hdr, esize, b"%d " % esize)
+        self._ext_seen = [seen, *self._ext_seen[:3]]
+        return seen
 
 
 def iter_members(

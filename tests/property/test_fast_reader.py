@@ -198,13 +198,16 @@ def test_a_size_with_digits_8_or_9_is_a_format_error() -> None:
 def _sized(data: bytes, *, direct: bool, keep: bool = True) -> Outcome:
     """The fast loop over a seekable stream of known size, with small buffered reads (so
     that members run past the buffer) and members read directly (or never so)."""
-    saved = members._CHUNK, members._DIRECT, members._AFTER_DIRECT
-    members._CHUNK, members._AFTER_DIRECT = 1024, 512
-    members._DIRECT = 1 if direct else 1 << 40
+    names = ("_CHUNK", "_DIRECT", "_SHORT_GAP", "_AFTER_DIRECT")
+    saved = [getattr(members, name) for name in names]
+    small = (1024, 1 if direct else 1 << 40, 2048, 512)
+    for name, value in zip(names, small, strict=True):
+        setattr(members, name, value)
     try:
         return _samples(TarReader(io.BytesIO(data), url="s.tar", size=len(data), keep_data=keep))
     finally:
-        members._CHUNK, members._DIRECT, members._AFTER_DIRECT = saved
+        for name, value in zip(names, saved, strict=True):
+            setattr(members, name, value)
 
 
 @given(data=_tars, pos=st.integers(0, 1 << 16), value=st.integers(-1, 255), cut=st.integers(1))
