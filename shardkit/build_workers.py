@@ -31,7 +31,7 @@ from shardkit.manifest import Manifest, ShardEntry, creation_info
 from shardkit.source_read import read_units
 from shardkit.sources import BadRecord, SourceOptions, Unit
 from shardkit.units import parse_size
-from shardkit.writer import ShardWriter, shard_suffix
+from shardkit.writer import ShardWriter, shard_name
 
 if TYPE_CHECKING:
     from shardkit.build_config import BuildConfig, BuildPlan
@@ -324,7 +324,6 @@ def run_workers(plan: BuildPlan, progress: Progress | None) -> tuple[int, int]:
 def _gather(plan: BuildPlan) -> tuple[Manifest, list[tuple[str, str]]]:
     """The global manifest of the workers' shards and the renames that make it true."""
     c = plan.config
-    ext = shard_suffix(c.compress)
     shards: list[ShardEntry] = []
     moves: list[tuple[str, str]] = []
     fields: dict[str, dict[str, int]] = {}
@@ -337,7 +336,7 @@ def _gather(plan: BuildPlan) -> tuple[Manifest, list[tuple[str, str]]]:
         m = Manifest.load(path)
         skipped += int(build_info(m).get("skipped_records", 0))
         for s in m.shards:
-            name = f"{plan.shard_prefix}-{len(shards):06d}{ext}"
+            name = shard_name(plan.shard_prefix, len(shards), c.compress)
             moves.append((os.path.join(wdir, s.url), os.path.join(plan.out_dir, name)))
             if s.index:
                 moves.append(

@@ -21,13 +21,16 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray.data import Datasink  # the optional extra: importing shardkit.ray needs ray
 
 from shardkit.errors import ConfigError
 from shardkit.manifest import Manifest, ShardEntry, creation_info
-from shardkit.writer import ShardWriter
+from shardkit.writer import DEFAULT_CHECKSUM, DEFAULT_PREFIX, ShardWriter, WriterOptions, shard_name
+
+if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11; only annotations use it
 
 __all__ = ["ShardDatasink"]
 
@@ -40,27 +43,15 @@ class ShardDatasink(Datasink[dict[str, Any]]):  # type: ignore[misc, unused-igno
 
     Args:
         out_dir: the directory for the shards and ``manifest.json`` (must not hold one).
-        prefix, maxsize, maxcount, checksum, compress: as for :class:`ShardWriter`.
+        options: the keyword options of :class:`ShardWriter` (``prefix``, ``maxsize``,
+            ``maxcount``, ``checksum``, ``compress``, ``piece_size``, ``image_quality``),
+            given to every task's writer; shards are renamed into one sequence as
+            :class:`ShardWriter` names them.
     """
 
-    def __init__(
-        self,
-        out_dir: str | os.PathLike[str],
-        *,
-        prefix: str = "data",
-        maxsize: int | str = "1GB",
-        maxcount: int | None = None,
-        checksum: str = "sha256",
-        compress: str | None = None,
-    ) -> None:
+    def __init__(self, out_dir: str | os.PathLike[str], **options: Unpack[WriterOptions]) -> None:
         self.out_dir = os.path.abspath(os.fspath(out_dir))
-        self.options: dict[str, Any] = {
-            "prefix": prefix,
-            "maxsize": maxsize,
-            "maxcount": maxcount,
-            "checksum": checksum,
-            "compress": compress,
-        }
+        self.options = options
         self.work_dir = os.path.join(self.out_dir, _WORK + uuid.uuid4().hex[:12])
         self.manifest: Manifest | None = None  # set on the driver when the write is done
 
@@ -99,13 +90,13 @@ class ShardDatasink(Datasink[dict[str, Any]]):  # type: ignore[misc, unused-igno
         tasks = sorted(int(r["task"]) for r in results)
         shards: list[ShardEntry] = []
         fields: dict[str, dict[str, int]] = {}
-        prefix = self.options["prefix"]
+        prefix = self.options.get("prefix", DEFAULT_PREFIX)
+        compress = self.options.get("compress")
         for task in tasks:
             tdir = os.path.join(self.work_dir, f"task-{task:06d}")
             m = Manifest.load(os.path.join(tdir, "manifest.json"))
             for s in m.shards:
-                ext = s.url[s.url.index(".tar") :]
-                name = f"{prefix}-{len(shards):06d}{ext}"
+                name = shard_name(prefix, len(shards), compress)
                 os.replace(os.path.join(tdir, s.url), os.path.join(self.out_dir, name))
                 index = None
                 if s.index:
@@ -116,7 +107,7 @@ class ShardDatasink(Datasink[dict[str, Any]]):  # type: ignore[misc, unused-igno
                 acc = fields.setdefault(fname, {"count": 0, "bytes": 0})
                 acc["count"] += st["count"]
                 acc["bytes"] += st["bytes"]
-        algo = self.options["checksum"]
+        algo = self.options.get("checksum", DEFAULT_CHECKSUM)
         created = creation_info(source="shardkit.ray.ShardDatasink")
         manifest = Manifest(shards, algo, fields, created, base=self.out_dir)
         manifest.save(os.path.join(self.out_dir, "manifest.json"))

@@ -20,7 +20,7 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from types import TracebackType
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypedDict
 
 from shardkit.checksum import new_hasher
 from shardkit.codecs import encode_field, zstd_writer
@@ -34,17 +34,44 @@ from shardkit.tario.index import sample_signature, write_index
 from shardkit.tario.writer import END_OF_ARCHIVE, check_field, check_key, member_header, padding
 from shardkit.units import parse_size
 
-__all__ = ["COMPRESSIONS", "ShardWriter", "shard_suffix"]
+__all__ = [
+    "COMPRESSIONS",
+    "DEFAULT_CHECKSUM",
+    "DEFAULT_PREFIX",
+    "ShardWriter",
+    "WriterOptions",
+    "shard_name",
+    "shard_suffix",
+]
 
 log = logging.getLogger(__name__)
 _FLUSH = 4 << 20
 COMPRESSIONS = (None, "zstd", "gzip")
 _SUFFIX = {None: ".tar", "zstd": ".tar.zst", "gzip": ".tar.gz"}
+DEFAULT_PREFIX = "data"
+DEFAULT_CHECKSUM = "sha256"
+
+
+class WriterOptions(TypedDict, total=False):
+    """The shard options of :class:`ShardWriter`, as keywords (for those that pass them on)."""
+
+    prefix: str
+    maxsize: int | str
+    maxcount: int | None
+    checksum: str
+    compress: str | None
+    piece_size: int | str | None
+    image_quality: int
 
 
 def shard_suffix(compress: str | None) -> str:
     """The shard file suffix for a compression: ``.tar``, ``.tar.zst`` or ``.tar.gz``."""
     return _SUFFIX[compress]
+
+
+def shard_name(prefix: str, index: int, compress: str | None) -> str:
+    """The file name of shard ``index``: ``{prefix}-{index:06d}`` and its suffix."""
+    return f"{prefix}-{index:06d}{_SUFFIX[compress]}"
 
 
 def _gzip_writer(f: Any) -> gzip.GzipFile:
@@ -92,10 +119,10 @@ class ShardWriter:
     def __init__(
         self,
         out_dir: str | os.PathLike[str],
-        prefix: str = "data",
+        prefix: str = DEFAULT_PREFIX,
         maxsize: int | str = "1GB",
         maxcount: int | None = None,
-        checksum: str = "sha256",
+        checksum: str = DEFAULT_CHECKSUM,
         compress: str | None = None,
         *,
         manifest: str = "manifest.json",
@@ -301,7 +328,7 @@ class ShardWriter:
 
     # -- shards --------------------------------------------------------------------
     def _shard_name(self) -> str:
-        return f"{self.prefix}-{self.next_index:06d}{shard_suffix(self.compress)}"
+        return shard_name(self.prefix, self.next_index, self.compress)
 
     def _open_shard(self) -> None:
         name = self._shard_name()

@@ -10,7 +10,10 @@ medians:
   ``ray.init(num_cpus=2)`` (it takes only bytes/str values, so the Image struct is mapped
   by hand; tar files only: no manifest, no checksum, no index); ray starts once, first.
 
-Rows/s and bytes on disk for each.
+- a raw copy of the Parquet file's bytes (read, write, fsync): the floor for moving them.
+
+Rows/s and bytes on disk for each; wall seconds (the builds use 1 or 2 processes), the load
+average beside them.
 
     .venv/bin/python scripts/bench/table_build.py --rows 50000 --repeats 3
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import time
 from typing import Any
@@ -66,6 +70,15 @@ def _as_is(sample: dict[str, Any]) -> dict[str, Any]:
     return sample
 
 
+def run_copy(src: str, out: str) -> None:
+    """The Parquet bytes copied as they are, fsynced (shardkit fsyncs each shard)."""
+    target = os.path.join(fresh_dir(out), "copy.parquet")
+    with open(src, "rb") as f, open(target, "wb") as g:
+        shutil.copyfileobj(f, g, 1 << 20)
+        g.flush()
+        os.fsync(g.fileno())
+
+
 def run_ray(src: str, out: str) -> None:
     import ray.data
 
@@ -92,13 +105,14 @@ def main() -> None:
         ("shardkit build, 1 worker", lambda o: run_shardkit(src, o, 1)),
         ("shardkit build, 2 workers", lambda o: run_shardkit(src, o, 2)),
         ("ray write_webdataset, 2 CPUs", lambda o: run_ray(src, o)),
+        ("raw copy of the Parquet bytes", lambda o: run_copy(src, o)),
     ]
     seconds: dict[str, list[float]] = {name: [] for name, _ in contenders}
     disk: dict[str, int] = {}
     for rep in range(args.repeats):
         k = rep % len(contenders)
         for name, fn in contenders[k:] + contenders[:k]:
-            out = os.path.join(root, name.split(",")[0].replace(" ", "-"))
+            out = os.path.join(root, "".join(c if c.isalnum() else "-" for c in name))
             os.sync()
             t0 = time.perf_counter()
             fn(out)
@@ -106,6 +120,7 @@ def main() -> None:
             disk[name] = dir_bytes(out)
             log(f"  rep {rep + 1}/{args.repeats} {name:<30} {seconds[name][-1]:8.2f} s")
     ray.shutdown()
+    load = os.getloadavg()
     rows, records = [], []
     for name, secs in seconds.items():
         med = statistics.median(secs)
@@ -117,8 +132,11 @@ def main() -> None:
     head = ["Parquet -> shards", "median s", "rows/s", "MB on disk", "disk / payload"]
     text = table(head, rows)
     results = {"rows": args.rows, "payload_bytes": payload, "contenders": records}
-    finish(args.out, "table_build", results, [f"### build from Parquet\n\n{text}\n"],
-           f"medians of {args.repeats}")  # fmt: skip
+    results["parquet_bytes"] = os.path.getsize(src)
+    note = f"medians of {args.repeats}; load average at the end " + "/".join(
+        f"{x:.1f}" for x in load
+    )
+    finish(args.out, "table_build", results, [f"### build from Parquet\n\n{text}\n"], note)
 
 
 if __name__ == "__main__":
