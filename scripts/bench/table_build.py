@@ -36,11 +36,17 @@ def make_parquet(path: str, rows: int, image_bytes: int) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    # every image its own random bytes, as on the Hub: a small pool of repeated ones would
+    # be dictionary-encoded by Parquet into a file a fraction of the payload
     rng = np.random.default_rng(0)
-    pool = [rng.bytes(image_bytes) for _ in range(64)]
+    blob = rng.bytes(rows * image_bytes)
     image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
     images = pa.array(
-        [{"bytes": pool[i % 64], "path": f"img_{i:08d}.jpg"} for i in range(rows)], image
+        [
+            {"bytes": blob[i * image_bytes : (i + 1) * image_bytes], "path": f"img_{i:08d}.jpg"}
+            for i in range(rows)
+        ],
+        image,
     )
     captions = [f"caption of image {i}" for i in range(rows)]
     table_ = pa.table({"image": images, "caption": captions, "label": list(range(rows))})
