@@ -13,6 +13,13 @@ and the largest size (``cost ~ size ** k``; 0 is flat, 1 linear):
    10k / 100k / 1M shards, without a shuffle window and with one of 1,000 and 10,000.
 4. ``writer``: per-shard time of ``ShardWriter``, first vs last 1,000 of ``--shards``
    one-sample shards (a flat cost has a ratio near 1).
+5. ``cache``: the node cache's bookkeeping with 10 / 1,000 / 10,000 cached files, in one
+   process (the eviction lock held by nobody else): ``hit_ms``, an open of a cached shard;
+   ``miss_ms``, a reservation of a new temp file (then given up); ``evict_ms``, a
+   reservation in a full cache that evicts the least recently used shard (then the new one
+   published, so the count stays); ``first_ms``, the first reservation of a fresh store
+   object (a new process's first open, the dir used before). CPU time of the process (the
+   system calls included, waits for the disk not: publishing fsyncs a directory).
 
     .venv/bin/python scripts/bench/scale.py --repeats 3 [--sizes 10000,100000,1000000]
 """
@@ -179,6 +186,92 @@ def bench_writer(nshards: int, tmp: str) -> dict[str, Any]:
     return row
 
 
+def _cache_files(root: str, n: int, size: int) -> list[Any]:
+    """A cache dir holding ``n`` published shards of ``size`` bytes, oldest first."""
+    from shardkit.cache.store import CacheKey, CacheStore
+
+    store = CacheStore(root)
+    store.ensure()
+    keys = []
+    for i in range(n):
+        key = CacheKey.of(f"sha256:{i:064x}", size)
+        path = store.path(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(bytes(size))
+        os.utime(path, (1e9 + i, 1e9 + i))
+        keys.append(key)
+    return keys
+
+
+def bench_cache(sizes: list[int], repeats: int, tmp: str) -> list[dict[str, Any]]:
+    """The cost of an open, a reservation and an eviction against the files cached (CPU
+    time of this process: system calls included, waits for the disk not)."""
+    from shardkit.cache.store import CacheKey, CacheStore
+
+    def cpu(fn: Any) -> float:
+        t = time.process_time()
+        fn()
+        return time.process_time() - t
+
+    size, rows = 100, []
+    for n in sizes:
+        root = os.path.join(tmp, f"cache{n}")
+        keys = _cache_files(root, n, size)
+        store, free = CacheStore(root, limit=n * size), CacheStore(root)
+        fresh = CacheKey.of("sha256:" + "f" * 64, 1)  # a miss
+        _reserve(free, fresh)  # the first use of the dir (with a ledger: its first scan)
+        first = [cpu(lambda r=root, k=fresh: _reserve(CacheStore(r), k)) for _ in range(5)]
+        hit, miss, evict = [], [], []
+        for r in range(max(repeats, 5)):
+            hit.append(cpu(lambda s=store, k=keys[n // 2]: _hit(s, k)))
+            new = CacheKey.of(f"sha256:{n + 1 + r:064x}", size - 1)  # its map: 1 byte
+            miss.append(cpu(lambda s=free, k=new: _reserve(s, k)))
+            evict.append(cpu(lambda s=store, k=new: _evict_and_publish(s, k)))
+        row = {
+            "files": n,
+            "hit_ms": statistics.median(hit) * 1e3,
+            "miss_ms": statistics.median(miss) * 1e3,
+            "evict_ms": statistics.median(evict) * 1e3,
+            "first_ms": statistics.median(first) * 1e3,
+            "load": os.getloadavg()[0],
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def _hit(store: Any, key: Any) -> None:
+    """An open of a cached shard, touched as a reader touches it."""
+    from shardkit.cache.layout import Layout
+
+    fd, published = store.open_part(key, Layout(key.size))
+    assert fd is not None and published
+    os.utime(fd)  # as a reader does: it is the most recently used now
+    os.close(fd)
+
+
+def _evict_and_publish(store: Any, key: Any) -> None:
+    """A reservation in a full cache (it evicts), then the shard published."""
+    from shardkit.cache.layout import Layout
+
+    fd, _ = store.open_part(key, Layout(key.size))
+    assert fd is not None
+    os.ftruncate(fd, key.size)
+    os.close(fd)
+    store.publish(key, Layout(key.size))
+
+
+def _reserve(store: Any, key: Any) -> None:
+    """A reservation of a temp file for ``key``, given up at once."""
+    from shardkit.cache.layout import Layout
+
+    fd, _ = store.open_part(key, Layout(key.size))
+    assert fd is not None
+    os.close(fd)
+    store.discard(key, Layout(key.size))
+
+
 def _row(name: str, sizes: list[int], vals: list[float]) -> None:
     cells = "  ".join(f"{v:9.4f}" for v in vals)
     print(f"  {name:14s} {cells}   k={exponent(sizes, vals):.2f}")
@@ -190,11 +283,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--writer-shards", type=int, default=10000)
     ap.add_argument("--json-too", action="store_true", help="also time the JSON parse")
-    ap.add_argument("--only", default="open,plan,elastic,writer")
+    ap.add_argument("--cache-sizes", default="10,1000,10000", help="cached files")
+    ap.add_argument("--only", default="open,plan,elastic,writer,cache")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     only = set(args.only.split(","))
+    cache_sizes = [int(s) for s in args.cache_sizes.split(",")]
     res: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         if "open" in only:
@@ -205,6 +300,8 @@ def main() -> None:
             res["elastic"] = bench_elastic(sizes, args.repeats)
         if "writer" in only:
             res["writer"] = bench_writer(args.writer_shards, tmp)
+        if "cache" in only:
+            res["cache"] = bench_cache(cache_sizes, args.repeats, tmp)
     print("\ncost against size (k: cost ~ size**k between the smallest and largest)")
     if "open" in res:
         for key in ("open_s", "rss_mb", "first_open_s"):
@@ -221,6 +318,9 @@ def main() -> None:
         w = res["writer"]
         first, last = w["first_ms"], w["last_ms"]
         print(f"  writer per shard: first 1000 {first:.3f} ms, last 1000 {last:.3f} ms")
+    if "cache" in res:
+        for key in ("hit_ms", "miss_ms", "evict_ms", "first_ms"):
+            _row(f"cache {key}", cache_sizes, [r[key] for r in res["cache"]])
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)

@@ -10,6 +10,8 @@ Layout under the cache root (shared by every process and job that names it)::
     tmp/<...>.part.gone-N                        a given-up temp file a reader still holds
     locks/<algo>-<hex>.lock                      held (flock) by the one process publishing
     locks/evict.lock                             serialises reservations and evictions
+    ledger                                       what data/ holds: sizes, last use
+                                                 (see :mod:`shardkit.cache.ledger`)
     slots/slot-NNN.lock                          the per-node request cap
 
 A shard becomes visible in ``data/`` only by ``os.replace`` after its size and checksum
@@ -21,10 +23,12 @@ shard, and evicted like a shard (least recently used first) when room is needed.
 closes its file before it publishes it, so a shard in ``data/`` is held only by its
 readers.
 
-Everything that changes what the cache holds runs under the eviction lock: reservations,
-evictions and giving up temp files hold it exclusively, publishing holds it shared, so a
-reservation counts shards and temp files at one instant (a shard being renamed from
-``tmp/`` to ``data/`` is never counted twice, nor missed).
+Everything that changes what the cache holds runs under the eviction lock, exclusively:
+reservations, evictions, publishing and giving up temp files, so a reservation counts
+shards and temp files at one instant (a shard being renamed from ``tmp/`` to ``data/`` is
+never counted twice, nor missed). The shards are counted from the ledger, the few temp
+files of fills in progress or dead from ``tmp/``: a reservation costs the same whatever
+the number of shards cached.
 
 The limit holds for the bytes on disk, not only for the names: a file is unlinked only
 under an exclusive ``flock`` taken under the eviction lock, and leases are taken under that
@@ -38,12 +42,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import heapq
 import logging
 import os
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from shardkit.cache import upkeep
 from shardkit.cache.layout import (
     CachedShard,
     CacheKey,
@@ -54,8 +60,8 @@ from shardkit.cache.layout import (
     listdir,
     try_lock_existing,
 )
+from shardkit.cache.ledger import Entry, Ledger, Stale
 from shardkit.cache.locks import locked
-from shardkit.checksum import new_hasher
 from shardkit.durable import fsync_dir
 from shardkit.errors import CacheError
 
@@ -83,9 +89,10 @@ class CacheStore:
         self.limit = limit
         self._ready = False
         self._lock = lock  # the eviction lock's seam: tests watch who waits on it
+        self._ledger: Ledger | None = None
 
     def __getstate__(self) -> dict[str, object]:
-        return {"root": self.root, "limit": self.limit, "_ready": False}
+        return {"root": self.root, "limit": self.limit, "_ready": False, "_ledger": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -168,7 +175,10 @@ class CacheStore:
         part = self.part_path(key, layout)
         nbytes = key.size + layout.count
         with self._lock(self.evict_lock_path()):
+            ledger = self.ledger()
             fd = _open_leased(self.path(key), os.O_RDONLY)
+            if (fd is not None) != (self._rel(key) in ledger.entries):
+                ledger.rescan("a shard opened is not in the ledger, or one in it is gone")
             if fd is not None:
                 return fd, True
             fd = _open_leased(part, os.O_RDWR)
@@ -179,7 +189,7 @@ class CacheStore:
                 self._retire(part)  # not a file this layout made: start again
             if self.limit is not None and nbytes > self.limit:
                 return None, False
-            used = self._sweep() + sum(s.size for s in self.shards())
+            used = self._sweep() + ledger.total
             if self.limit is not None and used + nbytes > self.limit:
                 used -= self._evict(used + nbytes - self.limit)
                 if used + nbytes > self.limit:
@@ -198,13 +208,21 @@ class CacheStore:
     def publish(self, key: CacheKey, layout: Layout) -> bool:
         """Make a verified temp file (cut, synced and closed) visible as the cached shard;
         False if it was evicted meanwhile."""
-        path = self.path(key)
+        path, part = self.path(key), self.part_path(key, layout)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with self._lock(self.evict_lock_path(), exclusive=False):  # not while bytes are counted
+        with self._lock(self.evict_lock_path()):  # not while bytes are counted
+            ledger = self.ledger()
             try:
-                os.replace(self.part_path(key, layout), path)
+                st = os.stat(part)
             except FileNotFoundError:
                 return False
+            ledger.begin(add=[(self._rel(key), st.st_size, st.st_mtime_ns)])
+            try:
+                os.replace(part, path)
+            except FileNotFoundError:
+                ledger.end(False)
+                return False
+            ledger.end()
         fsync_dir(os.path.dirname(path))
         return True
 
@@ -214,6 +232,27 @@ class CacheStore:
         self.ensure()
         with self._lock(self.evict_lock_path()):
             self._retire(self.part_path(key, layout))
+
+    def evict_rotten(self, key: CacheKey) -> None:
+        """Take a cached shard whose bytes no longer match out of ``data/``: removed, or
+        (another process reads it) renamed aside into ``tmp/``, counted until it is let go.
+        """
+        self.ensure()
+        with self._lock(self.evict_lock_path()):
+            path = self.path(key)
+            fd = try_lock_existing(path)
+            if fd is not None:
+                self._unlink([(fd, CachedShard(path, key.size, 0.0))])
+                return
+            ino = inode_of(path)
+            if ino is None:
+                return  # evicted meanwhile
+            ledger = self.ledger()
+            ledger.begin(dels=[self._rel(key)])
+            try:
+                os.replace(path, f"{self.part_path(key)}.gone-{ino}")
+            finally:
+                ledger.end()
 
     def let_go(self, fd: int, key: CacheKey, layout: Layout | None) -> None:
         """Close a reader's ``fd``; a temp file given up while it was read is removed now."""
@@ -233,40 +272,32 @@ class CacheStore:
             self._sweep()
 
     def scrub(self, progress: Callable[[int], object] | None = None) -> list[tuple[str, str]]:
-        """Hash every cached shard again (disk rot): a shard whose bytes no longer match the
-        checksum its place names is evicted (one being read: evicted by the next eviction
-        that finds it free, and reported). Returns ``(path, what is wrong)`` per bad shard.
-        """
-        bad: list[tuple[str, str]] = []
-        for shard in list(self.shards()):
-            algo = os.path.basename(os.path.dirname(os.path.dirname(shard.path)))
-            want = os.path.basename(shard.path)
-            h = new_hasher(algo)
-            try:
-                with open(shard.path, "rb") as f:
-                    while chunk := f.read(1 << 22):
-                        h.update(chunk)
-                        if progress is not None:
-                            progress(len(chunk))
-            except FileNotFoundError:
-                continue  # evicted meanwhile
-            if h.hexdigest() == want:
-                continue
-            with self._lock(self.evict_lock_path()):
-                fd = try_lock_existing(shard.path)
-                if fd is None:
-                    bad.append((shard.path, f"{algo} differs; being read, not evicted yet"))
-                    continue
-                try:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(shard.path)
-                finally:
-                    os.close(fd)
-            log.warning("cache: %s does not match its checksum: evicted", shard.path)
-            bad.append((shard.path, f"{algo} differs; evicted"))
-        return bad
+        """Hash every cached shard again; evict what rotted (:func:`upkeep.scrub`)."""
+        return upkeep.scrub(self, progress)
 
     # -- accounting and eviction ---------------------------------------------------
+    def ledger(self) -> Ledger:
+        """The ledger of ``data/``, caught up (called under the exclusive eviction lock)."""
+        if self._ledger is None:
+            self._ledger = Ledger(self.root, self._scan)
+        self._ledger.sync()
+        return self._ledger
+
+    def _rel(self, key: CacheKey) -> str:
+        return os.path.relpath(self.path(key), self.root)
+
+    def _scan(self) -> Iterator[Entry]:
+        for s in self.shards():
+            with contextlib.suppress(FileNotFoundError):
+                st = os.stat(s.path)
+                yield os.path.relpath(s.path, self.root), st.st_size, st.st_mtime_ns
+
+    def _mtime(self, rel: str) -> int | None:
+        try:
+            return os.stat(os.path.join(self.root, rel)).st_mtime_ns
+        except FileNotFoundError:
+            return None
+
     def shards(self) -> Iterator[CachedShard]:
         """Every verified shard in the cache."""
         data = os.path.join(self.root, "data")
@@ -328,26 +359,57 @@ class CacheStore:
         """Evict unleased shards, least recently used first, to free ``need`` bytes; if
         that many cannot be freed, evict nothing. Returns the bytes freed.
         """
+        try:
+            return self._evict_lru(need)
+        except Stale as exc:  # a file the ledger lists is gone: count again, then evict
+            self.ledger().rescan(str(exc))
+            return self._evict_lru(need)
+
+    def _evict_lru(self, need: int) -> int:
         taken: list[tuple[int, CachedShard]] = []
         freed = 0
+        ledger = self.ledger()
+        listed = (
+            CachedShard(os.path.join(self.root, rel), size, mtime / 1e9)
+            for rel, size, mtime in ledger.oldest(self._mtime)
+        )
+        dead = sorted(self._dead_parts(), key=lambda s: s.mtime)
         try:
-            for shard in sorted([*self.shards(), *self._dead_parts()], key=lambda s: s.mtime):
+            for shard in heapq.merge(listed, dead, key=lambda s: s.mtime):
                 if freed >= need:
                     break
                 fd = try_lock_existing(shard.path)
                 if fd is not None:  # None: someone holds a lease, it is being read
                     taken.append((fd, shard))
                     freed += shard.size
+            listed.close()  # the ledger's order is back in place before it is changed
             if freed < need:
                 return 0
+            mine, taken = taken, []
+            self._unlink(mine)
+            return freed
+        finally:
+            for fd, _ in taken:
+                os.close(fd)
+
+    def _unlink(self, taken: list[tuple[int, CachedShard]]) -> None:
+        """Remove files locked for eviction, logged in the ledger; closes their locks
+        (the bytes are gone once this last fd on them is closed)."""
+        data = os.path.join(self.root, "data") + os.sep
+        rels = [os.path.relpath(s.path, self.root) for _, s in taken if s.path.startswith(data)]
+        ledger = self.ledger() if rels else None
+        if ledger is not None:
+            ledger.begin(dels=rels)
+        try:
             for _, shard in taken:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(shard.path)
                     log.info("evicted %s", shard.path)
-            return freed
         finally:
             for fd, _ in taken:
-                os.close(fd)  # the bytes are gone once this last fd on them is closed
+                os.close(fd)
+            if ledger is not None:
+                ledger.end()
 
     def _dead_parts(self) -> Iterator[CachedShard]:
         """The temp files of fills that died (evicted like shards when room is needed); not
@@ -359,19 +421,6 @@ class CacheStore:
                     if st.st_size == t.size:
                         yield CachedShard(t.path, t.size, st.st_mtime)
 
-    def _evict_one(self, path: str) -> bool:
-        fd = try_lock_existing(path)
-        if fd is None:
-            return False  # someone is reading it
-        try:
-            os.unlink(path)
-            log.info("evicted %s", path)
-            return True
-        except FileNotFoundError:
-            return False
-        finally:
-            os.close(fd)
-
     def usage(self) -> int:
         """Bytes held: verified shards plus the reservations of temp files.
 
@@ -380,51 +429,15 @@ class CacheStore:
         """
         self.ensure()
         with self._lock(self.evict_lock_path()):
-            return sum(p.size for p in self.parts()) + sum(s.size for s in self.shards())
+            return sum(p.size for p in self.parts()) + self.ledger().total
 
     def stat(self) -> CacheStat:
         """What the cache holds: shards, bytes, shards being read, downloads, dead files."""
-        shards = list(self.shards())
-        in_use = 0
-        if shards:
-            self.ensure()  # its locks dir
-            with self._lock(self.evict_lock_path(), exclusive=False):  # as leases are taken
-                for s in shards:
-                    fd = try_lock_existing(s.path)
-                    if fd is None:
-                        in_use += 1
-                    else:
-                        os.close(fd)
-        parts = list(self.parts())
-        live = [p for p in parts if self._live(p)]
-        return CacheStat(
-            root=self.root,
-            shards=len(shards),
-            bytes=sum(s.size for s in shards),
-            in_use=in_use,
-            downloading=len(live),
-            downloading_bytes=sum(p.size for p in live),
-            dead_temp_files=len(parts) - len(live),  # resumable, or given up
-            oldest_use=min((s.mtime for s in shards), default=None),
-        )
+        return upkeep.stat(self)
 
     def clean(self, *, keep: int = 0) -> tuple[int, int]:
-        """Evict unleased shards until at most ``keep`` bytes stay, and remove dead temp
-        files; returns ``(shards evicted, bytes freed)``.
-        """
-        self.ensure()
-        with self._lock(self.evict_lock_path()):
-            self._sweep()
-            shards = sorted([*self.shards(), *self._dead_parts()], key=lambda s: s.mtime)
-            total = sum(s.size for s in shards)
-            n = freed = 0
-            for s in shards:
-                if total - freed <= keep:
-                    break
-                if self._evict_one(s.path):
-                    n += 1
-                    freed += s.size
-            return n, freed
+        """Evict shards nobody reads down to ``keep`` bytes (:func:`upkeep.clean`)."""
+        return upkeep.clean(self, keep)
 
 
 def _open_leased(path: str, flags: int) -> int | None:

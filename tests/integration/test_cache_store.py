@@ -22,7 +22,7 @@ import pytest
 from shardkit.cache.fill import ShardFill
 from shardkit.cache.layout import Layout, try_lock_existing
 from shardkit.cache.locks import NodeSlots, claim_byte, is_locked, locked, try_lock, unlock
-from shardkit.cache.store import CachedShard, CacheKey, CacheStore
+from shardkit.cache.store import CacheKey, CacheStore
 from shardkit.errors import ChecksumError, ConfigError, FetchError
 from shardkit.io.config import IoConfig
 from shardkit.io.remote import ChunkStream
@@ -295,13 +295,36 @@ def telling_waits(name: str, waits: threading.Event) -> Callable[..., Any]:
     return probed
 
 
+class Behind:
+    """Thread ``name`` runs ``action`` while another operation is stopped half-way;
+    :meth:`run` returns once it waits on the eviction lock (``lock`` is the store's seam
+    that tells) or is done."""
+
+    def __init__(self, name: str, action: Callable[[], object]) -> None:
+        self.decided = threading.Event()
+        self.lock = telling_waits(name, self.decided)
+        self.out: list[object] = []
+        self._action = action
+        self.thread = threading.Thread(target=self._run, name=name)
+
+    def _run(self) -> None:
+        try:
+            self.out.append(self._action())
+        finally:
+            self.decided.set()  # or it did not wait
+
+    def run(self) -> None:
+        self.thread.start()
+        assert self.decided.wait(30)
+
+
 def test_an_eviction_never_falls_between_opening_a_shard_and_leasing_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A reader stopped after its open and before its lock, and an eviction that wants the
     # shard: evicting it then would unlink bytes the reader keeps on disk, uncounted.
-    decided = threading.Event()
-    store = CacheStore(str(tmp_path), limit=250, lock=telling_waits("evictor", decided))
+    evictor = Behind("evictor", lambda: open_part(store, put_key(2, 199)))  # fits only without
+    store = CacheStore(str(tmp_path), limit=250, lock=evictor.lock)  # the shard
     store.ensure()
     shard = put(store, 1, 100, 1000.0)
     inode = os.stat(store.path(shard)).st_ino
@@ -316,31 +339,21 @@ def test_an_eviction_never_falls_between_opening_a_shard_and_leasing_it(
 
     monkeypatch.setattr(fcntl, "flock", flock)
     leases: list[int | None] = []
-    reserved: list[int | None] = []
-
-    def evict() -> None:
-        try:
-            reserved.append(open_part(store, put_key(2, 199)))  # fits only without the shard
-        finally:
-            decided.set()  # or it did not wait
-
     reader = threading.Thread(
         target=lambda: leases.append(store.open_published(shard)), name="reader"
     )
     reader.start()
     assert opened.wait(30)
-    evictor = threading.Thread(target=evict, name="evictor")
-    evictor.start()
-    assert decided.wait(30)
+    evictor.run()
     go.set()
     reader.join()
-    evictor.join()
+    evictor.thread.join()
     monkeypatch.undo()
     (lease,) = leases
     assert lease is not None
     assert os.fstat(lease).st_nlink == 1  # the reader holds the shard, not a removed file
     assert os.stat(store.path(shard)).st_ino == inode
-    assert reserved == [None]  # no room: the only shard that could go is being read
+    assert evictor.out == [None]  # no room: the only shard that could go is being read
     os.close(lease)
     assert reserve(store, put_key(2, 199))  # read: now it can go
 
@@ -522,11 +535,11 @@ def test_piece_hasher_splits_at_piece_boundaries() -> None:
 def test_a_reservation_never_counts_a_shard_being_published_twice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A publish (a rename from tmp/ to data/) between the reservation's look at tmp/ and
-    # its look at data/ would count that shard twice: it would evict a shard, or find no
-    # room, for room that is there.
-    decided = threading.Event()
-    store = CacheStore(str(tmp_path), limit=250, lock=telling_waits("publisher", decided))
+    # A publish (a rename from tmp/ to data/ and its ledger line) between the reservation's
+    # look at tmp/ and its look at the ledger would count that shard twice: it would evict
+    # a shard, or find no room, for room that is there. It waits for the reservation.
+    publisher = Behind("publisher", lambda: store.publish(done, Layout(99)))
+    store = CacheStore(str(tmp_path), limit=250, lock=publisher.lock)
     store.ensure()
     done = put_key(1, 99)
     fd = open_part(store, done)
@@ -534,26 +547,18 @@ def test_a_reservation_never_counts_a_shard_being_published_twice(
     os.pwrite(fd, bytes(99), 0)
     os.ftruncate(fd, 99)
     os.close(fd)  # verified and cut: about to be published
-    real_shards = store.shards
+    real_sweep = store._sweep
 
-    def publish() -> None:
-        try:
-            store.publish(done, Layout(99))
-        finally:
-            decided.set()  # or it did not wait
+    def sweep() -> int:  # tmp/ is read next, then the ledger
+        if not publisher.thread.is_alive() and not publisher.decided.is_set():
+            publisher.run()
+        return real_sweep()
 
-    publisher = threading.Thread(target=publish, name="publisher")
-
-    def shards() -> Iterator[CachedShard]:  # tmp/ has been read, data/ is next
-        if not publisher.is_alive() and not decided.is_set():
-            publisher.start()
-            assert decided.wait(30)
-        return real_shards()
-
-    monkeypatch.setattr(store, "shards", shards)
+    monkeypatch.setattr(store, "_sweep", sweep)
     other = open_part(store, put_key(2, 149))
-    publisher.join()
+    publisher.thread.join()
     monkeypatch.undo()
+    assert publisher.out == [True]
     assert other is not None and os.path.exists(store.path(done))  # 100 + 150 fit
     os.close(other)
     assert store.usage() == 99 + 150  # published: its piece map is gone
