@@ -351,6 +351,10 @@ class ShardDataset(IterableDataset[Any]):
     def _run(self, it: Iterator[Any]) -> Iterator[Any]:
         yield from it
         self._complete = True
+        for src in self._sources:  # the epoch is read: no prefetch runs on, no lease stays
+            drain = getattr(src._opener, "drain", None)
+            if drain is not None:
+                drain()
 
     def lengths(self, workers: int = 1) -> list[int] | None:
         """Items each of ``workers`` workers yields this epoch (None: not known up front)."""

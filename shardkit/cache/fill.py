@@ -138,6 +138,8 @@ class ShardFill:
                 claimed()
             if self.ready(claim, k):
                 return True
+            if k in self._failed:  # corrupt twice while another thread held the claim
+                raise self._failed[k]
             lo, hi = self.layout.span(k)
             algo, want = self._expected(k)
             actual = ""

@@ -20,6 +20,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO
 
@@ -28,6 +29,7 @@ from shardkit.cache.fill import ShardFill
 from shardkit.cache.layout import Layout
 from shardkit.cache.locks import NodeSlots
 from shardkit.cache.manifests import fetch_manifest_once
+from shardkit.cache.recheck import RecheckedHit, report_rot, whole_matches
 from shardkit.cache.store import CacheKey, CacheStore
 from shardkit.cache.stream import CacheStream
 from shardkit.errors import CacheError, ChecksumError, ConfigError
@@ -57,19 +59,32 @@ class _Local:
         self._threads = threads
         self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._started = 0
+        self._pending = 0  # jobs submitted and not ended
+        self._idle = threading.Condition(self.lock)
 
     def submit(self, job: Callable[[], None]) -> None:
         """Run ``job`` in a prefetch thread."""
-        self._jobs.put(job)
         with self.lock:
+            self._pending += 1
             if self._started < self._threads:
                 self._started += 1
                 name = f"shardkit-prefetch-{self._started}"
                 threading.Thread(target=self._work, name=name, daemon=True).start()
+        self._jobs.put(job)
 
     def _work(self) -> None:
         while True:
-            self._jobs.get()()
+            try:
+                self._jobs.get()()
+            finally:
+                with self.lock:
+                    self._pending -= 1
+                    self._idle.notify_all()
+
+    def wait_idle(self, timeout: float | None) -> bool:
+        """Wait until every job submitted has ended; False if ``timeout`` came first."""
+        with self.lock:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
 
 
 class CachingOpener:
@@ -144,6 +159,8 @@ class CachingOpener:
             with contextlib.suppress(OSError):
                 os.utime(fd)  # least recently used goes first
             self.counters.add("cache_hits")
+            if self.cfg.cache_verify == "open":
+                return self._rechecked(key, url, start, stop, layout, fd, pieces)
             return buffered(CacheStream(self, key, url, start, stop, fd=fd))
         self.counters.add("cache_misses")
         fill = self._fill_for(key, url, layout, fd)
@@ -197,6 +214,28 @@ class CachingOpener:
             self.store.let_go(fd, key, layout)
         return "fetched" if os.path.exists(self.store.path(key)) else "no room"
 
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until this process's background work has ended (prefetches, and fills its
+        readers left running), then release the shards prefetched and not read (their
+        leases keep eviction off them). The opener can be used again afterwards. False if
+        ``timeout`` seconds passed first (the leases are released all the same).
+        """
+        local = self._local_state
+        if local is None or local.pid != os.getpid():
+            return True
+        end = None if timeout is None else time.monotonic() + timeout
+        ended = local.wait_idle(timeout)
+        with local.lock:
+            fills = list(local.fills.values())
+        for fill in fills:
+            left = None if end is None else max(0.0, end - time.monotonic())
+            ended = fill.done.wait(left) and ended
+        with local.lock:
+            leases, local.leases = list(local.leases.values()), {}
+        for fd in leases:
+            os.close(fd)
+        return ended
+
     def fetch_manifest(self, url: str) -> bytes:
         """The manifest at ``url``, fetched once per node into the cache dir."""
         src = self.remote.source(url)
@@ -244,6 +283,39 @@ class CachingOpener:
         except OSError as exc:
             raise CacheError(f"cache dir {self.store.root}: cannot reserve: {exc}") from exc
 
+    def _rechecked(
+        self,
+        key: CacheKey,
+        url: str,
+        start: int,
+        stop: int,
+        layout: Layout,
+        fd: int,
+        pieces: PieceChecksums | None,
+    ) -> BinaryIO:
+        """A cache hit hashed again as it is read (``cache_verify="open"``, see
+        :mod:`shardkit.cache.recheck`); a rotten copy is evicted and fetched again."""
+
+        def rotten(fd: int, k: int | None = None) -> None:
+            self.store.let_go(fd, key, None)
+            self.store.evict_rotten(key)
+            report_rot(self.counters, url, "whole shard" if k is None else f"piece {k}")
+
+        def reopen(pos: int) -> BinaryIO:
+            return self.open(
+                url, start=pos, end=stop, size=key.size, checksum=key.checksum, pieces=pieces
+            )
+
+        if layout.digests is None:
+            if whole_matches(fd, key):
+                return buffered(CacheStream(self, key, url, start, stop, fd=fd))
+            rotten(fd)
+            return reopen(start)
+        let_go = functools.partial(self.store.let_go, key=key, layout=None)
+        return buffered(
+            RecheckedHit(fd, layout, start, stop, rotten=rotten, reopen=reopen, let_go=let_go)
+        )
+
     def _uncached(self, url: str, start: int, stop: int, size: int, checksum: str) -> BinaryIO:
         """No room in the cache: read as the uncached opener does."""
         self.counters.add("cache_no_room")
@@ -273,7 +345,10 @@ class CachingOpener:
         """
         local = self._local
         try:
-            fd, published = self._open_part(key, layout)
+            with local.lock:
+                wanted = key.name in local.queued
+            # else its reader opened it first: it may even be read and evicted by now
+            fd, published = self._open_part(key, layout) if wanted else (None, False)
             if fd is not None:
                 fill = None if published else self._fill_for(key, url, layout, fd)
                 self._keep(key, fd)  # from now on its reader may take it over

@@ -48,6 +48,9 @@ class IoConfig:
             :class:`CacheError` (its own requests are bounded by the retry policy).
         manifest_ttl: seconds a node's cached manifest is reused without asking the server.
         on_cache_error: ``"bypass"`` (log a :class:`CacheError`, read uncached) or ``"raise"``.
+        cache_verify: ``"fill"`` (a shard is verified once, piece by piece as it is fetched)
+            or ``"open"`` (a cached shard is hashed again at every open, piece by piece
+            before each piece is read; one that rotted on disk is evicted and fetched again).
         max_member: the largest tar member (bytes, or "2GiB") a reader holds in memory;
             a larger one is a :class:`ShardFormatError` before any of it is read.
     """
@@ -71,6 +74,7 @@ class IoConfig:
     cache_wait: float = 300.0
     manifest_ttl: float = 300.0
     on_cache_error: str = "bypass"
+    cache_verify: str = "fill"
     max_member: int = DEFAULT_MAX_MEMBER
 
     def __post_init__(self) -> None:
@@ -93,6 +97,8 @@ class IoConfig:
                 "max_attempts, prefetch_threads, range_size, max_member and piece_parallel "
                 "must be >= 1"
             )
+        if self.cache_verify not in ("fill", "open"):
+            raise ConfigError(f"cache_verify must be 'fill' or 'open', got {self.cache_verify!r}")
         if self.on_cache_error not in ("bypass", "raise"):
             raise ConfigError(
                 f"on_cache_error must be 'bypass' or 'raise', got {self.on_cache_error!r}"
