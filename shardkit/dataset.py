@@ -351,10 +351,12 @@ class ShardDataset(IterableDataset[Any]):
     def _run(self, it: Iterator[Any]) -> Iterator[Any]:
         yield from it
         self._complete = True
-        for src in self._sources:  # the epoch is read: no prefetch runs on, no lease stays
+        # the epoch is read: its prefetch leases go; fills still running (of shards read in
+        # part) go on, as waiting for them would delay the end of the epoch
+        for src in self._sources:
             drain = getattr(src._opener, "drain", None)
             if drain is not None:
-                drain()
+                drain(0)
 
     def lengths(self, workers: int = 1) -> list[int] | None:
         """Items each of ``workers`` workers yields this epoch (None: not known up front)."""
