@@ -41,8 +41,8 @@ _FAST_META = 4 * BLOCK  # larger extended headers take the general path
 _PAX_IGNORED = frozenset((b"mtime", b"atime", b"ctime", b"uid", b"gid", b"uname", b"gname"))
 # from byte 124 of a header: size and checksum fields of octal digits, a regular typeflag
 _FIELDS = re.compile(rb"([0-7]{11})[\0 ].{12}([0-7]{6})[\0 ].[0\0]", re.DOTALL)
-# what the fast path leaves to the general one: absolute, drive-letter, "..", "\\", NUL
-_BAD_NAME = re.compile(rb"\A/|\A.:|\.\.|\\|\0", re.DOTALL)
+# in a name, what the fast path leaves to the general one (beside a leading "/" or "x:")
+_BAD_PART = re.compile(rb"[\\\0]|\.\.")
 
 Sample = dict[str, object]
 
@@ -200,7 +200,7 @@ class TarReader(MemberReader):
                 return None
             nul = buf.find(b"\0", q, q + 100)
             name = buf[q : nul if nul >= 0 else q + 100]
-        if not name or _BAD_NAME.search(name):
+        if not name or name[0] == 47 or name[1:2] == b":" or _BAD_PART.search(name):
             return None
         try:
             text = name.decode()
