@@ -18,14 +18,30 @@ import os
 from collections.abc import Callable
 from typing import BinaryIO
 
-from shardkit.cache.fill import _hash as digest_of
 from shardkit.cache.layout import CacheKey, Layout
+from shardkit.checksum import new_hasher
 from shardkit.counters import Counters
 from shardkit.pieces import PIECE_ALGORITHM
 
 __all__ = ["RecheckedHit", "report_rot", "whole_matches"]
 
 log = logging.getLogger(__name__)
+_CHUNK = 1 << 20
+
+
+def digest_of(fd: int, hi: int, algo: str, *, start: int = 0) -> str:
+    """The digest of the bytes ``[start, hi)`` of the file ``fd``, read through one small
+    buffer (a fresh large one per read costs more in page faults than the hash itself)."""
+    h = new_hasher(algo)
+    view = memoryview(bytearray(_CHUNK))
+    pos = start
+    while pos < hi:
+        n = os.preadv(fd, [view[: min(_CHUNK, hi - pos)]], pos)
+        if n == 0:
+            break
+        h.update(view[:n])
+        pos += n
+    return h.hexdigest()
 
 
 def whole_matches(fd: int, key: CacheKey) -> bool:
