@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -22,10 +24,15 @@ __all__ = [
     "TempFile",
     "inode_of",
     "listdir",
+    "scan_data",
+    "scan_tmp",
     "try_lock_existing",
 ]
 
 _HEX = re.compile(r"[0-9a-f]{16,128}")
+_PART = re.compile(
+    r"(?P<name>[a-z0-9_]+-[0-9a-f]+)-(?P<size>\d+)-p(?P<piece>\d+)\.part(?P<gone>\.gone-\d+)?"
+)
 
 
 @dataclass(frozen=True)
@@ -152,3 +159,25 @@ def listdir(path: str) -> list[str]:
         if exc.errno == errno.ENOTDIR:
             return []
         raise
+
+
+def scan_data(data: str) -> Iterator[CachedShard]:
+    """Every file under ``data/<algo>/<xx>/`` (a cache's verified shards)."""
+    for algo in listdir(data):
+        for sub in listdir(os.path.join(data, algo)):
+            d = os.path.join(data, algo, sub)
+            for name in listdir(d):
+                with contextlib.suppress(FileNotFoundError):
+                    st = os.stat(os.path.join(d, name))
+                    yield CachedShard(os.path.join(d, name), st.st_size, st.st_mtime)
+
+
+def scan_tmp(tmp: str) -> Iterator[TempFile]:
+    """Every temp file in ``tmp/``, with the bytes reserved for it (named in its name)."""
+    for name in listdir(tmp):
+        m = _PART.fullmatch(name)
+        if m is not None:
+            path, retired = os.path.join(tmp, name), m.group("gone") is not None
+            size = int(m.group("size"))
+            count = Layout(size, int(m.group("piece"))).count
+            yield TempFile(path, m.group("name"), size + count, retired)

@@ -45,7 +45,6 @@ import fcntl
 import heapq
 import logging
 import os
-import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -57,7 +56,8 @@ from shardkit.cache.layout import (
     Layout,
     TempFile,
     inode_of,
-    listdir,
+    scan_data,
+    scan_tmp,
     try_lock_existing,
 )
 from shardkit.cache.ledger import Entry, Ledger, Stale
@@ -68,9 +68,6 @@ from shardkit.errors import CacheError
 __all__ = ["CacheKey", "CacheStat", "CacheStore", "CachedShard", "Layout", "TempFile"]
 
 log = logging.getLogger(__name__)
-_PART = re.compile(
-    r"(?P<name>[a-z0-9_]+-[0-9a-f]+)-(?P<size>\d+)-p(?P<piece>\d+)\.part(?P<gone>\.gone-\d+)?"
-)
 _TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# shardkit node-local shard cache\n"
 
 
@@ -234,25 +231,8 @@ class CacheStore:
             self._retire(self.part_path(key, layout))
 
     def evict_rotten(self, key: CacheKey) -> None:
-        """Take a cached shard whose bytes no longer match out of ``data/``: removed, or
-        (another process reads it) renamed aside into ``tmp/``, counted until it is let go.
-        """
-        self.ensure()
-        with self._lock(self.evict_lock_path()):
-            path = self.path(key)
-            fd = try_lock_existing(path)
-            if fd is not None:
-                self._unlink([(fd, CachedShard(path, key.size, 0.0))])
-                return
-            ino = inode_of(path)
-            if ino is None:
-                return  # evicted meanwhile
-            ledger = self.ledger()
-            ledger.begin(dels=[self._rel(key)])
-            try:
-                os.replace(path, f"{self.part_path(key)}.gone-{ino}")
-            finally:
-                ledger.end()
+        """Take a cached shard that rotted out of ``data/`` (:func:`upkeep.evict_rotten`)."""
+        upkeep.evict_rotten(self, key)
 
     def let_go(self, fd: int, key: CacheKey, layout: Layout | None) -> None:
         """Close a reader's ``fd``; a temp file given up while it was read is removed now."""
@@ -299,26 +279,12 @@ class CacheStore:
             return None
 
     def shards(self) -> Iterator[CachedShard]:
-        """Every verified shard in the cache."""
-        data = os.path.join(self.root, "data")
-        for algo in listdir(data):
-            for sub in listdir(os.path.join(data, algo)):
-                d = os.path.join(data, algo, sub)
-                for name in listdir(d):
-                    with contextlib.suppress(FileNotFoundError):
-                        st = os.stat(os.path.join(d, name))
-                        yield CachedShard(os.path.join(d, name), st.st_size, st.st_mtime)
+        """Every verified shard in the cache (a scan of ``data/``)."""
+        return scan_data(os.path.join(self.root, "data"))
 
     def parts(self) -> Iterator[TempFile]:
         """Every temp file, with the bytes reserved for it."""
-        tmp = os.path.join(self.root, "tmp")
-        for name in listdir(tmp):
-            m = _PART.fullmatch(name)
-            if m is not None:
-                path, retired = os.path.join(tmp, name), m.group("gone") is not None
-                size = int(m.group("size"))
-                count = Layout(size, int(m.group("piece"))).count
-                yield TempFile(path, m.group("name"), size + count, retired)
+        return scan_tmp(os.path.join(self.root, "tmp"))
 
     def _live(self, t: TempFile) -> bool:
         """Whether someone fills or reads the temp file ``t`` now (holds a lease on it)."""

@@ -10,13 +10,13 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from shardkit.cache.layout import CachedShard, CacheStat, try_lock_existing
+from shardkit.cache.layout import CachedShard, CacheKey, CacheStat, inode_of, try_lock_existing
 from shardkit.checksum import new_hasher
 
 if TYPE_CHECKING:
     from shardkit.cache.store import CacheStore
 
-__all__ = ["clean", "reconcile", "scrub", "stat"]
+__all__ = ["clean", "evict_rotten", "reconcile", "scrub", "stat"]
 
 log = logging.getLogger(__name__)
 
@@ -112,3 +112,25 @@ def reconcile(store: CacheStore, on_disk: list[CachedShard]) -> None:
     listed = {os.path.join(store.root, rel): size for rel, (size, _) in ledger.entries.items()}
     if listed != {s.path: s.size for s in on_disk}:
         ledger.rescan("the ledger disagrees with a scan of data/")
+
+
+def evict_rotten(store: CacheStore, key: CacheKey) -> None:
+    """Take a cached shard whose bytes no longer match out of ``data/``: removed, or
+    (another process reads it) renamed aside into ``tmp/``, counted until it is let go.
+    """
+    store.ensure()
+    with store._lock(store.evict_lock_path()):
+        path = store.path(key)
+        fd = try_lock_existing(path)
+        if fd is not None:
+            store._unlink([(fd, CachedShard(path, key.size, 0.0))])
+            return
+        ino = inode_of(path)
+        if ino is None:
+            return  # evicted meanwhile
+        ledger = store.ledger()
+        ledger.begin(dels=[os.path.relpath(path, store.root)])
+        try:
+            os.replace(path, f"{store.part_path(key)}.gone-{ino}")
+        finally:
+            ledger.end()
