@@ -82,6 +82,7 @@ class ShardFill:
         self._lock = threading.Lock()
         self._cursor = 0
         self._threads = 0
+        self._ending = False  # its last thread is out: no thread starts again
         self._failed: dict[int, ChecksumError] = {}
 
     # -- the map -------------------------------------------------------------------
@@ -92,8 +93,16 @@ class ShardFill:
     def need(self, fd: int, k: int) -> None:
         """Return once piece ``k`` of the file ``fd`` is verified: fetched here if nobody
         is at it, else waited for (at most ``cache_wait`` seconds)."""
-        if self.ready(fd, k):
-            return
+        if not self.ready(fd, k):
+            self._wait_for(fd, k)
+        if not self.done.is_set() and b"\0" not in os.pread(fd, self.layout.count, self.key.size):
+            # the last piece (fetched here or not): the fill publishes now; its lease is gone
+            # once it is done, so the next reservation can evict the shard as soon as its
+            # readers are done (its threads, started if none ran, publish or see it published)
+            self.start(k)
+            self.done.wait(self.host.cfg.cache_wait)
+
+    def _wait_for(self, fd: int, k: int) -> None:
         if k in self._failed:  # corrupt twice in this fill: not fetched a third time
             raise self._failed[k]
         t0 = time.monotonic()
@@ -108,10 +117,6 @@ class ShardFill:
                     f"{self.url}: waited {time.monotonic() - t0:.0f} s for piece {k} of "
                     f"another fill (cache_wait={wait:g})"
                 )
-        if b"\0" not in os.pread(fd, self.layout.count, self.key.size):
-            # the last piece: the fill publishes now; its lease is gone once it is done, so
-            # the next reservation can evict the shard as soon as its readers are done
-            self.done.wait(self.host.cfg.cache_wait)
 
     # -- fetching a piece ----------------------------------------------------------
     def _fetch(
@@ -222,8 +227,8 @@ class ShardFill:
         count = self.layout.count
         with self._lock:
             self._cursor = k % count
-            if self.done.is_set() or self._fd is None:
-                return
+            if self.done.is_set() or self._fd is None or self._ending:
+                return  # (ending: its last thread publishes and closes the file now)
             while self._threads < min(self.host.cfg.piece_parallel, count):
                 self._threads += 1
                 name = f"shardkit-fill-{self.key.digest[:12]}-{self._threads}"
@@ -267,7 +272,7 @@ class ShardFill:
         finally:
             with self._lock:
                 self._threads -= 1
-                last = self._threads == 0
+                last = self._ending = self._threads == 0
             if last:
                 self._last_out()
 
