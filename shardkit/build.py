@@ -45,6 +45,7 @@ from shardkit.build_workers import (
     run_workers,
     write_job,
 )
+from shardkit.compact import save_manifest
 from shardkit.errors import ConfigError, ManifestError, ShardkitError, WriterError
 from shardkit.manifest import Manifest, creation_info
 
@@ -197,5 +198,5 @@ def merge_parts(
     merged.created = creation_info(merged_parts=len(parts))
     if incomplete:
         merged.created["incomplete"] = incomplete
-    merged.save(out)
+    save_manifest(merged, out)
     return merged

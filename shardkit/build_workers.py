@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from shardkit.compact import save_manifest
 from shardkit.durable import atomic_write
 from shardkit.errors import ShardkitError, WriterError
 from shardkit.manifest import Manifest, ShardEntry, creation_info
@@ -401,6 +402,6 @@ def finalize(plan: BuildPlan) -> Manifest:
             os.replace(src, dst)
     _join_error_logs(plan)
     manifest.base = plan.out_dir
-    manifest.save(plan.manifest_path)
+    save_manifest(manifest, plan.manifest_path)
     shutil.rmtree(plan.work_dir)
     return manifest

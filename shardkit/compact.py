@@ -8,9 +8,14 @@ of header, and the arrays' pages are shared by every process on the node.
 
 A form is only used when it fits: its header names the size, inode, mtime and SHA-256 of
 the manifest.json it was built from (a changed manifest is hashed again, never trusted on
-its name alone), and a SHA-256 over its arrays (checked on open: a truncated or altered
-file is rebuilt). The same hash is the data set's content fingerprint (:func:`fingerprint`)
-that resume states carry.
+its name alone; a remote manifest's form names its url, ETag, size and SHA-256 instead,
+see :mod:`shardkit.read.remote_compact`), and a SHA-256 over its arrays (checked on open:
+a truncated or altered file is rebuilt) - all but the piece digests, which are checked
+block by block as they are read (:mod:`shardkit.compact_pieces`). The content
+fingerprint (:func:`fingerprint`) that resume states carry is kept in the header.
+
+The build writes the form beside manifest.json as it writes the manifest
+(:func:`save_manifest`), so the first reader of a huge data set never parses the JSON.
 
 Layout: ``MAGIC``, header length (u64 LE), header JSON, then the arrays, each at a
 64-byte aligned offset the header gives.
@@ -25,22 +30,33 @@ import mmap
 import os
 import re
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from shardkit.compact_pieces import LAZY, PieceColumn, encode_pieces
 from shardkit.durable import atomic_write
 from shardkit.errors import ManifestError
 from shardkit.manifest import Manifest, incomplete_reason
 
-__all__ = ["Column", "Compact", "build_compact", "compact_path", "fingerprint", "load_compact"]
+__all__ = [
+    "Column",
+    "Compact",
+    "build_compact",
+    "compact_path",
+    "fingerprint",
+    "load_compact",
+    "map_compact",
+    "save_manifest",
+    "write_compact",
+]
 
 log = logging.getLogger(__name__)
 MAGIC = b"SKCOLS\x00\x01"
 FORMAT = "shardkit-columns"
-VERSION = 1
+VERSION = 2  # 2: piece checksums
 _HEAD = struct.Struct("<8sQ")
 _ALIGN = 64
 _NUM = re.compile(r"^(.*?)(\d+)([^/\d]*)$")
@@ -154,6 +170,7 @@ class Compact:
     index: Column
     index_checksums: Column
     path: str
+    pieces: PieceColumn
 
     def __len__(self) -> int:
         return len(self.counts)
@@ -207,16 +224,35 @@ def build_compact(manifest_path: str, out: str | None = None) -> str:
     source = _source_facts(manifest_path, data)
     manifest = Manifest.loads(data, source=os.path.abspath(manifest_path))
     del data
+    return write_compact(manifest, out, source)
+
+
+def save_manifest(manifest: Manifest, path: str, *, csv_too: bool = True) -> None:
+    """Write ``manifest`` at ``path`` (as :meth:`Manifest.save`) and its compact form
+    beside it from the entries in memory: no reader has to parse the JSON to build it."""
+    data = manifest.dumps().encode()
+    if csv_too:
+        atomic_write(os.path.splitext(path)[0] + ".csv", manifest.to_csv().encode())
+    atomic_write(path, data)
+    write_compact(manifest, compact_path(path), _source_facts(path, data))
+
+
+def write_compact(manifest: Manifest, out: str, source: dict[str, Any]) -> str:
+    """Write the compact form of ``manifest`` at ``out``; ``source`` says what it was
+    built from (what a reader checks before it trusts the form)."""
     cols = _columns(manifest)
     arrays: dict[str, np.ndarray] = {
-        "sizes": np.array([e.size for e in manifest.shards], dtype="<i8"),
-        "counts": np.array([e.nsamples for e in manifest.shards], dtype="<i8"),
+        "sizes": np.fromiter((e.size for e in manifest.shards), "<i8", len(manifest)),
+        "counts": np.fromiter((e.nsamples for e in manifest.shards), "<i8", len(manifest)),
     }
     meta: dict[str, Any] = {}
     for name, col in cols.items():
         meta[name] = {"kind": col.kind, "meta": col.meta}
         for key, arr in col.arrays.items():
             arrays[f"{name}.{key}"] = arr
+    pmeta, parrays = encode_pieces([e.pieces for e in manifest.shards])
+    meta["pieces"] = {"kind": pmeta["kind"], "meta": pmeta}
+    arrays.update({f"pieces.{k}": v for k, v in parrays.items()})
     header: dict[str, Any] = {
         "safe_urls": _all_safe(manifest),
         "incomplete": incomplete_reason(manifest),
@@ -224,8 +260,8 @@ def build_compact(manifest_path: str, out: str | None = None) -> str:
         "version": VERSION,
         "source": source,
         "nshards": len(manifest),
-        "total_samples": manifest.total_samples,
-        "total_bytes": manifest.total_bytes,
+        "total_samples": int(arrays["counts"].sum()),
+        "total_bytes": int(arrays["sizes"].sum()),
         "checksum_algorithm": manifest.checksum_algorithm,
         "fields": manifest.fields,
         "created": manifest.created,
@@ -234,18 +270,24 @@ def build_compact(manifest_path: str, out: str | None = None) -> str:
         "columns": meta,
         "digest": fingerprint(arrays["sizes"], arrays["counts"], cols["checksums"]),
     }
-    blobs, layout, offset = [], {}, 0
+    blobs: list[bytes | memoryview] = []
+    layout: dict[str, Any] = {}
+    offset = 0
+    h = hashlib.sha256()
     for name, arr in arrays.items():
-        raw = np.ascontiguousarray(arr).tobytes()
+        raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data
         layout[name] = [offset, arr.dtype.str, list(arr.shape)]
-        pad = -len(raw) % _ALIGN
-        blobs.append(raw + b"\0" * pad)
-        offset += len(raw) + pad
+        pad = b"\0" * (-len(raw) % _ALIGN)
+        if name != LAZY:  # checked block by block as it is read (compact_pieces)
+            h.update(raw)
+            h.update(pad)
+        blobs += [raw, pad]
+        offset += len(raw) + len(pad)
     header["arrays"] = layout
-    header["arrays_sha256"] = hashlib.sha256(b"".join(blobs)).hexdigest()
+    header["arrays_sha256"] = h.hexdigest()
     text = json.dumps(header, sort_keys=True).encode()
     text += b" " * (-(len(text) + _HEAD.size) % _ALIGN)
-    atomic_write(out, [_HEAD.pack(MAGIC, len(text)), text, *blobs])
+    atomic_write(out, [_HEAD.pack(MAGIC, len(text)), text, *blobs])  # type: ignore[list-item]
     return out
 
 
@@ -285,40 +327,66 @@ def _fits(header: dict[str, Any], manifest_path: str) -> bool:
 
 def load_compact(path: str, manifest_path: str) -> Compact:
     """Map the form at ``path``; ManifestError when it is foreign, stale or damaged."""
+
+    def fits(header: dict[str, Any]) -> None:
+        if not _fits(header, manifest_path):
+            raise ManifestError("compact form is stale: built from another manifest", path=path)
+
+    return map_compact(path, fits)
+
+
+def map_compact(path: str, fits: Callable[[dict[str, Any]], None] | None = None) -> Compact:
+    """Map the form at ``path``: ``fits(header)`` raises where the form is not the one
+    wanted; ManifestError too where it is damaged (its arrays' checksum, their shapes)."""
     with open(path, "rb") as f:
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     header, start = _read_header(mm, path)
-    if not _fits(header, manifest_path):
-        raise ManifestError("compact form is stale: built from another manifest", path=path)
+    if fits is not None:
+        fits(header)
     body = memoryview(mm)[start:]
-    if hashlib.sha256(body).hexdigest() != header.get("arrays_sha256"):
+    try:
+        layout = header["arrays"]
+        h = hashlib.sha256()
+        for name, (offset, dtype, shape) in sorted(layout.items(), key=lambda kv: kv[1][0]):
+            if name != LAZY:
+                n = int(np.prod(shape)) * np.dtype(dtype).itemsize if shape else 0
+                h.update(body[offset : offset + n + (-n % _ALIGN)])
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        raise ManifestError(f"compact form's header is damaged: {exc!r}", path=path) from None
+    if h.hexdigest() != header.get("arrays_sha256"):
         raise ManifestError("compact form's arrays do not match their checksum", path=path)
     arrays: dict[str, np.ndarray] = {}
     try:
-        for name, (offset, dtype, shape) in header["arrays"].items():
+        for name, (offset, dtype, shape) in layout.items():
             dt = np.dtype(dtype)
             count = int(np.prod(shape)) if shape else 1
             arrays[name] = np.frombuffer(body, dtype=dt, count=count, offset=offset).reshape(shape)
         cols = {}
-        for name in _COLUMNS:
+        for name in (*_COLUMNS, "pieces"):
             spec = header["columns"][name]
             own = {k.split(".", 1)[1]: v for k, v in arrays.items() if k.startswith(name + ".")}
-            cols[name] = Column(spec["kind"], spec["meta"], own)
+            cols[name] = (spec, own)
         n = int(header["nshards"])
         sizes, counts = arrays["sizes"], arrays["counts"]
+        pieces = PieceColumn(cols["pieces"][0]["meta"], cols["pieces"][1], path)
+        strs = {
+            k: Column(v[0]["kind"], v[0]["meta"], v[1]) for k, v in cols.items() if k in _COLUMNS
+        }
     except (KeyError, ValueError, TypeError) as exc:
         raise ManifestError(
             f"compact form's header does not fit its arrays: {exc}", path=path
         ) from None
     if len(sizes) != n or len(counts) != n:
         raise ManifestError("compact form's arrays do not have one row per shard", path=path)
+    pieces.check(n)
     return Compact(
         header,
         sizes,
         counts,
-        cols["urls"],
-        cols["checksums"],
-        cols["index"],
-        cols["index_checksums"],
+        strs["urls"],
+        strs["checksums"],
+        strs["index"],
+        strs["index_checksums"],
         path,
+        pieces,
     )

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ray.data import Datasink  # the optional extra: importing shardkit.ray needs ray
 
+from shardkit.compact import save_manifest
 from shardkit.errors import ConfigError
 from shardkit.manifest import Manifest, ShardEntry, creation_info
 from shardkit.writer import DEFAULT_CHECKSUM, DEFAULT_PREFIX, ShardWriter, WriterOptions, shard_name
@@ -110,7 +111,7 @@ class ShardDatasink(Datasink[dict[str, Any]]):  # type: ignore[misc, unused-igno
         algo = self.options.get("checksum", DEFAULT_CHECKSUM)
         created = creation_info(source="shardkit.ray.ShardDatasink")
         manifest = Manifest(shards, algo, fields, created, base=self.out_dir)
-        manifest.save(os.path.join(self.out_dir, "manifest.json"))
+        save_manifest(manifest, os.path.join(self.out_dir, "manifest.json"))
         shutil.rmtree(self.work_dir, ignore_errors=True)
         self.manifest = manifest
 

@@ -211,7 +211,7 @@ def _walk(root: str, exclude: Sequence[str]) -> list[str]:
 def _is_tar_companion(rel: str) -> bool:
     base = rel.rsplit("/", 1)[-1]
     return base.endswith(".idx") or (
-        base.startswith("manifest") and base.endswith((".json", ".csv"))
+        base.startswith("manifest") and base.endswith((".json", ".csv", ".json.cols"))
     )
 
 

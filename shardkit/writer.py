@@ -24,6 +24,7 @@ from typing import Any, BinaryIO, TypedDict
 
 from shardkit.checksum import new_hasher
 from shardkit.codecs import encode_field, zstd_writer
+from shardkit.compact import save_manifest
 from shardkit.digest import Digest, HashingWriter
 from shardkit.durable import atomic_write
 from shardkit.errors import ConfigError, ManifestError, WriterError
@@ -410,7 +411,7 @@ class ShardWriter:
 
     def _write_manifest(self) -> None:
         """Fold the journal into the manifest: write it whole, then drop the journal."""
-        self.manifest.save(self.manifest_path)
+        save_manifest(self.manifest, self.manifest_path)
         self._folded = len(self.manifest.shards)
         if self._journal is not None:
             self._journal.close()

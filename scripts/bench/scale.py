@@ -20,6 +20,9 @@ and the largest size (``cost ~ size ** k``; 0 is flat, 1 linear):
    published, so the count stays); ``first_ms``, the first reservation of a fresh store
    object (a new process's first open, the dir used before). CPU time of the process (the
    system calls included, waits for the disk not: publishing fsyncs a directory).
+6. ``pieces`` (only with ``--only``): ``open`` for a manifest of 1 GB shards with
+   ``--pieces`` piece checksums each, its compact form written by the build
+   (``save_manifest``, timed as ``save_s``) beside manifest.json.
 
     .venv/bin/python scripts/bench/scale.py --repeats 3 [--sizes 10000,100000,1000000]
 """
@@ -127,6 +130,59 @@ def bench_open(sizes: list[int], repeats: int, tmp: str, json_too: bool) -> list
 
 
 _CFG = PlanConfig(seed=1)
+
+
+def _with_pieces(n: int, per: int) -> Any:
+    """A manifest of ``n`` 1 GB shards in ``per`` pieces each, in memory (as a writer has it)."""
+    from shardkit.manifest import Manifest, ShardEntry
+    from shardkit.pieces import Pieces
+
+    rng = np.random.default_rng(n)
+    counts = rng.integers(900, 1100, n)
+    size = 1_000_000_000
+    piece = -(-size // per)
+    entries = []
+    for i in range(n):
+        raw = rng.bytes(32 + 16 * per).hex()
+        entries.append(
+            ShardEntry(
+                f"data-{i:07d}.tar",
+                size,
+                int(counts[i]),
+                "sha256:" + raw[:64],
+                f"data-{i:07d}.tar.idx",
+                pieces=Pieces(piece, tuple(raw[64 + 32 * k : 96 + 32 * k] for k in range(per))),
+            )
+        )
+    return Manifest(shards=entries)
+
+
+def bench_pieces(n: int, per: int, repeats: int, tmp: str) -> dict[str, Any]:
+    """Open (as ``open``) a manifest whose shards list ``per`` piece checksums each, its
+    compact form written by the build (``save_manifest``), not by the first reader."""
+    from shardkit.compact import save_manifest
+
+    out = os.path.join(tmp, f"p{n}")
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "manifest.json")
+    m = _with_pieces(n, per)
+    t = time.perf_counter()
+    save_manifest(m, path, csv_too=False)
+    write_s = time.perf_counter() - t
+    del m
+    runs = [_open_once(path) for _ in range(repeats)]
+    row = {
+        "shards": n,
+        "pieces_per_shard": per,
+        "json_mb": os.path.getsize(path) / 1e6,
+        "cols_mb": os.path.getsize(path + ".cols") / 1e6,
+        "save_s": write_s,
+        "open_s": statistics.median(r["secs"] for r in runs),
+        "rss_mb": statistics.median(r["rss"] for r in runs) / 1e6,
+        "load": os.getloadavg()[0],
+    }
+    print(json.dumps(row), flush=True)
+    return row
 
 
 def _generation(counts: np.ndarray, world: int, workers: int, bufsize: int | None) -> Generation:
@@ -285,6 +341,7 @@ def main() -> None:
     ap.add_argument("--json-too", action="store_true", help="also time the JSON parse")
     ap.add_argument("--cache-sizes", default="10,1000,10000", help="cached files")
     ap.add_argument("--only", default="open,plan,elastic,writer,cache")
+    ap.add_argument("--pieces", type=int, default=16, help="piece checksums per shard")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -302,6 +359,8 @@ def main() -> None:
             res["writer"] = bench_writer(args.writer_shards, tmp)
         if "cache" in only:
             res["cache"] = bench_cache(cache_sizes, args.repeats, tmp)
+        if "pieces" in only:
+            res["pieces"] = [bench_pieces(n, args.pieces, args.repeats, tmp) for n in sizes]
     print("\ncost against size (k: cost ~ size**k between the smallest and largest)")
     if "open" in res:
         for key in ("open_s", "rss_mb", "first_open_s"):
@@ -321,6 +380,9 @@ def main() -> None:
     if "cache" in res:
         for key in ("hit_ms", "miss_ms", "evict_ms", "first_ms"):
             _row(f"cache {key}", cache_sizes, [r[key] for r in res["cache"]])
+    if "pieces" in res:
+        for key in ("open_s", "rss_mb", "save_s"):
+            _row(f"pieces {key}", sizes, [r[key] for r in res["pieces"]])
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)

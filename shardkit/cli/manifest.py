@@ -12,6 +12,7 @@ from shardkit.adopt import adopt_remote, is_remote_pattern
 from shardkit.build import merge_parts
 from shardkit.cache import make_opener
 from shardkit.checksum import ALGORITHMS
+from shardkit.compact import save_manifest
 from shardkit.errors import ConfigError
 from shardkit.manifest import Manifest
 from shardkit.pieces import DEFAULT_PIECE_SIZE
@@ -39,6 +40,14 @@ def _echo_manifest(m: Manifest, path: str, as_json: bool, what: str) -> None:
             f"{what} {path}: {len(m)} shards, {m.total_samples:,} samples, "
             f"{format_bytes(m.total_bytes)}"
         )
+
+
+def _save(m: Manifest, path: str) -> None:
+    """A .json manifest is written with its compact form beside it (shardkit.compact)."""
+    if path.lower().endswith(".json"):
+        save_manifest(m, path)
+    else:
+        m.save(path)
 
 
 @command.command("from-shards")
@@ -102,7 +111,7 @@ def from_shards(source: str, out_path: str | None, checksum: str, index: bool, p
             progress=bar.update,
             piece_size=pieces or None,
         )
-    m.save(path)
+    _save(m, path)
     _echo_manifest(m, path, as_json, "wrote")
 
 
@@ -132,7 +141,7 @@ def _adopt(source: str, out_path: str | None, checksum: str, index: bool, piece_
             raise click.UsageError(str(exc)) from None
     if out_path.endswith(_FILES):
         path = out_path
-    m.save(path)
+    _save(m, path)
     _echo_manifest(m, path, as_json, "wrote")
 
 

@@ -158,6 +158,7 @@ class CompactShards(Sequence[ShardInfo]):
             None if index is None else self._resolver.resolve(index, allow_unsafe_urls=unsafe),
             c.index_checksums[i],
             self._base,
+            c.pieces[i],
         )
 
 

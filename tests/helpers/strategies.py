@@ -4,11 +4,13 @@ member names and samples, manifests."""
 from __future__ import annotations
 
 import string
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import strategies as st
 
 from shardkit.manifest import Manifest, ShardEntry
+from shardkit.pieces import Pieces, piece_count
 
 __all__ = [
     "counts_st",
@@ -70,7 +72,19 @@ def sample_lists(draw: st.DrawFn) -> list[dict[str, Any]]:
 
 # -- manifests ------------------------------------------------------------------------
 hexes = st.binary(min_size=32, max_size=32).map(bytes.hex)
+piece_hexes = st.binary(min_size=16, max_size=16).map(bytes.hex)
 names = st.text("abcxyz_-0123456789", min_size=1, max_size=8)
+
+
+@st.composite
+def _pieces(draw: st.DrawFn, size: int, mode: str) -> Pieces | None:
+    """None, or piece digests of pieces of one size (``all``), of one size or none
+    (``some``), of a size per shard (``sizes``): at most 8 pieces a shard."""
+    if mode == "none" or (mode == "some" and draw(st.booleans())):
+        return None
+    piece = 2**38 if mode != "sizes" else draw(st.sampled_from([2**37, 2**39, 2**41]))
+    n = piece_count(size, piece)
+    return Pieces(piece, tuple(draw(st.lists(piece_hexes, min_size=n, max_size=n))))
 
 
 @st.composite
@@ -88,6 +102,7 @@ def manifests(draw: st.DrawFn) -> Manifest:
         )
     )
     with_index = draw(st.sampled_from(["none", "all", "some"]))
+    with_pieces = draw(st.sampled_from(["none", "all", "some", "sizes"]))
     entries = []
     for i, url in enumerate(urls):
         indexed = with_index == "all" or (with_index == "some" and draw(st.booleans()))
@@ -101,5 +116,6 @@ def manifests(draw: st.DrawFn) -> Manifest:
                 ("sha256:" + draw(hexes)) if indexed and draw(st.booleans()) else None,
             )
         )
+        entries[-1] = replace(entries[-1], pieces=draw(_pieces(entries[-1].size, with_pieces)))
         del i
     return Manifest(shards=entries, fields={"json": {"count": 1, "bytes": 2}})

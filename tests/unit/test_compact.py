@@ -13,10 +13,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from shardkit.cache import make_opener
-from shardkit.compact import build_compact, compact_path, load_compact
+from shardkit.compact import build_compact, compact_path, load_compact, save_manifest
+from shardkit.compact_pieces import BLOCK_ROWS
 from shardkit.errors import ManifestError
 from shardkit.manifest import Manifest, ShardEntry
+from shardkit.pieces import Pieces
 from shardkit.read.catalog import Catalog, CompactShards, load_catalog, open_catalog
+from shardkit.writer import ShardWriter
 from tests.helpers.strategies import manifests
 
 
@@ -107,3 +110,56 @@ def test_a_url_out_of_the_base_is_refused_as_by_the_parse(tmp_path: Path) -> Non
     unsafe = open_catalog(path, make_opener(), allow_unsafe_urls=True)
     assert isinstance(unsafe.shards, CompactShards)
     assert unsafe.shards[0].url == os.path.normpath(str(tmp_path / "../elsewhere/data-000000.tar"))
+
+
+def _with_pieces(n: int, per: int) -> Manifest:
+    entries = [
+        ShardEntry(
+            f"data-{i:06d}.tar",
+            100 * per,
+            1,
+            "sha256:" + f"{i % 256:02x}" * 32,
+            pieces=Pieces(100, tuple(f"{(i * per + k) % 2**64:032x}" for k in range(per))),
+        )
+        for i in range(n)
+    ]
+    return Manifest(shards=entries)
+
+
+def test_the_build_writes_the_form_so_the_first_reader_parses_no_json(tmp_path: Path) -> None:
+    path = str(tmp_path / "manifest.json")
+    save_manifest(_with_pieces(3, 2), path)
+    before = os.stat(compact_path(path))
+    catalog = open_catalog(path, make_opener())
+    assert isinstance(catalog.shards, CompactShards)
+    assert os.stat(compact_path(path)).st_ino == before.st_ino  # mapped, not built again
+    assert [s.pieces for s in catalog.shards] == [e.pieces for e in Manifest.load(path)]
+    # a manifest written again without its form: the old form is stale, built again
+    _with_pieces(4, 1).save(path)
+    catalog = open_catalog(path, make_opener())
+    assert [s.pieces for s in catalog.shards] == [e.pieces for e in Manifest.load(path)]
+
+
+def test_the_writer_leaves_a_form_that_fits(tmp_path: Path) -> None:
+    with ShardWriter(tmp_path, maxcount=2, piece_size=4096) as w:
+        for i in range(5):
+            w.write({"__key__": f"k{i}", "bin": os.urandom(5000)})
+    path = str(tmp_path / "manifest.json")
+    form = load_compact(compact_path(path), path)
+    assert [form.pieces[i] for i in range(len(form))] == [e.pieces for e in Manifest.load(path)]
+
+
+def test_damaged_piece_checksums_are_found_when_read(tmp_path: Path) -> None:
+    path = str(tmp_path / "manifest.json")
+    save_manifest(_with_pieces(3, BLOCK_ROWS // 2), path)  # shard 2 lies in block 1
+    form = load_compact(compact_path(path), path)
+    offset = form.header["arrays"]["pieces.digests"][0]
+    raw = bytearray(Path(compact_path(path)).read_bytes())
+    start = 16 + int.from_bytes(raw[8:16], "little")  # magic, header length, header
+    del form
+    raw[start + offset + 16 * (BLOCK_ROWS + 1)] ^= 0xFF  # a digest of shard 2
+    Path(compact_path(path)).write_bytes(bytes(raw))
+    catalog = open_catalog(path, make_opener())  # the open does not read the digests
+    assert catalog.shards[0].pieces == Manifest.load(path).shards[0].pieces
+    with pytest.raises(ManifestError, match="piece checksums"):
+        catalog.shards[2]

@@ -27,6 +27,7 @@ LAYERS: list[list[str]] = [
         "table_meta",
         "manifest_check",
         "manifest",
+        "compact_pieces",
         "compact",
         "tario",
     ],
