@@ -420,11 +420,14 @@ class ShardWriter:
             os.unlink(journal_path(self.manifest_path))
 
     def _cleanup_temps(self) -> None:
-        """Delete the temp shards of this prefix that a dead writer left behind."""
+        """Delete the temp shards of this prefix that a dead writer left behind, and the
+        temp files of this manifest (and its csv and compact form) a kill cut short."""
         mine = re.compile(rf"^\.{re.escape(self.prefix)}-\d{{6,}}\.tar(?:\.zst|\.gz)?\.tmp-(\d+)$")
+        stem = re.escape(os.path.splitext(os.path.basename(self.manifest_path))[0])
+        ours = re.compile(rf"^\.tmp-\w+-{stem}\.(?:json|json\.cols|csv)$")
         for name in os.listdir(self.out_dir):
             m = mine.match(name)
-            if m is not None and not _alive(int(m.group(1))):
+            if (m is not None and not _alive(int(m.group(1)))) or ours.match(name):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(self.out_dir, name))
 
