@@ -193,7 +193,8 @@ def merge_parts(
             raise ManifestError(
                 f"shard {url} is outside {base}; write the merged manifest higher up"
             )
-        shards.append(dataclasses.replace(s, url=url, index=index))
+        same = url == s.url and index == s.index
+        shards.append(s if same else dataclasses.replace(s, url=url, index=index))
     merged.shards, merged.base = shards, base
     merged.created = creation_info(merged_parts=len(parts))
     if incomplete:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import stat
 from urllib.parse import unquote, urlsplit
 
 from shardkit.errors import ConfigError, ManifestError
@@ -28,6 +29,7 @@ __all__ = [
     "HTTP_SCHEMES",
     "REMOTE_PREFIXES",
     "REMOTE_SCHEMES",
+    "WithinBase",
     "check_within",
     "dirname",
     "expand_braces",
@@ -194,3 +196,31 @@ def check_within(url: str, base: str | None) -> None:
             f"the manifest's base {root!r} (pass allow_unsafe_urls=True in code to allow it)",
             field="url",
         )
+
+
+class WithinBase:
+    """What :func:`check_within` checks, for the many shards of one base: the real path
+    of the base and of each directory found once, then one ``lstat`` a shard (a shard
+    that is a link, or anything unusual, gets the full check)."""
+
+    def __init__(self, base: str | None) -> None:
+        self.base = base
+        self.local = base is not None and "://" not in base
+        root = os.path.realpath(base) if base is not None and self.local else ""
+        self._root = root.rstrip(os.sep) + os.sep
+        self._dirs: dict[str, str] = {}
+
+    def __call__(self, url: str) -> None:
+        if not self.local or url_scheme(url) != "file":
+            return
+        path = local_path(url)
+        head, name = os.path.split(path)
+        try:
+            link = stat.S_ISLNK(os.lstat(path).st_mode)
+        except OSError:
+            link = True  # missing: the full check says what it can, the open the rest
+        real_dir = self._dirs.get(head)
+        if real_dir is None:
+            real_dir = self._dirs[head] = os.path.realpath(head)
+        if link or name in ("", ".", "..") or not (real_dir + os.sep).startswith(self._root):
+            check_within(url, self.base)

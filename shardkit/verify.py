@@ -28,7 +28,7 @@ from shardkit.errors import ConfigError, FetchError, ShardFormatError, ShardkitE
 from shardkit.manifest import Manifest, ShardEntry, incomplete_reason
 from shardkit.tario.index import SampleIndex, parse_index, sample_signature, shard_binding
 from shardkit.tario.reader import TarReader, stream_size
-from shardkit.urls import check_within
+from shardkit.urls import WithinBase, check_within
 
 if TYPE_CHECKING:
     from shardkit._types import Opener
@@ -288,11 +288,19 @@ def verify_shard(
     level: str = "checksum",
     opener: Opener,
     progress: Progress | None = None,
+    within: Callable[[str], None] | None = None,
 ) -> list[Problem]:
-    """Check one shard at ``level``; return its problems (empty when it is good)."""
+    """Check one shard at ``level``; return its problems (empty when it is good).
+
+    ``within`` checks that a local shard's real path lies in the manifest's base
+    (default :func:`check_within`; :func:`verify` passes one that remembers directories).
+    """
     try:
         url = manifest.resolve(entry.url)
-        check_within(url, manifest.base)  # a symbolic link may not lead out of the base
+        if within is None:
+            check_within(url, manifest.base)  # a symbolic link may not lead out of the base
+        else:
+            within(url)
     except ShardkitError as exc:
         return [Problem(entry.url, "url", str(exc))]
     problems: list[Problem] = []
@@ -371,8 +379,12 @@ def verify(
         raise ConfigError(f"level must be one of {LEVELS}, got {level!r}")
     t0 = time.perf_counter()
 
+    within = WithinBase(manifest.base)
+
     def one(entry: ShardEntry) -> list[Problem]:
-        return verify_shard(manifest, entry, level=level, opener=opener, progress=progress)
+        return verify_shard(
+            manifest, entry, level=level, opener=opener, progress=progress, within=within
+        )
 
     results: Iterable[list[Problem]]
     if jobs > 1 and len(manifest.shards) > 1:

@@ -20,7 +20,10 @@ and the largest size (``cost ~ size ** k``; 0 is flat, 1 linear):
    published, so the count stays); ``first_ms``, the first reservation of a fresh store
    object (a new process's first open, the dir used before). CPU time of the process (the
    system calls included, waits for the disk not: publishing fsyncs a directory).
-6. ``pieces`` (only with ``--only``): ``open`` for a manifest of 1 GB shards with
+6. ``tools`` (only with ``--only``): ``manifest merge`` of 8 parts, ``verify --quick``
+   and ``inspect`` of as many real one-sample shards, each a fresh CLI process: wall
+   and CPU seconds.
+7. ``pieces`` (only with ``--only``): ``open`` for a manifest of 1 GB shards with
    ``--pieces`` piece checksums each, its compact form written by the build
    (``save_manifest``, timed as ``save_s``) beside manifest.json.
 
@@ -183,6 +186,75 @@ def bench_pieces(n: int, per: int, repeats: int, tmp: str) -> dict[str, Any]:
     }
     print(json.dumps(row), flush=True)
     return row
+
+
+def write_tiny_shards(n: int, out: str, parts: int = 8) -> list[str]:
+    """``n`` real one-sample shards in ``out`` and ``parts`` partial manifests of them."""
+    import hashlib
+
+    from shardkit.tario.writer import END_OF_ARCHIVE, member_header, padding
+
+    os.makedirs(out, exist_ok=True)
+    entries = []
+    for i in range(n):
+        data = str(i).encode()
+        raw = member_header(f"k{i:07d}.txt", len(data)) + data + padding(len(data))
+        raw += END_OF_ARCHIVE
+        with open(os.path.join(out, f"data-{i:07d}.tar"), "wb") as f:
+            f.write(raw)
+        sha = "sha256:" + hashlib.sha256(raw).hexdigest()
+        entries.append(
+            {"url": f"data-{i:07d}.tar", "size": len(raw), "nsamples": 1, "checksum": sha}
+        )
+    per, paths = -(-n // parts), []
+    for p in range(parts):
+        chunk = entries[p * per : (p + 1) * per]
+        doc = {"format": "shardkit.manifest", "version": 1, "checksum_algorithm": "sha256",
+               "fields": {"txt": {"count": len(chunk), "bytes": 0}}, "created": {},
+               "part": {"index": p, "count": parts}, "shards": chunk}  # fmt: skip
+        doc["fields"]["txt"]["bytes"] = sum(
+            len(str(i)) for i in range(p * per, p * per + len(chunk))
+        )
+        paths.append(os.path.join(out, f"part-{p:02d}.json"))
+        with open(paths[-1], "w") as f:
+            json.dump(doc, f)
+    return paths
+
+
+def _cli(args: list[str], cwd: str) -> tuple[float, float]:
+    """Wall and CPU seconds (user + system) of one ``shardkit`` command."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "shardkit", *args], cwd=cwd, check=True,
+                   capture_output=True)  # fmt: skip
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def bench_tools(sizes: list[int], repeats: int, tmp: str) -> list[dict[str, Any]]:
+    """``manifest merge`` (8 parts), ``verify --quick`` and ``inspect`` of ``n`` real tiny
+    shards, each a fresh ``shardkit`` process (its start, about 0.5 s of CPU, included)."""
+    rows = []
+    for n in sizes:
+        out = os.path.join(tmp, f"t{n}")
+        parts = [os.path.basename(p) for p in write_tiny_shards(n, out)]
+        commands = {
+            "merge": ["manifest", "merge", *parts, "-o", "manifest.json"],
+            "verify_quick": ["verify", "--quick", "--no-progress", "manifest.json"],
+            "inspect": ["inspect", "manifest.json"],
+        }
+        row: dict[str, Any] = {"shards": n}
+        for name, args in commands.items():
+            runs = [_cli(args, out) for _ in range(repeats)]
+            row[f"{name}_s"] = statistics.median(r[0] for r in runs)
+            row[f"{name}_cpu_s"] = statistics.median(r[1] for r in runs)
+        row["load"] = os.getloadavg()[0]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
 
 
 def _generation(counts: np.ndarray, world: int, workers: int, bufsize: int | None) -> Generation:
@@ -359,6 +431,8 @@ def main() -> None:
             res["writer"] = bench_writer(args.writer_shards, tmp)
         if "cache" in only:
             res["cache"] = bench_cache(cache_sizes, args.repeats, tmp)
+        if "tools" in only:
+            res["tools"] = bench_tools(sizes, args.repeats, tmp)
         if "pieces" in only:
             res["pieces"] = [bench_pieces(n, args.pieces, args.repeats, tmp) for n in sizes]
     print("\ncost against size (k: cost ~ size**k between the smallest and largest)")
@@ -380,6 +454,10 @@ def main() -> None:
     if "cache" in res:
         for key in ("hit_ms", "miss_ms", "evict_ms", "first_ms"):
             _row(f"cache {key}", cache_sizes, [r[key] for r in res["cache"]])
+    if "tools" in res:
+        for key in ("merge", "verify_quick", "inspect"):
+            for unit in ("_s", "_cpu_s"):
+                _row(key + unit, sizes, [r[key + unit] for r in res["tools"]])
     if "pieces" in res:
         for key in ("open_s", "rss_mb", "save_s"):
             _row(f"pieces {key}", sizes, [r[key] for r in res["pieces"]])
