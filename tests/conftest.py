@@ -22,11 +22,18 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 _DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
+@pytest.fixture(scope="session")
+def _user_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("xdg-cache")
+
+
 @pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Tests never see a distributed environment they did not set up themselves."""
+def _clean_env(monkeypatch: pytest.MonkeyPatch, _user_cache: Path) -> Iterator[None]:
+    """Tests never see a distributed environment they did not set up themselves, and
+    write no per-user cache (remote manifests' compact forms) into the real home."""
     for name in _DIST_ENV:
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(_user_cache))
     yield
 
 

@@ -19,12 +19,21 @@ from shardkit.cache.locks import locked
 from shardkit.compact import Column, Compact, build_compact, compact_path, fingerprint, load_compact
 from shardkit.errors import FetchError, ManifestError, ShardFormatError
 from shardkit.io import Opener, load_manifest
+from shardkit.io.config import IoConfig
 from shardkit.manifest import Manifest, incomplete_reason
 from shardkit.pieces import Pieces
 from shardkit.read.indexes import IndexReader
+from shardkit.read.remote_compact import open_remote_compact, reopen_remote_compact
 from shardkit.tario.index import INDEX_MAGIC, INDEX_MAGIC_V1
 from shardkit.tario.reader import iter_samples
-from shardkit.urls import check_within, expand_braces, local_path, url_scheme
+from shardkit.urls import (
+    REMOTE_SCHEMES,
+    check_within,
+    dirname,
+    expand_braces,
+    local_path,
+    url_scheme,
+)
 
 __all__ = ["ByteRange", "Catalog", "CompactShards", "ShardInfo", "load_catalog", "open_catalog"]
 
@@ -122,14 +131,16 @@ class CompactShards(Sequence[ShardInfo]):
     """The shards of a manifest's compact form, each made (and its url checked) when
     asked for: nothing per shard is built up front."""
 
-    def __init__(self, compact: Compact, manifest_path: str, allow_unsafe_urls: bool) -> None:
+    def __init__(
+        self, compact: Compact, manifest_path: str, allow_unsafe_urls: bool, *, remote: bool = False
+    ) -> None:
         self.compact = compact
-        self.manifest_path = manifest_path
+        self.manifest_path = manifest_path  # a remote manifest's url
         self.allow_unsafe_urls = allow_unsafe_urls
-        self._resolver = Manifest(
-            base=os.path.dirname(os.path.abspath(manifest_path)),
-            origins=tuple(compact.header.get("origins") or ()),
-        )
+        self.remote = remote
+        base = dirname(manifest_path) if remote else os.path.dirname(os.path.abspath(manifest_path))
+        # an adopted set's origins, honoured (by resolve_url) only for a local manifest
+        self._resolver = Manifest(base=base, origins=tuple(compact.header.get("origins") or ()))
         self._base = None if allow_unsafe_urls else self._resolver.base
 
     def __len__(self) -> int:
@@ -181,7 +192,9 @@ class Catalog:
     def __reduce__(self) -> tuple[Any, ...]:
         shards = self.shards
         if isinstance(shards, CompactShards):  # a worker maps the form again, not a copy
-            return (_reopen, (shards.manifest_path, shards.allow_unsafe_urls))
+            c = shards.compact
+            args = (shards.manifest_path, shards.allow_unsafe_urls, shards.remote, c.path, c.digest)
+            return (_reopen, args)
         return (Catalog, (shards,))
 
     @property
@@ -241,11 +254,22 @@ class Catalog:
         return ByteRange(start, end, 0, first, last)
 
 
-def _reopen(manifest_path: str, allow_unsafe_urls: bool) -> Catalog:
-    compact = open_compact(manifest_path)
+def _reopen(
+    manifest_path: str, allow_unsafe_urls: bool, remote: bool, path: str, digest: str
+) -> Catalog:
+    if remote:
+        compact: Compact | None = reopen_remote_compact(manifest_path, path)
+    else:
+        compact = open_compact(manifest_path)
     if compact is None:
         raise ManifestError("compact form is gone", path=compact_path(manifest_path))
-    return Catalog(CompactShards(compact, manifest_path, allow_unsafe_urls))
+    if compact.digest != digest:  # the plan was made on the other one
+        raise ManifestError(
+            f"the manifest changed while it was read (content {compact.digest}, the main "
+            f"process read {digest}): start again",
+            path=manifest_path,
+        )
+    return Catalog(CompactShards(compact, manifest_path, allow_unsafe_urls, remote=remote))
 
 
 def open_compact(manifest_path: str) -> Compact | None:
@@ -275,17 +299,28 @@ def open_catalog(
     *,
     allow_unsafe_urls: bool = False,
     allow_incomplete: bool = False,
+    io: IoConfig | None = None,
 ) -> Catalog:
-    """The catalog of ``source``; a local ``.json`` manifest is read through its compact
-    form (:mod:`shardkit.compact`), so a million shards open in a fraction of a second."""
-    local = isinstance(source, str) and url_scheme(source) == "file"
-    if local and str(source).split("?", 1)[0].lower().endswith(".json"):
-        path = local_path(str(source))
-        compact = open_compact(path) if os.path.isfile(path) else None
+    """The catalog of ``source``; a ``.json`` manifest is read through its compact form
+    (:mod:`shardkit.compact`), so a million shards open in a fraction of a second: a local
+    one's beside it, a remote one's in the node's cache dir (``io.cache_dir``, else the
+    user's; :mod:`shardkit.read.remote_compact`)."""
+    scheme = url_scheme(source) if isinstance(source, str) else None
+    if scheme is not None and str(source).split("?", 1)[0].lower().endswith(".json"):
+        src, remote = str(source), scheme in REMOTE_SCHEMES
+        if remote:
+            cfg = io or IoConfig()
+            compact = open_remote_compact(
+                src, opener, cache_dir=cfg.cache_dir, ttl=cfg.manifest_ttl
+            )
+            path = src
+        else:
+            path = local_path(src)
+            compact = open_compact(path) if os.path.isfile(path) else None
         # a url out of the base is refused by the parse, as it names the entry
         if compact is not None and (allow_unsafe_urls or compact.header.get("safe_urls")):
-            _check_complete(compact.header.get("incomplete"), str(source), allow_incomplete)
-            return Catalog(CompactShards(compact, path, allow_unsafe_urls))
+            _check_complete(compact.header.get("incomplete"), src, allow_incomplete)
+            return Catalog(CompactShards(compact, path, allow_unsafe_urls, remote=remote))
     shards = load_catalog(
         source, opener, allow_unsafe_urls=allow_unsafe_urls, allow_incomplete=allow_incomplete
     )

@@ -118,6 +118,7 @@ class ShardSource(Stage):
             self._catalog = open_catalog(
                 self.what,
                 self.opener(),
+                io=self.io,
                 allow_unsafe_urls=self.allow_unsafe_urls,
                 allow_incomplete=self.allow_incomplete,
             )
