@@ -229,7 +229,11 @@ def build_compact(manifest_path: str, out: str | None = None) -> str:
 
 def save_manifest(manifest: Manifest, path: str, *, csv_too: bool = True) -> None:
     """Write ``manifest`` at ``path`` (as :meth:`Manifest.save`) and its compact form
-    beside it from the entries in memory: no reader has to parse the JSON to build it."""
+    beside it from the entries in memory: no reader has to parse the JSON to build it.
+    A ``.csv`` path gets the CSV alone, as :meth:`Manifest.save` writes it."""
+    if path.lower().endswith(".csv"):
+        manifest.save(path)
+        return
     data = manifest.dumps().encode()
     if csv_too:
         atomic_write(os.path.splitext(path)[0] + ".csv", manifest.to_csv().encode())

@@ -42,14 +42,6 @@ def _echo_manifest(m: Manifest, path: str, as_json: bool, what: str) -> None:
         )
 
 
-def _save(m: Manifest, path: str) -> None:
-    """A .json manifest is written with its compact form beside it (shardkit.compact)."""
-    if path.lower().endswith(".json"):
-        save_manifest(m, path)
-    else:
-        m.save(path)
-
-
 @command.command("from-shards")
 @click.argument("source", metavar="DIR_OR_PATTERN")
 @click.option(
@@ -111,7 +103,7 @@ def from_shards(source: str, out_path: str | None, checksum: str, index: bool, p
             progress=bar.update,
             piece_size=pieces or None,
         )
-    _save(m, path)
+    save_manifest(m, path)  # and its compact form beside it
     _echo_manifest(m, path, as_json, "wrote")
 
 
@@ -141,7 +133,7 @@ def _adopt(source: str, out_path: str | None, checksum: str, index: bool, piece_
             raise click.UsageError(str(exc)) from None
     if out_path.endswith(_FILES):
         path = out_path
-    _save(m, path)
+    save_manifest(m, path)  # and its compact form beside it
     _echo_manifest(m, path, as_json, "wrote")
 
 
