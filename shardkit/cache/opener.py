@@ -135,7 +135,7 @@ class CachingOpener:
         key = CacheKey.of(checksum, size)
         stop = size if end is None else min(end, size)
         if not self._usable():
-            return self.remote.open(url, start=start, end=stop)
+            return self._direct(url, start, stop, size, checksum, pieces)
         layout = Layout.of(size, pieces)
         try:
             fd, published = self._open_part(key, layout)
@@ -147,7 +147,8 @@ class CachingOpener:
             fd, published = None, False
         self._drop_lease(key)  # the reader holds its own lease from here
         if fd is None:
-            return self._uncached(url, start, stop, size, checksum)
+            self.counters.add("cache_no_room")
+            return self._direct(url, start, stop, size, checksum, pieces)
         if published:
             if os.fstat(fd).st_size != size:
                 os.close(fd)
@@ -316,9 +317,21 @@ class CachingOpener:
             RecheckedHit(fd, layout, start, stop, rotten=rotten, reopen=reopen, let_go=let_go)
         )
 
-    def _uncached(self, url: str, start: int, stop: int, size: int, checksum: str) -> BinaryIO:
-        """No room in the cache: read as the uncached opener does."""
-        self.counters.add("cache_no_room")
+    def _direct(
+        self,
+        url: str,
+        start: int,
+        stop: int,
+        size: int,
+        checksum: str,
+        pieces: PieceChecksums | None,
+    ) -> BinaryIO:
+        """Read a shard the cache cannot hold: piece by piece verified where the manifest
+        has pieces, else as the uncached opener does (a whole read checked at its end)."""
+        if pieces is not None and size:
+            return self.remote.open_pieces(
+                url, start=start, end=stop, size=size, checksum=checksum, pieces=pieces
+            )
         return self.remote.open(url, start=start, end=stop, size=size, checksum=checksum)
 
     def _fill_for(self, key: CacheKey, url: str, layout: Layout, fd: int) -> ShardFill:

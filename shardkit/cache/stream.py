@@ -5,7 +5,9 @@ it simply reads it. Given a fill's temp file it reads a piece only once the piec
 it is verified (:meth:`ShardFill.need` fetches it here or waits for whoever does), so no
 unverified byte reaches the reader; the file is the same inode when it is published, so
 reading goes on across the publish. If the cache cannot write (a full disk) and
-``on_cache_error`` is ``"bypass"``, the rest of the range is read straight from the remote.
+``on_cache_error`` is ``"bypass"``, the rest of the range is read straight from the remote,
+still verified piece by piece where the manifest has pieces
+(:class:`~shardkit.io.verified.PieceStream`).
 
 Every file is read under a lease (a shared ``flock``) that keeps eviction off it.
 """
@@ -24,6 +26,8 @@ from shardkit.counters import Counters
 from shardkit.errors import CacheError, ChecksumError
 from shardkit.io.config import IoConfig
 from shardkit.io.remote import ChunkStream
+from shardkit.io.verified import PieceStream
+from shardkit.pieces import Pieces
 
 __all__ = ["CacheStream", "StreamHost"]
 
@@ -65,7 +69,7 @@ class CacheStream(io.RawIOBase):
         self._fd: int | None = fd
         self._fill = fill
         self._ok = -1  # the piece last seen verified
-        self._direct: ChunkStream | None = None
+        self._direct: io.RawIOBase | None = None
 
     def readable(self) -> bool:
         return True
@@ -107,8 +111,27 @@ class CacheStream(io.RawIOBase):
         self._host.counters.add("cache_errors")
         self._host.counters.add("uncached_reads")
         log.warning("%s (reading %s uncached)", exc, self._url)
-        chunks = self._host.fetch(self._url, self._pos, self._end)
-        self._direct = ChunkStream(chunks, url=self._url)
+        layout = self._fill.layout if self._fill is not None else None
+        if layout is not None and layout.digests is not None:
+            self._direct = PieceStream(
+                lambda lo, hi: self._host.fetch(self._url, lo, hi),
+                url=self._url,
+                start=self._pos,
+                end=self._end,
+                size=self._key.size,
+                pieces=Pieces(layout.piece_size, layout.digests),
+                counters=self._host.counters,
+            )
+        else:  # one piece, the whole shard: as the uncached opener reads (checked at the
+            # end if it is all of the shard)
+            whole = self._pos == 0 and self._end == self._key.size
+            chunks = self._host.fetch(self._url, self._pos, self._end)
+            self._direct = ChunkStream(
+                chunks,
+                url=self._url,
+                size=self._key.size if whole else None,
+                checksum=self._key.checksum if whole else None,
+            )
         self._let_go()
 
     def _let_go(self) -> None:

@@ -4,7 +4,9 @@
 ``s3://``, ``pipe:``). A whole-object read given the manifest's ``size`` and ``checksum``
 is verified on the fly: the last read raises :class:`ChecksumError` on a mismatch, so even
 without a cache a corrupt shard is never taken for a good one. Ranged reads (a sample
-range from the index) become ranged requests and cannot be verified.
+range from the index) become ranged requests and are not verified here;
+:meth:`RemoteOpener.open_pieces` (what the node cache reads a shard it cannot hold with)
+verifies any read piece by piece (:mod:`shardkit.io.verified`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from shardkit.io.http import Gate, HttpSource
 from shardkit.io.local import open_local
 from shardkit.io.pipe import check_pipe_allowed, open_pipe
 from shardkit.io.s3 import S3Source
+from shardkit.io.verified import PieceStream
 from shardkit.urls import HTTP_SCHEMES, url_scheme
 
 __all__ = ["ChunkStream", "RangeSource", "RemoteOpener"]
@@ -171,6 +174,27 @@ class RemoteOpener:
                 checksum=checksum if whole else None,
             )
         )
+
+    def open_pieces(
+        self, url: str, *, start: int, end: int, size: int, checksum: str, pieces: PieceChecksums
+    ) -> BinaryIO:
+        """Stream ``[start, end)`` of the remote shard ``url``, no byte of it before the
+        piece it is in matches its checksum (see :mod:`shardkit.io.verified`)."""
+        src = self.source(url)
+        if src is None:
+            raise ConfigError(f"{url!r} is not a remote url")
+        self.counters.add("uncached_reads")
+        stream = PieceStream(
+            lambda lo, hi: src.stream(url, lo, hi),
+            url=url,
+            start=start,
+            end=end,
+            size=size,
+            pieces=pieces,
+            checksum=checksum,
+            counters=self.counters,
+        )
+        return buffered(stream)
 
     def read(self, url: str, *, start: int = 0, end: int | None = None) -> bytes:
         with self.open(url, start=start, end=end) as f:
