@@ -13,7 +13,11 @@ Two runs per profile:
   cache (pieces over parallel ranged requests), webdataset (one stream). The 10th batch
   with the cache is set against no cache, the first epoch against webdataset's;
 - **many shards** (``--size`` in ``--shard-size`` shards), batches of 32, the contenders
-  below, the first epoch set against the server's total cap.
+  below, the first epoch set against the server's total cap; and the first epoch of a job
+  of 2 ranks x 2 workers whose ranks (processes of their own) share one cache dir, with
+  this code and, side by side, with ``--old-code DIR`` (a ``git worktree`` of an older
+  commit, whose shardkit the ranks import instead). ``--no-peers`` leaves out the
+  contenders below but shardkit's cache (they take most of the time of a large run).
 
 Each contender is a fresh process that reads two epochs through a 2-worker loader with
 batches of 32 decoded samples:
@@ -33,6 +37,7 @@ local loader. Local reads are warm page-cache reads.
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
@@ -109,6 +114,8 @@ def _loader(spec: dict[str, Any]) -> Any:
         import shardkit
 
         ds = shardkit.ShardDataset(spec["source"], cache_dir=spec.get("cache"), shardshuffle=False)
+        if "world" in spec:  # one rank of a job whose ranks share the cache dir
+            ds = ds.split_by_node(spec["rank"], spec["world"])
         return shardkit.WebLoader(ds.decode().batched(batch), num_workers=2)
     import webdataset as wds
 
@@ -159,6 +166,45 @@ def run_client(spec: dict[str, Any]) -> dict[str, Any]:
     return run_script(__file__, "--client", spec)
 
 
+def run_ranks(spec: dict[str, Any], world: int, code: str | None) -> list[dict[str, Any]]:
+    """``world`` ranks of one job at once, each a client process (rank ``r`` of ``world``)
+    with the same spec; ``code``: a checkout whose shardkit they import instead of this
+    one (an older commit, measured side by side)."""
+    env = dict(os.environ)
+    if code:
+        env["PYTHONPATH"] = os.path.abspath(code)
+    procs = []
+    for rank in range(world):
+        cmd = [sys.executable, os.path.abspath(__file__), "--client"]
+        cmd.append(json.dumps({**spec, "rank": rank, "world": world}))
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env))
+    outs = []
+    for rank, proc in enumerate(procs):
+        out, err = proc.communicate(timeout=1800)
+        if proc.returncode != 0:
+            raise RuntimeError(f"rank {rank} failed:\n{err.decode()}")
+        outs.append(json.loads(out.decode().strip().splitlines()[-1]))
+    return outs
+
+
+def measure_ranks(server: Server, spec: dict[str, Any], nbytes: int, code: str | None) -> Any:
+    """One first epoch of 2 ranks x 2 workers sharing one cache dir: from the first rank's
+    ``iter()`` to the last rank's end, and the server's requests over the whole job."""
+    server.ask("clear")
+    outs = run_ranks(spec, 2, code)
+    log = server.ask("log")
+    t0 = min(o["epochs"][0]["t0"] for o in outs)
+    t1 = max(o["epochs"][0]["t1"] for o in outs)
+    lo, hi = min(o["marks"]["start"] for o in outs), max(o["marks"]["end"] for o in outs)
+    return {
+        "samples": [sum(o["epochs"][0]["samples"] for o in outs)],
+        "epoch1_s": t1 - t0,
+        "start_to_end_s": hi - lo,
+        "epoch1_mb_per_s": nbytes / (t1 - t0) / 1e6,
+        "requests": count_requests(log, lo - 1, hi + 1),
+    }
+
+
 def count_requests(log: list[list[Any]], lo: float, hi: float) -> dict[str, int]:
     """Requests that started in [lo, hi), by kind of file."""
     out = {"manifest": 0, "index": 0, "shard": 0, "other": 0, "bytes": 0}
@@ -194,79 +240,107 @@ def measure(server: Server, spec: dict[str, Any], nbytes: int) -> dict[str, Any]
     return res
 
 
-def contenders(server: Server, shards: str, work: str, nbytes: int) -> list[Any]:
-    import _readers
+def _go(server: Server, spec: dict[str, Any], nbytes: int) -> Any:
+    """A contender: one measured run of ``spec`` (on a fresh cache dir if it has one)."""
     from _common import fresh_dir
+
+    def run() -> dict[str, Any]:
+        if "cache" in spec:
+            fresh_dir(spec["cache"])
+        return measure(server, spec, nbytes)
+
+    return run
+
+
+def _go_ranks(server: Server, spec: dict[str, Any], nbytes: int, code: str | None) -> Any:
+    """A contender: one first epoch of 2 ranks x 2 workers on a fresh shared cache dir."""
+    from _common import fresh_dir
+
+    def run() -> dict[str, Any]:
+        fresh_dir(spec["cache"])
+        return measure_ranks(server, spec, nbytes, code)
+
+    return run
+
+
+RANKS = "2 ranks x 2 workers, one cache"
+
+
+def write_with(code: str, out: str, spec: dict[str, Any]) -> int:
+    """Write the data set ``spec`` (profile, payload, shard bytes) into ``out`` with the
+    shardkit of the checkout ``code`` (an older commit reads what its own writer wrote);
+    the bytes of its shards."""
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(code)}
+    cmd = [sys.executable, os.path.abspath(__file__), "--write", json.dumps({**spec, "out": out})]
+    subprocess.run(cmd, env=env, check=True)
+    return sum(os.path.getsize(t) for t in glob.glob(os.path.join(out, "*.tar")))
+
+
+def _write(spec: dict[str, Any]) -> None:
+    import _common
+    import _peers
+
+    ds = _common.make_dataset(spec["profile"], spec["payload"])
+    _peers.write_shardkit(ds, _common.fresh_dir(spec["out"]), spec["shard_bytes"])
+
+
+def contenders(
+    server: Server,
+    shards: str,
+    work: str,
+    nbytes: int,
+    *,
+    peers: bool,
+    old: tuple[str, dict[str, Any]] | None,
+) -> list[Any]:
+    """The many-shard contenders: shardkit with its cache; 2 ranks x 2 workers sharing one
+    cache (this code, and ``old = (checkout, data set spec)``: that code on the same data
+    set written by its own writer, served from ``old/``); with ``peers``, webdataset
+    (streaming, and with its cache_dir) and the local limits."""
+    import _readers
 
     tars = sorted(glob.glob(os.path.join(shards, "*.tar")))
     urls = [server.url(os.path.basename(t)) for t in tars]
     base = {"kind": "epochs", "epochs": 2}
-
-    def go(spec: dict[str, Any]) -> Any:
-        def run() -> dict[str, Any]:
-            if "cache" in spec:
-                fresh_dir(spec["cache"])
-            return measure(server, spec, nbytes)
-
-        return run
-
+    manifest = server.url("manifest.json")
+    sk = {**base, "impl": "shardkit", "source": manifest, "cache": os.path.join(work, "sk-cache")}
+    out: list[Any] = [("shardkit http+cache", _go(server, sk, nbytes))]
+    ranks = {"kind": "epochs", "epochs": 1, "impl": "shardkit", "source": manifest}
+    ranks["cache"] = os.path.join(work, "ranks-cache")
+    out.append((f"{RANKS} (this code)", _go_ranks(server, ranks, nbytes, None)))
+    if old is not None:
+        old_bytes = write_with(old[0], os.path.join(shards, "old"), old[1])
+        old_ranks = {**ranks, "source": server.url("old/manifest.json")}
+        out.append((f"{RANKS} (old code)", _go_ranks(server, old_ranks, old_bytes, old[0])))
+    if not peers:
+        return out
+    wds = {**base, "impl": "webdataset", "urls": urls}
+    local = {**base, "impl": "shardkit local", "source": os.path.join(shards, "manifest.json")}
     return [
-        (
-            "shardkit http+cache",
-            go(
-                {
-                    **base,
-                    "impl": "shardkit",
-                    "source": server.url("manifest.json"),
-                    "cache": os.path.join(work, "sk-cache"),
-                }
-            ),
-        ),
-        ("webdataset http", go({**base, "impl": "webdataset", "urls": urls})),
+        *out,
+        ("webdataset http", _go(server, wds, nbytes)),
         (
             "webdataset http+cache_dir",
-            go(
-                {
-                    **base,
-                    "impl": "webdataset",
-                    "urls": urls,
-                    "cache": os.path.join(work, "wds-cache"),
-                }
-            ),
+            _go(server, {**wds, "cache": os.path.join(work, "wds-cache")}, nbytes),
         ),
-        (
-            "shardkit local",
-            go({**base, "impl": "shardkit local", "source": os.path.join(shards, "manifest.json")}),
-        ),
+        ("shardkit local", _go(server, local, nbytes)),
         ("raw read (local)", lambda: _readers.read_raw(tars)),
     ]
 
 
 def big_contenders(server: Server, shards: str, work: str, nbytes: int) -> list[Any]:
     """One big shard, batches of 16: no cache, the cache, webdataset's one stream."""
-    from _common import fresh_dir
-
     tars = sorted(glob.glob(os.path.join(shards, "*.tar")))
     urls = [server.url(os.path.basename(t)) for t in tars]
     base = {"kind": "epochs", "epochs": 2, "batch": 16}
-    manifest = server.url("manifest.json")
-
-    def go(spec: dict[str, Any]) -> Any:
-        def run() -> dict[str, Any]:
-            if "cache" in spec:
-                fresh_dir(spec["cache"])
-            return measure(server, spec, nbytes)
-
-        return run
-
-    cache = os.path.join(work, "sk-cache")
+    sk = {**base, "impl": "shardkit", "source": server.url("manifest.json")}
     return [
-        ("shardkit http (no cache)", go({**base, "impl": "shardkit", "source": manifest})),
+        ("shardkit http (no cache)", _go(server, sk, nbytes)),
         (
             "shardkit http+cache",
-            go({**base, "impl": "shardkit", "source": manifest, "cache": cache}),
+            _go(server, {**sk, "cache": os.path.join(work, "sk-cache")}, nbytes),
         ),
-        ("webdataset http", go({**base, "impl": "webdataset", "urls": urls})),
+        ("webdataset http", _go(server, {**base, "impl": "webdataset", "urls": urls}, nbytes)),
     ]
 
 
@@ -329,9 +403,12 @@ def _req(reqs: list[dict[str, int]]) -> str:
 def report(series: dict[str, Any], n: int, nbytes: int, cap: float) -> tuple[str, list[Any]]:
     from _common import fmt, table
 
-    local = _med(series["shardkit local"].extra["epoch2_s"])
+    local_s = series.get("shardkit local")
+    local = _med(local_s.extra["epoch2_s"]) if local_s is not None else None
     rows, records = [], []
     for name, s in series.items():
+        if name.startswith(RANKS):
+            continue
         if name.startswith("raw"):
             rate = nbytes / s.median / 1e6
             rows.append([name, "-", fmt(rate), "-", "-", "-", "-", "-", "-", "-"])
@@ -348,7 +425,7 @@ def report(series: dict[str, Any], n: int, nbytes: int, cap: float) -> tuple[str
             "epoch1_mb_per_s": nbytes / e1 / 1e6,
             "epoch1_pct_of_cap": nbytes / e1 / cap * 100,
             "epoch2_samples_per_s": n / e2,
-            "epoch2_pct_of_local": local / e2 * 100,
+            "epoch2_pct_of_local": local / e2 * 100 if local else None,
             "startup_requests": s.extra["startup_requests"][-1],
             "epoch1_requests": s.extra["epoch1_requests"][-1],
             "epoch2_requests": s.extra["epoch2_requests"][-1],
@@ -362,7 +439,7 @@ def report(series: dict[str, Any], n: int, nbytes: int, cap: float) -> tuple[str
                 fmt(nbytes / e1 / 1e6),
                 fmt(rec["epoch1_pct_of_cap"], ".0f") + "%",
                 fmt(n / e2),
-                fmt(rec["epoch2_pct_of_local"], ".0f") + "%",
+                fmt(rec["epoch2_pct_of_local"], ".0f") + "%" if local else "-",
                 _req(s.extra["startup_requests"]),
                 _req(s.extra["epoch1_requests"]),
                 _req(s.extra["epoch2_requests"]),
@@ -372,12 +449,86 @@ def report(series: dict[str, Any], n: int, nbytes: int, cap: float) -> tuple[str
     head = ["2 workers, batch 32", "epoch 1 samples/s", "epoch 1 MB/s", "% of cap"]
     head += ["epoch 2 samples/s", "% of local", "requests before 1st batch"]
     head += ["requests epoch 1", "requests epoch 2", "epoch s (1 / 2)"]
+    text = table(head, rows)
+    cached = next((r for r in records if r["name"] == "shardkit http+cache"), None)
+    if cached is not None:
+        text += (
+            f"\n\nfirst epoch through the cache: {cached['epoch1_pct_of_cap']:.0f}% of the "
+            "server's total cap (goal >= 95)"
+        )
+    ranks_text, ranks = report_ranks(series, nbytes, cap)
+    return text + ("\n\n" + ranks_text if ranks else ""), records + ranks
+
+
+def report_ranks(series: dict[str, Any], nbytes: int, cap: float) -> tuple[str, list[Any]]:
+    """The first epoch of 2 ranks x 2 workers on one cache, per code measured."""
+    from _common import fmt, table
+
+    rows, records = [], []
+    for name, s in series.items():
+        if not name.startswith(RANKS):
+            continue
+        e1 = _med(s.extra["epoch1_s"])
+        reqs = s.extra["requests"]
+        rec = {
+            "name": name,
+            "epoch1_s": e1,
+            "start_to_end_s": _med(s.extra["start_to_end_s"]),
+            "epoch1_pct_of_cap": nbytes / e1 / cap * 100,
+            "samples": s.extra["samples"][-1],
+            "requests": reqs[-1],
+            "fetched_over_shard_bytes": _med([r["bytes"] / nbytes for r in reqs]),
+            "runs": {k: v for k, v in s.extra.items() if k.endswith("_s")},
+        }
+        records.append(rec)
+        rows.append(
+            [
+                name,
+                fmt(e1, ".2f"),
+                fmt(rec["start_to_end_s"], ".2f"),
+                fmt(nbytes / e1 / 1e6),
+                fmt(rec["epoch1_pct_of_cap"], ".0f") + "%",
+                _req(reqs),
+                fmt(rec["fetched_over_shard_bytes"], ".2f"),
+            ]
+        )
+    head = ["first epoch, 2 ranks x 2 workers, one cache dir", "epoch 1 s", "start to end s"]
+    head += ["MB/s", "% of cap", "requests", "bytes fetched / shard bytes"]
     return table(head, rows), records
+
+
+def _part(
+    args: Any,
+    name: str,
+    profile: str,
+    payload: int,
+    shard_bytes: int,
+    caps: tuple[float, float],
+    make: Any,
+) -> tuple[Any, int, dict[str, Any]]:
+    """Write ``payload`` bytes of ``profile`` in shards, serve them under ``caps`` (total,
+    per connection) and run the contenders ``make(server, shards, work, nbytes)``
+    interleaved; the data set, its shard bytes and the series."""
+    import _common
+    import _peers
+
+    ds = _common.make_dataset(profile, payload)
+    work = os.path.join(args.work, name, profile)
+    shards = _common.fresh_dir(os.path.join(work, "shards"))
+    _peers.write_shardkit(ds, shards, shard_bytes)
+    nbytes = sum(os.path.getsize(t) for t in glob.glob(os.path.join(shards, "*.tar")))
+    _common.log(f"{name}: {_common.describe(ds)}, {nbytes / 1e6:.0f} MB of shards")
+    server = Server(shards, args.latency, *caps)
+    try:
+        cons = make(server, shards, work, nbytes)
+        series = _common.interleave(args.repeats, cons, before=_common.sync)
+    finally:
+        server.close()
+    return ds, nbytes, series
 
 
 def main() -> None:
     import _common
-    import _peers
 
     from shardkit.units import parse_size
 
@@ -388,6 +539,10 @@ def main() -> None:
     p.add_argument("--per-connection", default="12MB", help="server bytes/s per connection")
     p.add_argument("--big-size", default="256MB", help="payload of the one-shard run (0: skip)")
     p.add_argument("--big-bandwidth", default="200MB", help="total cap of the one-shard run")
+    p.add_argument("--no-peers", action="store_true", help="many shards: shardkit only")
+    p.add_argument(
+        "--old-code", help="a checkout of an older shardkit: its 2 ranks x 2 workers too"
+    )
     args = p.parse_args()
     _common.parse_common(args)
     cap, conn = parse_size(args.bandwidth), parse_size(args.per_connection)
@@ -395,55 +550,55 @@ def main() -> None:
     results: dict[str, Any] = {"size": args.size, "repeats": args.repeats, "profiles": {}}
     results.update(latency_s=args.latency, bandwidth_bytes_per_s=cap)
     results.update(per_connection_bytes_per_s=conn, big_size=big, big_bandwidth=big_cap)
+    results.update(old_code=_old_commit(args.old_code))
     texts = []
+    how = f"{args.latency * 1000:.0f} ms/request, {args.per_connection}/s per connection"
     for profile in args.profile_list:
         rec: dict[str, Any] = {}
         results["profiles"][profile] = rec
         if big:
-            ds = _common.make_dataset(profile, big)
-            work = os.path.join(args.work, "remote-big", profile)
-            shards = _common.fresh_dir(os.path.join(work, "shards"))
-            _peers.write_shardkit(ds, shards, 4 * big)
-            nbytes = sum(os.path.getsize(t) for t in glob.glob(os.path.join(shards, "*.tar")))
-            _common.log(f"remote, one shard: {_common.describe(ds)}, {nbytes / 1e6:.0f} MB")
-            server = Server(shards, args.latency, big_cap, conn)
-            try:
-                cons = big_contenders(server, shards, work, nbytes)
-                series = _common.interleave(args.repeats, cons, before=_common.sync)
-            finally:
-                server.close()
+            caps = (big_cap, conn)
+            ds, nbytes, series = _part(
+                args, "remote-big", profile, big, 4 * big, caps, big_contenders
+            )
             text, rec["one_shard"] = report_big(series, len(ds.samples), nbytes)
             title = f"remote, one shard of {nbytes / 1e6:.0f} MB, {_common.describe(ds)}"
-            texts.append(
-                f"### {title}, {args.latency * 1000:.0f} ms/request, "
-                f"{args.per_connection}/s per connection, {args.big_bandwidth}/s in all\n\n{text}"
-            )
-        ds = _common.make_dataset(profile, args.size_bytes)
-        work = os.path.join(args.work, "remote", profile)
-        shards = _common.fresh_dir(os.path.join(work, "shards"))
-        _peers.write_shardkit(ds, shards, args.shard_bytes)
-        nbytes = sum(os.path.getsize(t) for t in glob.glob(os.path.join(shards, "*.tar")))
-        _common.log(f"remote: {_common.describe(ds)}, {nbytes / 1e6:.0f} MB of shards")
-        server = Server(shards, args.latency, cap, conn)
-        try:
-            cons = contenders(server, shards, work, nbytes)
-            series = _common.interleave(args.repeats, cons, before=_common.sync)
-        finally:
-            server.close()
+            texts.append(f"### {title}, {how}, {args.big_bandwidth}/s in all\n\n{text}")
+
+        spec = {"profile": profile, "payload": args.size_bytes, "shard_bytes": args.shard_bytes}
+        many = functools.partial(
+            contenders,
+            peers=not args.no_peers,
+            old=(args.old_code, spec) if args.old_code else None,
+        )
+
+        ds, nbytes, series = _part(
+            args, "remote", profile, args.size_bytes, args.shard_bytes, (cap, conn), many
+        )
         text, records = report(series, len(ds.samples), nbytes, cap)
         title = f"remote, {_common.describe(ds)}, {nbytes / 1e6:.0f} MB of shards"
-        texts.append(
-            f"### {title}, {args.latency * 1000:.0f} ms/request, "
-            f"{args.per_connection}/s per connection, cap {args.bandwidth}/s in all\n\n{text}\n"
-        )
+        texts.append(f"### {title}, {how}, cap {args.bandwidth}/s in all\n\n{text}\n")
         rec.update(samples=len(ds.samples), shard_bytes=nbytes, contenders=records)
     note = f"medians of {args.repeats}; local reads are warm page-cache reads"
+    if args.old_code:
+        note += f"; old code: {results['old_code']}"
     _common.finish(args.out, "remote", results, texts, note)
+
+
+def _old_commit(code: str | None) -> str | None:
+    if not code:
+        return None
+    proc = subprocess.run(
+        ["git", "-C", code, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return f"{code} at {proc.stdout.strip() or '?'}"
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 6 and sys.argv[1] == "--serve":
         serve(sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]))
+    elif len(sys.argv) == 3 and sys.argv[1] == "--write":
+        _write(json.loads(sys.argv[2]))
     elif len(sys.argv) == 3 and sys.argv[1] == "--client":
         print(json.dumps(client(json.loads(sys.argv[2]))), flush=True)
     else:
