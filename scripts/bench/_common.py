@@ -167,6 +167,37 @@ def interleave(
     return series
 
 
+def rate_row(
+    s: Series, n: int, nbytes: int, wds: float, raw: float | None, *, what: str = "payload"
+) -> tuple[dict[str, Any], list[str]]:
+    """One contender's JSON record and table row: median seconds, samples/s, MB/s of
+    ``nbytes`` (named ``what``), bytes on disk over ``nbytes``, speed-up over webdataset's
+    median ``wds``, and the share of the raw limit's median ``raw`` (None: no raw peer)."""
+    med = s.median
+    disk = s.extra["disk_bytes"][-1] / nbytes
+    pct = raw / med * 100 if raw else None
+    rec = {
+        "name": s.name,
+        "median_s": med,
+        "seconds": s.seconds,
+        "samples_per_s": n / med,
+        f"{what}_mb_per_s": nbytes / med / 1e6,
+        f"disk_over_{what}": disk,
+        "x_webdataset": wds / med,
+        "pct_of_raw": pct,
+    }
+    row = [
+        s.name,
+        fmt(med, ".2f"),
+        fmt(n / med),
+        fmt(nbytes / med / 1e6),
+        fmt(disk, ".3f"),
+        fmt(wds / med, ".2f") + "x",
+        fmt(pct, ".0f") + ("%" if pct else ""),
+    ]
+    return rec, row
+
+
 def sync() -> None:
     """Push dirty pages out so one contender's writeback does not slow the next."""
     os.sync()

@@ -35,10 +35,10 @@ from typing import Any
 from _common import (
     dir_bytes,
     finish,
-    fmt,
     fresh_dir,
     interleave,
     log,
+    rate_row,
     sync,
     table,
 )
@@ -186,30 +186,10 @@ def report(n: int, payload: int, series: dict[str, Any]) -> tuple[str, list[dict
     wds = series["webdataset script"].median
     raw = series["raw read+sha256+write"].median
     rows, records = [], []
-    for name, s in series.items():
-        med = s.median
-        rec = {
-            "name": name,
-            "median_s": med,
-            "seconds": s.seconds,
-            "samples_per_s": n / med,
-            "input_mb_per_s": payload / med / 1e6,
-            "disk_over_input": s.extra["disk_bytes"][-1] / payload,
-            "x_webdataset": wds / med,
-            "pct_of_raw": raw / med * 100,
-        }
+    for s in series.values():
+        rec, row = rate_row(s, n, payload, wds, raw, what="input")
         records.append(rec)
-        rows.append(
-            [
-                name,
-                fmt(med, ".2f"),
-                fmt(n / med),
-                fmt(payload / med / 1e6),
-                fmt(rec["disk_over_input"], ".3f"),
-                fmt(wds / med, ".2f") + "x",
-                fmt(rec["pct_of_raw"], ".0f") + "%",
-            ]
-        )
+        rows.append(row)
     head = ["build", "median s", "samples/s", "input MB/s", "disk/input", "vs wds", "% raw"]
     return table(head, rows), records
 

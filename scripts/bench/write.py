@@ -33,12 +33,12 @@ from _common import (
     base_parser,
     describe,
     dir_bytes,
-    fmt,
     fresh_dir,
     interleave,
     log,
     make_dataset,
     parse_common,
+    rate_row,
     save_results,
     sync,
     table,
@@ -137,32 +137,10 @@ def report(ds: Dataset, series: dict[str, Series]) -> tuple[str, list[dict[str, 
     wds = series["webdataset"].median
     rows, records = [], []
     for name, s in series.items():
-        med = s.median
-        disk = s.extra["disk_bytes"][-1]
         raw = _RAW_FOR.get(name)
-        pct_raw = series[raw].median / med * 100 if raw else None
-        rec = {
-            "name": name,
-            "median_s": med,
-            "seconds": s.seconds,
-            "samples_per_s": n / med,
-            "payload_mb_per_s": payload / med / 1e6,
-            "disk_over_payload": disk / payload,
-            "x_webdataset": wds / med,
-            "pct_of_raw_same_algo": pct_raw,
-        }
+        rec, row = rate_row(s, n, payload, wds, series[raw].median if raw else None)
         records.append(rec)
-        rows.append(
-            [
-                name,
-                fmt(med, ".2f"),
-                fmt(n / med),
-                fmt(payload / med / 1e6),
-                fmt(disk / payload, ".3f"),
-                fmt(wds / med, ".2f") + "x",
-                fmt(pct_raw, ".0f") + ("%" if pct_raw else ""),
-            ]
-        )
+        rows.append(row)
     head = ["writer", "median s", "samples/s", "MB/s", "disk/payload", "vs wds", "% raw"]
     return table(head, rows), records
 
