@@ -9,7 +9,6 @@ import os
 import pickle
 import stat
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,9 +18,10 @@ from shardkit.cache import CacheKey, CacheStore, make_opener
 from shardkit.cache.layout import try_lock_existing
 from shardkit.errors import ChecksumError
 from shardkit.io import load_manifest
-from shardkit.manifest import Manifest, ShardEntry
+from shardkit.manifest import Manifest
 from shardkit.tario.index import read_index
 from shardkit.tario.reader import read_shard
+from tests.helpers.published import wait_published
 from tests.helpers.servers import RangeServer, read_samples
 
 
@@ -43,18 +43,6 @@ def entries(opener: object, server: RangeServer) -> tuple[Manifest, list[str]]:
 
 def cached_files(cache: Path) -> list[Path]:
     return sorted(p for p in (cache / "data").rglob("*") if p.is_file())
-
-
-def wait_published(cache: Path, entries: list[ShardEntry]) -> None:
-    """Wait until these shards are published: a reader gets a shard's last piece as soon
-    as the piece is verified, and the publish (the whole checksum, the rename) follows."""
-    store = CacheStore(str(cache))
-    paths = [store.path(CacheKey.of(e.checksum, e.size)) for e in entries]
-    for _ in range(3000):
-        if all(os.path.exists(p) for p in paths):
-            return
-        time.sleep(0.01)
-    raise TimeoutError(f"not published: {[p for p in paths if not os.path.exists(p)]}")
 
 
 def test_second_read_is_served_from_the_cache(

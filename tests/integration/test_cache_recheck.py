@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from shardkit.dataset import ShardDataset
 from shardkit.errors import ConfigError
 from shardkit.io import IoConfig
 from shardkit.manifest import Manifest
+from tests.helpers.published import wait_published
 from tests.helpers.servers import RangeServer
 
 
@@ -69,10 +69,7 @@ def test_a_byte_rotted_on_disk_is_caught_at_open_evicted_and_fetched_again(
     assert f"{entry.url}: the cached copy rotted on disk" in caplog.text
     fetched = server.requests("/data-*.tar")
     assert {r.path for r in fetched} == {"/" + entry.url}  # that shard only, fetched again
-    for _ in range(3000):  # its fill publishes it once the pieces before the rot are in too
-        if os.path.exists(path):
-            break
-        time.sleep(0.01)
+    wait_published(cache, [entry])  # its fill publishes it once the pieces before the rot are in
     with open(path, "rb") as f:
         assert f.read() == (Path(str(shards.base)) / entry.url).read_bytes()
     server.clear_log()

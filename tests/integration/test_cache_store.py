@@ -395,6 +395,18 @@ def pieces_of(size: int, piece: int) -> Layout:
     return Layout(size, piece, h.result().digests)
 
 
+def data_key(size: int) -> CacheKey:
+    """The cache key of ``DATA[:size]``."""
+    return CacheKey.of("sha256:" + hashlib.sha256(DATA[:size]).hexdigest(), size)
+
+
+def open_data_part(store: CacheStore, key: CacheKey, layout: Layout) -> int:
+    """A fill's temp file of ``key``, opened as a fill opens it (not yet published)."""
+    fd, _ = store.open_part(key, layout)
+    assert fd is not None
+    return fd
+
+
 def fill_all(fill: ShardFill) -> None:
     fill.start(0)
     assert fill.done.wait(30)
@@ -406,7 +418,7 @@ def test_a_fill_publishes_with_no_lease_of_its_own(
     # else an eviction right after the publish could not take a shard nobody reads
     store = CacheStore(str(tmp_path), limit=250)
     store.ensure()
-    key = CacheKey.of("sha256:" + hashlib.sha256(DATA[:100]).hexdigest(), 100)
+    key = data_key(100)
     layout = pieces_of(100, 30)
     unleased: list[bool] = []
     real_replace = os.replace
@@ -420,8 +432,7 @@ def test_a_fill_publishes_with_no_lease_of_its_own(
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", replace)
-    fd, _ = store.open_part(key, layout)
-    assert fd is not None
+    fd = open_data_part(store, key, layout)
     host = MemoryHost(store, piece_parallel=2)
     fill = ShardFill(host, key, "mem://shard", layout, os.dup(fd))
     os.close(fd)
@@ -437,10 +448,9 @@ def test_a_fill_publishes_with_no_lease_of_its_own(
 
 def test_a_piece_is_verified_before_its_map_says_so_and_resumed(tmp_path: Path) -> None:
     store = CacheStore(str(tmp_path))
-    key = CacheKey.of("sha256:" + hashlib.sha256(DATA[:1000]).hexdigest(), 1000)
+    key = data_key(1000)
     layout = pieces_of(1000, 256)
-    fd, _ = store.open_part(key, layout)
-    assert fd is not None
+    fd = open_data_part(store, key, layout)
     host = MemoryHost(store, bad=1, at=512)
     fill = ShardFill(host, key, "mem://shard", layout, os.dup(fd))
     fill.need(fd, 2)  # a reader mid-shard: its piece at once; corrupt once, fetched again
@@ -450,15 +460,13 @@ def test_a_piece_is_verified_before_its_map_says_so_and_resumed(tmp_path: Path) 
     assert fill.done.wait(30) and os.path.exists(store.path(key))
     os.close(fd)
     # a temp file left by a dead fill: its verified pieces are kept, the others fetched
-    key2 = CacheKey.of("sha256:" + hashlib.sha256(DATA[:900]).hexdigest(), 900)
+    key2 = data_key(900)
     layout2 = pieces_of(900, 256)
-    fd, _ = store.open_part(key2, layout2)
-    assert fd is not None
+    fd = open_data_part(store, key2, layout2)
     os.pwrite(fd, DATA[256:512], 256)
     os.pwrite(fd, b"\1", 900 + 1)  # piece 1 verified, then the fill died
     os.close(fd)
-    fd, _ = store.open_part(key2, layout2)
-    assert fd is not None
+    fd = open_data_part(store, key2, layout2)
     host2 = MemoryHost(store)
     fill_all(ShardFill(host2, key2, "mem://shard", layout2, os.dup(fd)))
     os.close(fd)
@@ -473,10 +481,9 @@ def test_the_piece_a_reader_waits_for_comes_over_several_ranges(
 
     monkeypatch.setattr(fill_module, "_MIN_SPLIT", 100)
     store = CacheStore(str(tmp_path))
-    key = CacheKey.of("sha256:" + hashlib.sha256(DATA[:2000]).hexdigest(), 2000)
+    key = data_key(2000)
     layout = pieces_of(2000, 1000)
-    fd, _ = store.open_part(key, layout)
-    assert fd is not None
+    fd = open_data_part(store, key, layout)
     host = MemoryHost(store, bad=1, at=1000, piece_parallel=4)
     fill = ShardFill(host, key, "mem://shard", layout, os.dup(fd))
     fill.need(fd, 1)  # 4 ranges at once; one came corrupt: the piece is fetched again
@@ -490,10 +497,9 @@ def test_the_piece_a_reader_waits_for_comes_over_several_ranges(
 
 def test_a_piece_corrupt_twice_is_named_and_never_marked(tmp_path: Path) -> None:
     store = CacheStore(str(tmp_path))
-    key = CacheKey.of("sha256:" + hashlib.sha256(DATA[:1000]).hexdigest(), 1000)
+    key = data_key(1000)
     layout = pieces_of(1000, 256)
-    fd, _ = store.open_part(key, layout)
-    assert fd is not None
+    fd = open_data_part(store, key, layout)
     host = MemoryHost(store, bad=2, at=256, piece_parallel=1)
     fill = ShardFill(host, key, "mem://s", layout, os.dup(fd))
     with pytest.raises(ChecksumError, match=r"piece 1 \(bytes 256\.\.512\)") as info:
