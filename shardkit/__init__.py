@@ -5,10 +5,6 @@ from __future__ import annotations
 import typing
 
 from shardkit._version import __version__
-
-# ``sk.build(fn, inputs, out)``: the function shadows the submodule's name on purpose
-# (``from shardkit.build import ...`` still reaches the module through sys.modules)
-from shardkit.build import build
 from shardkit.errors import (
     CacheError,
     ChecksumError,
@@ -22,20 +18,24 @@ from shardkit.errors import (
     StateDictError,
     WriterError,
 )
+from shardkit.format.manifest.model import Manifest, ShardEntry
+from shardkit.format.tario.reader import read_shard
 from shardkit.io.config import IoConfig
-from shardkit.manifest import Manifest, ShardEntry
-from shardkit.tario.reader import read_shard
-from shardkit.writer import ShardWriter
+
+# ``sk.build(fn, inputs, out)``: the function shadows the submodule's name on purpose
+# (``from shardkit.write.build import ...`` still reaches the module through sys.modules)
+from shardkit.write.build import build
+from shardkit.write.writer import ShardWriter
 
 if typing.TYPE_CHECKING:
-    from shardkit.dataset import ShardDataset
-    from shardkit.loader import WebLoader
-    from shardkit.mixing import mix
+    from shardkit.streaming.dataset import ShardDataset
+    from shardkit.streaming.loader import WebLoader
+    from shardkit.streaming.mixing import mix
 
 _LAZY = {
-    "ShardDataset": "shardkit.dataset",
-    "WebLoader": "shardkit.loader",
-    "mix": "shardkit.mixing",
+    "ShardDataset": "shardkit.streaming.dataset",
+    "WebLoader": "shardkit.streaming.loader",
+    "mix": "shardkit.streaming.mixing",
 }
 
 

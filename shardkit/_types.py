@@ -13,7 +13,7 @@ __all__ = ["Hint", "Opener", "PieceChecksums"]
 
 
 class PieceChecksums(Protocol):
-    """What an opener needs of a shard's piece checksums (:class:`shardkit.pieces.Pieces`):
+    """What an opener needs of a shard's piece checksums (:class:`shardkit.format.pieces.Pieces`):
     ``size`` bytes a piece, the xxh3-128 ``digests`` in order."""
 
     @property

@@ -25,10 +25,16 @@ from typing import TYPE_CHECKING, Any
 
 from ray.data import Datasink  # the optional extra: importing shardkit.ray needs ray
 
-from shardkit.compact import save_manifest
 from shardkit.errors import ConfigError
-from shardkit.manifest import Manifest, ShardEntry, creation_info
-from shardkit.writer import DEFAULT_CHECKSUM, DEFAULT_PREFIX, ShardWriter, WriterOptions, shard_name
+from shardkit.format.manifest.compact import save_manifest
+from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
+from shardkit.write.writer import (
+    DEFAULT_CHECKSUM,
+    DEFAULT_PREFIX,
+    ShardWriter,
+    WriterOptions,
+    shard_name,
+)
 
 if TYPE_CHECKING:
     from typing import Unpack  # Python 3.11; only annotations use it

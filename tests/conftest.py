@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from shardkit.manifest import Manifest
+from shardkit.format.manifest.model import Manifest
 from tests.helpers.data import make_shards as _make_shards
 
 settings.register_profile(

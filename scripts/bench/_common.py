@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.codecs import encode_field
+from shardkit.format.codecs import encode_field
 from shardkit.units import format_bytes, parse_size
 
 PROFILES = ("small", "medium")

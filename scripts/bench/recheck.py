@@ -30,10 +30,10 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from shardkit.dataset import ShardDataset
 from shardkit.io import IoConfig
+from shardkit.streaming.dataset import ShardDataset
 from shardkit.units import parse_size
-from shardkit.writer import ShardWriter
+from shardkit.write.writer import ShardWriter
 
 
 def write_set(out: str, total: int, shard_size: int, pieces: bool) -> None:

@@ -47,13 +47,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from shardkit.plan import Generation, PlanConfig, worker_stream
+from shardkit.plan.assign import Generation, PlanConfig, worker_stream
 
 _OPEN = r"""
 import json, os, sys, time
 import numpy
 import shardkit as sk
-from shardkit.dataset import ShardDataset  # torch too: the idle process has it
+from shardkit.streaming.dataset import ShardDataset  # torch too: the idle process has it
 
 def rss():
     with open("/proc/self/status") as f:
@@ -137,8 +137,8 @@ _CFG = PlanConfig(seed=1)
 
 def _with_pieces(n: int, per: int) -> Any:
     """A manifest of ``n`` 1 GB shards in ``per`` pieces each, in memory (as a writer has it)."""
-    from shardkit.manifest import Manifest, ShardEntry
-    from shardkit.pieces import Pieces
+    from shardkit.format.manifest.model import Manifest, ShardEntry
+    from shardkit.format.pieces import Pieces
 
     rng = np.random.default_rng(n)
     counts = rng.integers(900, 1100, n)
@@ -163,7 +163,7 @@ def _with_pieces(n: int, per: int) -> Any:
 def bench_pieces(n: int, per: int, repeats: int, tmp: str) -> dict[str, Any]:
     """Open (as ``open``) a manifest whose shards list ``per`` piece checksums each, its
     compact form written by the build (``save_manifest``), not by the first reader."""
-    from shardkit.compact import save_manifest
+    from shardkit.format.manifest.compact import save_manifest
 
     out = os.path.join(tmp, f"p{n}")
     os.makedirs(out, exist_ok=True)
@@ -192,7 +192,7 @@ def write_tiny_shards(n: int, out: str, parts: int = 8) -> list[str]:
     """``n`` real one-sample shards in ``out`` and ``parts`` partial manifests of them."""
     import hashlib
 
-    from shardkit.tario.writer import END_OF_ARCHIVE, member_header, padding
+    from shardkit.format.tario.writer import END_OF_ARCHIVE, member_header, padding
 
     os.makedirs(out, exist_ok=True)
     entries = []
@@ -299,7 +299,7 @@ def bench_elastic(sizes: list[int], repeats: int) -> list[dict[str, Any]]:
 
 
 def bench_writer(nshards: int, tmp: str) -> dict[str, Any]:
-    from shardkit.writer import ShardWriter
+    from shardkit.write.writer import ShardWriter
 
     out = os.path.join(tmp, "w")
     times = []

@@ -55,7 +55,7 @@ def make_parquet(path: str, rows: int, image_bytes: int) -> int:
 
 
 def run_shardkit(src: str, out: str, workers: int) -> None:
-    from shardkit.build import BuildConfig, plan_build, run_build
+    from shardkit.write.build import BuildConfig, plan_build, run_build
 
     cfg = BuildConfig(workers=workers, maxsize="256MB")
     run_build(plan_build([src], fresh_dir(out), cfg))

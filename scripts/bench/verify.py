@@ -1,4 +1,4 @@
-"""Verify benchmark: shardkit.verify.verify vs plain hashing of the same files.
+"""Verify benchmark: shardkit.check.verify.verify vs plain hashing of the same files.
 
 For each profile the samples are written once per algorithm (sha256 and xxh3_128) by
 shardkit.ShardWriter; then, interleaved and repeated:
@@ -44,7 +44,7 @@ from _common import (
 
 import shardkit
 from shardkit.cache import make_opener
-from shardkit.verify import verify
+from shardkit.check.verify import verify
 
 ALGOS: dict[str, Callable[[], Any]] = {"sha256": hashlib.sha256, "xxh3_128": xxhash.xxh3_128}
 _CHUNK = 8 << 20

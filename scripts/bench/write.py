@@ -44,7 +44,7 @@ from _common import (
     table,
 )
 
-from shardkit.codecs import encode_field
+from shardkit.format.codecs import encode_field
 
 _CHUNK = 4 << 20
 _HASHERS: dict[str, Callable[[], Any]] = {"sha256": hashlib.sha256, "xxh3_128": xxhash.xxh3_128}

@@ -37,11 +37,11 @@ from typing import Protocol
 from shardkit.cache.layout import CacheKey, Layout, inode_of
 from shardkit.cache.locks import claim_byte, try_lock, unlock, wait_claim
 from shardkit.cache.store import CacheStore
-from shardkit.checksum import new_hasher
 from shardkit.counters import Counters
 from shardkit.errors import CacheError, ChecksumError, FetchError
+from shardkit.format.checksum import new_hasher
+from shardkit.format.pieces import PIECE_ALGORITHM
 from shardkit.io.config import IoConfig
-from shardkit.pieces import PIECE_ALGORITHM
 
 __all__ = ["FillHost", "ShardFill", "WriteError"]
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from shardkit._types import PieceChecksums
-from shardkit.checksum import split_checksum
 from shardkit.errors import ConfigError
-from shardkit.pieces import piece_count
+from shardkit.format.checksum import split_checksum
+from shardkit.format.pieces import piece_count
 
 __all__ = [
     "CacheKey",

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from shardkit.cache.layout import CacheKey, Layout
-from shardkit.checksum import new_hasher
 from shardkit.counters import Counters
-from shardkit.pieces import PIECE_ALGORITHM
+from shardkit.format.checksum import new_hasher
+from shardkit.format.pieces import PIECE_ALGORITHM
 
 __all__ = ["RecheckedHit", "report_rot", "whole_matches"]
 

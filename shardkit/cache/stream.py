@@ -24,10 +24,10 @@ from shardkit.cache.fill import ShardFill, WriteError
 from shardkit.cache.store import CacheKey, CacheStore
 from shardkit.counters import Counters
 from shardkit.errors import CacheError, ChecksumError
+from shardkit.format.pieces import Pieces
 from shardkit.io.config import IoConfig
 from shardkit.io.remote import ChunkStream
 from shardkit.io.verified import PieceStream
-from shardkit.pieces import Pieces
 
 __all__ = ["CacheStream", "StreamHost"]
 

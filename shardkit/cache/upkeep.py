@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from shardkit.cache.layout import CachedShard, CacheKey, CacheStat, inode_of, try_lock_existing
-from shardkit.checksum import new_hasher
+from shardkit.format.checksum import new_hasher
 
 if TYPE_CHECKING:
     from shardkit.cache.store import CacheStore

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from shardkit.errors import ConfigError, DecodeError
+from shardkit.format.manifest.model import Manifest
 from shardkit.io import Opener
-from shardkit.manifest import Manifest
 
 __all__ = ["TokenField", "guess_token_field", "token_field"]
 
@@ -61,8 +61,8 @@ def guess_token_field(m: Manifest) -> str | None:
 
 def _first_payload(m: Manifest, opener: Opener, field: str) -> bytes:
     """The field's bytes in the first sample that has it (of the first shards)."""
-    from shardkit.compression import open_tar
-    from shardkit.tario.reader import iter_samples
+    from shardkit.format.compression import open_tar
+    from shardkit.format.tario.reader import iter_samples
 
     for entry in m.shards[:4]:
         url = m.resolve(entry.url)

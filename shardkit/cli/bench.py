@@ -49,10 +49,10 @@ def stream(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Stream ``source`` for about ``seconds`` (or ``max_epochs`` epochs, whichever ends
     first); ``(stats and setup, timeline)`` (see :meth:`LoaderStats.timeline`)."""
-    from shardkit.dataset import ShardDataset
     from shardkit.io.config import IoConfig
-    from shardkit.loader import WebLoader
     from shardkit.metrics import tracker
+    from shardkit.streaming.dataset import ShardDataset
+    from shardkit.streaming.loader import WebLoader
 
     ds = ShardDataset(source, io=IoConfig.make(**io_options))
     if shuffle > 1:

@@ -18,10 +18,10 @@ import click
 from tqdm import tqdm
 
 from shardkit.cache import CacheStore, CachingOpener
+from shardkit.format.manifest.model import Manifest
+from shardkit.format.tario.index import INDEX_MAGIC
 from shardkit.io import IoConfig, load_manifest
-from shardkit.manifest import Manifest
-from shardkit.plan import PlanConfig, Ranges, worker_stream
-from shardkit.tario.index import INDEX_MAGIC
+from shardkit.plan.assign import PlanConfig, Ranges, worker_stream
 from shardkit.units import format_bytes, parse_size
 
 __all__ = ["command"]
@@ -104,7 +104,7 @@ def stat(cache_dir: str, limit: str | None, as_json: bool) -> None:
 def rank_shards(
     m: Manifest, *, seed: int, epoch: int, rank: int, world: int, shuffle: bool, remainder: str
 ) -> list[int]:
-    """The shards ``rank`` reads in ``epoch``, in the order it reads them (shardkit.plan)."""
+    """The shards ``rank`` reads in ``epoch``, in the order it reads them (shardkit.plan.assign)."""
     counts = [s.nsamples for s in m.shards]
     mine = worker_stream(counts, PlanConfig(seed, shuffle, remainder), epoch, world, rank, 1, 0)
     assert isinstance(mine, Ranges)  # not resampled

@@ -14,11 +14,11 @@ from typing import Any
 import click
 import numpy as np
 
-from shardkit.build import build
 from shardkit.cache import make_opener
-from shardkit.sources import FieldMap, parse_field_spec
+from shardkit.check.verify import verify
 from shardkit.units import format_bytes
-from shardkit.verify import verify
+from shardkit.write.build import build
+from shardkit.write.sources import FieldMap, parse_field_spec
 
 __all__ = ["command", "generate"]
 

@@ -8,10 +8,10 @@ from typing import Any
 import click
 
 from shardkit.cache import make_opener
-from shardkit.compression import SHARD_SUFFIXES
+from shardkit.check.summary import first_keys, scan_shard, summarize_manifest, summarize_shard
+from shardkit.format.compression import SHARD_SUFFIXES
+from shardkit.format.manifest.model import incomplete_reason
 from shardkit.io import load_manifest
-from shardkit.manifest import incomplete_reason
-from shardkit.summary import first_keys, scan_shard, summarize_manifest, summarize_shard
 from shardkit.units import format_bytes
 from shardkit.urls import check_within
 

@@ -8,18 +8,18 @@ import os
 import click
 from tqdm import tqdm
 
-from shardkit.adopt import adopt_remote, is_remote_pattern
-from shardkit.build import merge_parts
 from shardkit.cache import make_opener
-from shardkit.checksum import ALGORITHMS
-from shardkit.compact import save_manifest
+from shardkit.check.adopt import adopt_remote, is_remote_pattern
+from shardkit.check.summary import manifest_from_shards
 from shardkit.errors import ConfigError
-from shardkit.manifest import Manifest
-from shardkit.pieces import DEFAULT_PIECE_SIZE
-from shardkit.sources import discover
-from shardkit.summary import manifest_from_shards
+from shardkit.format.checksum import ALGORITHMS
+from shardkit.format.manifest.compact import save_manifest
+from shardkit.format.manifest.model import Manifest
+from shardkit.format.pieces import DEFAULT_PIECE_SIZE
 from shardkit.units import format_bytes, parse_size
 from shardkit.urls import expand_braces
+from shardkit.write.build import merge_parts
+from shardkit.write.sources import discover
 
 __all__ = ["command"]
 

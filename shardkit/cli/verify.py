@@ -13,10 +13,10 @@ import click
 from tqdm import tqdm
 
 from shardkit.cache import make_opener
+from shardkit.check.verify import VerifyReport, verify
 from shardkit.errors import ShardkitError
 from shardkit.io import load_manifest
 from shardkit.units import format_bytes
-from shardkit.verify import VerifyReport, verify
 
 __all__ = ["command"]
 

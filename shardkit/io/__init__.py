@@ -15,10 +15,10 @@ counted (``stats()["cache_errors"]``) and the read goes on without the cache; pa
 from __future__ import annotations
 
 from shardkit._types import Opener
+from shardkit.format.manifest.model import Manifest
 from shardkit.io.config import IoConfig
 from shardkit.io.local import open_local
 from shardkit.io.remote import RemoteOpener
-from shardkit.manifest import Manifest
 from shardkit.urls import local_path, url_scheme
 
 __all__ = [

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardkit.errors import ConfigError
-from shardkit.tario.reader import DEFAULT_MAX_MEMBER
+from shardkit.format.tario.reader import DEFAULT_MAX_MEMBER
 from shardkit.units import parse_size
 
 __all__ = ["DEFAULT_RANGE_SIZE", "IoConfig"]

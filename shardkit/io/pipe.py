@@ -1,7 +1,7 @@
 """``pipe:CMD``: the bytes a shell command writes to its stdout, as in WebDataset.
 
 A command runs only when the code that built the opener passed ``allow_pipe=True``: a
-manifest can never turn it on (:func:`shardkit.manifest.resolve_url` refuses ``pipe:``
+manifest can never turn it on (:func:`shardkit.format.manifest.model.resolve_url` refuses ``pipe:``
 shard urls too). A command that exits non-zero is a :class:`FetchError` at the end of the
 stream, naming the command and its exit status.
 """

@@ -16,10 +16,10 @@ from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO, Protocol
 
 from shardkit._types import Hint, PieceChecksums
-from shardkit.checksum import split_checksum
 from shardkit.counters import Counters
-from shardkit.digest import Digest
 from shardkit.errors import ChecksumError, ConfigError
+from shardkit.format.checksum import split_checksum
+from shardkit.format.digest import Digest
 from shardkit.io.config import IoConfig
 from shardkit.io.http import Gate, HttpSource
 from shardkit.io.local import open_local

@@ -18,11 +18,11 @@ import logging
 from collections.abc import Callable, Iterator
 
 from shardkit._types import PieceChecksums
-from shardkit.checksum import split_checksum
 from shardkit.counters import Counters
-from shardkit.digest import Digest
 from shardkit.errors import ChecksumError
-from shardkit.pieces import PIECE_ALGORITHM, piece_digest
+from shardkit.format.checksum import split_checksum
+from shardkit.format.digest import Digest
+from shardkit.format.pieces import PIECE_ALGORITHM, piece_digest
 
 __all__ = ["PieceStream"]
 

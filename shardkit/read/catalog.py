@@ -16,16 +16,23 @@ from typing import Any, NamedTuple, overload
 import numpy as np
 
 from shardkit.cache.locks import locked
-from shardkit.compact import Column, Compact, build_compact, compact_path, fingerprint, load_compact
 from shardkit.errors import FetchError, ManifestError, ShardFormatError
+from shardkit.format.manifest.compact import (
+    Column,
+    Compact,
+    build_compact,
+    compact_path,
+    fingerprint,
+    load_compact,
+)
+from shardkit.format.manifest.model import Manifest, incomplete_reason
+from shardkit.format.pieces import Pieces
+from shardkit.format.tario.index import INDEX_MAGIC, INDEX_MAGIC_V1
+from shardkit.format.tario.reader import iter_samples
 from shardkit.io import Opener, load_manifest
 from shardkit.io.config import IoConfig
-from shardkit.manifest import Manifest, incomplete_reason
-from shardkit.pieces import Pieces
 from shardkit.read.indexes import IndexReader
 from shardkit.read.remote_compact import open_remote_compact, reopen_remote_compact
-from shardkit.tario.index import INDEX_MAGIC, INDEX_MAGIC_V1
-from shardkit.tario.reader import iter_samples
 from shardkit.urls import (
     REMOTE_SCHEMES,
     check_within,
@@ -302,9 +309,9 @@ def open_catalog(
     io: IoConfig | None = None,
 ) -> Catalog:
     """The catalog of ``source``; a ``.json`` manifest is read through its compact form
-    (:mod:`shardkit.compact`), so a million shards open in a fraction of a second: a local
-    one's beside it, a remote one's in the node's cache dir (``io.cache_dir``, else the
-    user's; :mod:`shardkit.read.remote_compact`)."""
+    (:mod:`shardkit.format.manifest.compact`), so a million shards open in a fraction of a
+    second: a local one's beside it, a remote one's in the node's cache dir
+    (``io.cache_dir``, else the user's; :mod:`shardkit.read.remote_compact`)."""
     scheme = url_scheme(source) if isinstance(source, str) else None
     if scheme is not None and str(source).split("?", 1)[0].lower().endswith(".json"):
         src, remote = str(source), scheme in REMOTE_SCHEMES

@@ -3,7 +3,7 @@
 An index is believed only as far as it is checked. A version 2 index is bound to its shard
 (the blake2b of the shard's checksum, compared with the manifest's) and gives each sample's
 signature (key and field names), which the read at that offset compares with the sample
-it finds (:mod:`shardkit.read.ranges`). A version 1 index has neither: it is read, with a
+it finds (:mod:`shardkit.read.stream`). A version 1 index has neither: it is read, with a
 warning once per index, and the read can only check its sample counts.
 
 With ``index_checksum`` in the manifest the whole index is read once per process through
@@ -16,10 +16,9 @@ import logging
 import struct
 from typing import Protocol
 
-from shardkit.compression import compressed_name
 from shardkit.errors import ChecksumError, ShardFormatError
-from shardkit.io import Opener
-from shardkit.tario.index import (
+from shardkit.format.compression import compressed_name
+from shardkit.format.tario.index import (
     INDEX_MAGIC,
     INDEX_MAGIC_V1,
     SampleIndex,
@@ -29,6 +28,7 @@ from shardkit.tario.index import (
     shard_binding,
     signature_range,
 )
+from shardkit.io import Opener
 
 __all__ = ["IndexReader"]
 

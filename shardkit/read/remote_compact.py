@@ -27,9 +27,9 @@ from typing import Any
 
 from shardkit._types import Opener
 from shardkit.cache.locks import locked
-from shardkit.compact import Compact, map_compact, write_compact
 from shardkit.errors import ManifestError
-from shardkit.manifest import Manifest
+from shardkit.format.manifest.compact import Compact, map_compact, write_compact
+from shardkit.format.manifest.model import Manifest
 
 __all__ = ["form_dir", "open_remote_compact", "reopen_remote_compact"]
 

@@ -1,6 +1,6 @@
 """The decode stage: turn field bytes into values by extension, plus the user's handlers.
 
-``decode()`` uses the built-in codecs of :mod:`shardkit.codecs` (json, npy, txt, cls, ...)
+``decode()`` uses the built-in codecs of :mod:`shardkit.format.codecs` (json, npy, txt, cls, ...)
 and decodes images with Pillow when it is installed (to ``PIL.Image``; other image
 forms by name: ``"pil"``, ``"rgb8"`` (uint8 HxWx3), ``"rgb"`` (float32 in [0, 1]),
 ``"l8"``, ``"l"``, ``"torchrgb"`` (a float32 CxHxW torch tensor in [0, 1], as
@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.codecs import NpyDecoder, decode_field
 from shardkit.errors import ConfigError, DecodeError, StateDictError
-from shardkit.images import IMAGE_EXTS
+from shardkit.format.codecs import NpyDecoder, decode_field
+from shardkit.format.images import IMAGE_EXTS
 from shardkit.read.policy import check_policy, count_error, report
 from shardkit.stages.base import Grid, Stage, callable_name, check_state, sub_grid
 

@@ -1,7 +1,7 @@
 """The source stage: read this worker's part of the plan, in (shuffled) order, resumably.
 
-The order is fixed before a byte is read: :mod:`shardkit.plan` says which sample ranges
-this ``(rank, worker)`` reads, :mod:`shardkit.order` in which order it emits them. The
+The order is fixed before a byte is read: :mod:`shardkit.plan.assign` says which sample ranges
+this ``(rank, worker)`` reads, :mod:`shardkit.plan.order` in which order it emits them. The
 state is a cursor - how many stream positions were emitted and the last one - so a
 restore seeks (sample index) to the first shard range still needed, re-reads at most one
 shuffle window and emits exactly the rest.
@@ -18,10 +18,9 @@ from typing import Any
 from shardkit._types import Opener
 from shardkit.cache import opener_for
 from shardkit.errors import StateDictError
+from shardkit.format.manifest.model import Manifest
 from shardkit.io.config import IoConfig
-from shardkit.manifest import Manifest
-from shardkit.order import Window, iter_order, nth_output, resume_window
-from shardkit.plan import (
+from shardkit.plan.assign import (
     Generation,
     PlanConfig,
     Ranges,
@@ -29,10 +28,11 @@ from shardkit.plan import (
     shuffle_window,
     stream_lengths,
 )
-from shardkit.plan import worker_stream as plan_stream
+from shardkit.plan.assign import worker_stream as plan_stream
+from shardkit.plan.order import Window, iter_order, nth_output, resume_window
 from shardkit.read.catalog import Catalog, open_catalog
 from shardkit.read.policy import check_policy
-from shardkit.read.ranges import read_stream
+from shardkit.read.stream import read_stream
 from shardkit.stages.base import Context, Grid, Stage, check_int, check_state
 
 __all__ = ["ShardSource", "sources_of"]

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.manifest import Manifest
-from shardkit.writer import ShardWriter
+from shardkit.format.manifest.model import Manifest
+from shardkit.write.writer import ShardWriter
 
 
 def make_samples(

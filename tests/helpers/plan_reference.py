@@ -1,13 +1,13 @@
 """The plan as it was before it was vectorised (one ``split`` per stream): the reference
-the property tests hold :func:`shardkit.plan.remaining_sequence` to."""
+the property tests hold :func:`shardkit.plan.assign.remaining_sequence` to."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from shardkit.errors import StateDictError
-from shardkit.order import remaining_after
-from shardkit.plan import Generation, PlanConfig, Ranges, epoch_sequence, split
+from shardkit.plan.assign import Generation, PlanConfig, Ranges, epoch_sequence, split
+from shardkit.plan.order import remaining_after
 
 
 def reference_remaining(

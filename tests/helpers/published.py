@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from shardkit.cache import CacheKey, CacheStore
-from shardkit.manifest import ShardEntry
+from shardkit.format.manifest.model import ShardEntry
 
 
 def wait_published(cache: str | Path, entries: Sequence[ShardEntry], timeout: float = 30) -> None:

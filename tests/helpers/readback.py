@@ -13,8 +13,8 @@ from typing import Any
 
 import xxhash
 
-from shardkit.manifest import Manifest
-from shardkit.tario.reader import read_shard
+from shardkit.format.manifest.model import Manifest
+from shardkit.format.tario.reader import read_shard
 
 _HASHES = {"sha256": hashlib.sha256, "xxh3_128": xxhash.xxh3_128}
 

@@ -315,7 +315,7 @@ def moto_server() -> Iterator[str]:
 
 def read_samples(opener: Any, manifest: Any, **resolve: Any) -> list[dict[str, object]]:
     """Every sample of every shard of ``manifest``, read through ``opener.open``."""
-    from shardkit.tario.reader import read_shard
+    from shardkit.format.tario.reader import read_shard
 
     out: list[dict[str, object]] = []
     for entry in manifest.shards:

@@ -9,8 +9,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from shardkit.manifest import Manifest, ShardEntry
-from shardkit.pieces import Pieces, piece_count
+from shardkit.format.manifest.model import Manifest, ShardEntry
+from shardkit.format.pieces import Pieces, piece_count
 
 __all__ = [
     "counts_st",

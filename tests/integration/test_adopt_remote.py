@@ -16,7 +16,7 @@ import webdataset as wds
 
 import shardkit as sk
 from shardkit.errors import ManifestError
-from shardkit.manifest import Manifest
+from shardkit.format.manifest.model import Manifest
 from tests.helpers.readback import shardkit
 from tests.helpers.servers import RangeServer
 

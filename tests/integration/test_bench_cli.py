@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from shardkit.cli import cli
-from shardkit.manifest import Manifest
+from shardkit.format.manifest.model import Manifest
 
 MakeShards = Callable[..., Manifest]
 

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 import shardkit as sk
-from shardkit.build_plan import auto_workers
 from shardkit.errors import ConfigError, WriterError
-from shardkit.manifest import Manifest
-from shardkit.sources import Unit
+from shardkit.format.manifest.model import Manifest
+from shardkit.write.prepare import auto_workers
+from shardkit.write.sources import Unit
 from tests.helpers.buildfn import fails_on_seven, three_samples
 from tests.helpers.readback import assert_whole, keys_of, read_samples, shard_digests, shardkit
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from shardkit.cli import main
-from shardkit.codecs import decode_field
-from shardkit.manifest import Manifest
+from shardkit.format.codecs import decode_field
+from shardkit.format.manifest.model import Manifest
 from tests.helpers.data import make_shards
 from tests.helpers.readback import (
     assert_whole,
@@ -198,7 +198,7 @@ def test_max_member_limits_what_a_build_and_a_bench_hold(tmp_path: Path) -> None
     line naming the shard and the member's offset; a limit above it builds; ``bench``
     takes the same flag for the loader."""
     from shardkit import ConfigError, ShardWriter
-    from shardkit.manifest import incomplete_reason
+    from shardkit.format.manifest.model import incomplete_reason
 
     src = tmp_path / "src"
     src.mkdir()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from shardkit.manifest import Manifest
+from shardkit.format.manifest.model import Manifest
 from tests.helpers.readback import assert_whole, keys_of, read_samples, shardkit
 from tests.unit.test_sources_table import hub_table
 

@@ -22,8 +22,8 @@ import pytest
 
 import shardkit as sk
 from shardkit.errors import ManifestError
-from shardkit.manifest import Manifest
-from shardkit.tario.reader import iter_samples
+from shardkit.format.manifest.model import Manifest
+from shardkit.format.tario.reader import iter_samples
 from tests.helpers.readback import (
     assert_whole,
     keys_of,

@@ -17,10 +17,10 @@ import pytest
 from shardkit.cache import CacheKey, CacheStore, make_opener
 from shardkit.cache.layout import try_lock_existing
 from shardkit.errors import ChecksumError
+from shardkit.format.manifest.model import Manifest
+from shardkit.format.tario.index import read_index
+from shardkit.format.tario.reader import read_shard
 from shardkit.io import load_manifest
-from shardkit.manifest import Manifest
-from shardkit.tario.index import read_index
-from shardkit.tario.reader import read_shard
 from tests.helpers.published import wait_published
 from tests.helpers.servers import RangeServer, read_samples
 
@@ -465,7 +465,7 @@ def test_cache_cli_warm_stat_clean(shards: Manifest, server: RangeServer, tmp_pa
 
     from shardkit.cli import cli
     from shardkit.cli.cache import rank_shards
-    from shardkit.dataset import ShardDataset
+    from shardkit.streaming.dataset import ShardDataset
 
     cache = str(tmp_path / "cache")
     runner = CliRunner()
@@ -528,7 +528,7 @@ def test_cache_verify_evicts_a_rotted_shard(
 
     from shardkit.cache import CacheStore
     from shardkit.cli import cli
-    from shardkit.dataset import ShardDataset
+    from shardkit.streaming.dataset import ShardDataset
 
     def keys(ds: ShardDataset) -> list[str]:
         return [str(s["__key__"]) for s in ds]  # read to the end: its leases end with it

@@ -21,10 +21,10 @@ import pytest
 
 from shardkit.cache import CacheKey, CacheStore, make_opener
 from shardkit.cache.layout import Layout
+from shardkit.format.manifest.model import Manifest, ShardEntry
+from shardkit.format.tario.index import read_index
+from shardkit.format.tario.reader import read_shard
 from shardkit.io import load_manifest
-from shardkit.manifest import Manifest, ShardEntry
-from shardkit.tario.index import read_index
-from shardkit.tario.reader import read_shard
 from tests.helpers.servers import RangeServer, read_samples
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -275,8 +275,8 @@ def test_two_processes_at_different_offsets_of_one_shard_both_stream_at_once(
 def rank_main(argv: list[str]) -> None:
     """One rank of a 2-rank job (a process of its own, as torchrun starts it):
     ShardDataset + WebLoader with 2 DataLoader workers, for ``epochs`` epochs."""
-    from shardkit.dataset import ShardDataset
-    from shardkit.loader import WebLoader
+    from shardkit.streaming.dataset import ShardDataset
+    from shardkit.streaming.loader import WebLoader
 
     manifest_url, cache_dir, rank, epochs = argv[0], argv[1], int(argv[2]), int(argv[3])
     ds = ShardDataset(manifest_url, seed=5, cache_dir=cache_dir).split_by_node(rank, 2)

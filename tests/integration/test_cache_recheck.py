@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from shardkit.cache import CacheKey, CacheStore
-from shardkit.dataset import ShardDataset
 from shardkit.errors import ConfigError
+from shardkit.format.manifest.model import Manifest
 from shardkit.io import IoConfig
-from shardkit.manifest import Manifest
+from shardkit.streaming.dataset import ShardDataset
 from tests.helpers.published import wait_published
 from tests.helpers.servers import RangeServer
 

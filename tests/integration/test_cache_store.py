@@ -24,6 +24,7 @@ from shardkit.cache.layout import Layout, try_lock_existing
 from shardkit.cache.locks import NodeSlots, claim_byte, is_locked, locked, try_lock, unlock
 from shardkit.cache.store import CacheKey, CacheStore
 from shardkit.errors import ChecksumError, ConfigError, FetchError
+from shardkit.format.pieces import PieceHasher, piece_digest
 from shardkit.io.config import IoConfig
 from shardkit.io.remote import ChunkStream
 from shardkit.io.retry import (
@@ -33,7 +34,6 @@ from shardkit.io.retry import (
     parse_retry_after,
     resuming_chunks,
 )
-from shardkit.pieces import PieceHasher, piece_digest
 
 DATA = bytes(random.Random(7).randrange(256) for _ in range(10_000))
 

@@ -12,8 +12,8 @@ import pytest
 
 from shardkit.cache import make_opener
 from shardkit.errors import ChecksumError
+from shardkit.format.manifest.model import Manifest
 from shardkit.io import load_manifest
-from shardkit.manifest import Manifest
 from tests.helpers.servers import RangeServer
 
 PIECE = 128_000

@@ -20,8 +20,8 @@ from shardkit.cache import CacheKey, CacheStore, make_opener
 from shardkit.cache.layout import Layout
 from shardkit.cache.locks import NodeSlots, claim_byte, try_lock, unlock, wait_claim
 from shardkit.errors import CacheError
+from shardkit.format.manifest.model import Manifest
 from shardkit.io import load_manifest
-from shardkit.manifest import Manifest
 from tests.helpers.servers import RangeServer
 
 _HOLDER = """

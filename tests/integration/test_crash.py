@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardkit.build import build
-from shardkit.manifest import Manifest
-from shardkit.sources import parse_field_spec
+from shardkit.format.manifest.model import Manifest
+from shardkit.write.build import build
+from shardkit.write.sources import parse_field_spec
 from tests.helpers.readback import assert_whole, shard_digests, shardkit, write_jsonl
 
 ARGS = ["--maxsize", "512KB", "--field", "tokens=npy:int32"]

@@ -21,10 +21,10 @@ from PIL import Image
 from shardkit import ShardDataset, WebLoader
 from shardkit.cli import cli
 from shardkit.cli._plot import BENCH_SIZE, SHARDS_SIZE
-from shardkit.manifest import Manifest
+from shardkit.format.manifest.model import Manifest
 from shardkit.metrics import watch_idle
 from shardkit.metrics.schema import COUNT_KEYS, WINDOW_KEYS
-from shardkit.writer import ShardWriter
+from shardkit.write.writer import ShardWriter
 from tests.helpers.servers import RangeServer
 
 MakeShards = Callable[..., Manifest]
@@ -224,7 +224,7 @@ def test_the_idle_alert_fires_on_a_loader_slowed_on_purpose(
 def test_a_prometheus_endpoint_serves_the_live_stats(tokens: Manifest) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    from shardkit.export import serve_prometheus
+    from shardkit.metrics.export import serve_prometheus
 
     ds = ShardDataset(tokens, seed=0).to_tuple("__key__").batched(10)
     loader = WebLoader(ds, num_workers=0)

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from shardkit import ShardDataset, WebLoader
-from shardkit.manifest import Manifest
+from shardkit.format.manifest.model import Manifest
 
 MakeShards = Callable[..., Manifest]
 SIZES = [5, 17, 9, 23, 2, 11, 14]  # 81 samples: 27 per rank, 14 + 13 per worker

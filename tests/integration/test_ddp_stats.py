@@ -10,7 +10,7 @@ from typing import Any
 
 from shardkit import ShardDataset, WebLoader
 from shardkit.errors import ConfigError
-from shardkit.manifest import Manifest
+from shardkit.format.manifest.model import Manifest
 from shardkit.metrics import job_summary
 from tests.helpers.ranks import run_ranks
 

@@ -11,8 +11,8 @@ import pytest
 
 from shardkit import FetchError, ShardDataset, WebLoader
 from shardkit.cache import make_opener
+from shardkit.format.manifest.model import Manifest
 from shardkit.io import IoConfig
-from shardkit.manifest import Manifest
 from tests.helpers.servers import RangeServer
 
 FAST = {"backoff_base": 0.02, "backoff_max": 0.1}

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardkit.manifest import Manifest
+from shardkit.format.manifest.model import Manifest
 from tests.helpers.readback import assert_whole, write_jsonl
 
 _DISK = 1 << 20

@@ -11,8 +11,8 @@ import pytest
 
 import shardkit as sk
 from shardkit.errors import ShardFormatError
-from shardkit.manifest import Manifest
-from shardkit.tario.reader import read_shard
+from shardkit.format.manifest.model import Manifest
+from shardkit.format.tario.reader import read_shard
 from tests.helpers.data import make_shards
 from tests.helpers.readback import read_samples, shardkit
 from tests.helpers.servers import RangeServer

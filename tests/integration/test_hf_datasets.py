@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from shardkit.codecs import decode_field
+from shardkit.format.codecs import decode_field
 from tests.helpers.data import make_shards
 from tests.helpers.readback import read_samples, shardkit
 

@@ -15,9 +15,9 @@ import pytest
 
 from shardkit import ShardDataset, ShardFormatError, ShardkitError, WebLoader, read_shard
 from shardkit.cache import make_opener
+from shardkit.check.verify import verify
+from shardkit.format.manifest.model import Manifest
 from shardkit.io import load_manifest
-from shardkit.manifest import Manifest
-from shardkit.verify import verify
 from tests.helpers import hostile
 from tests.helpers.hostile import EOA, member, one_shard_set, pax, pax_record, run_cli_measured
 from tests.helpers.readback import shardkit
@@ -321,7 +321,7 @@ def test_a_bug_in_a_decode_handler_propagates(tmp_path: Path, handler: str) -> N
 
 @pytest.mark.timeout(60)
 def test_a_corrupt_image_is_bad_data(tmp_path: Path) -> None:
-    from shardkit.writer import ShardWriter
+    from shardkit.write.writer import ShardWriter
 
     with ShardWriter(tmp_path / "img") as w:
         for i in range(3):

@@ -10,9 +10,9 @@ import pytest
 
 from shardkit.cache import make_opener
 from shardkit.errors import ChecksumError, ConfigError, FetchError, ManifestError
+from shardkit.format.manifest.model import Manifest
+from shardkit.format.tario.index import read_index
 from shardkit.io import load_manifest
-from shardkit.manifest import Manifest
-from shardkit.tario.index import read_index
 from tests.helpers.servers import RangeServer, read_samples
 
 FAST = {"backoff_base": 0.01, "backoff_max": 0.05}
@@ -199,7 +199,7 @@ def test_a_drop_past_the_retries_reaches_the_reader_as_a_fetch_error(
     shards: Manifest, server: RangeServer
 ) -> None:
     # the tar reader must not relabel a network failure as a corrupt shard
-    from shardkit.tario.reader import read_shard
+    from shardkit.format.tario.reader import read_shard
 
     entry = shards.shards[1]
     server.add_fault("/" + entry.url, "drop", after=30_000, times=1)

@@ -13,15 +13,15 @@ import pytest
 
 from shardkit import ShardDataset, ShardFormatError, WebLoader
 from shardkit.cache import make_opener
-from shardkit.io import load_manifest
-from shardkit.manifest import Manifest
-from shardkit.tario.index import (
+from shardkit.check.verify import verify
+from shardkit.format.manifest.model import Manifest
+from shardkit.format.tario.index import (
     index_entry_range,
     parse_index,
     sample_signature,
     write_index,
 )
-from shardkit.verify import verify
+from shardkit.io import load_manifest
 from tests.helpers.data import make_shards
 
 WORLD = 3  # 2 shards of 6 samples over 3 ranks: every rank starts or ends inside a shard

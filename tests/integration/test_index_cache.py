@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import shardkit as sk
-from shardkit.manifest import Manifest
+from shardkit.format.manifest.model import Manifest
 from tests.helpers.servers import RangeServer
 
 

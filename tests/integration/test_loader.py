@@ -14,9 +14,9 @@ import torch
 
 from shardkit import ShardDataset, WebLoader
 from shardkit.errors import ConfigError
-from shardkit.loader import PackedBytes
-from shardkit.manifest import Manifest
-from shardkit.writer import ShardWriter
+from shardkit.format.manifest.model import Manifest
+from shardkit.streaming.loader import PackedBytes
+from shardkit.write.writer import ShardWriter
 from tests.helpers.resumable import assert_resumable
 from tests.helpers.servers import RangeServer
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import webdataset as wds
 
-from shardkit.manifest import Manifest
-from shardkit.tario.index import read_index
-from shardkit.tario.reader import read_shard
+from shardkit.format.manifest.model import Manifest
+from shardkit.format.tario.index import read_index
+from shardkit.format.tario.reader import read_shard
 from tests.helpers.data import make_shards
 from tests.helpers.readback import shardkit, write_jsonl
 

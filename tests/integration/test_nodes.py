@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from shardkit.manifest import Manifest
+from shardkit.format.manifest.model import Manifest
 from tests.helpers.nodes import run_nodes
 
 

@@ -12,7 +12,7 @@ import pytest
 import ray  # the optional extra shardkit[ray]; the test extra installs it
 
 import shardkit as sk
-from shardkit.codecs import decode_field
+from shardkit.format.codecs import decode_field
 from tests.helpers.data import make_shards
 from tests.helpers.readback import assert_whole, keys_of, read_samples, shardkit
 

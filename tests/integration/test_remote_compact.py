@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 
 from shardkit.cache import make_opener, opener_for
 from shardkit.errors import ManifestError
+from shardkit.format.manifest.model import Manifest
 from shardkit.io.config import IoConfig
-from shardkit.manifest import Manifest
 from shardkit.read.catalog import Catalog, CompactShards, load_catalog, open_catalog
 from shardkit.read.remote_compact import form_dir
 from tests.helpers.servers import RangeServer

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from shardkit import ShardDataset, WebLoader
-from shardkit.manifest import Manifest
+from shardkit.format.manifest.model import Manifest
 
 MakeShards = Callable[..., Manifest]
 ROOT = Path(__file__).resolve().parents[2]

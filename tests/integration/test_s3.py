@@ -9,8 +9,8 @@ import pytest
 
 from shardkit.cache import make_opener
 from shardkit.errors import ChecksumError, FetchError
+from shardkit.format.manifest.model import Manifest
 from shardkit.io import load_manifest
-from shardkit.manifest import Manifest
 from tests.helpers.servers import moto_server, read_samples
 
 BUCKET = "shardkit-test"

@@ -16,9 +16,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 from shardkit import Manifest, ShardWriter
-from shardkit.checksum import file_checksum
 from shardkit.cli import cli
-from shardkit.tario.index import index_entry_range
+from shardkit.format.checksum import file_checksum
+from shardkit.format.tario.index import index_entry_range
 from tests.helpers import hostile
 from tests.helpers.data import make_samples
 
@@ -315,7 +315,7 @@ def test_corrupt_zstd_shard_in_deep_mode(tmp_path: Path) -> None:
 def test_library_api_progress_and_bad_level(shards: Path) -> None:
     from shardkit import ConfigError
     from shardkit.cache import make_opener
-    from shardkit.verify import verify
+    from shardkit.check.verify import verify
 
     m = Manifest.load(shards)
     for level in ("quick", "checksum", "deep"):

@@ -16,8 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shardkit.errors import ShardFormatError
-from shardkit.tario import members
-from shardkit.tario.reader import TarReader
+from shardkit.format.tario import members
+from shardkit.format.tario.reader import TarReader
 
 Outcome = tuple[list[tuple[int, dict[str, object]]], tuple[str, int | None] | None]
 

@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardkit import ShardDataset, ShardkitError, read_shard
-from shardkit.manifest import Manifest
-from shardkit.summary import scan_shard
-from shardkit.tario.reader import TarReader
+from shardkit.check.summary import scan_shard
+from shardkit.format.manifest.model import Manifest
+from shardkit.format.tario.reader import TarReader
 from tests.helpers.data import make_shards
 
 _FIELDS = (0, 100, 124, 136, 148, 156, 157, 257, 345)  # name, size, mtime, chksum, type, ...

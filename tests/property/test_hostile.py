@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shardkit import ShardFormatError, read_shard
-from shardkit.tario.reader import TarReader, iter_samples
+from shardkit.format.tario.reader import TarReader, iter_samples
 from tests.helpers import hostile
 from tests.helpers.hostile import Case
 from tests.helpers.streams import OneWay

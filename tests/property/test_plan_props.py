@@ -8,8 +8,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardkit.order import Window, iter_order
-from shardkit.plan import (
+from shardkit.plan.assign import (
     Generation,
     PlanConfig,
     Ranges,
@@ -17,6 +16,7 @@ from shardkit.plan import (
     shuffle_window,
     worker_stream,
 )
+from shardkit.plan.order import Window, iter_order
 from tests.helpers.strategies import counts_st, epoch_st, seed_st, workers_st, world_st
 
 

@@ -8,8 +8,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardkit.order import Window, remaining_after, remaining_after_many
-from shardkit.plan import (
+from shardkit.plan.assign import (
     Generation,
     PlanConfig,
     Ranges,
@@ -18,6 +17,7 @@ from shardkit.plan import (
     stream_lengths,
     worker_stream,
 )
+from shardkit.plan.order import Window, remaining_after, remaining_after_many
 from tests.helpers.plan_reference import reference_remaining
 from tests.helpers.strategies import generation_st, ref_counts_st
 

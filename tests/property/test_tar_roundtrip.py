@@ -13,8 +13,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from shardkit import Manifest, ShardWriter, read_shard
-from shardkit.tario.index import read_index
-from shardkit.tario.reader import iter_samples
+from shardkit.format.tario.index import read_index
+from shardkit.format.tario.reader import iter_samples
 from tests.helpers.strategies import sample_lists
 
 

@@ -48,19 +48,19 @@ def test_nothing_public_is_left_out_of_all() -> None:
 
 
 def test_module_all_lists_are_sorted() -> None:
-    import shardkit.checksum
-    import shardkit.codecs
-    import shardkit.manifest
-    import shardkit.tario
-    import shardkit.verify
+    import shardkit.check.verify
+    import shardkit.format.checksum
+    import shardkit.format.codecs
+    import shardkit.format.manifest.model
+    import shardkit.format.tario
 
     for mod in (
         errors,
-        shardkit.checksum,
-        shardkit.codecs,
-        shardkit.manifest,
-        shardkit.tario,
-        shardkit.verify,
+        shardkit.format.checksum,
+        shardkit.format.codecs,
+        shardkit.format.manifest.model,
+        shardkit.format.tario,
+        shardkit.check.verify,
     ):
         assert mod.__all__ == sorted(mod.__all__), mod.__name__
         for name in mod.__all__:

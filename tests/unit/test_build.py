@@ -13,14 +13,14 @@ import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardkit.build import BuildConfig, build, merge_parts, plan_build, split_contiguous
-from shardkit.codecs import decode_field
+from shardkit.check.summary import manifest_from_shards, scan_shard, summarize_manifest
 from shardkit.errors import ConfigError, ManifestError
-from shardkit.manifest import Manifest
-from shardkit.source_read import read_units
-from shardkit.sources import SourceError, SourceOptions, discover, parse_field_spec
-from shardkit.summary import manifest_from_shards, scan_shard, summarize_manifest
-from shardkit.tario.index import read_index
+from shardkit.format.codecs import decode_field
+from shardkit.format.manifest.model import Manifest
+from shardkit.format.tario.index import read_index
+from shardkit.write.build import BuildConfig, build, merge_parts, plan_build, split_contiguous
+from shardkit.write.records import read_units
+from shardkit.write.sources import SourceError, SourceOptions, discover, parse_field_spec
 from tests.helpers.data import make_shards
 from tests.helpers.readback import assert_whole, keys_of, read_samples, write_jsonl
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from shardkit import DecodeError, WriterError
-from shardkit.codecs import decode_field, encode_field, extension
+from shardkit.format.codecs import decode_field, encode_field, extension
 
 
 @pytest.mark.parametrize(

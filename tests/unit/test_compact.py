@@ -13,13 +13,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from shardkit.cache import make_opener
-from shardkit.compact import build_compact, compact_path, load_compact, save_manifest
-from shardkit.compact_pieces import BLOCK_ROWS
 from shardkit.errors import ManifestError
-from shardkit.manifest import Manifest, ShardEntry
-from shardkit.pieces import Pieces
+from shardkit.format.manifest.compact import (
+    build_compact,
+    compact_path,
+    load_compact,
+    save_manifest,
+)
+from shardkit.format.manifest.compact_pieces import BLOCK_ROWS
+from shardkit.format.manifest.model import Manifest, ShardEntry
+from shardkit.format.pieces import Pieces
 from shardkit.read.catalog import Catalog, CompactShards, load_catalog, open_catalog
-from shardkit.writer import ShardWriter
+from shardkit.write.writer import ShardWriter
 from tests.helpers.strategies import manifests
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from shardkit.compression import compressed_name, open_tar, sniff
 from shardkit.errors import FetchError, ShardFormatError
-from shardkit.tario.reader import iter_samples, read_shard
-from shardkit.writer import ShardWriter
+from shardkit.format.compression import compressed_name, open_tar, sniff
+from shardkit.format.tario.reader import iter_samples, read_shard
+from shardkit.write.writer import ShardWriter
 from tests.helpers.data import make_samples
 from tests.helpers.streams import OneWay
 

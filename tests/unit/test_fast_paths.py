@@ -8,8 +8,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardkit.codecs import decode_field, encode_field
-from shardkit.tario.writer import _MAX_OCTAL_SIZE, _raw_header, member_header
+from shardkit.format.codecs import decode_field, encode_field
+from shardkit.format.tario.writer import _MAX_OCTAL_SIZE, _raw_header, member_header
 from tests.helpers.strategies import member_names
 
 

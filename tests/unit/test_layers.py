@@ -1,10 +1,11 @@
 """The layering of STYLE.md, kept true: imports point one way, down the layer order.
 
-The order is written once, here. A module may import a module of a lower layer, or of its
-own layer listed before it (so a layer has a one-way order inside too); never a higher
-one, never one listed after it in its own layer. Every import counts, also those inside
-functions (a lazy import hides a cycle; it does not remove it). A package's modules may
-import each other freely (the package is one unit); the package root re-exports.
+The order is written once, here, for the packages of ``shardkit`` and for the modules inside
+each package that has one. A module may import a unit of a lower layer, or of its own layer
+listed before it (so a layer has a one-way order inside too); never a higher one, never one
+listed after it in its own layer. Every import counts, also those inside functions (a lazy
+import hides a cycle; it does not remove it). Inside a package with no order here its modules
+may import each other freely (the package is one unit); the package root re-exports.
 """
 
 from __future__ import annotations
@@ -14,96 +15,124 @@ from pathlib import Path
 
 import shardkit
 
-# lowest first; inside a layer, earlier before later
-LAYERS: list[list[str]] = [
-    ["_version", "_types", "errors", "units", "urls", "counters", "durable"],
-    [
-        "checksum",
-        "pieces",
-        "digest",
-        "images",
-        "codecs",
-        "compression",
-        "table_meta",
-        "manifest_check",
-        "manifest",
-        "compact_pieces",
-        "compact",
-        "tario",
+# package -> its units in layers, lowest first; inside a layer, earlier before later
+ORDER: dict[str, list[list[str]]] = {
+    "shardkit": [
+        ["_version", "_types", "errors", "units", "urls", "counters", "durable"],
+        ["format"],
+        ["write"],
+        ["check"],
+        ["plan"],
+        ["io", "cache"],
+        ["read"],
+        ["stages", "metrics", "streaming"],
+        ["ray"],
+        ["cli", "__main__"],
     ],
-    [
-        "tree_select",
-        "sources",
-        "sources_table",
-        "source_read",
-        "journal",
-        "writer",
-        "build_config",
-        "build_workers",
-        "build_plan",
-        "build",
-        "summary",
-        "verify",
-        "adopt",
+    "shardkit.format": [
+        ["checksum", "pieces", "digest", "images", "codecs", "compression"],
+        ["manifest", "tario"],
     ],
-    ["world", "order", "ranges", "plan"],
-    ["io", "cache"],
-    ["read"],
-    ["stages", "resume", "metrics", "transfer", "sync", "dataset", "mixing", "loader", "export"],
-    ["ray"],
-    ["cli", "__main__"],
-]
+    "shardkit.format.manifest": [["check", "model", "compact_pieces", "compact", "journal"]],
+    "shardkit.format.tario": [["names", "headers", "members", "index", "reader", "writer"]],
+    "shardkit.write": [
+        ["select", "table_meta", "sources", "tables", "records"],
+        ["writer", "config", "workers", "prepare", "build"],
+    ],
+    "shardkit.check": [["summary", "verify", "adopt"]],
+    "shardkit.plan": [["world", "order", "ranges", "assign"]],
+    "shardkit.io": [["config", "retry", "local", "pipe", "http", "s3", "verified", "remote"]],
+    "shardkit.read": [["policy", "indexes", "remote_compact", "catalog", "stream"]],
+    "shardkit.stages": [["base", "collate", "basic", "decode", "source", "tokens"]],
+    "shardkit.metrics": [["schema", "job", "alert", "export"]],
+    "shardkit.streaming": [["resume", "transfer", "sync", "dataset", "mixing", "loader"]],
+}
+LAYERS = ORDER["shardkit"]
 ROOT = Path(shardkit.__file__).parent
 
 
-def _unit(module: str) -> str:
-    """The layer unit of ``shardkit.x.y``: ``x`` (a top-level module or package)."""
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else "(root)"
+def _module_of(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    return ".".join(p for p in rel.parts if p != "__init__")
 
 
-def _rank() -> dict[str, tuple[int, int]]:
-    return {name: (i, j) for i, layer in enumerate(LAYERS) for j, name in enumerate(layer)}
+def _rank(package: str) -> dict[str, tuple[int, int]]:
+    layers = ORDER[package]
+    return {name: (i, j) for i, layer in enumerate(layers) for j, name in enumerate(layer)}
 
 
-def _imports() -> dict[str, set[tuple[str, int]]]:
-    """unit -> {(imported unit, line)} for every shardkit import of every module."""
-    out: dict[str, set[tuple[str, int]]] = {}
+def _edges() -> set[tuple[str, str, int]]:
+    """(importing module, imported module, line) for every shardkit import of every module."""
+    out: set[tuple[str, str, int]] = set()
     for path in ROOT.rglob("*.py"):
-        rel = path.relative_to(ROOT.parent).with_suffix("")
-        module = ".".join(p for p in rel.parts if p != "__init__")
-        unit = _unit(module)
+        module = _module_of(path)
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names: list[str] = []
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [node.module]
-                if node.module == "shardkit":
-                    names = [f"shardkit.{a.name}" for a in node.names]
+                if node.module.startswith("shardkit"):
+                    names += [f"{node.module}.{a.name}" for a in node.names]
+                if node.module == "shardkit" and not all(
+                    _exists(f"shardkit.{a.name}") for a in node.names
+                ):
+                    out.add((module, "shardkit.__init__", node.lineno))
             elif isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
+                if "shardkit" in names:
+                    out.add((module, "shardkit.__init__", node.lineno))
             for name in names:
-                if name.startswith("shardkit.") and _unit(name) != unit:
-                    out.setdefault(f"{unit}", set()).add((_unit(name), node.lineno))
+                if name.startswith("shardkit.") and _exists(name):
+                    out.add((module, name, node.lineno))
     return out
 
 
+def _exists(module: str) -> bool:
+    path = ROOT.parent / module.replace(".", "/")
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def _split(a: str, b: str) -> tuple[str, str, str] | None:
+    """The deepest package holding both modules and the units of each inside it."""
+    pa, pb = a.split("."), b.split(".")
+    n = 0
+    while n < min(len(pa), len(pb)) and pa[n] == pb[n]:
+        n += 1
+    if n >= len(pa) or n >= len(pb):
+        return None  # one is inside the other: a package and its own modules
+    return ".".join(pa[:n]), pa[n], pb[n]
+
+
 def test_every_unit_has_a_place_in_the_order() -> None:
-    units = {_unit(".".join(("shardkit", p.stem))) for p in ROOT.glob("*.py")}
-    units |= {_unit(f"shardkit.{p.name}") for p in ROOT.iterdir() if (p / "__init__.py").exists()}
-    units.discard("__init__")
-    placed = set(_rank())
-    assert units <= placed, f"not in LAYERS: {sorted(units - placed)}"
+    missing = []
+    for package in ORDER:
+        folder = ROOT.parent / package.replace(".", "/")
+        units = {p.stem for p in folder.glob("*.py")} | {
+            p.name for p in folder.iterdir() if (p / "__init__.py").exists()
+        }
+        units.discard("__init__")
+        missing += [f"{package}.{u}" for u in sorted(units - set(_rank(package)))]
+    assert not missing, f"not in ORDER: {missing}"
+
+
+def test_the_root_reads_as_the_layers() -> None:
+    entries = [p for p in ROOT.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()]
+    assert len(entries) <= 24, sorted(p.name for p in entries)
 
 
 def test_imports_point_down_the_layer_order() -> None:
-    rank = _rank()
     wrong = []
-    for unit, deps in sorted(_imports().items()):
-        if unit == "(root)":
+    for a, b, line in sorted(_edges()):
+        split = _split(a, b)
+        if split is None:
+            continue
+        package, ua, ub = split
+        if package == "shardkit" and ua == "__init__":
             continue  # the package root re-exports the public names
-        for dep, line in sorted(deps):
-            if dep == "(root)":
-                wrong.append(f"{unit} imports the package root (line {line})")
-            elif dep in rank and unit in rank and rank[dep] >= rank[unit]:
-                wrong.append(f"{unit} (layer {rank[unit]}) imports {dep} (layer {rank[dep]})")
+        if package not in ORDER:
+            continue
+        rank = _rank(package)
+        if ub == "__init__" or (package == "shardkit" and b == "shardkit"):
+            wrong.append(f"{a} imports the package root (line {line})")
+        elif ua in rank and ub in rank and rank[ub] >= rank[ua]:
+            wrong.append(f"{a} (layer {rank[ua]}) imports {b} (layer {rank[ub]}), line {line}")
     assert not wrong, "imports pointing up the layer order:\n" + "\n".join(wrong)

@@ -13,7 +13,7 @@ import pytest
 
 from shardkit import ShardDataset, WebLoader
 from shardkit.errors import StateDictError
-from shardkit.manifest import Manifest
+from shardkit.format.manifest.model import Manifest
 
 MakeShards = Callable[..., Manifest]
 SIZES = [7, 11, 3, 9, 13, 10, 7]

@@ -158,7 +158,7 @@ def test_collate_keeps_every_field_of_samples_that_differ() -> None:
 def test_prometheus_text_parses_back_with_its_library(tmp_path: Path) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    from shardkit.export import prometheus_text, write_prometheus
+    from shardkit.metrics.export import prometheus_text, write_prometheus
 
     stats = LoaderStats()
     _run(stats, {"cache_hits": 1})
@@ -181,7 +181,7 @@ def test_tensorboard_scalars_read_back_by_tensorboard(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from torch.utils.tensorboard import SummaryWriter
 
-    from shardkit.export import tensorboard
+    from shardkit.metrics.export import tensorboard
 
     stats = LoaderStats()
     _run(stats, {})

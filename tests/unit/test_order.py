@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from shardkit.errors import ConfigError
-from shardkit.order import Window, iter_order, nth_output, remaining_after, resume_window
+from shardkit.plan.order import Window, iter_order, nth_output, remaining_after, resume_window
 
 
 def full_order(n: int, window: Window | None, chunk: int = 64) -> np.ndarray:

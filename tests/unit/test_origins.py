@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from shardkit.errors import ManifestError
-from shardkit.manifest import Manifest, ShardEntry
+from shardkit.format.manifest.model import Manifest, ShardEntry
 from shardkit.urls import resolve_url
 
 ORIGIN = ("https://data.example/sets/a/",)

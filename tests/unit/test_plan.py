@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from shardkit.errors import ConfigError, StateDictError
-from shardkit.order import iter_order
-from shardkit.plan import (
+from shardkit.plan.assign import (
     Generation,
     PlanConfig,
     Ranges,
@@ -22,6 +21,7 @@ from shardkit.plan import (
     worker_lengths,
     worker_stream,
 )
+from shardkit.plan.order import iter_order
 
 COUNTS = [7, 11, 3, 9, 13, 10, 7]  # 60 samples in 7 uneven shards
 

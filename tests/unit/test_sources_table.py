@@ -12,10 +12,10 @@ import pyarrow.ipc
 import pyarrow.parquet as pq
 import pytest
 
-from shardkit.codecs import decode_field
 from shardkit.errors import ConfigError
-from shardkit.source_read import read_units
-from shardkit.sources import SourceError, SourceOptions, discover, parse_field_spec
+from shardkit.format.codecs import decode_field
+from shardkit.write.records import read_units
+from shardkit.write.sources import SourceError, SourceOptions, discover, parse_field_spec
 
 _IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 

@@ -18,9 +18,9 @@ import torch
 
 from shardkit import ShardDataset, mix
 from shardkit.errors import ConfigError, DecodeError, FetchError, ShardFormatError, StateDictError
+from shardkit.format.manifest.model import Manifest
 from shardkit.io.config import IoConfig
-from shardkit.manifest import Manifest
-from shardkit.writer import ShardWriter
+from shardkit.write.writer import ShardWriter
 from tests.helpers.resumable import assert_resumable
 
 MakeShards = Callable[..., Manifest]

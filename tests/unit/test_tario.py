@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 
 from shardkit import Manifest, ShardFormatError, ShardWriter, WriterError, read_shard
-from shardkit.tario import check_key, member_header, split_key
-from shardkit.tario.headers import parse_number, parse_pax
-from shardkit.tario.index import (
+from shardkit.format.tario import check_key, member_header, split_key
+from shardkit.format.tario.headers import parse_number, parse_pax
+from shardkit.format.tario.index import (
     index_entry_range,
     parse_index_pair,
     read_index,
     write_index,
 )
-from shardkit.tario.names import key_problem, name_problem
-from shardkit.tario.reader import TarReader, iter_members, iter_samples
+from shardkit.format.tario.names import key_problem, name_problem
+from shardkit.format.tario.reader import TarReader, iter_members, iter_samples
 from tests.helpers import hostile
 
 

@@ -9,7 +9,7 @@ import pytest
 import xxhash
 
 from shardkit import ConfigError
-from shardkit.checksum import ALGORITHMS, file_checksum, new_hasher, split_checksum
+from shardkit.format.checksum import ALGORITHMS, file_checksum, new_hasher, split_checksum
 from shardkit.units import format_bytes, parse_size
 
 

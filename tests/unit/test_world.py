@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shardkit.errors import ConfigError
-from shardkit.world import WorldInfo
+from shardkit.plan.world import WorldInfo
 
 
 def test_a_plain_process_is_rank_0_of_1() -> None:

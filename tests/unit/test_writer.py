@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from shardkit import ConfigError, Manifest, ShardWriter, WriterError, read_shard
-from shardkit.checksum import file_checksum
-from shardkit.journal import journal_path, read_journal
-from shardkit.tario.index import read_index
+from shardkit.format.checksum import file_checksum
+from shardkit.format.manifest.journal import journal_path, read_journal
+from shardkit.format.tario.index import read_index
 from tests.helpers.data import make_samples
 
 

@@ -1,0 +1,1 @@
+"""Checking shard sets: verify, summaries and scans, adopting shards written elsewhere."""

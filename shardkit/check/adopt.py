@@ -1,0 +1,128 @@
+"""Adopting a remote data set: a local manifest and sample indexes for shards left in place.
+
+``shardkit manifest from-shards 'https://host/d/x-{000000..000999}.tar' -o DIR`` reads each
+shard once (in parallel), and writes into DIR a manifest that lists the shards by their
+absolute urls, beside a sample index per shard (``DIR/x-000000.tar.idx``: the path under
+the common prefix). The manifest names that prefix in ``origins``; read from the local
+disk, it may reach the shards there (see :mod:`shardkit.urls` for why a manifest from
+elsewhere still may not), so ``ShardDataset("DIR/manifest.json")`` streams the remote
+shards with splits, cache and exact resume, with no extra flag.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import threading
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from urllib.parse import urlsplit
+
+from shardkit._types import Opener
+from shardkit.check.summary import FieldStats, add_fields, scan_stream
+from shardkit.durable import atomic_write
+from shardkit.errors import ConfigError
+from shardkit.format.checksum import new_hasher
+from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
+from shardkit.format.pieces import DEFAULT_PIECE_SIZE
+from shardkit.format.tario.index import write_index
+from shardkit.urls import REMOTE_PREFIXES, expand_braces
+
+__all__ = ["adopt_remote", "is_remote_pattern"]
+
+
+def is_remote_pattern(source: str) -> bool:
+    """True for an ``http(s)://`` or ``s3://`` url or url pattern."""
+    return source.startswith(REMOTE_PREFIXES)
+
+
+def _origin(urls: list[str]) -> str:
+    """The longest common "directory" prefix of ``urls`` (``https://host/d/``)."""
+    common = os.path.commonprefix(urls)  # noqa: RUF071 - by character, then cut at a "/"
+    origin = common[: common.rfind("/") + 1]
+    parts = urlsplit(origin)
+    if not parts.netloc or not parts.path.startswith("/"):
+        raise ConfigError(
+            f"the shards {urls[0]!r}, ... share no host and directory; adopt them apart"
+        )
+    return origin
+
+
+def _relative(url: str, origin: str) -> str:
+    rel = url[len(origin) :]
+    parts = rel.split("/")
+    if urlsplit(url).query or not rel or any(p in ("", ".", "..") for p in parts):
+        raise ConfigError(f"cannot name a sample index for {url!r} under {origin!r}")
+    return posixpath.normpath(rel)
+
+
+def adopt_remote(
+    pattern: str,
+    out_dir: str,
+    opener: Opener,
+    *,
+    algo: str = "sha256",
+    index: bool = True,
+    piece_size: int | None = DEFAULT_PIECE_SIZE,
+    workers: int = 8,
+    progress: Callable[[int], object] | None = None,
+    on_shard: Callable[[], object] | None = None,
+) -> tuple[Manifest, str]:
+    """A manifest (unsaved) and sample indexes (written) in ``out_dir`` for remote shards.
+
+    ``pattern`` is an ``http(s)://`` or ``s3://`` url with brace ranges, read through
+    ``opener`` (``shardkit.cache.make_opener()``). ``workers`` shards
+    are read at a time; ``progress(nbytes)`` is called as bytes arrive and ``on_shard()``
+    as each shard is done. The first failure (a :class:`FetchError`, a
+    :class:`ShardFormatError` naming the shard and byte) stops the rest; no manifest is
+    written then. Returns the manifest and its path (``out_dir/manifest.json``).
+    """
+    urls = expand_braces(pattern)
+    if not all(is_remote_pattern(u) for u in urls):
+        raise ConfigError(f"{pattern!r} is not an http(s):// or s3:// url pattern")
+    if workers < 1:
+        raise ConfigError(f"workers must be at least 1, got {workers}")
+    origin = _origin(urls)
+    rels = [_relative(u, origin) for u in urls]
+    out = os.path.abspath(out_dir)
+    os.makedirs(out, exist_ok=True)
+    lock = threading.Lock()
+
+    def count(n: int) -> None:
+        if progress is not None:
+            with lock:
+                progress(n)
+
+    def one(url: str, rel: str) -> tuple[ShardEntry, FieldStats]:
+        with opener.open(url) as f:
+            scan = scan_stream(f, url, algo=algo, nkeys=0, progress=count, piece_size=piece_size)
+        idx = idx_sum = None
+        if index:
+            data = write_index(scan.offsets, scan.end)
+            path = os.path.join(out, *rel.split("/")) + ".idx"
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            atomic_write(path, data)
+            h = new_hasher(algo)
+            h.update(data)
+            idx, idx_sum = rel + ".idx", f"{algo}:{h.hexdigest()}"
+        if on_shard is not None:
+            with lock:
+                on_shard()
+        entry = ShardEntry(url, scan.size, scan.nsamples, scan.checksum, idx, idx_sum, scan.pieces)
+        return entry, scan.fields
+
+    with ThreadPoolExecutor(max_workers=min(workers, len(urls))) as pool:
+        futures = [pool.submit(one, u, r) for u, r in zip(urls, rels, strict=True)]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        for fut in futures:
+            if fut in done and fut.exception() is not None:
+                for other in futures:
+                    other.cancel()
+                raise fut.exception()  # type: ignore[misc]
+        results = [fut.result() for fut in futures]
+    fields: FieldStats = {}
+    for _, f in results:
+        add_fields(fields, f)
+    created = creation_info(source=f"shardkit manifest from-shards {pattern}")
+    m = Manifest([e for e, _ in results], algo, fields, created, base=out, origins=(origin,))
+    return m, os.path.join(out, "manifest.json")

@@ -1,0 +1,294 @@
+"""What is inside a shard set: one-pass shard scans, manifests for foreign shards, summaries.
+
+:func:`scan_shard` reads a shard once and gets everything a manifest and an index need in
+that one pass: size, checksum (hashed as the bytes are read), sample count and each
+sample's byte offset, plus field statistics and the first keys. :func:`manifest_from_shards`
+uses it to give shards someone else wrote (``webdataset.ShardWriter``, GNU tar) a
+manifest and sample indexes; :func:`summarize_manifest` and :func:`summarize_shard` are
+what ``shardkit inspect`` shows.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+from shardkit.durable import atomic_write
+from shardkit.errors import ConfigError, ShardFormatError
+from shardkit.format.checksum import new_hasher
+from shardkit.format.compression import open_tar
+from shardkit.format.digest import Digest, HashingReader
+from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
+from shardkit.format.pieces import DEFAULT_PIECE_SIZE, Pieces
+from shardkit.format.tario.index import sample_signature, write_index
+from shardkit.format.tario.reader import TarReader
+from shardkit.write.sources import discover
+
+__all__ = [
+    "GOOD_SHARD_BYTES",
+    "ShardScan",
+    "add_fields",
+    "first_keys",
+    "manifest_from_shards",
+    "scan_shard",
+    "scan_stream",
+    "summarize_manifest",
+    "summarize_shard",
+]
+
+GOOD_SHARD_BYTES = (500_000_000, 2_000_000_000)
+"""Shard sizes streaming wants: big enough to amortise a request, small enough to spread."""
+
+FieldStats = dict[str, dict[str, int]]
+
+
+@dataclass
+class ShardScan:
+    """One pass over a shard: ``offsets`` of its samples and ``end`` (the end-of-archive
+    offset; both in the decompressed tar for ``.tar.zst``), its on-disk ``size`` and
+    ``checksum``, per-field ``{"count", "bytes"}`` and the first few keys.
+    """
+
+    path: str
+    size: int
+    checksum: str
+    offsets: list[int]
+    end: int
+    fields: FieldStats = field(default_factory=dict)
+    first_keys: list[str] = field(default_factory=list)
+    pieces: Pieces | None = None
+    signatures: list[int] = field(default_factory=list)  # per sample, for the index
+
+    @property
+    def nsamples(self) -> int:
+        return len(self.offsets)
+
+
+def _scan_tar(f: BinaryIO, url: str, size: int | None, nkeys: int) -> tuple[Any, ...]:
+    reader = TarReader(f, url=url, size=size, keep_data=False)  # sizes only: nothing held
+    offsets: list[int] = []
+    stats: FieldStats = {}
+    keys: list[str] = []
+    sigs: list[int] = []
+    for offset, sample in reader.samples():
+        offsets.append(offset)
+        key = str(sample.pop("__key__"))
+        if len(keys) < nkeys:
+            keys.append(key)
+        sigs.append(sample_signature(key, sample))
+        for fld, data in sample.items():
+            st = stats.setdefault(fld, {"count": 0, "bytes": 0})
+            st["count"] += 1
+            st["bytes"] += data  # type: ignore[operator]
+    end = reader.end_offset if reader.end_offset is not None else reader.offset
+    return offsets, end, stats, keys, sigs
+
+
+def scan_shard(
+    path: str,
+    *,
+    algo: str = "sha256",
+    nkeys: int = 5,
+    url: str | None = None,
+    progress: Callable[[int], object] | None = None,
+    piece_size: int | None = None,
+) -> ShardScan:
+    """Read the shard at ``path`` once: checksum, sample offsets, field stats, first keys
+    (and with ``piece_size`` the checksums of its pieces, hashed in the same pass).
+
+    Raises :class:`ShardFormatError` (naming the shard and byte offset) for a tar that is
+    truncated, corrupt or hostile. ``progress(nbytes)`` is called as bytes are read.
+    """
+    name = url or path
+    try:
+        raw = open(path, "rb", buffering=0)  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise ShardFormatError(f"cannot open shard: {exc.strerror}", url=name) from exc
+    with raw:
+        size = os.fstat(raw.fileno()).st_size
+        scan = scan_stream(raw, name, algo=algo, nkeys=nkeys, progress=progress,
+                           piece_size=piece_size, size=size)  # fmt: skip
+    scan.path = path
+    return scan
+
+
+def scan_stream(
+    raw: BinaryIO,
+    name: str,
+    *,
+    algo: str = "sha256",
+    nkeys: int = 5,
+    progress: Callable[[int], object] | None = None,
+    piece_size: int | None = None,
+    size: int | None = None,
+) -> ShardScan:
+    """:func:`scan_shard` of a stream positioned at a shard's first byte (a remote shard);
+    ``size`` is its size when known."""
+    src = HashingReader(raw, Digest(algo, piece_size, progress))
+    with open_tar(src, url=name) as (tar, kind):  # type: ignore[arg-type]
+        found = _scan_tar(tar, name, size if kind is None else None, nkeys)
+    src.drain()
+    offsets, end, stats, keys, sigs = found
+    checksum = src.digest.checksum()
+    found_pieces = src.digest.pieces.result() if src.digest.pieces is not None else None
+    return ShardScan(name, src.digest.size, checksum, offsets, end, stats, keys, found_pieces, sigs)
+
+
+def add_fields(acc: FieldStats, more: FieldStats) -> None:
+    for name, st in more.items():
+        a = acc.setdefault(name, {"count": 0, "bytes": 0})
+        a["count"] += st["count"]
+        a["bytes"] += st["bytes"]
+
+
+def manifest_from_shards(
+    source: str,
+    *,
+    manifest_path: str | None = None,
+    algo: str = "sha256",
+    index: bool = True,
+    progress: Callable[[int], object] | None = None,
+    piece_size: int | None = DEFAULT_PIECE_SIZE,
+) -> tuple[Manifest, str]:
+    """A manifest for existing shards: a directory (searched recursively) or a pattern.
+
+    Each shard is read once (its piece checksums, with ``piece_size``, in the same pass).
+    With ``index`` a ``.idx`` sample index is written beside
+    each shard. Returns the manifest and where it belongs (``manifest_path``, by default
+    ``manifest.json`` in the directory, or in the shards' common directory); the shards
+    must lie under that directory since manifest urls are relative to it. The caller
+    saves it.
+    """
+    units = discover([source], source_type="tar")
+    if not units:
+        raise ConfigError(f"no .tar, .tar.zst or .tar.gz shards in {source!r}")
+    paths = [os.path.abspath(u.path) for u in units]
+    if manifest_path is None:
+        top = (
+            source
+            if os.path.isdir(source)
+            else os.path.commonpath([os.path.dirname(p) for p in paths])
+        )
+        manifest_path = os.path.join(top, "manifest.json")
+    base = os.path.dirname(os.path.abspath(manifest_path))
+    shards: list[ShardEntry] = []
+    fields: FieldStats = {}
+    for p in paths:
+        rel = os.path.relpath(p, base)
+        if rel.startswith(".."):
+            raise ConfigError(f"shard {p} is outside {base}, where the manifest goes")
+        real = os.path.realpath(p)
+        if not real.startswith(os.path.realpath(base).rstrip(os.sep) + os.sep):
+            raise ConfigError(
+                f"shard {p} is a link to {real}, outside {base}, where the manifest goes: "
+                "readers would refuse it"
+            )
+        url = rel.replace(os.sep, "/")
+        scan = scan_shard(p, algo=algo, nkeys=0, url=url, progress=progress, piece_size=piece_size)
+        idx = idx_sum = None
+        if index:
+            data = write_index(
+                scan.offsets, scan.end, signatures=scan.signatures, shard_checksum=scan.checksum
+            )
+            atomic_write(p + ".idx", data)
+            h = new_hasher(algo)
+            h.update(data)
+            idx, idx_sum = url + ".idx", f"{algo}:{h.hexdigest()}"
+        add_fields(fields, scan.fields)
+        shards.append(
+            ShardEntry(url, scan.size, scan.nsamples, scan.checksum, idx, idx_sum, scan.pieces)
+        )
+    created = creation_info(source="shardkit manifest from-shards")
+    return Manifest(shards, algo, fields, created, base=base), manifest_path
+
+
+def first_keys(source: str | BinaryIO, n: int = 5, *, url: str | None = None) -> list[str]:
+    """The first ``n`` sample keys of a shard (a path or a stream, plain or compressed)."""
+    if n <= 0:
+        return []
+    name = url or (source if isinstance(source, str) else "<stream>")
+    if isinstance(source, str):
+        try:
+            raw = open(source, "rb")  # noqa: SIM115 - closed below
+        except OSError as exc:
+            raise ShardFormatError(f"cannot open shard: {exc.strerror}", url=name) from exc
+        with raw:
+            return first_keys(raw, n, url=name)
+    with open_tar(source, url=name) as (tar, _):
+        return _take_keys(tar, name, n)
+
+
+def _take_keys(f: BinaryIO, url: str, n: int) -> list[str]:
+    """The first ``n`` keys, reading past member data without keeping it."""
+    keys: list[str] = []
+    for _, s in TarReader(f, url=url, keep_data=False).samples():
+        keys.append(str(s["__key__"]))
+        if len(keys) >= n:
+            break
+    return keys
+
+
+def _spread(values: Sequence[int]) -> dict[str, int]:
+    if not values:
+        return {"min": 0, "median": 0, "max": 0}
+    return {"min": min(values), "median": round(statistics.median(values)), "max": max(values)}
+
+
+def _field_rows(fields: FieldStats, nsamples: int) -> dict[str, dict[str, Any]]:
+    return {
+        name: {
+            "count": st.get("count", 0),
+            "bytes": st.get("bytes", 0),
+            "mean_bytes": round(st.get("bytes", 0) / max(1, st.get("count", 0)), 1),
+            "missing": max(0, nsamples - st.get("count", 0)),
+        }
+        for name, st in sorted(fields.items())
+    }
+
+
+def summarize_manifest(m: Manifest, *, keys: Sequence[str] = ()) -> dict[str, Any]:
+    """Totals, shard size spread (and the shards outside 0.5-2 GB), fields, first keys."""
+    lo, hi = GOOD_SHARD_BYTES
+    last = len(m.shards) - 1
+    outside = [
+        {"url": s.url, "size": s.size, "last": i == last}
+        for i, s in enumerate(m.shards)
+        if not lo <= s.size <= hi
+    ]
+    return {
+        "kind": "manifest",
+        "shards": len(m.shards),
+        "samples": m.total_samples,
+        "bytes": m.total_bytes,
+        "mean_sample_bytes": round(m.total_bytes / max(1, m.total_samples), 1),
+        "checksum_algorithm": m.checksum_algorithm,
+        "shard_bytes": _spread([s.size for s in m.shards]),
+        "shard_samples": _spread([s.nsamples for s in m.shards]),
+        "good_shard_bytes": list(GOOD_SHARD_BYTES),
+        "outside_good_range": outside,
+        "indexed_shards": sum(1 for s in m.shards if s.index),
+        "fields": _field_rows(m.fields, m.total_samples),
+        "first_keys": list(keys),
+        "part": m.part,
+        "created": m.created,
+    }
+
+
+def summarize_shard(scan: ShardScan) -> dict[str, Any]:
+    """What one shard holds: size, checksum, samples, the spread of sample sizes, fields."""
+    bounds = [*scan.offsets, scan.end]
+    sample_bytes = [b - a for a, b in itertools.pairwise(bounds)]
+    return {
+        "kind": "shard",
+        "path": scan.path,
+        "bytes": scan.size,
+        "checksum": scan.checksum,
+        "samples": scan.nsamples,
+        "sample_bytes": _spread(sample_bytes),
+        "fields": _field_rows(scan.fields, scan.nsamples),
+        "first_keys": scan.first_keys,
+    }

@@ -1,0 +1,408 @@
+"""Check that a manifest's shards are what it promises.
+
+Three levels: ``quick`` (each shard exists and has its size), ``checksum`` (the default:
+size and checksum of every byte) and ``deep`` (also parse every shard with the tar
+reader: its sample count, its ``.idx`` sample index, hostile or broken members). Shards
+are read through the io seam (an :class:`~shardkit._types.Opener`), so the same check
+runs on local files and remote urls. Every shard is read once: in ``deep`` mode the tar
+reader reads through a tee that hashes what passes, so parsing costs no second read.
+
+Each problem names the shard, what is wrong, and the expected and found values.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from shardkit.errors import ConfigError, FetchError, ShardFormatError, ShardkitError
+from shardkit.format.checksum import split_checksum
+from shardkit.format.compression import SHARD_SUFFIXES, open_tar
+from shardkit.format.digest import Digest, HashingReader
+from shardkit.format.manifest.model import Manifest, ShardEntry, incomplete_reason
+from shardkit.format.tario.index import SampleIndex, parse_index, sample_signature, shard_binding
+from shardkit.format.tario.reader import TarReader, stream_size
+from shardkit.urls import WithinBase, check_within
+
+if TYPE_CHECKING:
+    from shardkit._types import Opener
+
+__all__ = ["LEVELS", "Problem", "VerifyReport", "extra_files", "verify", "verify_shard"]
+
+log = logging.getLogger(__name__)
+
+LEVELS = ("quick", "checksum", "deep")
+CHUNK = 8 << 20  # hashlib releases the GIL on big buffers; 8 MB amortises each call
+Progress = Callable[[int], object]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with one shard.
+
+    ``kind`` is one of ``missing``, ``unreadable``, ``url``, ``size``, ``checksum``,
+    ``pieces``, ``format``, ``nsamples``, ``index``; ``offset`` is a byte offset in the
+    shard (``format`` problems, the first byte of a ``pieces`` problem) when known.
+    """
+
+    url: str
+    kind: str
+    message: str
+    expected: int | str | None = None
+    found: int | str | None = None
+    offset: int | None = None
+
+    def __str__(self) -> str:
+        text = f"{self.url}: {self.kind}: {self.message}"
+        if self.expected is not None or self.found is not None:
+            text += f" (expected {self.expected}, found {self.found})"
+        return text
+
+
+@dataclass
+class VerifyReport:
+    """What :func:`verify` found: ``problems`` (errors) and ``warnings`` (extra files).
+
+    ``incomplete`` says why the manifest does not hold its whole data set (a build that
+    did not finish, a merge of only some parts); such a report is not ok either.
+    """
+
+    manifest: str
+    level: str
+    shards: int
+    bytes: int
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    incomplete: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the manifest is complete and no shard has a problem (not warnings)."""
+        return not self.problems and self.incomplete is None
+
+    @property
+    def bad_shards(self) -> list[str]:
+        """The urls of the shards with problems, in manifest order, once each."""
+        return list(dict.fromkeys(p.url for p in self.problems))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict of the report."""
+        return {
+            "manifest": self.manifest,
+            "level": self.level,
+            "ok": self.ok,
+            "shards": self.shards,
+            "bytes": self.bytes,
+            "bad_shards": self.bad_shards,
+            "problems": [asdict(p) for p in self.problems],
+            "warnings": list(self.warnings),
+            "incomplete": self.incomplete,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+_local = threading.local()
+
+
+def _buffer() -> bytearray:
+    """This thread's reusable read buffer."""
+    buf: bytearray | None = getattr(_local, "buf", None)
+    if buf is None:
+        buf = _local.buf = bytearray(CHUNK)
+    return buf
+
+
+def _open_problem(url: str, exc: BaseException) -> Problem:
+    cause = exc.__cause__
+    missing = isinstance(cause, FileNotFoundError) or (
+        isinstance(exc, FetchError) and exc.status in (404, 410)
+    )
+    if missing:
+        return Problem(url, "missing", "shard is missing")
+    return Problem(url, "unreadable", f"cannot read: {exc}")
+
+
+def _probe_size(opener: Opener, url: str, expected: int) -> int | str:
+    """Size check by a ranged read around ``expected``: the size, or how it differs."""
+    lo = max(expected - 1, 0)
+    try:
+        got = len(opener.read(url, start=lo, end=expected + 1))
+    except FetchError as exc:
+        if exc.status == 416:  # the range starts past the end
+            return f"< {expected}"
+        raise
+    want = 1 if expected else 0
+    if got == want:
+        return expected
+    return f"< {expected}" if got < want else f"> {expected}"
+
+
+def _check_quick(
+    entry: ShardEntry, url: str, opener: Opener, progress: Progress | None
+) -> int | str:
+    with opener.open(url) as f:
+        size: int | str | None = stream_size(f)
+    if size is None:
+        size = _probe_size(opener, url, entry.size)
+    if progress is not None:
+        progress(entry.size)
+    return size
+
+
+def _digest(algo: str, progress: Progress | None, entry: ShardEntry) -> Digest:
+    return Digest(algo, entry.pieces.size if entry.pieces is not None else None, progress)
+
+
+def _check_pieces(entry: ShardEntry, tee: HashingReader) -> list[Problem]:
+    """The manifest's piece checksums against the bytes read: the first piece that differs."""
+    if entry.pieces is None or tee.digest.pieces is None or tee.digest.size != entry.size:
+        return []  # a size problem says it already
+    found = tee.digest.pieces.result()
+    for k, (want, got) in enumerate(zip(entry.pieces.digests, found.digests, strict=True)):
+        if want != got:
+            lo, hi = entry.pieces.span(k, entry.size)
+            msg = f"piece {k} (bytes {lo}..{hi}) differs from the manifest's piece checksum"
+            return [Problem(entry.url, "pieces", msg, want, got, offset=lo)]
+    return []
+
+
+def _check_bytes(
+    entry: ShardEntry, url: str, opener: Opener, progress: Progress | None
+) -> tuple[int, str, list[Problem]]:
+    """Hash the whole shard in big chunks; ``(size, "algo:hex", piece problems)``."""
+    algo = split_checksum(entry.checksum)[0]
+    buf = _buffer()
+    with opener.open(url) as f:
+        tee = HashingReader(f, _digest(algo, progress, entry))
+        tee.drain(buf)
+    return tee.digest.size, tee.digest.checksum(), _check_pieces(entry, tee)
+
+
+def _check_deep(
+    manifest: Manifest, entry: ShardEntry, url: str, opener: Opener, progress: Progress | None
+) -> tuple[int, str, list[Problem]]:
+    """Parse and hash in one pass; return ``(size, checksum, parse problems)``."""
+    algo = split_checksum(entry.checksum)[0]
+    problems: list[Problem] = []
+    buf = _buffer()
+    with opener.open(url) as f:
+        size = stream_size(f)
+        tee = HashingReader(f, _digest(algo, progress, entry))
+        offsets: list[tuple[int, int]] = []
+        end: int | None = None
+        try:
+            with open_tar(tee, url=entry.url) as (tar, kind):  # type: ignore[arg-type]
+                offsets, end = _scan(tar, entry.url, size if kind is None else None)
+        except ShardFormatError as exc:
+            if isinstance(exc.__cause__, OSError):  # the bytes could not be read at all
+                raise exc.__cause__ from exc
+            offset = getattr(exc, "offset", None)
+            problems.append(Problem(entry.url, "format", str(exc), offset=offset))
+        tee.drain(buf)
+    problems.extend(_check_pieces(entry, tee))
+    if not problems:
+        problems.extend(_check_samples(manifest, entry, opener, offsets, end))
+    return tee.digest.size, tee.digest.checksum(), problems
+
+
+def _scan(f: BinaryIO, url: str, size: int | None) -> tuple[list[tuple[int, int]], int | None]:
+    """Read every sample of a tar stream: each one's ``(offset, signature)``, and the end."""
+    reader = TarReader(f, url=url, size=size, keep_data=False)
+    found = [
+        (off, sample_signature(str(s["__key__"]), [k for k in s if k != "__key__"]))
+        for off, s in reader.samples()
+    ]
+    return found, reader.end_offset
+
+
+def _check_samples(
+    manifest: Manifest,
+    entry: ShardEntry,
+    opener: Opener,
+    found: Sequence[tuple[int, int]],
+    end: int | None,
+) -> list[Problem]:
+    """Sample count and sample index against what the parse found."""
+    offsets = [off for off, _ in found]
+    out: list[Problem] = []
+    if len(offsets) != entry.nsamples:
+        out.append(
+            Problem(entry.url, "nsamples", "sample count differs", entry.nsamples, len(offsets))
+        )
+    if entry.index is None or end is None:
+        return out
+    try:
+        index_url = manifest.resolve(entry.index)
+        check_within(index_url, manifest.base)
+        parsed = parse_index(opener.read(index_url), url=entry.index)
+        index = parsed.offsets
+    except (ShardkitError, OSError) as exc:
+        out.append(Problem(entry.url, "index", f"sample index {entry.index}: {exc}"))
+        return out
+    real = [*offsets, end]
+    if len(index) != len(real):
+        out.append(
+            Problem(
+                entry.url,
+                "index",
+                "sample index has a different count",
+                len(real) - 1,
+                len(index) - 1,
+            )
+        )
+        return out
+    for i, (want, got) in enumerate(zip(real, index.tolist(), strict=True)):
+        if want != got:
+            what = "the end offset" if i == len(offsets) else f"the offset of sample {i}"
+            out.append(Problem(entry.url, "index", f"sample index: {what} differs", want, got))
+            return out
+    bound = _check_bound(entry, parsed, [sig for _, sig in found])
+    return out + ([bound] if bound is not None else [])
+
+
+def _check_bound(entry: ShardEntry, index: SampleIndex, sigs: Sequence[int]) -> Problem | None:
+    """A version 2 index: written for this shard, each sample's key and fields as found."""
+    if index.shard is None or index.signatures is None:
+        return None
+    if index.shard != shard_binding(entry.checksum):
+        return Problem(entry.url, "index", "sample index belongs to another shard")
+    for i, (want, got) in enumerate(zip(sigs, index.signatures.tolist(), strict=True)):
+        if want != got:
+            return Problem(
+                entry.url, "index", f"sample index: the key or fields of sample {i} differ"
+            )
+    return None
+
+
+def verify_shard(
+    manifest: Manifest,
+    entry: ShardEntry,
+    *,
+    level: str = "checksum",
+    opener: Opener,
+    progress: Progress | None = None,
+    within: Callable[[str], None] | None = None,
+) -> list[Problem]:
+    """Check one shard at ``level``; return its problems (empty when it is good).
+
+    ``within`` checks that a local shard's real path lies in the manifest's base
+    (default :func:`check_within`; :func:`verify` passes one that remembers directories).
+    """
+    try:
+        url = manifest.resolve(entry.url)
+        if within is None:
+            check_within(url, manifest.base)  # a symbolic link may not lead out of the base
+        else:
+            within(url)
+    except ShardkitError as exc:
+        return [Problem(entry.url, "url", str(exc))]
+    problems: list[Problem] = []
+    try:
+        if level == "quick":
+            size: int | str = _check_quick(entry, url, opener, progress)
+            checksum = None
+        elif level == "deep":
+            size, checksum, problems = _check_deep(manifest, entry, url, opener, progress)
+        else:
+            size, checksum, problems = _check_bytes(entry, url, opener, progress)
+    except (OSError, ShardkitError) as exc:  # FetchError, or a CacheError of the io below
+        return [_open_problem(entry.url, exc)]
+    head: list[Problem] = []
+    if size != entry.size:
+        head.append(Problem(entry.url, "size", "size differs", entry.size, size))
+    if checksum is not None and checksum != entry.checksum.lower():
+        # the shard is corrupt, not the manifest's pieces: the offset of its first bad piece
+        bad = next((p for p in problems if p.kind == "pieces"), None)
+        if bad is not None:
+            problems.remove(bad)
+        offset = bad.offset if bad is not None else None
+        head.append(
+            Problem(entry.url, "checksum", "checksum differs", entry.checksum, checksum, offset)
+        )
+    return head + problems
+
+
+def extra_files(manifest: Manifest) -> list[str]:
+    """Shard-like files beside a local manifest's shards that it does not list."""
+    base = manifest.base
+    if base is None or "://" in base:
+        return []
+    listed: set[str] = set()
+    for entry in manifest.shards:
+        try:
+            listed.add(os.path.normpath(manifest.resolve(entry.url)))
+        except ShardkitError:
+            continue
+    dirs = {base} | {os.path.dirname(p) for p in listed}
+    found: list[str] = []
+    for d in sorted(dirs):
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(d, name)
+            if name.startswith(".") or not name.endswith(SHARD_SUFFIXES) or path in listed:
+                continue
+            if os.path.isfile(path):
+                found.append(os.path.relpath(path, base))
+    return sorted(found)
+
+
+def verify(
+    manifest: Manifest,
+    *,
+    level: str = "checksum",
+    jobs: int = 1,
+    opener: Opener,
+    progress: Progress | None = None,
+    source: str | None = None,
+) -> VerifyReport:
+    """Check every shard of ``manifest`` at ``level`` with ``jobs`` threads.
+
+    Args:
+        manifest: a loaded manifest (its ``base`` resolves relative urls).
+        level: ``quick``, ``checksum`` (default) or ``deep``.
+        jobs: shards checked at once (threads: hashing releases the GIL).
+        opener: where bytes come from (e.g. :func:`shardkit.cache.make_opener`).
+        progress: called with byte counts as they are checked (thread-safe callers only).
+        source: the manifest's name for the report.
+    """
+    if level not in LEVELS:
+        raise ConfigError(f"level must be one of {LEVELS}, got {level!r}")
+    t0 = time.perf_counter()
+
+    within = WithinBase(manifest.base)
+
+    def one(entry: ShardEntry) -> list[Problem]:
+        return verify_shard(
+            manifest, entry, level=level, opener=opener, progress=progress, within=within
+        )
+
+    results: Iterable[list[Problem]]
+    if jobs > 1 and len(manifest.shards) > 1:
+        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="verify") as pool:
+            results = list(pool.map(one, manifest.shards))
+    else:
+        results = [one(e) for e in manifest.shards]
+    report = VerifyReport(
+        manifest=source or manifest.base or "<manifest>",
+        level=level,
+        shards=len(manifest.shards),
+        bytes=manifest.total_bytes,
+        problems=[p for r in results for p in r],
+        warnings=[f"extra file not in the manifest: {x}" for x in extra_files(manifest)],
+        incomplete=incomplete_reason(manifest),
+    )
+    report.seconds = time.perf_counter() - t0
+    log.info(
+        "verified %d shards at level %s: %d problems", report.shards, level, len(report.problems)
+    )
+    return report

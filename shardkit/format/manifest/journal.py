@@ -1,0 +1,46 @@
+"""The writer's journal of finished shards: one fsynced JSON line per shard beside the
+manifest (``.manifest.json.journal``), so a build's per-shard cost stays flat; folded into
+manifest.json at close and on resume. A line cut short by a kill ends it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from shardkit.errors import ManifestError
+from shardkit.format.manifest.check import check_entry
+from shardkit.format.manifest.model import ShardEntry
+
+__all__ = ["journal_path", "read_journal"]
+
+log = logging.getLogger("shardkit.writer")
+
+
+def journal_path(manifest_path: str) -> str:
+    """Where a writer journals the shards it finished since it last wrote the manifest."""
+    head, tail = os.path.split(manifest_path)
+    return os.path.join(head, f".{tail}.journal")
+
+
+def read_journal(manifest_path: str) -> list[tuple[ShardEntry, dict[str, dict[str, int]]]]:
+    """The whole entries of a journal, in order (a line cut short by a kill ends it)."""
+    out: list[tuple[ShardEntry, dict[str, dict[str, int]]]] = []
+    try:
+        with open(journal_path(manifest_path), "rb") as f:
+            lines = f.read().split(b"\n")
+    except FileNotFoundError:
+        return out
+    for i, line in enumerate(lines[:-1]):  # the last piece has no newline: cut short
+        try:
+            raw = json.loads(line)
+            entry = ShardEntry(**check_entry(raw["shard"], journal_path(manifest_path), i))
+            fields = {
+                str(k): {"count": int(v["count"]), "bytes": int(v["bytes"])}
+                for k, v in raw["fields"].items()
+            }
+        except (ValueError, KeyError, TypeError, AttributeError, ManifestError):
+            log.warning("%s: line %d is damaged; the journal ends there", manifest_path, i + 1)
+            break
+        out.append((entry, fields))
+    return out

@@ -1,0 +1,351 @@
+"""The streaming tar reader: the hot path of every read.
+
+:class:`TarReader` adds the sample loop to :class:`~shardkit.format.tario.members.MemberReader`
+(buffered reads, header parsing and every hostile-input check): consecutive members that
+share a key become one sample, and the common member shapes are parsed inline from the
+buffer. Anything unusual goes through the general path, which names the error.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from collections.abc import Iterator
+from typing import BinaryIO, cast
+from zlib import adler32
+
+from shardkit.errors import ShardFormatError
+from shardkit.format.compression import open_tar
+from shardkit.format.tario.members import BLOCK, DEFAULT_MAX_MEMBER, MemberReader, stream_size
+from shardkit.format.tario.names import split_key
+
+__all__ = [
+    "DEFAULT_MAX_MEMBER",
+    "TarReader",
+    "iter_members",
+    "iter_samples",
+    "read_shard",
+    "skip_bytes",
+    "split_key",
+    "stream_size",
+]
+
+_CHUNK = 1 << 20  # the read size when passing over the head of a stream that cannot seek
+
+# name, size, checksum, typeflag and the first byte of the ustar prefix, in one call
+_HEADER = struct.Struct("100s24x12s12x8sc188xc")
+_OCTAL_DIGITS = b"01234567"
+_FAST_META = 4 * BLOCK  # larger extended headers take the general path
+# pax records that change nothing about a member as the reader hands it out
+_PAX_IGNORED = frozenset((b"mtime", b"atime", b"ctime", b"uid", b"gid", b"uname", b"gname"))
+# from byte 124 of a header: size and checksum fields of octal digits, a regular typeflag
+_FIELDS = re.compile(rb"([0-7]{11})[\0 ].{12}([0-7]{6})[\0 ].[0\0]", re.DOTALL)
+# in a name, what the fast path leaves to the general one (beside a leading "/" or "x:")
+_BAD_PART = re.compile(rb"[\\\0]|\.\.")
+
+Sample = dict[str, object]
+
+
+class TarReader(MemberReader):
+    """Iterate the regular members, or the samples, of a tar stream.
+
+    Takes the arguments of :class:`~shardkit.format.tario.members.MemberReader`.
+    """
+
+    # the last extended header blocks the fast path checked, and the sizes they give
+    _ext_seen: list[tuple[bytes, int, bytes]] = []  # noqa: RUF012 - replaced, never mutated
+
+    def samples(self) -> Iterator[tuple[int, Sample]]:
+        """Yield ``(byte_offset, sample)``: consecutive members sharing a key, grouped.
+
+        A sample is ``{"__key__": key, field: bytes, ...}``; members whose basename has no
+        dot carry no field and are skipped (as WebDataset does). A field twice in one
+        sample is a :class:`ShardFormatError`.
+
+        The loop inlines the common case: a plain ustar regular file with no prefix, a
+        name that needs no second look, and all of it (header, data, padding) already in
+        the buffer. Its header checksum is checked with adler32, whose low half is
+        1 + the byte sum (mod 65521), instead of a Python sum over 512 bytes. Anything
+        else, or any doubt, goes through :meth:`_next_member`, which names the error.
+        A pax or GNU long-name header before a member (``webdataset.ShardWriter`` writes
+        one per member, through ``tarfile``) takes :meth:`_fast_extended` first.
+        """
+        current: Sample = {}
+        key = None
+        sample_offset = self.member_offset
+        slow = self._next_member
+        unpack = _HEADER.unpack_from
+        end = self.end
+        keep = self.keep_data
+        limit = self.max_member if keep else None
+        if end is None or self.offset < end:
+            self._fill(BLOCK)  # so that the first member can take the fast path too
+        while True:
+            buf = self._buf
+            p = self._pos
+            item: tuple[str, bytes | int] | None = None
+            if len(buf) - p >= BLOCK and (end is None or self._base + p < end):
+                raw, sizef, chkf, tf, prefix0 = unpack(buf, p)
+                if (
+                    (tf == b"0" or tf == b"\0")
+                    and prefix0 == b"\0"
+                    and not sizef[:11].strip(_OCTAL_DIGITS)  # all octal digits
+                    and not chkf[:6].strip(_OCTAL_DIGITS)
+                    and sizef[11] in (0, 32)
+                    and chkf[6] in (0, 32)
+                ):
+                    size = int(sizef[:11], 8)
+                    total = BLOCK + size + (-size) % BLOCK
+                    raw = raw.partition(b"\0")[0]
+                    if (
+                        p + total <= len(buf)
+                        and (limit is None or size <= limit)
+                        and (adler32(buf[p : p + BLOCK]) & 0xFFFF)
+                        == (int(chkf[:6], 8) - 255 + sum(chkf)) % 65521
+                        and raw
+                        and raw[0] != 47
+                        and b".." not in raw
+                        and b"\\" not in raw
+                        and raw[1:2] != b":"
+                    ):
+                        try:
+                            name = raw.decode()
+                        except UnicodeDecodeError:  # not UTF-8: the slow path refuses it
+                            name = ""
+                        if name:
+                            self.member_offset = self._base + p
+                            self._pos = p + total
+                            item = (name, buf[p + BLOCK : p + BLOCK + size] if keep else size)
+                elif tf == b"x" or tf == b"L":
+                    item = self._fast_extended(buf, p, tf == b"L")
+            if item is None:
+                item = slow()
+                if item is None:
+                    break
+            name, data = item
+            slash = name.rfind("/")
+            dot = name.find(".", slash + 1)
+            if dot <= slash + 1:
+                continue
+            k = name[:dot]
+            if k != key:
+                if current:
+                    yield sample_offset, current
+                key = k
+                current = {"__key__": k}
+                sample_offset = self.member_offset
+            field = name[dot + 1 :]
+            if field in current:
+                raise ShardFormatError(
+                    f"sample {k!r} has field {field!r} twice",
+                    url=self.url,
+                    offset=self.member_offset,
+                )
+            current[field] = data
+        if current:
+            yield sample_offset, current
+
+    def _fast_extended(self, buf: bytes, p: int, gnu: bool) -> tuple[str, bytes | int] | None:
+        """A pax (``x``) or GNU long-name (``L``) header at ``p`` and the plain regular member
+        after it: ``(name, data)``, or None when in doubt (nothing is consumed then).
+
+        Only records that change nothing here (times, owners) or that are simple (``path``,
+        ``size`` in ASCII digits) are taken; anything else, and every malformed byte, is
+        left to :meth:`_next_member`, which names the error. ``tarfile`` writes the same
+        extended header block before every member whose records have the same length, so
+        a block equal to one of the last few checked is not checked again. Member data
+        that is not all in the buffer yet is read as the general path reads it.
+        """
+        n = len(buf)
+        for seen in self._ext_seen:
+            if buf.startswith(seen[0], p):
+                break
+        else:
+            checked = self._check_extended(buf, p)
+            if checked is None:
+                return None
+            seen = checked
+        esize = seen[1]
+        a = p + BLOCK  # the records
+        q = a + esize + (-esize) % BLOCK  # the regular member's header
+        if q + BLOCK > n:
+            return None
+        name: bytes | None = None
+        psize: int | None = None
+        if gnu:
+            name = buf[a : a + esize].partition(b"\0")[0]
+        else:
+            k = a + len(seen[2])  # the common case: one record whose keyword changes nothing
+            eq = buf.find(b"=", k, a + esize)
+            if not (
+                buf.startswith(seen[2], a)
+                and buf[a + esize - 1] == 10
+                and eq > k
+                and buf[k:eq] in _PAX_IGNORED
+            ):
+                rec = _simple_pax(buf[a : a + esize])
+                if rec is None:
+                    return None
+                name, psize = rec
+        m = _FIELDS.match(buf, q + 124)
+        if (
+            m is None
+            or (adler32(buf[q : q + BLOCK]) & 0xFFFF)
+            != (int(m[2], 8) - 255 + sum(buf[q + 148 : q + 156])) % 65521
+        ):
+            return None
+        if name is None:
+            if buf[q + 345]:  # a ustar prefix: the general path joins it
+                return None
+            nul = buf.find(b"\0", q, q + 100)
+            name = buf[q : nul if nul >= 0 else q + 100]
+        if not name or name[0] == 47 or name[1:2] == b":" or _BAD_PART.search(name):
+            return None
+        try:
+            text = name.decode()
+        except UnicodeDecodeError:  # not UTF-8: the general path refuses it
+            return None
+        size = int(m[1], 8) if psize is None else psize
+        keep = self.keep_data
+        self.member_offset = first = self._base + p
+        stop = q + BLOCK + size
+        if stop + (-size) % BLOCK <= n and (not keep or size <= self.max_member):
+            self._pos = stop + (-size) % BLOCK
+            return text, buf[q + BLOCK : stop] if keep else size
+        self._pos = q + BLOCK  # the data runs past the buffer: read it as the general path does
+        data = self._member_data(size, first, text, keep=keep)
+        return text, (data if keep else size)
+
+    def _check_extended(self, buf: bytes, p: int) -> tuple[bytes, int, bytes] | None:
+        """Check the extended header block at ``p``; remember it with its record size and
+        the length prefix of a record that fills it (``b"28 "``), or None when in doubt."""
+        hdr = buf[p : p + BLOCK]
+        sizef, chkf = hdr[124:136], hdr[148:156]
+        if not (_octal(sizef, 11) and _octal(chkf, 6) and _sum_ok(hdr, chkf)):
+            return None
+        esize = int(sizef[:11], 8)
+        if esize > _FAST_META:
+            return None
+        seen = (hdr, esize, b"%d " % esize)
+        self._ext_seen = [seen, *self._ext_seen[:3]]
+        return seen
+
+
+def iter_members(
+    f: BinaryIO, *, url: str = "<stream>", start: int = 0, end: int | None = None
+) -> Iterator[tuple[str, bytes]]:
+    """Yield ``(name, data)`` for each regular file member of a tar stream."""
+    return cast(Iterator[tuple[str, bytes]], TarReader(f, url=url, start=start, end=end).members())
+
+
+def iter_samples(
+    f: BinaryIO,
+    *,
+    url: str = "<stream>",
+    start: int = 0,
+    end: int | None = None,
+    size: int | None = None,
+    max_member: int = DEFAULT_MAX_MEMBER,
+) -> Iterator[tuple[int, Sample]]:
+    """Yield ``(byte_offset, sample)`` of a tar stream (see :meth:`TarReader.samples`)."""
+    reader = TarReader(f, url=url, start=start, end=end, size=size, max_member=max_member)
+    return reader.samples()
+
+
+def read_shard(
+    source: str | os.PathLike[str] | BinaryIO,
+    *,
+    url: str | None = None,
+    start: int = 0,
+    end: int | None = None,
+    max_member: int = DEFAULT_MAX_MEMBER,
+) -> Iterator[Sample]:
+    """Iterate the samples of a tar shard (a path or a binary stream).
+
+    Each sample is a dict with ``__key__`` and one ``bytes`` value per field. A shard
+    compressed whole with zstd or gzip (told by its first bytes, whatever its name) is
+    decompressed on the fly. ``start``/``end`` read a byte range (a sample range taken
+    from the shard's index; offsets in the decompressed tar for a compressed shard): a
+    path is opened there, a stream must already be positioned at ``start`` (and is then
+    taken as a plain tar). A member larger than ``max_member`` bytes is a
+    :class:`ShardFormatError`.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        name = url or path
+        return _read_path(path, name, start, end, max_member)
+    name = str(url or getattr(source, "name", None) or "<stream>")
+    if start:
+        samples = iter_samples(source, url=name, start=start, end=end, max_member=max_member)
+        return (s for _, s in samples)
+    return _read_stream(source, name, end, max_member)
+
+
+def _read_stream(f: BinaryIO, url: str, end: int | None, max_member: int) -> Iterator[Sample]:
+    with open_tar(f, url=url) as (tar, _):
+        yield from (s for _, s in iter_samples(tar, url=url, end=end, max_member=max_member))
+
+
+def _read_path(
+    path: str, url: str, start: int, end: int | None, max_member: int
+) -> Iterator[Sample]:
+    try:
+        f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by the generator
+    except OSError as exc:
+        raise ShardFormatError(f"cannot open shard: {exc.strerror}", url=url) from exc
+    with f, open_tar(f, url=url) as (tar, kind):
+        if start:
+            if kind is None:
+                f.seek(start)
+            else:
+                skip_bytes(tar, start)
+        samples = iter_samples(tar, url=url, start=start, end=end, max_member=max_member)
+        yield from (s for _, s in samples)
+
+
+def skip_bytes(f: BinaryIO, n: int) -> None:
+    """Read and drop ``n`` bytes of a stream that cannot seek (a decompressor)."""
+    while n > 0:
+        got = f.read(min(n, _CHUNK))
+        if not got:
+            return
+        n -= len(got)
+
+
+def _octal(field: bytes, digits: int) -> bool:
+    """A number field of ``digits`` octal digits and a NUL or space (what the fast path takes)."""
+    return not field[:digits].strip(_OCTAL_DIGITS) and field[digits] in (0, 32)
+
+
+def _sum_ok(hdr: bytes, chkf: bytes) -> bool:
+    """The checksum of header block ``hdr``, through adler32's low half (1 + byte sum)."""
+    return (adler32(hdr) & 0xFFFF) == (int(chkf[:6], 8) - 255 + sum(chkf)) % 65521
+
+
+def _simple_pax(data: bytes) -> tuple[bytes | None, int | None] | None:
+    """``(path, size)`` from well-formed pax records that the fast path may take, or None."""
+    path = size = None
+    pos, n = 0, len(data)
+    while pos < n:
+        sp = data.find(b" ", pos, pos + 21)
+        if sp <= pos or not data[pos:sp].isdigit():
+            return None
+        stop = pos + int(data[pos:sp])
+        if stop > n or stop <= sp + 1 or data[stop - 1] != 10:
+            return None
+        eq = data.find(b"=", sp + 1, stop)
+        if eq <= sp + 1:
+            return None
+        k = data[sp + 1 : eq]
+        if k == b"path":
+            path = data[eq + 1 : stop - 1]
+        elif k == b"size":
+            digits = data[eq + 1 : stop - 1]
+            if not digits.isdigit() or len(digits) > 18:
+                return None
+            size = int(digits)
+        elif k not in _PAX_IGNORED:
+            return None
+        pos = stop
+    return path, size

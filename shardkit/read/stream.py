@@ -1,0 +1,200 @@
+"""Reading a worker's stream: shard ranges through the opener, samples out, errors to the policy.
+
+Each range ``(shard, lo, hi)`` is one ranged open: the sample index turns ``lo`` and ``hi``
+into byte offsets (a whole shard needs none), so a resume or a rank's share starting in
+the middle of a shard costs two 8-byte index reads, not a scan. The opener is told which
+shards come next (``prefetch``), and the bytes it hands out are counted.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Generator, Iterator, Sequence
+from typing import Any, BinaryIO
+
+from shardkit.errors import ShardFormatError
+from shardkit.format.compression import compressed_name, open_tar
+from shardkit.format.tario.index import sample_signature
+from shardkit.format.tario.reader import DEFAULT_MAX_MEMBER, iter_samples, skip_bytes
+from shardkit.io import Opener
+from shardkit.read.catalog import ByteRange, Catalog, ShardInfo
+from shardkit.read.policy import DATA_ERRORS, count_error, report
+
+__all__ = ["read_stream"]
+
+Sample = dict[str, Any]
+RangeRow = tuple[int, int, int, int]
+_LOOKAHEAD = 8
+
+
+class _Counting:
+    """A read-only stream wrapper that counts the bytes it hands out."""
+
+    def __init__(self, f: BinaryIO, counts: dict[str, float]) -> None:
+        self.f = f
+        self.counts = counts
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        self.counts["bytes"] += len(data)
+        return data
+
+    def seekable(self) -> bool:
+        return False
+
+
+def read_stream(
+    ranges: Iterator[RangeRow],
+    catalog: Catalog,
+    opener: Opener,
+    counts: dict[str, float],
+    policy: str,
+    max_member: int = DEFAULT_MAX_MEMBER,
+) -> Generator[tuple[int, Sample], None, None]:
+    """Yield ``(stream position, sample)`` for ``(shard, lo, hi, position of lo)`` ranges.
+
+    ``max_member`` is the largest tar member a read holds in memory (bytes).
+
+    A range that fails (missing, truncated, hostile, bad checksum) raises under the
+    ``raise`` policy; otherwise the rest of it is dropped, logged and counted.
+    """
+    for shard, lo, hi, spos in _hinted(ranges, catalog.shards, opener):
+        got = 0
+        try:
+            for sample in _read_range(catalog, opener, counts, (shard, lo, hi), max_member):
+                yield spos + got, sample
+                got += 1
+        except DATA_ERRORS as exc:
+            if policy == "raise":
+                raise
+            counts["skipped_shards"] += 1
+            counts["skipped_samples"] += hi - lo - got
+            count_error(counts, exc)
+            report(policy, exc, f"{hi - lo - got} samples of shard {shard}")
+
+
+def _hinted(
+    ranges: Iterator[RangeRow], shards: Sequence[ShardInfo], opener: Opener
+) -> Iterator[RangeRow]:
+    """Pass ranges through, telling the opener which shards come next."""
+    ahead: deque[RangeRow] = deque()
+    for item in ranges:
+        ahead.append(item)
+        if len(ahead) > _LOOKAHEAD:
+            yield _hint_and_pop(ahead, shards, opener)
+    while ahead:
+        yield _hint_and_pop(ahead, shards, opener)
+
+
+def _hint_and_pop(ahead: deque[RangeRow], shards: Sequence[ShardInfo], opener: Opener) -> RangeRow:
+    cur = ahead.popleft()
+    seen = {cur[0]}
+    hints = []
+    for s, _, _, _ in ahead:
+        if s not in seen:
+            seen.add(s)
+            info = shards[s]
+            hints.append((info.url, info.size, info.checksum, info.pieces))
+    if hints:
+        opener.prefetch(hints)
+    return cur
+
+
+def _read_range(
+    catalog: Catalog,
+    opener: Opener,
+    counts: dict[str, float],
+    row: tuple[int, int, int],
+    limit: int,
+) -> Iterator[Sample]:
+    shard, lo, hi = row
+    info = catalog.shards[shard]
+    where = catalog.byte_range(opener, shard, lo, hi)
+    start, end = where.start, where.end
+    packed = compressed_name(info.url)
+    f = opener.open(
+        catalog.check_within(info, info.url),
+        start=0 if packed else start,
+        end=None if packed else end,
+        size=info.size,
+        checksum=info.checksum,
+        pieces=info.pieces,
+    )
+    with f:
+        counted: Any = _Counting(f, counts)
+        if packed:  # offsets are in the decompressed tar: decompress from the start
+            with open_tar(counted, url=info.url) as (tar, _):
+                skip_bytes(tar, start)
+                samples = iter_samples(tar, url=info.url, start=start, end=end, max_member=limit)
+                yield from _take(samples, info, where, lo, hi)
+            return
+        if start == 0:
+            with open_tar(counted, url=info.url) as (tar, kind):
+                if kind is not None:
+                    raise ShardFormatError(
+                        f"the shard is {kind}-compressed, but its name does not say so: "
+                        "name it .tar.zst / .tar.gz (its index offsets are in the tar)",
+                        url=info.url,
+                        offset=0,
+                    )
+                samples = iter_samples(tar, url=info.url, end=end, size=info.size, max_member=limit)
+                yield from _take(samples, info, where, lo, hi)
+            return
+        samples = iter_samples(
+            counted, url=info.url, start=start, end=end, size=info.size, max_member=limit
+        )
+        yield from _take(samples, info, where, lo, hi)
+
+
+def _take(
+    samples: Iterator[tuple[int, Sample]], info: ShardInfo, where: ByteRange, lo: int, hi: int
+) -> Iterator[Sample]:
+    """Drop ``where.skip`` samples, then yield samples ``lo..hi`` (tagged ``__url__``).
+
+    A seek must prove it landed where the index says: the first and last samples have the
+    signatures the index gives them (key and field names: a range cut at a field boundary
+    fails too), and a range that holds more samples than asked is refused. None of this
+    costs more than a hash of a few names per range.
+    """
+    url = info.url
+    want = hi - lo
+    skip = where.skip
+    got = 0
+    for _, sample in samples:
+        if skip:
+            skip -= 1
+            continue
+        if got == 0 and where.first is not None:
+            _check_signature(sample, where.first, info, lo)
+        if got == want - 1 and where.last is not None:
+            _check_signature(sample, where.last, info, hi - 1)
+        sample["__url__"] = url
+        yield sample
+        got += 1
+        if got == want:
+            if (where.end is not None or hi == info.nsamples) and not where.skip:
+                extra = next(samples, None)
+                if extra is not None:
+                    raise ShardFormatError(
+                        f"samples {lo}..{hi} by the index hold more samples than that (then "
+                        f"{extra[1]['__key__']!r}): the index or the manifest's count is wrong",
+                        url=url,
+                        offset=extra[0],
+                    )
+            return
+    raise ShardFormatError(
+        f"the shard ends {want - got} samples short of the range asked for; the manifest "
+        f"says it holds {info.nsamples}",
+        url=url,
+    )
+
+
+def _check_signature(sample: Sample, want: int, info: ShardInfo, i: int) -> None:
+    key = str(sample["__key__"])
+    if sample_signature(key, [k for k in sample if k != "__key__"]) != want:
+        raise ShardFormatError(
+            f"the sample index sends sample {i} to sample {key!r} with fields "
+            f"{[k for k in sample if k != '__key__']}, not the sample it indexed: the index "
+            "is not this shard's or is wrong; rewrite it with `shardkit manifest from-shards`",
+            url=info.url,
+        )

@@ -1,0 +1,435 @@
+"""ShardDataset: a torch ``IterableDataset`` over a shard set, with WebDataset-named stages.
+
+::
+
+    ds = (ShardDataset("shards/manifest.json", seed=17)
+          .split_by_node()          # equal sample counts on every rank, every epoch
+          .split_by_worker()        # (the default) workers split their rank's share
+          .shuffle(10_000)
+          .decode()
+          .to_tuple("tokens.npy", "json")
+          .batched(32))
+
+The order of samples is a pure function of the manifest's sample counts, the seed, the
+epoch, the world size, the rank and the worker count (:mod:`shardkit.plan.assign`,
+:mod:`shardkit.plan.order`): ``shuffle``, ``split_by_node`` and ``split_by_worker`` configure
+the source, whatever their place before ``batched``/``pack_tokens``. Samples are dicts
+with ``__key__`` and ``__url__`` and one ``bytes`` value per field until ``decode`` and
+``to_tuple``. Fluent methods return a new data set (the one they are called on does not
+change), so two pipelines built from one base never share a stage.
+
+Rank and world size come from ``split_by_node(rank=, world_size=)``, else from an
+initialised ``torch.distributed`` group or torchrun's ``RANK``/``WORLD_SIZE``, read in the
+main process (also when the data set is pickled to spawned DataLoader workers).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from shardkit.counters import add_counts
+from shardkit.errors import ConfigError, StateDictError
+from shardkit.format.manifest.model import Manifest
+from shardkit.io.config import IoConfig
+from shardkit.plan.assign import PlanConfig
+from shardkit.plan.world import WorldInfo
+from shardkit.stages import (
+    Batched,
+    Context,
+    Decode,
+    Map,
+    PackTokens,
+    Select,
+    ShardSource,
+    Stage,
+    ToTuple,
+    check_state,
+    sources_of,
+)
+from shardkit.stages.base import check_int
+from shardkit.streaming.resume import check_fingerprint, fits_epoch
+
+__all__ = ["EPOCH_MISMATCH", "ShardDataset"]
+
+EPOCH_MISMATCH = ("raise", "discard")
+_STATE = "dataset"
+_VERSION = 2
+
+
+log = logging.getLogger("shardkit.dataset")
+
+
+def _io_config(
+    io: IoConfig | None, cache_dir: str | os.PathLike[str] | None, cache_limit: int | str | None
+) -> IoConfig:
+    """``io`` with the ``cache_dir``/``cache_limit`` shortcuts applied."""
+    if io is not None and not isinstance(io, IoConfig):
+        raise ConfigError(f"io must be an IoConfig, not {type(io).__name__}")
+    base = io or IoConfig()
+    if cache_dir is None and cache_limit is None:
+        return base
+    if io is not None and (io.cache_dir, io.cache_limit) != (None, None):
+        raise ConfigError("give the cache in io= or in cache_dir=/cache_limit=, not both")
+    shortcut = IoConfig.make(cache_dir=cache_dir, cache_limit=cache_limit)
+    return dataclasses.replace(base, cache_dir=shortcut.cache_dir, cache_limit=shortcut.cache_limit)
+
+
+def _torch_collate(samples: list[Any]) -> Any:
+    return torch.utils.data.default_collate(samples)
+
+
+class ShardDataset(IterableDataset[Any]):
+    """Samples of a shard set: a manifest (path, url or :class:`Manifest`), a url list or
+    a brace pattern such as ``"data-{000000..000099}.tar"``.
+
+    Args:
+        source: what to read.
+        seed: the data order seed; the order depends on it, the epoch and the world only.
+        shardshuffle: shuffle the shard order every epoch (else manifest order).
+        remainder: ``"drop"`` (default) or ``"pad"``: what happens to the samples that do
+            not divide by the world size (see :mod:`shardkit.plan.assign`).
+        resampled: draw shards with replacement, endlessly (see :meth:`with_epoch`).
+        handler: bad-data policy ``"raise"``, ``"warn"`` or ``"skip_shard"``.
+        allow_unsafe_urls: let the manifest name urls outside its base or ``pipe:``.
+        allow_incomplete: read a manifest whose build did not finish (refused otherwise).
+        cache_dir: node-local cache directory for remote shards (a shortcut for the
+            field of ``io``).
+        cache_limit: the cache's byte limit (``"500GB"``).
+        io: every io option (:class:`~shardkit.io.config.IoConfig`: timeouts, ranged
+            request size, retries, prefetch, S3 endpoint, largest member...).
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike[str] | Sequence[str] | Manifest,
+        *,
+        seed: int = 0,
+        shardshuffle: bool = True,
+        remainder: str = "drop",
+        resampled: bool = False,
+        handler: str = "raise",
+        allow_unsafe_urls: bool = False,
+        allow_incomplete: bool = False,
+        cache_dir: str | None = None,
+        cache_limit: int | str | None = None,
+        io: IoConfig | None = None,
+    ) -> None:
+        super().__init__()
+        config = PlanConfig(seed, shardshuffle, remainder, resampled, None)
+        io = _io_config(io, cache_dir, cache_limit)
+        src = ShardSource(
+            source,
+            config=config,
+            handler=handler,
+            allow_unsafe_urls=allow_unsafe_urls,
+            io=io,
+            allow_incomplete=allow_incomplete,
+        )
+        self._setup(src, [src], handler, seed)
+
+    def _setup(self, tail: Stage, sources: list[ShardSource], handler: str, seed: int) -> None:
+        self._tail = tail
+        self._sources = sources
+        self._handler = handler
+        self._seed = seed
+        self._epoch = 0
+        self._grouped = False
+        self._world_given: tuple[int, int] | None = None
+        self._world_hint: tuple[int, int] | None = None
+        self._resume: dict[str, Any] | None = None  # a loaded state's epoch facts
+        self._discard = False
+        self._complete = False
+
+    @classmethod
+    def _from_stage(
+        cls, tail: Stage, sources: list[ShardSource], *, handler: str, seed: int
+    ) -> ShardDataset:
+        obj = cls.__new__(cls)
+        obj._setup(tail, sources, handler, seed)
+        return obj
+
+    def _derive(self) -> ShardDataset:
+        """A copy with its own stages (user code shared): what every fluent method returns."""
+        new = copy.copy(self)
+        new._tail = self._tail.clone()
+        new._sources = sources_of(new._tail)
+        new._resume = None
+        return new
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        if state["_world_given"] is None and state["_world_hint"] is None:
+            w = WorldInfo.detect()  # the main process knows the process group
+            state["_world_hint"] = (w.rank, w.world_size)
+        return state
+
+    # -- source configuration ------------------------------------------------------
+    def _before_grouping(self, what: str) -> None:
+        if self._grouped:
+            raise ConfigError(
+                f"{what} works on samples at the source: call it before batched()/"
+                "pack_tokens()/mix()"
+            )
+
+    def split_by_node(self, rank: int | None = None, world_size: int | None = None) -> ShardDataset:
+        """Give every rank its own, equally long share of each epoch."""
+        self._before_grouping("split_by_node()")
+        if (rank is None) != (world_size is None):
+            raise ConfigError("split_by_node: give both rank and world_size, or neither")
+        new = self._derive()
+        if rank is not None and world_size is not None:
+            WorldInfo(rank, world_size, 0, 1)  # validates
+            new._world_given = (rank, world_size)
+        for s in new._sources:
+            s.by_node = True
+        return new
+
+    def split_by_worker(self) -> ShardDataset:
+        """DataLoader workers split their rank's share (the default; kept for WebDataset code)."""
+        self._before_grouping("split_by_worker()")
+        return self._derive()
+
+    def shuffle(self, bufsize: int, initial: int | None = None) -> ShardDataset:
+        """Shuffle samples within a window of ``bufsize`` (see :mod:`shardkit.plan.order`)."""
+        self._before_grouping("shuffle()")
+        initial = bufsize if initial is None else initial
+        if bufsize < 0 or not 0 < initial <= max(bufsize, 1):
+            raise ConfigError(f"shuffle({bufsize}, initial={initial}): need 0 < initial <= bufsize")
+        new = self._derive()
+        for s in new._sources:
+            s.bufsize, s.initial = (bufsize, initial) if bufsize > 1 else (None, None)
+        return new
+
+    def with_epoch(self, n: int) -> ShardDataset:
+        """Make a resampled stream's epoch ``n`` samples per rank."""
+        self._before_grouping("with_epoch()")
+        if not all(s.config.resampled for s in self._sources):
+            raise ConfigError(
+                "with_epoch() needs resampled=True: otherwise an epoch is the whole data set"
+            )
+        new = self._derive()
+        for s in new._sources:
+            s.config = dataclasses.replace(s.config, epoch_length=n)
+        return new
+
+    # -- stages ---------------------------------------------------------------------
+    def _then(self, make: Callable[[Stage], Stage], *, grouped: bool = False) -> ShardDataset:
+        new = self._derive()
+        new._tail = make(new._tail)
+        new._grouped = self._grouped or grouped
+        return new
+
+    # -- stages (WebDataset's names) -------------------------------------------------
+    def decode(
+        self,
+        *handlers: str | Mapping[str, Callable[[bytes], Any]] | Callable[[str, bytes], Any],
+        allow_pickle: bool = False,
+    ) -> ShardDataset:
+        """Decode fields by extension; images with Pillow; user handlers first."""
+        return self._then(
+            lambda up: Decode(up, *handlers, allow_pickle=allow_pickle, handler=self._handler)
+        )
+
+    def map(self, fn: Callable[[Any], Any]) -> ShardDataset:
+        """Apply ``fn`` to every item."""
+        return self._then(lambda up: Map(up, fn))
+
+    def select(self, predicate: Callable[[Any], bool]) -> ShardDataset:
+        """Keep the items ``predicate`` accepts (the epoch's length is then unknown)."""
+        return self._then(lambda up: Select(up, predicate))
+
+    def to_tuple(self, *fields: str) -> ShardDataset:
+        """Turn samples into tuples of these fields (``"jpg;png"``: the first present)."""
+        return self._then(lambda up: ToTuple(up, *fields))
+
+    def batched(
+        self,
+        n: int,
+        collate: Callable[[list[Any]], Any] | str | None = None,
+        *,
+        partial: bool = True,
+    ) -> ShardDataset:
+        """Group ``n`` items; ``collate``: a function, ``"numpy"`` (default) or ``"torch"``."""
+        if collate == "torch":
+            fn: Callable[[list[Any]], Any] | None = _torch_collate
+        elif collate in (None, "numpy"):
+            fn = None
+        elif callable(collate):
+            fn = collate
+        else:
+            raise ConfigError(
+                f"batched: collate must be callable, 'numpy' or 'torch', not {collate!r}"
+            )
+        return self._then(lambda up: Batched(up, n, fn, partial), grouped=True)
+
+    def pack_tokens(self, field: str, seq_len: int, *, eos: int | None = None) -> ShardDataset:
+        """Concatenate ``field`` token arrays into ``seq_len``-token sequences."""
+        return self._then(lambda up: PackTokens(up, field, seq_len, eos=eos), grouped=True)
+
+    # -- where and when ------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Iterate epoch ``epoch`` next (the order changes with it).
+
+        A loaded state fits its own epoch (and, saved after that epoch ended, the next):
+        any other raises :class:`StateDictError`, unless it was loaded with
+        ``epoch_mismatch="discard"``.
+        """
+        if type(epoch) is not int or epoch < 0:
+            raise ConfigError(f"epoch must be an int >= 0, got {epoch!r}")
+        st = self._resume
+        if st is not None and not fits_epoch(st, epoch):
+            if not self._discard:
+                raise StateDictError(
+                    f"dataset: the loaded state is for epoch {st['epoch']}"
+                    f"{' (ended)' if st['complete'] else ''}, not epoch {epoch}: fix the "
+                    "start epoch, or load it with epoch_mismatch='discard'"
+                )
+            log.warning("dataset: state for epoch %s discarded for epoch %s", st["epoch"], epoch)
+            self._resume = None
+            self._tail.clear_state()
+        self._epoch = epoch
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    @property
+    def sources(self) -> list[ShardSource]:
+        """The shard sources this data set reads (several after ``mix``)."""
+        return list(self._sources)
+
+    @property
+    def splits_by_node(self) -> bool:
+        return any(s.by_node for s in self._sources)
+
+    def world(self) -> tuple[int, int]:
+        """``(rank, world_size)`` this data set splits by."""
+        if self._world_given is not None:
+            return self._world_given
+        if self._world_hint is not None:
+            return self._world_hint
+        w = WorldInfo.detect()
+        return w.rank, w.world_size
+
+    def context(self, worker: int = 0, workers: int = 1, epoch: int | None = None) -> Context:
+        rank, world = self.world()
+        return Context(self._epoch if epoch is None else epoch, rank, world, worker, workers)
+
+    def configure(self, ctx: Context) -> None:
+        """Set where the pipeline runs (the loader does this in each worker)."""
+        self._tail.configure(ctx)
+
+    def pipeline(self) -> Stage:
+        """The last stage (iterate it after :meth:`configure`)."""
+        return self._tail
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        ctx = self.context(info.id, info.num_workers) if info is not None else self.context()
+        st, self._resume = self._resume, None
+        if st is not None and st["complete"]:
+            self._tail.clear_state()
+            if st["epoch"] == self._epoch:  # the epoch had ended: nothing is left
+                self._complete = True
+                return iter(())
+        self._tail.configure(ctx)
+        self._complete = False
+        return self._run(iter(self._tail))
+
+    def _run(self, it: Iterator[Any]) -> Iterator[Any]:
+        yield from it
+        self._complete = True
+        # the epoch is read: its prefetch leases go; fills still running (of shards read in
+        # part) go on, as waiting for them would delay the end of the epoch
+        for src in self._sources:
+            drain = getattr(src._opener, "drain", None)
+            if drain is not None:
+                drain(0)
+
+    def lengths(self, workers: int = 1) -> list[int] | None:
+        """Items each of ``workers`` workers yields this epoch (None: not known up front)."""
+        ctx = self.context(0, max(workers, 1))
+        for s in self._sources:
+            s.catalog()
+        return self._tail.lengths(ctx)
+
+    def __len__(self) -> int:
+        """Items this rank yields in an epoch, read by one process (WebLoader: by workers)."""
+        lengths = self.lengths(1)
+        if lengths is None:
+            raise TypeError(
+                "the length of this data set is not known up front "
+                "(select, pack_tokens, mix or endless resampling)"
+            )
+        return sum(lengths)
+
+    # -- state ---------------------------------------------------------------------
+    def fingerprint(self) -> list[Any]:
+        """What a state of this pipeline fits: each stage and its parameters, the manifest's
+        content digest included."""
+        for src in self._sources:
+            src.catalog()
+        return self._tail.spec()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this process's iteration is (valid between two items it hands out).
+
+        For a loader with workers or under DDP use :meth:`WebLoader.state_dict`.
+        """
+        st = self._resume
+        return {
+            "stage": _STATE,
+            "version": _VERSION,
+            "epoch": self._epoch if st is None else st["epoch"],
+            "complete": self._complete if st is None else st["complete"],
+            "pipeline": self.fingerprint(),
+            "state": self._tail.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], *, epoch_mismatch: str = "raise") -> None:
+        """Resume from ``state`` at the next ``iter()``, in the state's epoch.
+
+        Args:
+            state: from :meth:`state_dict`.
+            epoch_mismatch: ``"raise"`` (default) when a later ``set_epoch`` names an
+                epoch the state does not fit, or ``"discard"`` the state then.
+        """
+        if epoch_mismatch not in EPOCH_MISMATCH:
+            raise ConfigError(f"epoch_mismatch must be one of {EPOCH_MISMATCH}")
+        st = check_state(state, _STATE, _VERSION, ("epoch", "complete", "pipeline", "state"))
+        epoch = check_int(st, _STATE, "epoch")
+        if not isinstance(st["complete"], bool):
+            raise StateDictError("dataset: key 'complete' must be true or false")
+        check_fingerprint(st["pipeline"], self.fingerprint())
+        tail = st["state"]
+        if not isinstance(tail, Mapping) or self._tail.state_epoch(tail) != epoch:
+            raise StateDictError("dataset: the pipeline state is for another epoch")
+        self._tail.configure(self.context(epoch=epoch))
+        self._tail.load_state_dict(tail)
+        self._resume = {"epoch": epoch, "complete": st["complete"]}
+        self._discard = epoch_mismatch == "discard"
+        self._epoch = epoch
+
+    def counters(self) -> dict[str, float]:
+        """Samples, bytes and skips so far in this process."""
+        return self._tail.counters()
+
+    def io_stats(self) -> dict[str, float]:
+        """The io counters of this process's openers, summed."""
+        out: dict[str, float] = {}
+        for s in self._sources:
+            if s._opener is not None:
+                add_counts(out, s._opener.stats())
+        return out

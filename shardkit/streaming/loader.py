@@ -1,0 +1,437 @@
+"""WebLoader: a torch DataLoader over a ShardDataset that knows its length, its state and
+how long the training loop waited.
+
+How exact resume works with workers. Each worker is a *logical* worker ``w`` of the plan
+and yields ``(item, meta)``: ``meta`` carries its pipeline's state after that item (and
+its counters). The DataLoader hands out the workers' batches round-robin, skipping
+exhausted workers, so the consumer side knows after every batch each worker's cursor and
+whose turn is next: that is the whole state (:meth:`WebLoader.state_dict`). A restart
+loads the cursors and rotates the logical workers so that physical worker 0 plays the
+one whose turn was next: the remaining batches come in the same order as in the
+uninterrupted run. A state saved with another world size or worker count is merged
+(:mod:`shardkit.streaming.resume`) and the rest of the epoch re-planned. Under a process group the
+ranks end each epoch together (:mod:`shardkit.streaming.sync`).
+
+What to iterate and from where reaches the workers through a small shared-memory mailbox
+written before every ``iter()``, so persistent workers follow ``set_epoch`` and
+``load_state_dict`` too; batches come back as :mod:`shardkit.streaming.transfer` says.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, cast
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data._utils.collate import default_collate
+
+from shardkit.errors import ConfigError, StateDictError
+from shardkit.metrics import LoaderStats, counter_delta
+from shardkit.plan.order import stream_seed
+from shardkit.stages import Context
+from shardkit.streaming.dataset import EPOCH_MISMATCH, ShardDataset
+from shardkit.streaming.resume import (
+    STAGE,
+    VERSION,
+    check_fingerprint,
+    check_job_state,
+    encode_job_state,
+    fits_epoch,
+    merge_rank_states,
+    resume_plan,
+)
+from shardkit.streaming.sync import EpochEnd
+from shardkit.streaming.transfer import Mailbox, PackedBytes, arrived, to_torch
+
+__all__ = ["PackedBytes", "WebLoader"]
+
+log = logging.getLogger("shardkit.loader")
+_END = object()
+_REFUSED = ("sampler", "batch_sampler", "shuffle", "in_order")
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (1 << 32))  # user code's global RNG
+    torch.manual_seed(seed)
+
+
+class _WorkerSide(IterableDataset[Any]):
+    """Runs in each worker: configure from the mailbox, iterate, attach meta to items."""
+
+    def __init__(self, dataset: ShardDataset, mailbox: Mailbox, every: int) -> None:
+        super().__init__()
+        self.dataset = dataset
+        self.mailbox = mailbox
+        self.every = every
+
+    def __iter__(self) -> Iterator[tuple[Any, dict[str, Any] | None]]:
+        info = get_worker_info()
+        phys, n = (info.id, info.num_workers) if info is not None else (0, 1)
+        box = self.mailbox.read()
+        logical = (int(box["rotation"]) + phys) % n
+        ds = self.dataset
+        ds.set_epoch(int(box["epoch"]))
+        ds.configure(Context(int(box["epoch"]), int(box["rank"]), int(box["world"]), logical, n))
+        states = box["states"]
+        mine = None if states is None else states[logical % len(states)]
+        if mine is None:
+            ds.pipeline().clear_state()
+        else:
+            ds.pipeline().load_state_dict(mine)
+        if info is not None:  # a worker process: seed user code's RNGs (never the trainer's)
+            _seed_everything(stream_seed(ds.seed, box["epoch"], box["rank"], logical, 0xBEEF))
+        return self._run(ds, logical, ds.counters(), ds.io_stats())
+
+    def _run(
+        self, ds: ShardDataset, logical: int, base: dict[str, float], base_io: dict[str, float]
+    ) -> Iterator[tuple[Any, dict[str, Any] | None]]:
+        pipeline = ds.pipeline()
+
+        def meta() -> dict[str, Any]:
+            return {
+                "w": logical,
+                "s": pipeline.state_dict(),
+                "c": counter_delta(ds.counters(), base),
+                "io": counter_delta(ds.io_stats(), base_io),
+            }
+
+        it = iter(pipeline)
+        every = self.every
+        count = 0
+        item = next(it, _END)
+        while item is not _END:
+            count += 1
+            m = meta() if count % every == 0 else None  # before the next item is read
+            nxt = next(it, _END)
+            if m is None and nxt is _END:
+                m = meta()
+            yield item, m
+            item = nxt
+
+
+class _Collate:
+    """Collate in the worker and keep the batch's meta (the last item's)."""
+
+    def __init__(self, fn: Callable[[list[Any]], Any] | None, batched: bool) -> None:
+        self.fn = fn or default_collate
+        self.batched = batched
+
+    def __call__(self, items: Any) -> tuple[Any, Any]:
+        in_worker = get_worker_info() is not None
+        if not self.batched:
+            item, meta = items
+            return to_torch(item, in_worker), meta
+        return to_torch(self.fn([x[0] for x in items]), in_worker), items[-1][1]
+
+
+class WebLoader:
+    """A ``torch.utils.data.DataLoader`` over a :class:`ShardDataset`, resumable exactly.
+
+    Args:
+        dataset: the data set (batch it with ``.batched(n)`` and leave ``batch_size``
+            None, or give ``batch_size`` here to batch with ``collate_fn``).
+        batch_size: samples per batch collated in the workers (None: the data set's items).
+        num_workers, pin_memory, prefetch_factor, persistent_workers,
+        multiprocessing_context, collate_fn, drop_last, timeout, worker_init_fn:
+            as for DataLoader (``in_order`` is always on: resume relies on it).
+        dataloader_kwargs: more DataLoader options.
+    """
+
+    def __init__(
+        self,
+        dataset: ShardDataset,
+        batch_size: int | None = None,
+        *,
+        num_workers: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        drop_last: bool = False,
+        sync: bool | None = None,
+        **dataloader_kwargs: Any,
+    ) -> None:
+        if not isinstance(dataset, ShardDataset):
+            raise ConfigError(f"WebLoader needs a ShardDataset, not {type(dataset).__name__}")
+        for key in _REFUSED:
+            if key in dataloader_kwargs:
+                raise ConfigError(f"WebLoader: {key}= is not supported (the plan orders samples)")
+        self._fingerprint = dataset.fingerprint()  # reads the manifest once; workers get it
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.num_workers = num_workers
+        self._logical = max(num_workers, 1)
+        self._mailbox = Mailbox()
+        side = _WorkerSide(dataset, self._mailbox, batch_size or 1)
+        self._loader: DataLoader[Any] = DataLoader(
+            side,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            collate_fn=_Collate(collate_fn, batch_size is not None),
+            drop_last=drop_last,
+            **dataloader_kwargs,
+        )
+        self._epoch = dataset.epoch
+        self._sync = sync
+        self._end = EpochEnd()
+        self._pending: dict[str, Any] | None = None
+        self._discard = False
+        self._states: list[dict[str, Any] | None] = [None] * self._logical
+        self._where: tuple[int, int] = (0, 1)
+        self._batches = 0
+        self._next_worker = 0
+        self._complete = False
+        self._job_skips: dict[str, int] | None = None
+        self._stats = LoaderStats()
+
+    # -- epochs and length ---------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Iterate epoch ``epoch`` next.
+
+        A loaded state fits its own epoch and, when saved after that epoch ended, the next;
+        another epoch raises :class:`StateDictError` (unless the state was loaded with
+        ``epoch_mismatch="discard"``): an off-by-one start epoch never replays or skips
+        data silently.
+        """
+        st = self._pending
+        if st is not None and not fits_epoch(st, epoch):
+            if not self._discard:
+                raise StateDictError(
+                    f"webloader: the loaded state is for epoch {st['epoch']}"
+                    f"{' (ended)' if st['complete'] else ''}, not epoch {epoch}: start at "
+                    f"epoch {st['epoch']}{' or ' + str(st['epoch'] + 1) if st['complete'] else ''}"
+                    ", or load it with epoch_mismatch='discard'"
+                )
+            log.warning("webloader: state for epoch %s discarded for epoch %s", st["epoch"], epoch)
+            self._pending = None
+        self.dataset.set_epoch(epoch)
+        self._epoch = int(epoch)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter()`` runs (after a load: the state's)."""
+        return self._epoch
+
+    def __len__(self) -> int:
+        """Batches this rank gets in a whole epoch.
+
+        Exact when the pipeline's length is known up front (no ``select``, ``pack_tokens``,
+        shortest-``mix`` or endless resampling): every rank then has the same length by
+        construction. Under a skip policy (``handler="warn"``/``"skip_shard"``) it is an
+        upper bound: skipped data ends the epoch earlier, on every rank at once. Otherwise
+        ``TypeError``.
+        """
+        lengths = self.dataset.lengths(self._logical)
+        if lengths is None:
+            raise TypeError(
+                "the length of this loader is not known up front (select, pack_tokens, mix "
+                "or endless resampling): every rank still yields the same number of batches"
+            )
+        if self.batch_size is None:
+            return sum(lengths)
+        bs = self.batch_size
+        return sum(k // bs if self.drop_last else -(-k // bs) for k in lengths)
+
+    # -- iteration -----------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        box = self._begin()
+        self._stats.start(self._epoch)
+        if box is None:  # the loaded state had ended this epoch: nothing is left
+            self._stats.stop()
+            return iter(())
+        self._mailbox.write(box)
+        synced = self._job() and (self._sync is True or not self._lockstep())
+        return self._iterate(iter(self._loader), synced)
+
+    def _job(self) -> bool:
+        """Ranks share this loader's epochs and state: a process group is initialised and the
+        data set splits by node (without ``split_by_node`` every rank reads the same data,
+        e.g. an evaluation set read on rank 0 only: no collective then, so none can hang)."""
+        return EpochEnd.active(self._sync) and self.dataset.splits_by_node
+
+    def _lockstep(self) -> bool:
+        """Ranks yield equal batch counts by construction: lengths known up front (the
+        plan gives every rank equal shares) and no skip policy can shorten a rank's data."""
+        if any(s.policy != "raise" for s in self.dataset.sources):
+            return False
+        return self.dataset.lengths(self._logical) is not None
+
+    def _begin(self) -> dict[str, Any] | None:
+        """Decide how this iteration starts (fresh, exact resume, elastic) for the mailbox."""
+        rank, world = self.dataset.world()
+        self._where = (rank, world)
+        st, self._pending = self._pending, None
+        plan = resume_plan(
+            st,
+            pipeline=self.dataset.pipeline(),
+            epoch=self._epoch,
+            rank=rank,
+            world=world,
+            workers=self._logical,
+        )
+        self._batches = plan.batches
+        self._states = list(plan.states) if plan.states else [None] * self._logical
+        self._next_worker = plan.rotation
+        self._complete = plan.done
+        if plan.done:
+            return None
+        box = {"epoch": self._epoch, "rank": rank, "world": world, "rotation": plan.rotation}
+        return {**box, "states": plan.states}
+
+    def _iterate(self, it: Iterator[Any], synced: bool) -> Iterator[Any]:
+        stats = self._stats
+        try:
+            if synced:
+                yield from self._voted(it)
+                return
+            while True:
+                t = time.perf_counter()
+                got = next(it, _END)
+                if got is _END:
+                    self._complete = True
+                    return
+                yield self._deliver(got, t)
+        finally:
+            stats.stop()
+
+    def _voted(self, it: Iterator[Any]) -> Iterator[Any]:
+        """The shared epoch end: a batch is handed out only when every rank has one. The
+        vote on batch k+1 is started (asynchronously) before batch k is handed out, so it
+        runs during the training step; the batch itself waits here, one ahead."""
+        t = time.perf_counter()
+        ahead = next(it, _END)
+        vote = self._end.start(ahead is not _END, self._skips())
+        while True:
+            ok, job = self._end.finish(vote)
+            self._job_skips = {"skipped_samples": job[0], "skipped_shards": job[1]}
+            if not ok:  # a rank's data ended: the epoch ends for every rank
+                self._complete = True
+                return
+            got = ahead
+            ahead = next(it, _END)
+            vote = self._end.start(ahead is not _END, self._skips())
+            batch = self._deliver(got, t)
+            yield batch
+            t = time.perf_counter()
+
+    def _skips(self) -> list[int]:
+        counts = self._stats.totals()[0]
+        return [int(counts["skipped_samples"]), int(counts["skipped_shards"])]
+
+    def _deliver(self, got: Any, t: float) -> Any:
+        """Record a batch's meta (its worker's cursor, counters) as it is handed out."""
+        batch, meta = cast(tuple[Any, dict[str, Any]], got)
+        if self.num_workers:
+            batch = arrived(batch)
+        w = int(meta["w"])
+        self._states[w] = meta["s"]
+        self._batches += 1
+        self._next_worker = (w + 1) % self._logical
+        self._stats.record(time.perf_counter() - t, w, meta["c"], meta["io"])
+        return batch
+
+    # -- state ---------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The job's resume state (see :mod:`shardkit.streaming.resume`): small, JSON-safe,
+        cursors only.
+
+        Under a process group (with ``sync`` on) it gathers every rank's cursors, so it is
+        the same on every rank and every rank must call it at the same step; save it once
+        (rank 0) and load it on every rank of the next run. Without one it holds this rank's
+        cursors (join the ranks' states with :meth:`merge_states`).
+        """
+        if self._pending is not None:  # loaded and not iterated yet: the state as loaded
+            return encode_job_state(self._pending)
+        rank, world = self._where
+        entry = {
+            "rank": rank,
+            "batches": self._batches,
+            "next_worker": self._next_worker,
+            "workers": self._states,
+        }
+        ranks: list[dict[str, Any]] = [entry]
+        if self._job():
+            ranks = sorted(self._end.gather(entry), key=lambda e: int(e["rank"]))
+        return encode_job_state(
+            {
+                "stage": STAGE,
+                "version": VERSION,
+                "epoch": self._epoch,
+                "complete": self._complete,
+                "world": world,
+                "num_workers": self._logical,
+                "pipeline": self._fingerprint,
+                "ranks": ranks,
+            }
+        )
+
+    def load_state_dict(self, state: Mapping[str, Any], *, epoch_mismatch: str = "raise") -> None:
+        """Resume from the job state ``state`` at the next ``iter()``: exactly when it was
+        saved by a run of this world size and worker count, else elastically re-planned.
+
+        Args:
+            state: from :meth:`state_dict` (or :meth:`merge_states`).
+            epoch_mismatch: ``"raise"`` (default): a later :meth:`set_epoch` for an epoch
+                the state does not fit raises; ``"discard"``: the state is dropped then.
+
+        Raises :class:`StateDictError` naming the stage and field when the state does not
+        fit: another pipeline (stages, seed, shuffle buffer, batch size...), manifest
+        content, or a cursor out of range.
+        """
+        if epoch_mismatch not in EPOCH_MISMATCH:
+            raise ConfigError(f"epoch_mismatch must be one of {EPOCH_MISMATCH}")
+        st = check_job_state(state)
+        check_fingerprint(st["pipeline"], self._fingerprint)
+        pipeline = self.dataset.pipeline()
+        for entry in st["ranks"]:
+            for w in entry["workers"]:
+                if w is not None and pipeline.state_epoch(w) != st["epoch"]:
+                    raise StateDictError(
+                        f"webloader: rank {entry['rank']}'s worker state is for epoch "
+                        f"{pipeline.state_epoch(w)}, the state for epoch {st['epoch']}"
+                    )
+        self._check_plan(st)
+        self._pending = st
+        self._discard = epoch_mismatch == "discard"
+        self.dataset.set_epoch(int(st["epoch"]))
+        self._epoch = int(st["epoch"])
+
+    def _check_plan(self, st: Mapping[str, Any]) -> None:
+        """Load what this rank's workers would load into the (idle) pipeline: a state that
+        does not fit fails here, in the training process, not in a worker."""
+        rank, world = self.dataset.world()
+        pipeline = self.dataset.pipeline()
+        plan = resume_plan(
+            st, pipeline=pipeline, epoch=st["epoch"], rank=rank, world=world, workers=self._logical
+        )
+        try:
+            for w, ws in enumerate(plan.states or []):
+                if ws is not None:
+                    self.dataset.configure(Context(st["epoch"], rank, world, w, self._logical))
+                    pipeline.load_state_dict(ws)
+        finally:
+            pipeline.clear_state()
+
+    @staticmethod
+    def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """One job state from the states each rank of a job saved on its own (jobs without
+        a process group, where ``state_dict()`` holds only its rank's cursors)."""
+        return merge_rank_states(states)
+
+    # -- stats ---------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """This rank's stats in a fixed schema (:mod:`shardkit.metrics.schema`): counts
+        (ints), rates, wait p50/p99, time to first batch, the loop's idle share, per-worker
+        rates, cache hits/misses, retries and errors by kind, skips; for every iteration so
+        far and for the latest one (``this_epoch``). Under the shared epoch end also
+        ``job_skipped_samples``/``job_skipped_shards``: the skips of every rank, summed (as
+        of this rank's latest batch). :func:`shardkit.metrics.job_summary` turns it into
+        the job's view; :mod:`shardkit.metrics.export` sends it to TensorBoard or Prometheus."""
+        out = self._stats.summary()
+        if self._job_skips is not None:
+            out.update({f"job_{k}": v for k, v in self._job_skips.items()})
+        return out

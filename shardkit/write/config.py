@@ -1,0 +1,181 @@
+"""The options, plan and result of a build (see :mod:`shardkit.write.build`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shardkit.errors import ConfigError
+from shardkit.format.checksum import new_hasher
+from shardkit.format.images import REENCODE_FORMATS, ImageOptions
+from shardkit.format.manifest.model import Manifest
+from shardkit.format.tario.reader import DEFAULT_MAX_MEMBER
+from shardkit.units import parse_size
+from shardkit.write.select import TreeOptions
+from shardkit.write.sources import ON_ERROR, FieldMap, Unit
+from shardkit.write.writer import COMPRESSIONS
+
+__all__ = ["BuildConfig", "BuildPlan", "BuildResult", "check_config"]
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """The options of a build (the ``shardkit build`` flags).
+
+    Args:
+        prefix: shard names are ``{prefix}-{index:06d}.tar``.
+        maxsize: roll over to a new shard before its tar would pass this many bytes
+            (``"1GB"``; uncompressed: a compressed shard is smaller on disk).
+        maxcount: roll over after this many samples (None: no limit).
+        checksum: ``sha256`` or another algorithm of :mod:`shardkit.format.checksum`.
+        compress: None, ``"zstd"`` or ``"gzip"``.
+        workers: parallel writer processes; None picks a count from the input size (one
+            per 256 MB, at most the CPU count). The output is the same for a given count.
+        part: ``(i, n)``: build only part i of n.
+        resume: continue an interrupted build in the same directory.
+        source_type: how directories are read: ``auto``, ``files``, ``jsonl``, ``tar``.
+        fields: JSONL record fields mapped to their own members (``--field``).
+        key_field: the JSONL record field that holds the sample key.
+        overwrite: delete what an earlier build left in the output (its manifest,
+            shards, indexes, work directory) and build from scratch.
+        on_error: ``raise`` (default) stops at the first bad record; ``skip`` leaves bad
+            records out, names each in ``manifest.errors.jsonl`` and finishes.
+        tree: which files of a folder become samples (include, exclude, required fields).
+        image: resize / re-encode the images of folder sources.
+        fn: a build function: ``fn(input)`` yields the samples of one input (see
+            :func:`build`); the sources are then its inputs.
+        max_member: the largest member (bytes) of a tar input held in memory when
+            re-sharding (1 GiB by default); a larger one is a ``ShardFormatError``.
+    """
+
+    prefix: str = "data"
+    maxsize: int | str = "1GB"
+    maxcount: int | None = None
+    checksum: str = "sha256"
+    compress: str | None = None
+    workers: int | None = 1
+    part: tuple[int, int] | None = None
+    resume: bool = False
+    source_type: str = "auto"
+    fields: tuple[FieldMap, ...] = ()
+    key_field: str | None = None
+    overwrite: bool = False
+    on_error: str = "raise"
+    tree: TreeOptions = dataclasses.field(default_factory=TreeOptions)
+    image: ImageOptions | None = None
+    fn: Callable[[Any], Iterable[Mapping[str, Any]]] | None = None
+    max_member: int | str = DEFAULT_MAX_MEMBER
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """What :func:`run_build` will do: the units of this part, split between workers."""
+
+    out_dir: str
+    config: BuildConfig
+    units: tuple[Unit, ...]
+    groups: tuple[range, ...]
+    fingerprint: str
+    done: Manifest | None = None  # a resumed build that had already finished
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the fingerprint covers
+    notes: tuple[str, ...] = ()  # things the user should hear (case-folded fields, ...)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The build's facts its manifest keeps (``created.build``): fingerprint, options,
+        inputs, so a later run can say what differs."""
+        return {
+            "config": self.fingerprint,
+            "options": self.options,
+            "inputs": {"units": len(self.units), "bytes": self.total_bytes},
+        }
+
+    @property
+    def total_bytes(self) -> int:
+        """Input bytes of this part (what a progress bar counts to)."""
+        return sum(u.size for u in self.units)
+
+    @property
+    def shard_prefix(self) -> str:
+        part = self.config.part
+        return self.config.prefix if part is None else f"{self.config.prefix}-p{part[0]:04d}"
+
+    @property
+    def manifest_name(self) -> str:
+        part = self.config.part
+        return (
+            "manifest.json"
+            if part is None
+            else f"manifest.part-{part[0]:04d}-of-{part[1]:04d}.json"
+        )
+
+    @property
+    def manifest_path(self) -> str:
+        return os.path.join(self.out_dir, self.manifest_name)
+
+    @property
+    def work_dir(self) -> str:
+        return os.path.join(self.out_dir, f".{self.shard_prefix}.work")
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """What a build did: the manifest, samples written now and kept from before, time."""
+
+    manifest: Manifest
+    manifest_path: str
+    samples: int
+    resumed_samples: int
+    input_bytes: int
+    seconds: float
+    workers: int
+
+    def to_dict(self) -> dict[str, Any]:
+        secs = max(self.seconds, 1e-9)
+        return {
+            "manifest": self.manifest_path,
+            "shards": len(self.manifest),
+            "samples": self.manifest.total_samples,
+            "bytes": self.manifest.total_bytes,
+            "written_samples": self.samples,
+            "resumed_samples": self.resumed_samples,
+            "input_bytes": self.input_bytes,
+            "seconds": round(self.seconds, 3),
+            "samples_per_s": round(self.samples / secs, 1),
+            "mb_per_s": round(self.input_bytes / secs / 1e6, 2),
+            "workers": self.workers,
+            "part": list(self.manifest.part.values()) if self.manifest.part else None,
+        }
+
+
+def check_config(c: BuildConfig) -> None:
+    """Refuse bad options with a :class:`ConfigError` saying which and why."""
+    if not c.prefix or "/" in c.prefix or c.prefix.startswith(".") or "{" in c.prefix:
+        raise ConfigError(f"bad shard prefix {c.prefix!r}")
+    if parse_size(c.maxsize) < 4096:
+        raise ConfigError(f"maxsize {c.maxsize!r} is too small (at least 4 KB)")
+    if parse_size(c.max_member) < 1:
+        raise ConfigError(f"max_member must be at least 1 byte, got {c.max_member!r}")
+    if c.maxcount is not None and c.maxcount < 1:
+        raise ConfigError(f"maxcount must be at least 1, got {c.maxcount}")
+    new_hasher(c.checksum)
+    if c.compress not in COMPRESSIONS:
+        raise ConfigError(f"compress must be None, 'zstd' or 'gzip', got {c.compress!r}")
+    if c.workers is not None and c.workers < 1:
+        raise ConfigError(f"workers must be at least 1, got {c.workers}")
+    if c.part is not None and not (0 <= c.part[0] < c.part[1]):
+        raise ConfigError(f"part must be I/N with 0 <= I < N, got {c.part[0]}/{c.part[1]}")
+    if c.resume and c.overwrite:
+        raise ConfigError("--resume and --overwrite exclude each other: pick one")
+    if c.on_error not in ON_ERROR:
+        raise ConfigError(f"on_error must be one of {', '.join(ON_ERROR)}, got {c.on_error!r}")
+    if c.image is not None:
+        if c.image.reencode is not None and c.image.reencode not in REENCODE_FORMATS:
+            raise ConfigError(f"reencode must be one of {', '.join(REENCODE_FORMATS)}")
+        if c.image.maxside is not None and c.image.maxside < 1:
+            raise ConfigError(f"resize wants a positive side, got {c.image.maxside}")
+        if not 1 <= c.image.quality <= 100:
+            raise ConfigError(f"image quality must be in 1..100, got {c.image.quality}")

@@ -1,0 +1,281 @@
+"""Planning a build: its inputs, parts and workers, and what the output already holds.
+
+:func:`plan_build` reads the sources (or a build function's inputs) into units, splits
+them, fingerprints the inputs and options, and checks an earlier build in the output
+directory: every refusal names the way out (``--resume``, ``--overwrite``, another
+``-o``) and what differs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import pickle
+import re
+import shutil
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from shardkit.errors import ConfigError
+from shardkit.format.manifest.model import Manifest
+from shardkit.units import parse_size
+from shardkit.write.config import BuildConfig, BuildPlan, check_config
+from shardkit.write.sources import DiscoverOptions, Unit, discover
+from shardkit.write.workers import build_info
+
+__all__ = ["auto_workers", "clear_output", "plan_build", "split_contiguous"]
+
+log = logging.getLogger("shardkit.build")
+
+
+_AUTO_BYTES_PER_WORKER = 256 << 20  # a worker costs ~1 s to spawn: worth it past ~256 MB
+
+
+def auto_workers(units: Sequence[Unit]) -> int:
+    """The worker count for ``workers=None``: one per 256 MB of input, at most the CPUs."""
+    if not units or units[0].kind == "call":
+        return 1
+    total = sum(u.size for u in units)
+    return max(1, min(os.cpu_count() or 1, total // _AUTO_BYTES_PER_WORKER))
+
+
+def _fn_name(fn: Callable[..., Any] | None) -> str | None:
+    if fn is None:
+        return None
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _options(c: BuildConfig, workers: int) -> dict[str, Any]:
+    """The options a build's output depends on, as JSON (what a resume must repeat)."""
+    plain = dataclasses.replace(c, resume=False, overwrite=False, workers=workers, fn=None)
+    opts = dataclasses.asdict(plain)
+    opts["maxsize"] = parse_size(c.maxsize)
+    opts["fn"] = _fn_name(c.fn)
+    loaded: dict[str, Any] = json.loads(json.dumps(opts, sort_keys=True))
+    return loaded
+
+
+def _fingerprint(units: Sequence[Unit], options: Mapping[str, Any]) -> str:
+    h = hashlib.sha256()
+    for u in units:
+        path = u.path if u.kind == "call" else os.path.abspath(u.path)
+        h.update(json.dumps([u.kind, path, u.size, u.name, u.members, u.group]).encode())
+    h.update(json.dumps(options, sort_keys=True).encode())
+    return h.hexdigest()[:32]
+
+
+def _differs(old: Mapping[str, Any], plan: BuildPlan) -> str:
+    """What makes an earlier build (its ``created.build``) differ from ``plan``."""
+    before = old.get("options")
+    if not isinstance(before, dict):
+        return "it does not record how it was built"
+    changed = [
+        f"{k} {before.get(k)!r} -> {plan.options.get(k)!r}"
+        for k in sorted(set(before) | set(plan.options))
+        if before.get(k) != plan.options.get(k)
+    ]
+    if changed:
+        return "options differ: " + ", ".join(changed)
+    inputs = old.get("inputs") or {}
+    if inputs:
+        return (
+            f"the inputs differ: {inputs.get('units')} inputs of {inputs.get('bytes')} bytes "
+            f"then, {len(plan.units)} of {plan.total_bytes} now"
+        )
+    return "the inputs or options differ"
+
+
+def _previous(plan: BuildPlan) -> Manifest | None:
+    """Check what the output holds against this plan; the finished manifest, if any.
+
+    Every refusal says which way out applies: ``--resume`` (same inputs and options, not
+    finished), ``--overwrite`` (start over) or another output directory.
+    """
+    path, work, c = plan.manifest_path, plan.work_dir, plan.config
+    if c.overwrite:
+        return None
+    state = os.path.join(work, "build.json")
+    if os.path.exists(state):
+        with open(state, encoding="utf-8") as f:
+            old = json.load(f)
+        if old.get("config") != plan.fingerprint:
+            raise ConfigError(
+                f"{work} holds an interrupted build of other inputs or options "
+                f"({_differs(old, plan)}): pass --overwrite to start over, or use another -o"
+            )
+        if not c.resume:
+            raise ConfigError(
+                f"{work} holds an interrupted build of these inputs: pass --resume to finish "
+                "it, or --overwrite to start over"
+            )
+    elif os.path.exists(work) and not c.resume:
+        raise ConfigError(f"{work} holds an interrupted build: pass --resume or --overwrite")
+    if not os.path.exists(path):
+        return None
+    info = build_info(Manifest.load(path))
+    same = info.get("config") == plan.fingerprint
+    if not same:
+        raise ConfigError(
+            f"{path} was built from other inputs or options ({_differs(info, plan)}): "
+            "pass --overwrite to replace it, or use another -o"
+            + (" (--resume needs the same inputs and options)" if c.resume else "")
+        )
+    if not c.resume:
+        if info.get("complete"):
+            raise ConfigError(
+                f"{path} is a finished build of these inputs: nothing to do "
+                "(pass --overwrite to build it again)"
+            )
+        raise ConfigError(
+            f"{path} is an unfinished build of these inputs: pass --resume to finish it, "
+            "or --overwrite to start over"
+        )
+    old = Manifest.load(path)
+    return old if info.get("complete") and not os.path.exists(work) else None
+
+
+def _call_units(inputs: Iterable[Any]) -> list[Unit]:
+    return [Unit("call", repr(x)[:200], 1, f"{i:08d}", payload=x) for i, x in enumerate(inputs)]
+
+
+def _workers_for(c: BuildConfig, units: Sequence[Unit], out: str) -> int:
+    """The worker count: given, the one an interrupted build used, or chosen by size."""
+    if c.workers is not None:
+        return max(1, min(c.workers, len(units)))
+    if c.resume:
+        for meta in _earlier_meta(c, out):
+            w = (meta.get("options") or {}).get("workers")
+            if isinstance(w, int) and w >= 1:
+                return w
+    return max(1, min(auto_workers(units), len(units)))
+
+
+def _earlier_meta(c: BuildConfig, out: str) -> list[dict[str, Any]]:
+    """The ``created.build`` facts an earlier build of this output left (work dir, manifest)."""
+    found: list[dict[str, Any]] = []
+    plan = BuildPlan(out, c, (), (), "")
+    state = os.path.join(plan.work_dir, "build.json")
+    if os.path.exists(state):
+        with open(state, encoding="utf-8") as f:
+            found.append(json.load(f))
+    if os.path.exists(plan.manifest_path):
+        found.append(build_info(Manifest.load(plan.manifest_path)))
+    return found
+
+
+def plan_build(
+    sources: Sequence[Any], out_dir: str | os.PathLike[str], config: BuildConfig | None = None
+) -> BuildPlan:
+    """Find the inputs, split them into parts and workers, check the output directory.
+
+    ``sources`` are paths and patterns, or with ``config.fn`` the inputs of the build
+    function. Raises :class:`ConfigError` for bad options, missing sources or an output
+    directory that holds another build (or an unfinished one without ``resume`` or
+    ``overwrite``), saying which way out applies.
+    """
+    c = config or BuildConfig()
+    check_config(c)
+    out = os.path.abspath(os.fspath(out_dir))
+    if not sources:
+        raise ConfigError("no sources given" if c.fn is None else "no inputs given")
+    notes: list[str] = []
+    if c.fn is not None:
+        units = _call_units(sources)
+    else:
+        d = DiscoverOptions(c.source_type, [out], c.tree, c.image, c.on_error, notes)
+        units = discover(sources, options=d)
+    if not units:
+        raise ConfigError(f"found no input in {', '.join(map(str, sources))}")
+    if c.part is not None:
+        r = split_contiguous([u.size for u in units], c.part[1])[c.part[0]]
+        units = units[r.start : r.stop]
+    workers = _workers_for(c, units, out)
+    if c.workers is None and workers > 1:
+        notes.append(
+            f"using {workers} workers for {sum(u.size for u in units) / 1e6:,.0f} MB of input "
+            "(--workers N fixes the count; the shards are the same for a given count)"
+        )
+    if workers > 1 and c.fn is not None:
+        _check_picklable(c.fn)
+    groups = tuple(split_contiguous([u.size for u in units], workers))
+    options = _options(c, workers)
+    plan = BuildPlan(
+        out, c, tuple(units), groups, _fingerprint(units, options), None, options, tuple(notes)
+    )
+    if c.overwrite:
+        _check_overwrite(plan)
+    done = _previous(plan)
+    return dataclasses.replace(plan, done=done) if done is not None else plan
+
+
+def _check_picklable(fn: Callable[..., Any]) -> None:
+    try:
+        pickle.dumps(fn)
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        raise ConfigError(
+            f"the build function {_fn_name(fn)} cannot go to worker processes ({exc}): "
+            "define it at the top level of a module, or use workers=1"
+        ) from None
+
+
+def _earlier_outputs(plan: BuildPlan) -> list[str]:
+    """The files ``overwrite`` deletes: this prefix and part's shards, indexes, manifest."""
+    out = plan.out_dir
+    if not os.path.isdir(out):
+        return []
+    shard = re.compile(rf"^{re.escape(plan.shard_prefix)}-\d{{6,}}\.tar(?:\.zst|\.gz)?(?:\.idx)?$")
+    stem = os.path.splitext(plan.manifest_name)[0]
+    mine = {plan.manifest_name, stem + ".csv", stem + ".errors.jsonl"}
+    return [os.path.join(out, n) for n in sorted(os.listdir(out)) if n in mine or shard.match(n)]
+
+
+def _check_overwrite(plan: BuildPlan) -> None:
+    """Refuse an ``overwrite`` that would delete one of the build's own inputs."""
+    doomed = set(_earlier_outputs(plan))
+    for u in plan.units:
+        paths = [os.path.join(u.path, rel) for _, rel in u.members] if u.members else [u.path]
+        hit = next((p for p in paths if os.path.abspath(p) in doomed), None)
+        if u.kind != "call" and hit is not None:
+            raise ConfigError(
+                f"--overwrite would delete the input {hit}: write the new shards to another -o "
+                "(or another --prefix)"
+            )
+
+
+def clear_output(plan: BuildPlan) -> None:
+    """``overwrite``: delete what an earlier build of this prefix and part left behind."""
+    removed = 0
+    for path in _earlier_outputs(plan):
+        os.unlink(path)
+        removed += 1
+    out = plan.out_dir
+    if os.path.isdir(plan.work_dir):
+        shutil.rmtree(plan.work_dir)
+    log.info("overwrite: removed %d files of the earlier build in %s", removed, out)
+
+
+def split_contiguous(sizes: Sequence[int], n: int) -> list[range]:
+    """Split items into ``n`` contiguous groups of about equal total size.
+
+    Item ``i`` goes to the group its midpoint falls in, so the split is deterministic,
+    groups are contiguous and in order, and an item is never divided. Some groups are
+    empty when there are fewer items than groups.
+    """
+    if n < 1:
+        raise ConfigError(f"cannot split into {n} groups")
+    total = sum(sizes)
+    bounds = [0] * (n + 1)
+    acc = 0
+    for i, size in enumerate(sizes):
+        if total > 0:
+            group = min(n - 1, (2 * acc + size) * n // (2 * total))
+        else:
+            group = min(n - 1, i * n // len(sizes))
+        bounds[group + 1] = i + 1
+        acc += size
+    for g in range(1, n + 1):
+        bounds[g] = max(bounds[g], bounds[g - 1])
+    return [range(bounds[g], bounds[g + 1]) for g in range(n)]

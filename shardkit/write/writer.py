@@ -1,0 +1,481 @@
+"""ShardWriter: pack samples into WebDataset-format tar shards plus a checksum manifest.
+
+Each shard is written to a temporary name in the output directory, checksummed as its
+bytes go out (no second read), fsynced and renamed; its sample index is written beside it,
+then its entry is appended to a journal (``.manifest.json.journal``, one JSON line, fsynced):
+a flat cost per shard, where rewriting the whole manifest after every shard made a build
+quadratic in its shard count. The journal is folded into the manifest (written atomically)
+at close, on resume, and whenever it has grown as long as the manifest (so rewrites cost
+O(shards) in all). At any instant manifest and journal list only whole shards. A ``with``
+block that raises finishes no shard: the one being written is deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import logging
+import os
+import re
+from collections.abc import Iterator, Mapping
+from types import TracebackType
+from typing import Any, BinaryIO, TypedDict
+
+from shardkit.durable import atomic_write
+from shardkit.errors import ConfigError, ManifestError, WriterError
+from shardkit.format.checksum import new_hasher
+from shardkit.format.codecs import encode_field, zstd_writer
+from shardkit.format.digest import Digest, HashingWriter
+from shardkit.format.manifest.compact import save_manifest
+from shardkit.format.manifest.journal import journal_path, read_journal
+from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
+from shardkit.format.pieces import DEFAULT_PIECE_SIZE
+from shardkit.format.tario.index import sample_signature, write_index
+from shardkit.format.tario.writer import (
+    END_OF_ARCHIVE,
+    check_field,
+    check_key,
+    member_header,
+    padding,
+)
+from shardkit.units import parse_size
+
+__all__ = [
+    "COMPRESSIONS",
+    "DEFAULT_CHECKSUM",
+    "DEFAULT_PREFIX",
+    "ShardWriter",
+    "WriterOptions",
+    "shard_name",
+    "shard_suffix",
+]
+
+log = logging.getLogger(__name__)
+_FLUSH = 4 << 20
+COMPRESSIONS = (None, "zstd", "gzip")
+_SUFFIX = {None: ".tar", "zstd": ".tar.zst", "gzip": ".tar.gz"}
+DEFAULT_PREFIX = "data"
+DEFAULT_CHECKSUM = "sha256"
+
+
+class WriterOptions(TypedDict, total=False):
+    """The shard options of :class:`ShardWriter`, as keywords (for those that pass them on)."""
+
+    prefix: str
+    maxsize: int | str
+    maxcount: int | None
+    checksum: str
+    compress: str | None
+    piece_size: int | str | None
+    image_quality: int
+
+
+def shard_suffix(compress: str | None) -> str:
+    """The shard file suffix for a compression: ``.tar``, ``.tar.zst`` or ``.tar.gz``."""
+    return _SUFFIX[compress]
+
+
+def shard_name(prefix: str, index: int, compress: str | None) -> str:
+    """The file name of shard ``index``: ``{prefix}-{index:06d}`` and its suffix."""
+    return f"{prefix}-{index:06d}{_SUFFIX[compress]}"
+
+
+def _gzip_writer(f: Any) -> gzip.GzipFile:
+    # mtime=0 and no name: the same samples give the same bytes on every run
+    return gzip.GzipFile(filename="", mode="wb", compresslevel=6, fileobj=f, mtime=0)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a live writer's temp file is not ours to delete)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class ShardWriter:
+    """Write samples into size- and/or count-limited tar shards with a manifest.
+
+    Args:
+        out_dir: directory for shards and ``manifest.json`` / ``manifest.csv``.
+        prefix: shard names are ``{prefix}-{index:06d}.tar`` (``.tar.zst`` compressed).
+        maxsize: roll over before a shard's tar would exceed this many bytes (headers,
+            padding and end-of-archive included; a single larger sample gets a shard of
+            its own). A number or a string like ``"1GB"``. It counts the uncompressed tar:
+            a compressed shard is smaller on disk (and its sample index, in tar offsets,
+            stays the same).
+        maxcount: roll over after this many samples (None: no count limit).
+        checksum: ``sha256`` (default) or another algorithm of :mod:`shardkit.format.checksum`.
+        compress: None, ``"zstd"`` (``.tar.zst``) or ``"gzip"`` (``.tar.gz``, which
+            webdataset and Hugging Face ``datasets`` read too): whole-shard compression.
+        manifest: the manifest file name inside ``out_dir``.
+        start_index: the number of the first shard.
+        resume: keep the shards an existing manifest in ``out_dir`` lists and continue
+            after them (see :attr:`resumed_samples` for how many samples to skip).
+        part: ``(i, n)`` marks the manifest as part ``i`` of ``n`` for a later merge.
+        piece_size: bytes per piece of the per-piece checksums (:mod:`shardkit.format.pieces`);
+            None: none.
+        image_quality: JPEG/WebP quality for PIL images and uint8 arrays written to
+            ``jpg``/``webp`` fields (``png`` is lossless).
+    """
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        prefix: str = DEFAULT_PREFIX,
+        maxsize: int | str = "1GB",
+        maxcount: int | None = None,
+        checksum: str = DEFAULT_CHECKSUM,
+        compress: str | None = None,
+        *,
+        manifest: str = "manifest.json",
+        start_index: int = 0,
+        resume: bool = False,
+        part: tuple[int, int] | None = None,
+        piece_size: int | str | None = DEFAULT_PIECE_SIZE,
+        image_quality: int = 90,
+    ) -> None:
+        self.out_dir = os.fspath(out_dir)
+        if "%" in os.path.basename(self.out_dir) and ".tar" in os.path.basename(self.out_dir):
+            raise ConfigError(
+                f"{self.out_dir!r} looks like a webdataset shard pattern: ShardWriter takes "
+                "the output directory and a prefix (ShardWriter(out_dir, prefix='data'))"
+            )
+        if not prefix or "/" in prefix or prefix.startswith("."):
+            raise ConfigError(f"bad shard prefix {prefix!r}")
+        self.prefix = prefix
+        self.maxsize = parse_size(maxsize)
+        if self.maxsize < 4096:
+            raise ConfigError(f"maxsize {self.maxsize} is too small (at least 4 KB)")
+        if maxcount is not None and maxcount < 1:
+            raise ConfigError(f"maxcount must be at least 1, got {maxcount}")
+        self.maxcount = maxcount
+        new_hasher(checksum)  # validates the name now, not at the first shard
+        self.algo = checksum
+        if compress not in COMPRESSIONS:
+            raise ConfigError(f"compress must be None, 'zstd' or 'gzip', got {compress!r}")
+        self.compress = compress
+        self.piece_size = parse_size(piece_size) if piece_size is not None else None
+        if self.piece_size is not None and self.piece_size < 4096:
+            raise ConfigError(f"piece_size {self.piece_size} is too small (at least 4 KB)")
+        if not 1 <= image_quality <= 100:
+            raise ConfigError(f"image_quality must be in 1..100, got {image_quality}")
+        self.image_quality = image_quality
+        self.manifest_path = os.path.join(self.out_dir, manifest)
+        os.makedirs(self.out_dir, exist_ok=True)
+        self.manifest = Manifest(
+            checksum_algorithm=checksum,
+            created=creation_info(),
+            part={"index": part[0], "count": part[1]} if part else None,
+            base=os.path.abspath(self.out_dir),
+        )
+        self.next_index = start_index
+        self.resumed_samples = 0
+        self._cleanup_temps()
+        self._journal: BinaryIO | None = None
+        self._folded = 0  # shards the manifest on disk lists
+        if resume:
+            self._load_existing()
+        else:  # what another run journalled here is not this build's
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(journal_path(self.manifest_path))
+        self._file: BinaryIO | None = None
+        self._shard_fields: dict[str, dict[str, int]] = {}  # stats of the open shard
+        self._sink: Any = None
+        self._hashing: HashingWriter | None = None
+        self._tmp_path: str | None = None
+        self._pending: list[bytes | bytearray | memoryview] = []
+        self._pending_size = 0
+        self._offset = 0  # uncompressed bytes written to the current shard
+        self._offsets: list[int] = []
+        self._sigs: list[int] = []  # each sample's index signature (key and fields)
+        self._keys: set[str] = set()
+        self._closed = False
+        self._good_fields: set[str] = set()  # field names already checked
+
+    # -- public --------------------------------------------------------------------
+    @property
+    def shards(self) -> list[ShardEntry]:
+        """The finished shards so far."""
+        return self.manifest.shards
+
+    def write(self, sample: Mapping[str, Any]) -> None:
+        """Add one sample: ``{"__key__": key, field: value, ...}``.
+
+        Fields whose name starts with ``__`` are metadata and not written. A sample that
+        raises :class:`WriterError` (bad key or field, a value its codec cannot encode, a
+        key already in this shard) leaves the writer as it was.
+        """
+        if self._closed:
+            raise WriterError("write() on a closed ShardWriter")
+        key = sample.get("__key__")
+        check_key(key)  # type: ignore[arg-type]
+        pieces, size, sizes = self._encode(str(key), sample)
+        if self._file is not None and (
+            self._offset + size + len(END_OF_ARCHIVE) > self.maxsize
+            or (self.maxcount is not None and len(self._offsets) >= self.maxcount)
+        ):
+            with self._disk():
+                self._finish_shard()
+        if self._file is not None and key in self._keys:
+            raise WriterError(f"sample key {key!r} appears twice in shard {self._shard_name()}")
+        if self._file is None:
+            with self._disk():
+                self._open_shard()
+        self._keys.add(str(key))
+        self._offsets.append(self._offset)
+        self._sigs.append(sample_signature(str(key), sizes))
+        self._offset += size
+        self._pending.extend(pieces)
+        self._pending_size += size
+        stats = self._shard_fields  # joins manifest.fields when the shard is whole
+        for field, nbytes in sizes.items():
+            st = stats.setdefault(field, {"count": 0, "bytes": 0})
+            st["count"] += 1
+            st["bytes"] += nbytes
+        if self._pending_size >= _FLUSH:
+            with self._disk():
+                self._flush()
+
+    def _encode(
+        self, key: str, sample: Mapping[str, Any]
+    ) -> tuple[list[bytes | bytearray | memoryview], int, dict[str, int]]:
+        """The tar pieces of one sample, their total size, and each field's payload size."""
+        pieces: list[bytes | bytearray | memoryview] = []
+        size = 0
+        sizes: dict[str, int] = {}
+        for field, value in sample.items():
+            if not isinstance(field, str):
+                raise WriterError(f"sample {key!r}: field names must be strings, got {field!r}")
+            if field.startswith("__"):
+                continue
+            if field not in self._good_fields:
+                check_field(key, field)
+                self._good_fields.add(field)
+            data = encode_field(key, field, value, image_quality=self.image_quality)
+            header = member_header(f"{key}.{field}", len(data))
+            pad = padding(len(data))
+            pieces.append(header)
+            pieces.append(data)
+            if pad:
+                pieces.append(pad)
+            size += len(header) + len(data) + len(pad)
+            sizes[field] = len(data)
+        if not sizes:
+            raise WriterError(f"sample {key!r} has no fields")
+        return pieces, size, sizes
+
+    def next_shard(self) -> None:
+        """Finish the shard being written now (if any); the next sample starts a new one."""
+        if self._file is not None:
+            with self._disk():
+                self._finish_shard()
+
+    def close(self) -> Manifest:
+        """Finish the open shard and write the final manifest; return it."""
+        if not self._closed:
+            with self._disk():
+                if self._file is not None:
+                    self._finish_shard()
+                self._write_manifest()
+            self._closed = True
+        return self.manifest
+
+    @contextlib.contextmanager
+    def _disk(self) -> Iterator[None]:
+        """A failed write (a full disk, a file size limit) as a WriterError: the shard
+        being written is dropped by ``abort`` and the manifest lists whole shards only."""
+        try:
+            yield
+        except OSError as exc:
+            raise WriterError(
+                f"{self.out_dir}: writing shard {self._shard_name()} failed: "
+                f"{exc.strerror or exc}; the manifest lists only the "
+                f"{len(self.manifest.shards)} whole shards written before it"
+            ) from exc
+
+    def abort(self) -> None:
+        """Drop the shard being written (its temp file) and keep the finished ones."""
+        try:
+            if self._file is not None:
+                self._file.close()
+        finally:
+            self._file = None
+            if self._tmp_path is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._tmp_path)
+                self._tmp_path = None
+        self._pending = []
+        self._pending_size = 0
+        if not self._closed:
+            self._closed = True
+            if self.manifest.shards or not os.path.exists(self.manifest_path):
+                try:
+                    self._write_manifest()
+                except OSError as exc:  # the disk is still full: the last manifest stands
+                    log.info("%s: cannot rewrite the manifest: %r", self.out_dir, exc)
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    # -- shards --------------------------------------------------------------------
+    def _shard_name(self) -> str:
+        return shard_name(self.prefix, self.next_index, self.compress)
+
+    def _open_shard(self) -> None:
+        name = self._shard_name()
+        self._tmp_path = os.path.join(self.out_dir, f".{name}.tmp-{os.getpid()}")
+        self._file = open(self._tmp_path, "wb", buffering=0)  # noqa: SIM115
+        self._hashing = HashingWriter(self._file, Digest(self.algo, self.piece_size))
+        if self.compress == "zstd":
+            self._sink = zstd_writer(self._hashing)  # type: ignore[arg-type]
+        elif self.compress == "gzip":
+            self._sink = _gzip_writer(self._hashing)
+        else:
+            self._sink = self._hashing
+        self._offset = 0
+        self._offsets = []
+        self._sigs = []
+        self._keys = set()
+        self._shard_fields = {}
+
+    def _flush(self) -> None:
+        if self._pending:
+            if self._pending_size <= _FLUSH * 4:
+                self._sink.write(b"".join(self._pending))
+            else:  # a large member goes out as it is: joining would copy it
+                for piece in self._pending:
+                    self._sink.write(piece)
+            self._pending = []
+            self._pending_size = 0
+
+    def _finish_shard(self) -> None:
+        assert self._file is not None and self._hashing is not None and self._tmp_path
+        self._pending.append(END_OF_ARCHIVE)
+        self._flush()
+        if self.compress:
+            self._sink.close()
+        try:
+            os.fsync(self._file.fileno())
+        finally:
+            self._file.close()
+        self._file = None
+        name = self._shard_name()
+        final = os.path.join(self.out_dir, name)
+        index_name = name + ".idx"
+        checksum = self._hashing.digest.checksum()
+        index_bytes = write_index(
+            self._offsets, self._offset, signatures=self._sigs, shard_checksum=checksum
+        )
+        index_hash = new_hasher(self.algo)
+        index_hash.update(index_bytes)
+        atomic_write(os.path.join(self.out_dir, index_name), index_bytes)
+        os.replace(self._tmp_path, final)
+        self._tmp_path = None
+        entry = ShardEntry(
+            url=name,
+            size=self._hashing.digest.size,
+            nsamples=len(self._offsets),
+            checksum=checksum,
+            index=index_name,
+            index_checksum=f"{self.algo}:{index_hash.hexdigest()}",
+            pieces=self._hashing.digest.pieces.result() if self._hashing.digest.pieces else None,
+        )
+        self.manifest.shards.append(entry)
+        for field, st in self._shard_fields.items():
+            acc = self.manifest.fields.setdefault(field, {"count": 0, "bytes": 0})
+            acc["count"] += st["count"]
+            acc["bytes"] += st["bytes"]
+        line = {"shard": entry.to_dict(), "fields": self._shard_fields}
+        self._shard_fields = {}
+        self.next_index += 1
+        self._append_journal(json.dumps(line, separators=(",", ":")).encode() + b"\n")
+        if len(self.manifest.shards) >= 2 * self._folded:
+            self._write_manifest()
+        log.debug("finished shard %s: %d samples, %d bytes", name, entry.nsamples, entry.size)
+
+    def _append_journal(self, line: bytes) -> None:
+        if self._journal is None:
+            self._journal = open(journal_path(self.manifest_path), "ab", buffering=0)  # noqa: SIM115
+        self._journal.write(line)
+        os.fsync(self._journal.fileno())
+
+    def _write_manifest(self) -> None:
+        """Fold the journal into the manifest: write it whole, then drop the journal."""
+        save_manifest(self.manifest, self.manifest_path)
+        self._folded = len(self.manifest.shards)
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(journal_path(self.manifest_path))
+
+    def _cleanup_temps(self) -> None:
+        """Delete the temp shards of this prefix that a dead writer left behind, and the
+        temp files of this manifest (and its csv and compact form) a kill cut short."""
+        mine = re.compile(rf"^\.{re.escape(self.prefix)}-\d{{6,}}\.tar(?:\.zst|\.gz)?\.tmp-(\d+)$")
+        stem = re.escape(os.path.splitext(os.path.basename(self.manifest_path))[0])
+        ours = re.compile(rf"^\.tmp-\w+-{stem}\.(?:json|json\.cols|csv)$")
+        for name in os.listdir(self.out_dir):
+            m = mine.match(name)
+            if (m is not None and not _alive(int(m.group(1)))) or ours.match(name):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.out_dir, name))
+
+    def _load_existing(self) -> None:
+        journal = read_journal(self.manifest_path)
+        if not os.path.exists(self.manifest_path) and not journal:
+            return
+        if os.path.exists(self.manifest_path):
+            old = Manifest.load(self.manifest_path)
+            self.manifest.created = dict(old.created)  # the build's fingerprint stays
+        else:
+            old = Manifest(checksum_algorithm=self.algo, base=self.manifest.base)
+        listed = {e.url for e in old.shards}
+        for entry, fields in journal:
+            if entry.url in listed:  # folded already: a kill came before the journal went
+                continue
+            old.shards.append(entry)
+            for field, st in fields.items():
+                acc = old.fields.setdefault(field, {"count": 0, "bytes": 0})
+                acc["count"] += st["count"]
+                acc["bytes"] += st["bytes"]
+        if old.checksum_algorithm != self.algo:
+            raise ManifestError(
+                f"cannot resume: existing shards use {old.checksum_algorithm}, "
+                f"this writer {self.algo}",
+                path=self.manifest_path,
+            )
+        for i, s in enumerate(old.shards):
+            path = os.path.join(self.out_dir, s.url)
+            try:
+                size = os.path.getsize(path)
+            except OSError:
+                size = -1
+            if size != s.size:
+                raise ManifestError(
+                    f"cannot resume: shard {s.url} is missing or has {size} bytes, not {s.size}",
+                    path=self.manifest_path,
+                    entry=i,
+                )
+        self.manifest.shards = list(old.shards)
+        self.manifest.fields = old.fields
+        self.resumed_samples = old.total_samples
+        self.next_index += len(old.shards)
+        if journal:
+            self._write_manifest()
