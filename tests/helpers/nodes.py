@@ -4,7 +4,7 @@ A node is ``ranks`` processes (each ``ShardDataset(url, cache_dir=node).split_by
 read through a ``WebLoader`` with ``workers`` DataLoader workers, one epoch) and its own
 :class:`RangeServer` over the one data set, so the server's log is that node's origin
 requests. Every process of every node starts at once, so they race for each shard.
-Used by ``tests/integration/test_nodes.py`` and ``scripts/bench/nodes.py``.
+Used by ``tests/cache/test_nodes.py`` and ``scripts/bench/nodes.py``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,240 @@
+"""WebLoader with real DataLoader worker processes: length, epochs, persistent and spawned
+workers, DataLoader-side batching, tensors in shared memory, stats."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from shardkit import ShardDataset, WebLoader
+from shardkit.errors import ConfigError
+from shardkit.format.manifest.model import Manifest
+from shardkit.streaming.loader import PackedBytes
+from shardkit.write.writer import ShardWriter
+from tests.helpers.resumable import assert_resumable
+from tests.helpers.servers import RangeServer
+
+pytestmark = pytest.mark.integration
+
+MakeShards = Callable[..., Manifest]
+SIZES = [7, 11, 3, 9, 13, 10, 7]
+
+
+def pipeline(m: Manifest, seed: int = 1) -> ShardDataset:
+    return (
+        ShardDataset(m, seed=seed).shuffle(12).decode().to_tuple("__key__", "tokens.npy").batched(4)
+    )
+
+
+def epoch_keys(loader: WebLoader, epoch: int) -> list[list[str]]:
+    loader.set_epoch(epoch)
+    return [list(b[0]) for b in loader]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_sample_once_per_epoch_in_len_batches(make_shards: MakeShards, workers: int) -> None:
+    m = make_shards(SIZES)
+    loader = WebLoader(
+        pipeline(m), num_workers=workers, multiprocessing_context="fork" if workers else None
+    )
+    batches = epoch_keys(loader, 0)
+    assert len(batches) == len(loader)
+    flat = [k for b in batches for k in b]
+    assert sorted(flat) == [f"sample-{i:08d}" for i in range(60)]
+    assert epoch_keys(loader, 0) == batches, "the same epoch gives the same order"
+    assert epoch_keys(loader, 1) != batches, "another epoch gives another order"
+    tokens = next(iter(loader))[1]
+    assert (
+        isinstance(tokens, torch.Tensor) and tokens.dtype == torch.int32 and tokens.shape == (4, 64)
+    )
+
+
+def test_persistent_and_spawned_workers_follow_epochs_and_state(make_shards: MakeShards) -> None:
+    m = make_shards(SIZES)
+    forked = WebLoader(pipeline(m), num_workers=2, multiprocessing_context="fork")
+    want = [epoch_keys(forked, e) for e in (0, 1)]
+    spawned = WebLoader(
+        pipeline(m), num_workers=2, multiprocessing_context="spawn", persistent_workers=True
+    )
+    assert [epoch_keys(spawned, e) for e in (0, 1)] == want
+    # resume epoch 0 after 5 batches in the same (persistent) workers
+    spawned.set_epoch(0)
+    it = iter(spawned)
+    head = [list(next(it)[0]) for _ in range(5)]
+    state = spawned.state_dict()
+    del it
+    spawned.load_state_dict(state)
+    assert head + [list(b[0]) for b in spawned] == want[0]
+
+
+def test_dataloader_side_batching_resumes_and_drops_last(make_shards: MakeShards) -> None:
+    m = make_shards(SIZES)
+
+    def make(drop_last: bool) -> WebLoader:
+        ds = ShardDataset(m, seed=2).shuffle(6).to_tuple("__key__")
+        return WebLoader(
+            ds, batch_size=5, num_workers=2, drop_last=drop_last, multiprocessing_context="fork"
+        )
+
+    full = [list(b[0]) for b in make(False)]
+    assert len(full) == len(make(False)) == 12  # 30 per worker: 6 batches each
+    loader = make(False)
+    it = iter(loader)
+    head = [list(next(it)[0]) for _ in range(7)]
+    state = loader.state_dict()
+    again = make(False)
+    again.load_state_dict(state)
+    assert head + [list(b[0]) for b in again] == full
+    assert head == full[:7]
+    assert len(make(True)) == 12
+
+
+def test_big_batches_cross_from_workers_in_shared_memory(make_shards: MakeShards) -> None:
+    """Big arrays travel as shared-memory tensors; small ones pickle and arrive as tensors."""
+    big = make_shards([8, 8], tokens=20_000)  # 4 x 80 KB a batch
+    small = make_shards([8, 8])  # 4 x 256 bytes a batch
+    for m, shared in ((big, True), (small, False)):
+        loader = WebLoader(pipeline(m), num_workers=2, multiprocessing_context="fork")
+        batch = next(iter(loader))
+        assert isinstance(batch[1], torch.Tensor) and batch[1].dtype == torch.int32
+        assert batch[1].is_shared() is shared
+
+
+def test_stats_report_rates_waits_and_skips(make_shards: MakeShards) -> None:
+    m = make_shards([20, 20, 20])
+    os.unlink(m.resolve(m.shards[1].url))
+    ds = ShardDataset(m, seed=1, handler="warn").to_tuple("__key__").batched(8)
+    loader = WebLoader(ds, num_workers=2, multiprocessing_context="fork")
+    got = sum(len(b[0]) for b in loader)
+    stats: dict[str, Any] = loader.stats()
+    assert got == 40 == stats["samples"]
+    assert stats["skipped_shards"] == 1 and stats["skipped_samples"] == 20
+    assert stats["batches"] == 6 and stats["bytes"] >= 40 * 300
+    assert stats["samples_per_s"] > 0 and stats["mb_per_s"] > 0
+    assert 0 <= stats["wait_mean_s"] <= stats["wait_p99_s"]
+    assert 0 < stats["wait_fraction"] <= 1 and isinstance(stats["io"], dict)
+
+
+def test_options_that_would_break_the_plan_are_refused(make_shards: MakeShards) -> None:
+    m = make_shards([4])
+    with pytest.raises(ConfigError, match="shuffle"):
+        WebLoader(ShardDataset(m), shuffle=True)
+    with pytest.raises(ConfigError, match="ShardDataset"):
+        WebLoader([1, 2, 3])  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        len(WebLoader(ShardDataset(m).select(bool)))
+
+
+def test_remote_shards_stream_through_the_node_cache_and_resume(
+    make_shards: MakeShards, tmp_path: Path
+) -> None:
+    """The same pipeline over a real HTTP Range server, with the node-local cache."""
+    m = make_shards([10] * 6, tokens=500, subdir="remote")
+    local = WebLoader(pipeline(m), num_workers=2, multiprocessing_context="fork")
+    want = epoch_keys(local, 0)
+    with RangeServer(str(m.base)) as srv:
+
+        def make() -> WebLoader:
+            ds = ShardDataset(srv.url("manifest.json"), seed=1, cache_dir=str(tmp_path / "c"))
+            ds = ds.shuffle(12).decode().to_tuple("__key__", "tokens.npy").batched(4)
+            return WebLoader(ds, num_workers=2, multiprocessing_context="fork")
+
+        remote = make()
+        assert epoch_keys(remote, 0) == want
+        io = remote.stats()["io"]  # summed over both workers
+        assert io["bytes_fetched"] >= m.total_bytes and io["requests"] >= 6, io
+        shard_requests = len(srv.requests("/data-*.tar"))
+        assert {r.path for r in srv.requests("/data-*.tar")} == {
+            f"/data-{i:06d}.tar" for i in range(6)
+        }
+        again = make()
+        it = iter(again)
+        head = [list(next(it)[0]) for _ in range(5)]
+        state = again.state_dict()
+        del it
+        resumed = make()
+        resumed.load_state_dict(state)
+        assert head + [list(b[0]) for b in resumed] == want
+        assert len(srv.requests("/data-*.tar")) == shard_requests, (
+            "a cached shard was fetched again"
+        )
+
+
+def test_big_byte_fields_cross_as_one_shared_tensor(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    with ShardWriter(tmp_path, maxsize="1MB") as w:
+        for i in range(24):
+            w.write({"__key__": f"k{i:03d}", "bin": rng.bytes(100_000 + i), "cls": i})
+    m = Manifest.load(tmp_path / "manifest.json")
+
+    def batches(workers: int) -> list[Any]:
+        ds = ShardDataset(m, seed=3).shuffle(5).to_tuple("bin", "cls").batched(4)
+        ctx = "fork" if workers else None
+        return list(WebLoader(ds, num_workers=workers, multiprocessing_context=ctx))
+
+    plain, shared = batches(0), batches(2)
+    assert len(plain) == len(shared) == 6
+    assert all(type(b[0]) is list for b in plain)
+    bins = sorted((bytes(x) for b in shared for x in b[0]), key=len)
+    assert bins == sorted((x for b in plain for x in b[0]), key=len)
+    packed = shared[0][0]
+    assert isinstance(packed, PackedBytes) and packed.tensor.is_shared()
+    assert len(packed) == 4 and packed[-1] == packed[3] and packed[1:3] == [packed[1], packed[2]]
+    assert packed.offsets[-1] == sum(len(x) for x in packed) == packed.tensor.numel()
+    with pytest.raises(IndexError):
+        packed[4]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_loader_meets_the_resume_contract(make_shards: MakeShards, workers: int) -> None:
+    m = make_shards(SIZES)
+    ctx = "fork" if workers else None
+    assert_resumable(
+        lambda: WebLoader(pipeline(m, seed=4), num_workers=workers, multiprocessing_context=ctx),
+        rounds=2,
+        seed=workers,
+        prepare=lambda loader: loader.set_epoch(2),
+    )
+
+
+def _noisy(item: tuple[str]) -> tuple[str, float]:
+    return item[0], float(np.random.random())  # user code using the global RNG
+
+
+def test_workers_are_seeded_by_seed_epoch_and_rank_not_the_trainer(
+    make_shards: MakeShards,
+) -> None:
+    m = make_shards([8, 8])
+
+    def run(epoch: int, workers: int = 2) -> list[tuple[str, float]]:
+        ds = ShardDataset(m, seed=5).to_tuple("__key__").map(_noisy)
+        ctx = "fork" if workers else None
+        loader = WebLoader(ds, num_workers=workers, multiprocessing_context=ctx)
+        loader.set_epoch(epoch)
+        return [tuple(x) for x in loader]  # type: ignore[misc]
+
+    assert run(0) == run(0)
+    assert [v for _, v in run(0)] != [v for _, v in run(1)]
+    np.random.seed(123)
+    drawn = [v for _, v in run(0, workers=0)]
+    np.random.seed(123)
+    assert drawn == [np.random.random() for _ in range(16)], "the loader reseeded the trainer"
+
+
+def test_resume_after_a_worker_ran_out_keeps_the_round_robin(make_shards: MakeShards) -> None:
+    """Workers of 31 and 30 samples in batches of 2: 16 and 15 batches, the last one
+    alone; every stop near the end resumes into the same tail."""
+    m = make_shards([31, 30])
+
+    def make() -> WebLoader:
+        ds = ShardDataset(m, seed=8).shuffle(7).to_tuple("__key__").batched(2)
+        return WebLoader(ds, num_workers=2, multiprocessing_context="fork")
+
+    assert len(make()) == 31
+    assert_resumable(make, stops=[0, 1, 2, 15, 28, 29, 30, 31])
