@@ -11,7 +11,7 @@ from shardkit.errors import ConfigError
 
 __all__ = ["IdleAlert"]
 
-log = logging.getLogger("shardkit.metrics")
+log = logging.getLogger(__name__)
 
 
 class IdleAlert:

@@ -44,7 +44,7 @@ from shardkit.urls import (
 
 __all__ = ["ByteRange", "Catalog", "CompactShards", "ShardInfo", "load_catalog", "open_catalog"]
 
-log = logging.getLogger("shardkit.stages")
+log = logging.getLogger(__name__)
 _HEAD = struct.Struct("<8sQ")
 _U64 = struct.Struct("<Q")
 

@@ -32,7 +32,7 @@ from shardkit.io import Opener
 
 __all__ = ["IndexReader"]
 
-log = logging.getLogger("shardkit.stages")
+log = logging.getLogger(__name__)
 _U64 = struct.Struct("<Q")
 _KEEP = 64  # whole indexes kept per process: those of recent shards only
 

@@ -31,7 +31,7 @@ from shardkit.errors import (
 
 __all__ = ["DATA_ERRORS", "POLICIES", "check_policy", "count_error", "report"]
 
-log = logging.getLogger("shardkit.stages")
+log = logging.getLogger(__name__)
 
 POLICIES = ("raise", "warn", "skip_shard")
 _ALIASES = {"warn_and_continue": "warn", "reraise": "raise", "reraise_exception": "raise"}

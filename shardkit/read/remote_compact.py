@@ -33,7 +33,7 @@ from shardkit.format.manifest.model import Manifest
 
 __all__ = ["form_dir", "open_remote_compact", "reopen_remote_compact"]
 
-log = logging.getLogger("shardkit.stages")
+log = logging.getLogger(__name__)
 _DIR = "manifest-cols"
 
 

@@ -33,7 +33,7 @@ from shardkit.stages.base import Grid, Stage, callable_name, check_state, sub_gr
 
 __all__ = ["IMAGE_EXTS", "IMAGE_MODES", "Decode"]
 
-log = logging.getLogger("shardkit.stages")
+log = logging.getLogger(__name__)
 
 IMAGE_MODES = ("pil", "rgb8", "rgb", "l8", "l", "torchrgb")
 FieldHandler = Callable[[str, bytes], Any]

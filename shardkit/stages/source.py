@@ -37,7 +37,7 @@ from shardkit.stages.base import Context, Grid, Stage, check_int, check_state
 
 __all__ = ["ShardSource", "sources_of"]
 
-log = logging.getLogger("shardkit.stages")
+log = logging.getLogger(__name__)
 Sample = dict[str, Any]
 Stream = Ranges | ResampledStream
 

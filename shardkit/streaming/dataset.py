@@ -64,7 +64,7 @@ _STATE = "dataset"
 _VERSION = 2
 
 
-log = logging.getLogger("shardkit.dataset")
+log = logging.getLogger(__name__)
 
 
 def _io_config(

@@ -50,7 +50,7 @@ from shardkit.streaming.transfer import Mailbox, PackedBytes, arrived, to_torch
 
 __all__ = ["PackedBytes", "WebLoader"]
 
-log = logging.getLogger("shardkit.loader")
+log = logging.getLogger(__name__)
 _END = object()
 _REFUSED = ("sampler", "batch_sampler", "shuffle", "in_order")
 

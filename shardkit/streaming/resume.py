@@ -50,7 +50,7 @@ __all__ = [
     "resume_plan",
 ]
 
-log = logging.getLogger("shardkit.loader")
+log = logging.getLogger(__name__)
 STAGE = "webloader"
 VERSION = 2
 

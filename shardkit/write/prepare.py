@@ -28,7 +28,7 @@ from shardkit.write.workers import build_info
 
 __all__ = ["auto_workers", "clear_output", "plan_build", "split_contiguous"]
 
-log = logging.getLogger("shardkit.build")
+log = logging.getLogger(__name__)
 
 
 _AUTO_BYTES_PER_WORKER = 256 << 20  # a worker costs ~1 s to spawn: worth it past ~256 MB

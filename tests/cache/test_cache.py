@@ -22,7 +22,8 @@ from shardkit.format.tario.index import read_index
 from shardkit.format.tario.reader import read_shard
 from shardkit.io import load_manifest
 from tests.helpers.published import wait_published
-from tests.helpers.servers import RangeServer, read_samples
+from tests.helpers.readback import read_samples
+from tests.helpers.servers import RangeServer
 
 pytestmark = pytest.mark.integration
 
@@ -53,15 +54,15 @@ def test_second_read_is_served_from_the_cache(
     cache = tmp_path / "cache"
     opener = make_opener(cache_dir=cache)
     m, urls = entries(opener, server)
-    want = read_samples(make_opener(), shards)
-    assert read_samples(opener, m) == want
+    want = read_samples(shards, make_opener())
+    assert read_samples(m, opener) == want
     assert len(server.requests("/data-*")) == 8
     wait_published(cache, shards.shards)
-    assert read_samples(opener, m) == want
+    assert read_samples(m, opener) == want
     assert len(server.requests("/data-*")) == 8  # no new request
     clone = pickle.loads(pickle.dumps(opener))  # as a DataLoader worker would get it
     assert clone.stats() == {}
-    assert read_samples(clone, m) == want and clone.stats()["cache_hits"] == 8
+    assert read_samples(m, clone) == want and clone.stats()["cache_hits"] == 8
     stats = opener.stats()
     assert stats["cache_misses"] == 8 and stats["cache_hits"] == 8
     assert stats["pieces_fetched"] == 8 and stats["cache_fills"] == 8
@@ -89,7 +90,7 @@ def test_content_addressed_same_names_never_collide(
         opener = make_opener(cache_dir=cache)
         for name, local in (("a", a), ("b", b)):
             remote = load_manifest(srv.url(f"{name}/manifest.json"), opener)
-            assert read_samples(opener, remote) == read_samples(make_opener(), local)
+            assert read_samples(remote, opener) == read_samples(local, make_opener())
             wait_published(cache, local.shards)
         assert len(cached_files(cache)) == 4
         copy = tmp_path / "c"
@@ -97,7 +98,7 @@ def test_content_addressed_same_names_never_collide(
         for p in Path(str(a.base)).iterdir():
             (copy / p.name).write_bytes(p.read_bytes())
         remote = load_manifest(srv.url("c/manifest.json"), opener)
-        assert read_samples(opener, remote) == read_samples(make_opener(), a)
+        assert read_samples(remote, opener) == read_samples(a, make_opener())
         assert srv.requests("/c/data-*") == []  # same checksums: already cached
 
 
@@ -129,12 +130,12 @@ def test_a_corrupt_piece_is_fetched_again_and_never_served(
 ) -> None:
     m = make_shards([40], tokens=8000, subdir="big", piece_size="128KB")
     e = m.shards[0]
-    want = read_samples(make_opener(), m)
+    want = read_samples(m, make_opener())
     with RangeServer(str(m.base)) as srv:
         opener = make_opener(cache_dir=tmp_path / "cache")
         remote, urls = entries(opener, srv)
         srv.add_fault("/data-*", "corrupt", at=3 * 128_000 + 77)  # once, in piece 3
-        assert read_samples(opener, remote) == want
+        assert read_samples(remote, opener) == want
         piece3 = [r for r in srv.requests("/data-*") if r.range == "bytes=384000-511999"]
         assert len(piece3) == 2  # fetched again, and only that piece
         assert len(srv.requests("/data-*")) == 12
@@ -298,7 +299,7 @@ def test_eviction_keeps_the_limit_and_spares_a_shard_in_use(
     opener = make_opener(cache_dir=cache, cache_limit=limit, prefetch_depth=1)
     store = CacheStore(str(cache), limit)
     m, urls = entries(opener, server)
-    want = read_samples(make_opener(), shards)
+    want = read_samples(shards, make_opener())
     peak = [0]
     stop = threading.Event()
 
@@ -451,13 +452,13 @@ def test_unwritable_cache_reads_uncached(
     blocker.write_text("a file where the cache dir should be")
     opener = make_opener(cache_dir=blocker / "cache")
     m, _ = entries(opener, server)
-    assert read_samples(opener, m) == read_samples(make_opener(), shards)
+    assert read_samples(m, opener) == read_samples(shards, make_opener())
     assert opener.stats()["cache_errors"] >= 1
     strict = make_opener(cache_dir=blocker / "cache", on_cache_error="raise")
     from shardkit.errors import CacheError
 
     with pytest.raises(CacheError, match="not-a-dir"):
-        read_samples(strict, m)
+        read_samples(m, strict)
 
 
 def test_cache_cli_warm_stat_clean(shards: Manifest, server: RangeServer, tmp_path: Path) -> None:

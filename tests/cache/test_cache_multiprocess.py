@@ -25,7 +25,8 @@ from shardkit.format.manifest.model import Manifest, ShardEntry
 from shardkit.format.tario.index import read_index
 from shardkit.format.tario.reader import read_shard
 from shardkit.io import load_manifest
-from tests.helpers.servers import RangeServer, read_samples
+from tests.helpers.readback import read_samples
+from tests.helpers.servers import RangeServer
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +47,7 @@ def read_all(manifest_url: str, cache_dir: str) -> tuple[str, dict[str, float]]:
     """What one rank/worker does: load the manifest, read every shard."""
     opener = make_opener(cache_dir=cache_dir)
     m = load_manifest(manifest_url, opener)
-    return digest(read_samples(opener, m)), opener.stats()
+    return digest(read_samples(m, opener)), opener.stats()
 
 
 def worker(manifest_url: str, cache_dir: str, barrier: Any, out: Any) -> None:
@@ -98,7 +99,7 @@ def full_disk_main(argv: list[str]) -> None:
     opener = make_opener(cache_dir=cache_dir, on_cache_error=mode)
     m = load_manifest(manifest_url, opener)
     try:
-        result = {"digest": digest(read_samples(opener, m)), "stats": opener.stats()}
+        result = {"digest": digest(read_samples(m, opener)), "stats": opener.stats()}
     except CacheError as exc:
         result = {"error": type(exc).__name__, "message": str(exc)}
     print(json.dumps(result), flush=True)
@@ -134,7 +135,7 @@ def test_two_ranks_two_workers_share_one_download(
     shards: Manifest, server: RangeServer, tmp_path: Path
 ) -> None:
     cache = str(tmp_path / "cache")
-    want = digest(read_samples(make_opener(), shards))
+    want = digest(read_samples(shards, make_opener()))
     results = run_processes(4, server.url("manifest.json"), cache)
     assert [d for d, _ in results] == [want] * 4
     assert len(server.requests("/manifest.json")) == 1
@@ -153,7 +154,7 @@ def test_two_independent_jobs_on_one_cache_dir(
     shards: Manifest, server: RangeServer, tmp_path: Path
 ) -> None:
     cache = str(tmp_path / "cache")
-    want = digest(read_samples(make_opener(), shards))
+    want = digest(read_samples(shards, make_opener()))
     jobs = [spawn("job_main", server.url("manifest.json"), cache, pipes=True) for _ in range(2)]
     for j in jobs:
         assert j.stdout is not None and j.stdout.readline().strip() == "ready"
@@ -318,7 +319,7 @@ def test_full_disk_reads_on_uncached_or_raises(
         assert out["error"] == "CacheError" and "cannot reserve" in out["message"]
         assert cache in out["message"]
         return
-    assert out["digest"] == digest(read_samples(make_opener(), shards))
+    assert out["digest"] == digest(read_samples(shards, make_opener()))
     stats = out["stats"]
     assert stats["cache_errors"] == len(shards)  # every shard failed to cache, clearly
     assert stats["uncached_reads"] == len(shards)  # and was read on without the cache

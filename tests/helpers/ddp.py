@@ -3,7 +3,6 @@ at different rates (a filter, a damaged shard under a skip policy, token packing
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import torch
 import shardkit as sk
 from shardkit import ShardDataset
 from tests.helpers.data import make_shards
+from tests.helpers.servers import free_port
 
 __all__ = [
     "DOC_LENGTHS",
@@ -29,12 +29,6 @@ __all__ = [
 SIZES = [5, 17, 9, 23, 2, 11, 14]  # 81 samples: 27 per rank of 3
 DOC_LENGTHS = np.random.default_rng(1).integers(3, 41, size=120).tolist()
 NAMES = ["plain", "filter", "pack", "mix"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def make_data(root: Path) -> None:

@@ -19,12 +19,21 @@ from shardkit.format.tario.reader import read_shard
 _HASHES = {"sha256": hashlib.sha256, "xxh3_128": xxhash.xxh3_128}
 
 
-def read_samples(manifest_path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every sample of every shard the manifest lists, in manifest order."""
-    m = Manifest.load(manifest_path)
+def read_samples(
+    manifest: str | os.PathLike[str] | Manifest, opener: Any = None, **resolve: Any
+) -> list[dict[str, Any]]:
+    """Every sample of every shard the manifest lists, in manifest order: read from the
+    resolved paths, or through ``opener.open`` (told each shard's size, checksum, pieces)."""
+    m = manifest if isinstance(manifest, Manifest) else Manifest.load(manifest)
     out: list[dict[str, Any]] = []
     for s in m.shards:
-        out.extend(read_shard(m.resolve(s.url)))
+        url = m.resolve(s.url, **resolve)
+        if opener is None:
+            out.extend(read_shard(url))
+            continue
+        kw = {"pieces": s.pieces} if s.pieces is not None else {}
+        with opener.open(url, size=s.size, checksum=s.checksum, **kw) as f:
+            out.extend(read_shard(f, url=url))
     return out
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["Fault", "RangeServer", "Record", "free_port", "moto_server", "read_samples"]
+__all__ = ["Fault", "RangeServer", "Record", "free_port", "moto_server"]
 
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
 _PIECE = 256 << 10
@@ -311,16 +311,3 @@ def moto_server() -> Iterator[str]:
         yield f"http://{host}:{port}"
     finally:
         server.stop()
-
-
-def read_samples(opener: Any, manifest: Any, **resolve: Any) -> list[dict[str, object]]:
-    """Every sample of every shard of ``manifest``, read through ``opener.open``."""
-    from shardkit.format.tario.reader import read_shard
-
-    out: list[dict[str, object]] = []
-    for entry in manifest.shards:
-        url = manifest.resolve(entry.url, **resolve)
-        kw = {"pieces": entry.pieces} if entry.pieces is not None else {}
-        with opener.open(url, size=entry.size, checksum=entry.checksum, **kw) as f:
-            out.extend(read_shard(f, url=url))
-    return out

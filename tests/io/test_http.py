@@ -13,7 +13,8 @@ from shardkit.errors import ChecksumError, ConfigError, FetchError, ManifestErro
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.index import read_index
 from shardkit.io import load_manifest
-from tests.helpers.servers import RangeServer, read_samples
+from tests.helpers.readback import read_samples
+from tests.helpers.servers import RangeServer
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +34,7 @@ def server(shards: Manifest) -> Iterator[RangeServer]:
 
 
 def local_samples(m: Manifest) -> list[dict[str, object]]:
-    return read_samples(make_opener(), m)
+    return read_samples(m, make_opener())
 
 
 def test_manifest_and_shards_stream_identical(shards: Manifest, server: RangeServer) -> None:
@@ -41,7 +42,7 @@ def test_manifest_and_shards_stream_identical(shards: Manifest, server: RangeSer
     remote = load_manifest(server.url("manifest.json"), opener)
     assert remote.resolve(remote.shards[0].url) == server.url(shards.shards[0].url)
     assert [s.checksum for s in remote.shards] == [s.checksum for s in shards.shards]
-    assert read_samples(opener, remote) == local_samples(shards)
+    assert read_samples(remote, opener) == local_samples(shards)
     assert len(server.requests("/manifest.json")) == 1
     for s in shards.shards:
         (rec,) = server.requests("/" + s.url)
@@ -53,7 +54,7 @@ def test_manifest_and_shards_stream_identical(shards: Manifest, server: RangeSer
 
 def test_one_keep_alive_connection_per_process(shards: Manifest, server: RangeServer) -> None:
     opener = make_opener()
-    read_samples(opener, load_manifest(server.url("manifest.json"), opener))
+    read_samples(load_manifest(server.url("manifest.json"), opener), opener)
     clients = {r.client for r in server.requests()}
     assert len(server.requests()) == 4 and len(clients) == 1
     clone = pickle.loads(pickle.dumps(opener))  # what a DataLoader worker gets
@@ -109,7 +110,7 @@ def test_faults_heal_with_identical_samples(
     cache_dir = tmp_path / "cache" if cached else None
     opener = make_opener(cache_dir=cache_dir, read_timeout=0.5, **FAST)
     remote = load_manifest(server.url("manifest.json"), opener)
-    assert read_samples(opener, remote) == local_samples(shards)
+    assert read_samples(remote, opener) == local_samples(shards)
     reqs = server.requests(victim)
     times = FAULTS[fault].get("times", 1)
     assert len(reqs) == times + 1
@@ -180,7 +181,7 @@ def test_unsafe_manifest_urls_are_refused(tmp_path: Path, server: RangeServer) -
         (root / "evil.json").write_text(Manifest.from_dict(raw).dumps())
         evil = load_manifest(server.url("sub/evil.json"), opener)
         with pytest.raises(ManifestError, match="refusing"):
-            read_samples(opener, evil)
+            read_samples(evil, opener)
     with pytest.raises(ConfigError, match="allow_pipe"):
         opener.read("pipe:cat /etc/hostname")
     with pytest.raises(ConfigError, match="allow_pipe"):

@@ -11,7 +11,8 @@ from shardkit.cache import make_opener
 from shardkit.errors import ChecksumError, FetchError
 from shardkit.format.manifest.model import Manifest
 from shardkit.io import load_manifest
-from tests.helpers.servers import moto_server, read_samples
+from tests.helpers.readback import read_samples
+from tests.helpers.servers import moto_server
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +57,7 @@ def test_s3_shards_stream_identical(shards: Manifest, endpoint: str) -> None:
     opener = make_opener(endpoint_url=endpoint)
     remote = load_manifest(f"s3://{BUCKET}/ds/manifest.json", opener)
     assert remote.resolve(remote.shards[0].url) == f"s3://{BUCKET}/ds/{shards.shards[0].url}"
-    assert read_samples(opener, remote) == read_samples(make_opener(), shards)
+    assert read_samples(remote, opener) == read_samples(shards, make_opener())
     entry = shards.shards[1]
     local = (Path(str(shards.base)) / entry.url).read_bytes()
     url = f"s3://{BUCKET}/ds/{entry.url}"
@@ -69,12 +70,12 @@ def test_s3_shards_stream_identical(shards: Manifest, endpoint: str) -> None:
 def test_s3_through_the_cache(shards: Manifest, endpoint: str, tmp_path: Path) -> None:
     opener = make_opener(cache_dir=tmp_path / "cache", endpoint_url=endpoint)
     remote = load_manifest(f"s3://{BUCKET}/ds/manifest.json", opener)
-    want = read_samples(make_opener(), shards)
-    assert read_samples(opener, remote) == want
+    want = read_samples(shards, make_opener())
+    assert read_samples(remote, opener) == want
     assert opener.stats()["cache_misses"] == 3
     again = make_opener(cache_dir=tmp_path / "cache", endpoint_url=endpoint)
     remote = load_manifest(f"s3://{BUCKET}/ds/manifest.json", again)
-    assert read_samples(again, remote) == want
+    assert read_samples(remote, again) == want
     stats = again.stats()
     assert stats["cache_hits"] == 3 and stats.get("requests", 0) == 0
 
@@ -85,7 +86,7 @@ def test_s3_endpoint_from_the_environment(
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
     opener = make_opener()
     remote = load_manifest(f"s3://{BUCKET}/ds/manifest.json", opener)
-    assert len(read_samples(opener, remote)) == shards.total_samples
+    assert len(read_samples(remote, opener)) == shards.total_samples
 
 
 def test_s3_missing_key_and_corrupt_object(shards: Manifest, endpoint: str, s3: object) -> None:

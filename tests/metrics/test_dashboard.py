@@ -216,7 +216,7 @@ def test_the_idle_alert_fires_on_a_loader_slowed_on_purpose(
     loader = WebLoader(ds, num_workers=0)
     seen: list[dict[str, Any]] = []
     watch_idle(loader, threshold=0.10, steps=5, callback=seen.append)
-    with caplog.at_level(logging.WARNING, logger="shardkit.metrics"):
+    with caplog.at_level(logging.WARNING, logger="shardkit"):
         for _ in zip(range(12), loader, strict=False):
             pass
     assert len(seen) == 1 and seen[0]["idle_share"] > 0.10 and seen[0]["steps"] == 5

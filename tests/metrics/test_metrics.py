@@ -106,7 +106,7 @@ def test_job_summary_without_a_process_group_is_a_job_of_one() -> None:
 def test_the_idle_alert_fires_once_per_episode_and_logs(caplog: pytest.LogCaptureFixture) -> None:
     seen: list[dict[str, Any]] = []
     alert = IdleAlert(threshold=0.30, steps=4, callback=seen.append)
-    with caplog.at_level(logging.WARNING, logger="shardkit.metrics"):
+    with caplog.at_level(logging.WARNING, logger="shardkit"):
         for _ in range(10):
             alert.observe(0.001, 0.1)  # 1% idle
         assert seen == []

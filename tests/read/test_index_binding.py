@@ -132,7 +132,7 @@ def test_a_version_1_index_still_reads(
             manifest, i, write_index(offsets[:-1].tolist(), int(offsets[-1])),
             with_checksum=with_checksum,
         )  # fmt: skip
-    with caplog.at_level("WARNING", logger="shardkit.stages"):
+    with caplog.at_level("WARNING", logger="shardkit"):
         keys = _read_every_rank(manifest, workers=0)
     assert sorted(keys) == [f"sample-{i:08d}" for i in range(12)]
     assert "version 1 sample index" in caplog.text

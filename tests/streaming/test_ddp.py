@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -22,18 +21,13 @@ import torch.multiprocessing as mp
 
 from shardkit import ShardDataset, WebLoader
 from shardkit.format.manifest.model import Manifest
+from tests.helpers.servers import free_port
 
 pytestmark = pytest.mark.integration
 
 MakeShards = Callable[..., Manifest]
 SIZES = [5, 17, 9, 23, 2, 11, 14]  # 81 samples: 27 per rank, 14 + 13 per worker
 WORLD = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _epoch(loader: WebLoader, epoch: int) -> dict[str, Any]:
@@ -84,7 +78,7 @@ def test_three_ranks_two_workers_equal_batches_every_sample_once(
 ) -> None:
     m = make_shards(SIZES)
     manifest = str(Path(m.base or "") / "manifest.json")
-    mp.spawn(_rank_main, args=(_free_port(), manifest, str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(_rank_main, args=(free_port(), manifest, str(tmp_path)), nprocs=WORLD, join=True)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     everything = [f"sample-{i:08d}" for i in range(81)]
     for name in ("first-0", "first-1", "rerun-0"):

@@ -14,7 +14,7 @@ from shardkit.format.manifest.model import ShardEntry
 
 __all__ = ["journal_path", "read_journal"]
 
-log = logging.getLogger("shardkit.writer")
+log = logging.getLogger(__name__)
 
 
 def journal_path(manifest_path: str) -> str:
