@@ -24,11 +24,11 @@ from shardkit.format.manifest.model import Manifest
 from shardkit.io import load_manifest
 from tests.helpers.servers import RangeServer
 
+pytestmark = pytest.mark.integration
+
 _HOLDER = """
 import os, sys, time
 from shardkit.cache.locks import claim_byte
-
-pytestmark = pytest.mark.integration
 fd = os.open(sys.argv[1], os.O_RDWR)
 assert claim_byte(fd, int(sys.argv[2])) is not None
 print("held", flush=True)

@@ -24,6 +24,8 @@ from shardkit.write.sources import Unit
 from tests.helpers.buildfn import fails_on_seven, three_samples
 from tests.helpers.readback import assert_whole, keys_of, read_samples, shard_digests, shardkit
 
+pytestmark = pytest.mark.integration
+
 Image = pytest.importorskip("PIL.Image")
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,8 +66,6 @@ _SCRIPT = """
 import sys
 import shardkit as sk
 from tests.helpers.buildfn import slow_three_samples
-
-pytestmark = pytest.mark.integration
 
 if __name__ == "__main__":
     sk.build(slow_three_samples, range(60), sys.argv[1], workers=2, maxcount=6,
