@@ -40,10 +40,10 @@ ORDER: dict[str, list[list[str]]] = {
         ["writer", "config", "workers", "prepare", "build"],
     ],
     "shardkit.check": [["summary", "verify", "adopt"]],
-    "shardkit.plan": [["world", "order", "ranges", "assign"]],
+    "shardkit.plan": [["world", "order", "schedule", "ranges", "assign"]],
     "shardkit.io": [["config", "retry", "local", "pipe", "http", "s3", "verified", "remote"]],
     "shardkit.read": [["policy", "indexes", "remote_compact", "catalog", "stream"]],
-    "shardkit.stages": [["base", "collate", "basic", "decode", "source", "tokens"]],
+    "shardkit.stages": [["base", "collate", "packing", "basic", "decode", "source", "tokens"]],
     "shardkit.metrics": [["schema", "job", "alert", "export"]],
     "shardkit.streaming": [["resume", "transfer", "sync", "dataset", "mixing", "loader"]],
 }
