@@ -29,9 +29,12 @@ log = logging.getLogger(__name__)
 def fetch_manifest_once(
     store: CacheStore, url: str, source: RangeSource, *, ttl: float, counters: Counters
 ) -> bytes:
-    """The bytes of the manifest at ``url``, via the node's copy in ``store``."""
+    """The bytes of the manifest at ``url``, via the node's copy in ``store``: named by
+    where it lives in full (``source.location``: for ``s3://`` the endpoint, region and
+    profile too), never by the url's text, so one url on two stores is two copies."""
     store.ensure()
-    base = os.path.join(store.root, "manifests", hashlib.sha256(url.encode()).hexdigest()[:32])
+    where = source.location(url)
+    base = os.path.join(store.root, "manifests", hashlib.sha256(where.encode()).hexdigest()[:32])
     path, etag_path = base + ".json", base + ".etag"
     with locked(base + ".lock"):
         try:

@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 import urllib3
@@ -28,7 +29,7 @@ from shardkit.errors import FetchError
 from shardkit.io.config import IoConfig
 from shardkit.io.retry import Retryable, RetryPolicy, parse_retry_after, resuming_chunks
 
-__all__ = ["CHUNK", "Gate", "HttpSource", "policy_of"]
+__all__ = ["CHUNK", "Gate", "HttpSource", "http_location", "policy_of"]
 
 CHUNK = 1 << 20
 _RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -44,6 +45,17 @@ def policy_of(cfg: IoConfig) -> RetryPolicy:
     return RetryPolicy(
         cfg.max_attempts, cfg.backoff_base, cfg.backoff_max, cfg.retry_after_max, cfg.deadline
     )
+
+
+def http_location(url: str) -> str:
+    """``url`` as one canonical location: scheme and host lower-cased, the port spelled
+    out (80/443 by default), user info and fragment dropped (they name no other object)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    port = parts.port or (443 if scheme == "https" else 80)
+    host = (parts.hostname or "").lower()
+    query = f"?{parts.query}" if parts.query else ""
+    return f"{scheme}://{host}:{port}{parts.path or '/'}{query}"
 
 
 class _Body:
@@ -119,6 +131,11 @@ class HttpSource:
             s.headers["Accept-Encoding"] = "identity"  # byte ranges of the stored bytes
             self._session, self._pid = s, os.getpid()
         return self._session
+
+    def location(self, url: str) -> str:
+        """Where ``url`` lives, in full and in one spelling (scheme, host, port, path,
+        query): what a node's copy of a manifest or its compact form is named by."""
+        return http_location(url)
 
     def stream(
         self, url: str, start: int = 0, end: int | None = None, *, gate: Gate | None = None

@@ -40,6 +40,10 @@ class RangeSource(Protocol):
 
     def get(self, url: str, *, etag: str | None = None) -> tuple[bytes | None, str | None]: ...
 
+    def location(self, url: str) -> str:
+        """Where ``url`` lives in full (scheme, endpoint or host, bucket, key)."""
+        ...
+
 
 class ChunkStream(io.RawIOBase):
     """A raw binary stream over an iterator of byte chunks.
@@ -143,6 +147,13 @@ class RemoteOpener:
         if scheme in ("file", "pipe"):
             return None
         raise ConfigError(f"unsupported url scheme {scheme!r} in {url!r}")
+
+    def location(self, url: str) -> str:
+        """Where the remote ``url`` lives in full (see :meth:`RangeSource.location`)."""
+        src = self.source(url)
+        if src is None:
+            raise ConfigError(f"{url!r} is not a remote url")
+        return src.location(url)
 
     def open(
         self,

@@ -84,6 +84,7 @@ class S3Source:
         self.cfg = cfg
         self.counters = counters
         self._client: Any = None
+        self._profile: str | None = None
         self._pid = 0
 
     def __getstate__(self) -> dict[str, Any]:
@@ -107,9 +108,21 @@ class S3Source:
                 max_pool_connections=max(10, self.cfg.prefetch_threads + 2),
             )
             session = boto3.session.Session()
+            self._profile = session.profile_name
             self._client = session.client("s3", endpoint_url=self.cfg.endpoint_url, config=config)
             self._pid = os.getpid()
         return self._client
+
+    def location(self, url: str) -> str:
+        """Where ``url`` lives, in full: the endpoint this process's client talks to (from
+        ``endpoint_url``, ``AWS_ENDPOINT_URL`` or the profile's config), its region and
+        profile, the bucket and the key. The same ``s3://`` url on another store is
+        another location, so nothing derived from one is taken for the other."""
+        bucket, key = split_s3_url(url)
+        client = self.client
+        meta = client.meta
+        profile = self._profile or "default"
+        return f"s3://{bucket}/{key} @ {meta.endpoint_url} region={meta.region_name} {profile=}"
 
     def stream(
         self, url: str, start: int = 0, end: int | None = None, *, gate: Gate | None = None

@@ -31,6 +31,7 @@ from shardkit.format.tario.index import INDEX_MAGIC, INDEX_MAGIC_V1
 from shardkit.format.tario.reader import iter_samples
 from shardkit.io import Opener, load_manifest
 from shardkit.io.config import IoConfig
+from shardkit.io.remote import RemoteOpener
 from shardkit.read.indexes import IndexReader
 from shardkit.read.remote_compact import open_remote_compact, reopen_remote_compact
 from shardkit.urls import (
@@ -317,8 +318,9 @@ def open_catalog(
         src, remote = str(source), scheme in REMOTE_SCHEMES
         if remote:
             cfg = io or IoConfig()
+            where = RemoteOpener(cfg).location(src)
             compact = open_remote_compact(
-                src, opener, cache_dir=cfg.cache_dir, ttl=cfg.manifest_ttl
+                src, opener, location=where, cache_dir=cfg.cache_dir, ttl=cfg.manifest_ttl
             )
             path = src
         else:

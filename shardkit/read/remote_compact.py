@@ -2,9 +2,12 @@
 
 A local manifest keeps its form beside it; a remote one keeps it in the node's cache dir
 (``cache_dir/manifest-cols/``), or without one in the user's cache dir
-(``$XDG_CACHE_HOME/shardkit/manifest-cols/``, else ``~/.cache/...``), one file per url.
-The form names the url and the SHA-256 and size of the manifest bytes it was built from,
-and it is used only while those are the bytes the server gives:
+(``$XDG_CACHE_HOME/shardkit/manifest-cols/``, else ``~/.cache/...``), one file per
+location: where the manifest lives in full (scheme, host and port or, for ``s3://``, the
+endpoint, region and profile the client talks to, bucket, key), never the url's text alone,
+so one ``s3://`` url on two stores has two forms. The form names the url, that location and
+the SHA-256 and size of the manifest bytes it was built from, and it is used only while
+those are the bytes the server gives:
 
 - with a cache dir, a form younger than ``manifest_ttl`` is mapped as it is (the node's
   manifest copy follows the same rule: no request); an older one is checked under a lock
@@ -14,7 +17,7 @@ and it is used only while those are the bytes the server gives:
 - without one, every process fetches the manifest as before (one request each) and
   maps the form when its digest matches, instead of parsing the JSON.
 
-A damaged form (its arrays' checksum) is rebuilt, a form for another url never used.
+A damaged form (its checksum) is rebuilt, a form for another location never used.
 """
 
 from __future__ import annotations
@@ -45,26 +48,27 @@ def form_dir(cache_dir: str | None) -> str:
     return os.path.join(home, "shardkit", _DIR)
 
 
-def _form_path(url: str, cache_dir: str | None) -> str:
-    return os.path.join(
-        form_dir(cache_dir), hashlib.sha256(url.encode()).hexdigest()[:32] + ".cols"
-    )
+def _form_path(location: str, cache_dir: str | None) -> str:
+    name = hashlib.sha256(location.encode()).hexdigest()[:32]
+    return os.path.join(form_dir(cache_dir), name + ".cols")
 
 
-def _for_url(url: str, path: str) -> Any:
+def _for_url(url: str, path: str, location: str | None = None) -> Any:
     def fits(header: dict[str, Any]) -> None:
-        if (header.get("source") or {}).get("url") != url:
-            raise ManifestError(f"compact form of another manifest, not {url}", path=path)
+        src = header.get("source") or {}
+        if src.get("url") != url or (location is not None and src.get("location") != location):
+            where = url if location is None else location
+            raise ManifestError(f"compact form of another manifest, not {where}", path=path)
 
     return fits
 
 
-def _mapped(url: str, path: str, ttl: float | None) -> Compact | None:
-    """The form at ``path`` when it is ``url``'s, whole, and (with ``ttl``) fresh."""
+def _mapped(url: str, location: str, path: str, ttl: float | None) -> Compact | None:
+    """The form at ``path`` when it is ``location``'s, whole, and (with ``ttl``) fresh."""
     try:
         if ttl is not None and time.time() - os.stat(path).st_mtime >= ttl:
             return None
-        return map_compact(path, _for_url(url, path))
+        return map_compact(path, _for_url(url, path, location))
     except FileNotFoundError:
         return None
     except (ManifestError, OSError, ValueError) as exc:
@@ -73,14 +77,15 @@ def _mapped(url: str, path: str, ttl: float | None) -> Compact | None:
 
 
 def open_remote_compact(
-    url: str, opener: Opener, *, cache_dir: str | None, ttl: float
+    url: str, opener: Opener, *, location: str, cache_dir: str | None, ttl: float
 ) -> Compact | None:
-    """The compact form of the remote manifest at ``url`` (see the module docstring); None
-    where no directory for it can be written (the caller parses the JSON)."""
-    path = _form_path(url, cache_dir)
+    """The compact form of the remote manifest at ``url``, which lives at ``location``
+    (see the module docstring); None where no directory for it can be written (the
+    caller parses the JSON)."""
+    path = _form_path(location, cache_dir)
     fresh_for = ttl if cache_dir is not None and ttl > 0 else None
     if fresh_for is not None:
-        form = _mapped(url, path, fresh_for)
+        form = _mapped(url, location, path, fresh_for)
         if form is not None:
             return form
     try:
@@ -92,21 +97,21 @@ def open_remote_compact(
         return None
     with locked(path + ".lock"):
         if fresh_for is not None:  # another process of the node checked it meanwhile
-            form = _mapped(url, path, fresh_for)
+            form = _mapped(url, location, path, fresh_for)
             if form is not None:
                 return form
         data = opener.fetch_manifest(url)
         digest = hashlib.sha256(data).hexdigest()
-        form = _mapped(url, path, None)
+        form = _mapped(url, location, path, None)
         src = (form.header.get("source") or {}) if form is not None else {}
         if form is not None and (src.get("sha256"), src.get("size")) == (digest, len(data)):
             os.utime(path)
             return form
-        source = {"url": url, "sha256": digest, "size": len(data)}
+        source = {"url": url, "location": location, "sha256": digest, "size": len(data)}
         manifest = Manifest.loads(data, source=url)
         del data
         write_compact(manifest, path, source)
-        return map_compact(path, _for_url(url, path))
+        return map_compact(path, _for_url(url, path, location))
 
 
 def reopen_remote_compact(url: str, path: str) -> Compact:

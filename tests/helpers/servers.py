@@ -22,6 +22,8 @@ import fnmatch
 import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["Fault", "RangeServer", "Record", "free_port", "moto_server"]
+__all__ = ["Fault", "RangeServer", "Record", "free_port", "moto_process", "moto_server"]
 
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
 _PIECE = 256 << 10
@@ -311,3 +313,29 @@ def moto_server() -> Iterator[str]:
         yield f"http://{host}:{port}"
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def moto_process(timeout: float = 30.0) -> Iterator[str]:
+    """moto's S3 server in a process of its own (its own store: two threaded servers in one
+    process share moto's state); yields its endpoint url once it answers."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        until = time.monotonic() + timeout
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > until:
+                    raise RuntimeError(f"moto server did not start on port {port}") from None
+                time.sleep(0.05)  # polling a port that is not yet open
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
