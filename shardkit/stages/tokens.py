@@ -1,14 +1,28 @@
-"""pack_tokens: concatenate documents' token arrays into fixed-length training sequences.
+"""pack_tokens: documents' token arrays into fixed-length training sequences.
 
-Each sample's ``field`` (a 1-D integer array, decoded from ``.npy``, or a list) is
-appended to a running stream, optionally followed by an ``eos`` token, and the stream is
-cut into arrays of exactly ``seq_len`` tokens; a document can span two sequences. The
-tokens left at the end of an epoch (fewer than ``seq_len``) are dropped.
+Each sample's ``field`` (a 1-D integer array, decoded from ``.npy``, or a list) is one
+document, optionally followed by an ``eos`` token. Two strategies:
 
-State: the upstream's state *before* the document being cut, and how many of its tokens
-are used (``skip``). A restore re-reads that one document and skips its used tokens. An
-elastic resume (another world size or worker count) continues *after* that document: the
-rest of a document a worker was cutting is left out, so nothing is read twice.
+- ``"greedy"`` (default): the documents are concatenated into one stream cut into arrays
+  of exactly ``seq_len`` tokens; a document can span two sequences; nothing is padded. The
+  tokens left at the end of an epoch (fewer than ``seq_len``) are dropped.
+- ``"best_fit"``: documents are read in groups of ``buffer``; a document longer than
+  ``seq_len`` is cut into ``seq_len`` pieces and a rest first; the group's pieces are
+  placed best-fit decreasing (:func:`shardkit.stages.packing.best_fit`) into sequences,
+  padded with ``pad`` to ``seq_len``. Fewer documents are cut (only those longer than
+  ``seq_len``), at the cost of padding; every token of every document is given once.
+
+``boundaries=True`` yields a dict per sequence: ``tokens``, ``position_ids`` (each token's
+offset in its document: 0 at each document start; a document continued from the sequence
+before goes on from its offset) and ``cu_seqlens`` (0, the end of each document's run, and
+``seq_len``: padding is a run of its own), which ``batched`` collates for varlen attention
+(:func:`shardkit.stages.packing.collate_packed`).
+
+State: the upstream's state *before* the document (greedy) or group (best-fit) being cut,
+and how much of it was given (``skip``: tokens of the document, or sequences of the
+group). A restore re-reads that document or group and skips what was given. An elastic
+resume (another world size or worker count) continues *after* it: the rest a worker was
+cutting is left out, so nothing is read twice.
 """
 
 from __future__ import annotations
@@ -20,12 +34,15 @@ import numpy as np
 
 from shardkit.errors import ConfigError, DecodeError
 from shardkit.stages.base import Context, Grid, Stage, check_int, check_state
+from shardkit.stages.packing import Segment, best_fit, pieces, segments_boundaries
 
-__all__ = ["PackTokens"]
+__all__ = ["STRATEGIES", "PackTokens"]
+
+STRATEGIES = ("greedy", "best_fit")
 
 
 class PackTokens(Stage):
-    """Pack ``field`` token arrays into ``seq_len``-token arrays.
+    """Pack ``field`` token arrays into ``seq_len``-token sequences.
 
     Args:
         upstream: the stage before (samples are dicts holding ``field``).
@@ -33,6 +50,10 @@ class PackTokens(Stage):
         seq_len: tokens per output sequence.
         eos: a token appended after every document (None: none).
         dtype: the output dtype (default: the first document's).
+        strategy: ``"greedy"`` (cut the stream) or ``"best_fit"`` (place whole documents).
+        buffer: documents per best-fit group.
+        boundaries: yield dicts with ``tokens``, ``position_ids`` and ``cu_seqlens``.
+        pad: the token that fills a best-fit sequence's free room.
     """
 
     name = "pack_tokens"
@@ -46,14 +67,28 @@ class PackTokens(Stage):
         *,
         eos: int | None = None,
         dtype: Any = None,
+        strategy: str = "greedy",
+        buffer: int = 64,
+        boundaries: bool = False,
+        pad: int = 0,
     ) -> None:
         super().__init__(upstream)
         if seq_len < 1:
             raise ConfigError(f"pack_tokens: seq_len must be at least 1, got {seq_len}")
+        if strategy not in STRATEGIES:
+            raise ConfigError(
+                f"pack_tokens: strategy must be one of {STRATEGIES}, not {strategy!r}"
+            )
+        if type(buffer) is not int or buffer < 1:
+            raise ConfigError(f"pack_tokens: buffer must be an int >= 1, got {buffer!r}")
         self.field = field
         self.seq_len = seq_len
         self.eos = eos
         self.dtype = dtype
+        self.strategy = strategy
+        self.buffer = buffer
+        self.boundaries = boundaries
+        self.pad = pad
         self._state: dict[str, Any] | None = None
 
     def _tokens(self, sample: Any) -> np.ndarray:
@@ -82,14 +117,22 @@ class PackTokens(Stage):
             arr = np.append(arr, np.asarray(self.eos, dtype=arr.dtype))
         return arr
 
-    def __iter__(self) -> Iterator[np.ndarray]:
+    def __iter__(self) -> Iterator[Any]:
         up = self._up()
         st = self._take_pending()  # the upstream took its part in load_state_dict
         skip = 0 if st is None else int(st["skip"])
         self._state = None
-        return self._pack(up, skip)
+        if self.strategy == "best_fit":
+            return self._best_fit(up, skip)
+        return self._greedy(up, skip)
 
-    def _pack(self, up: Stage, skip: int) -> Iterator[np.ndarray]:
+    def _emit(self, out: np.ndarray, segments: list[Segment]) -> Any:
+        if not self.boundaries:
+            return out
+        pos, cu = segments_boundaries(segments, self.seq_len)
+        return {"tokens": out, "position_ids": pos, "cu_seqlens": cu}
+
+    def _greedy(self, up: Stage, skip: int) -> Iterator[Any]:
         seq_len = self.seq_len
         it = iter(up)
         cur = np.empty(0, dtype=np.int64)
@@ -98,6 +141,7 @@ class PackTokens(Stage):
         out: np.ndarray | None = None
         while True:
             fill = 0
+            segments: list[Segment] = []
             while fill < seq_len:
                 if cur_off >= len(cur):
                     before = up.state_dict()
@@ -108,8 +152,11 @@ class PackTokens(Stage):
                     if out is None:
                         out = np.empty(seq_len, dtype=self.dtype or cur.dtype)
                 take = min(seq_len - fill, len(cur) - cur_off)
+                if take == 0:
+                    continue
                 assert out is not None
                 out[fill : fill + take] = cur[cur_off : cur_off + take]
+                segments.append((cur_off, take))
                 fill += take
                 cur_off += take
             assert out is not None
@@ -117,7 +164,47 @@ class PackTokens(Stage):
                 self._state = {"source": before, "skip": cur_off}
             else:
                 self._state = None  # nothing held: upstream's state is exact
-            yield out.copy()
+            yield self._emit(out.copy(), segments)
+
+    def _best_fit(self, up: Stage, skip: int) -> Iterator[Any]:
+        it = iter(up)
+        while True:
+            before = up.state_dict()
+            docs = []
+            for _ in range(self.buffer):
+                sample = next(it, None)
+                if sample is None:
+                    break
+                doc = self._tokens(sample)
+                if len(doc):
+                    docs.append(doc)
+            seqs = self._place(docs)
+            for i in range(skip, len(seqs)):
+                held = i + 1 < len(seqs)  # sequences of this group are still to come
+                self._state = {"source": before, "skip": i + 1} if held else None
+                yield seqs[i]
+            skip = 0
+            if sample is None:
+                return
+
+    def _place(self, docs: list[np.ndarray]) -> list[Any]:
+        """One group's sequences: its documents' pieces placed best-fit decreasing."""
+        if not docs:
+            return []
+        parts = [(d, off, n) for d in docs for off, n in pieces(len(d), self.seq_len)]
+        out = []
+        dtype = self.dtype or docs[0].dtype
+        for members in best_fit([n for _, _, n in parts], self.seq_len):
+            seq = np.full(self.seq_len, self.pad, dtype=dtype)
+            segments: list[Segment] = []
+            at = 0
+            for m in members:
+                doc, off, n = parts[m]
+                seq[at : at + n] = doc[off : off + n]
+                segments.append((off, n))
+                at += n
+            out.append(self._emit(seq, segments))
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         if self._pending is not None:
@@ -137,7 +224,12 @@ class PackTokens(Stage):
 
     def params(self) -> dict[str, Any]:
         dtype = None if self.dtype is None else np.dtype(self.dtype).str
-        return {"field": self.field, "seq_len": self.seq_len, "eos": self.eos, "dtype": dtype}
+        out = {"field": self.field, "seq_len": self.seq_len, "eos": self.eos, "dtype": dtype}
+        if self.strategy != "greedy" or self.boundaries:  # the fingerprint of older states stays
+            out.update(
+                strategy=self.strategy, buffer=self.buffer, boundaries=self.boundaries, pad=self.pad
+            )
+        return out
 
     def merge(self, grid: Grid) -> dict[str, Any] | None:
         """Every worker goes on after the document it was cutting (its rest is dropped)."""

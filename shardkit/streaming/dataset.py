@@ -55,6 +55,7 @@ from shardkit.stages import (
     sources_of,
 )
 from shardkit.stages.base import check_int
+from shardkit.stages.packing import collate_packed
 from shardkit.streaming.resume import check_fingerprint, fits_epoch
 
 __all__ = ["EPOCH_MISMATCH", "ShardDataset"]
@@ -80,6 +81,11 @@ def _io_config(
         raise ConfigError("give the cache in io= or in cache_dir=/cache_limit=, not both")
     shortcut = IoConfig.make(cache_dir=cache_dir, cache_limit=cache_limit)
     return dataclasses.replace(base, cache_dir=shortcut.cache_dir, cache_limit=shortcut.cache_limit)
+
+
+def _boundaries(tail: Stage) -> bool:
+    """``tail`` yields packed sequences with boundaries (collated by ``collate_packed``)."""
+    return isinstance(tail, PackTokens) and tail.boundaries
 
 
 def _torch_collate(samples: list[Any]) -> Any:
@@ -261,7 +267,7 @@ class ShardDataset(IterableDataset[Any]):
         if collate == "torch":
             fn: Callable[[list[Any]], Any] | None = _torch_collate
         elif collate in (None, "numpy"):
-            fn = None
+            fn = collate_packed if _boundaries(self._tail) else None
         elif callable(collate):
             fn = collate
         else:
@@ -270,9 +276,29 @@ class ShardDataset(IterableDataset[Any]):
             )
         return self._then(lambda up: Batched(up, n, fn, partial), grouped=True)
 
-    def pack_tokens(self, field: str, seq_len: int, *, eos: int | None = None) -> ShardDataset:
-        """Concatenate ``field`` token arrays into ``seq_len``-token sequences."""
-        return self._then(lambda up: PackTokens(up, field, seq_len, eos=eos), grouped=True)
+    def pack_tokens(
+        self,
+        field: str,
+        seq_len: int,
+        *,
+        eos: int | None = None,
+        strategy: str = "greedy",
+        buffer: int = 64,
+        boundaries: bool = False,
+        pad: int = 0,
+    ) -> ShardDataset:
+        """Pack ``field`` token arrays into ``seq_len``-token sequences: ``strategy``
+        ``"greedy"`` cuts the stream, ``"best_fit"`` places whole documents from groups of
+        ``buffer`` (padding with ``pad``); ``boundaries=True`` yields dicts with ``tokens``,
+        ``position_ids`` and ``cu_seqlens`` (see :mod:`shardkit.stages.tokens`)."""
+
+        def make(up: Stage) -> Stage:
+            return PackTokens(
+                up, field, seq_len, eos=eos, strategy=strategy, buffer=buffer,
+                boundaries=boundaries, pad=pad,
+            )  # fmt: skip
+
+        return self._then(make, grouped=True)
 
     # -- where and when ------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
