@@ -8,6 +8,11 @@ command -v "$PY" >/dev/null 2>&1 || PY=python3
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
+# Azurite (Azure Blob's emulator) for the az:// tests, from npm into .tools/
+if [ ! -x .tools/node_modules/.bin/azurite-blob ]; then
+  command -v npm >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq nodejs npm; }
+  npm install --silent --no-audit --no-fund --prefix .tools azurite@3
+fi
 # Installed already from this pyproject.toml and this script: nothing to reinstall.
 stamp=.venv/.shardkit-setup
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)

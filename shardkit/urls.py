@@ -9,10 +9,10 @@ are the one exception, and it is narrow: such a manifest lists the shards by abs
 and names the prefix they were adopted from in ``origins`` (``["https://host/d/"]``). A
 manifest's origins are honoured only when the manifest itself is read from the local disk
 (its base is a local directory: the user wrote it, or put it there) and only for remote
-prefixes (``http(s)://``, ``s3://``): never a local path, ``file://`` or ``pipe:``. A manifest
-read from a url (a base that is itself remote) has its origins ignored, so what comes from
-elsewhere still cannot point outside its base; ``allow_unsafe_urls=True`` remains the only
-way to lift that, and only in code.
+prefixes (``http(s)://``, ``s3://``, ``gs://``, ``az://``): never a local path, ``file://``
+or ``pipe:``. A manifest read from a url (a base that is itself remote) has its origins
+ignored, so what comes from elsewhere still cannot point outside its base;
+``allow_unsafe_urls=True`` remains the only way to lift that, and only in code.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ __all__ = [
     "url_scheme",
 ]
 
-REMOTE_PREFIXES = ("http://", "https://", "s3://")  # the urls an origin may name
+REMOTE_PREFIXES = ("http://", "https://", "s3://", "gs://", "az://")  # the urls an origin may name
 
 
 def is_absolute(url: str) -> bool:
@@ -159,11 +159,11 @@ def expand_braces(pattern: str) -> list[str]:
 
 
 HTTP_SCHEMES = ("http", "https")
-REMOTE_SCHEMES = (*HTTP_SCHEMES, "s3")  # read over the network (and through the cache)
+REMOTE_SCHEMES = (*HTTP_SCHEMES, "s3", "gs", "az")  # read over the network (and through the cache)
 
 
 def url_scheme(url: str) -> str:
-    """``"http"``, ``"s3"``, ``"pipe"``, ``"file"`` (local paths included)."""
+    """``"http"``, ``"s3"``, ``"gs"``, ``"az"``, ``"pipe"``, ``"file"`` (local paths included)."""
     if url.startswith("pipe:"):
         return "pipe"
     head, sep, _ = url.partition("://")

@@ -41,7 +41,9 @@ ORDER: dict[str, list[list[str]]] = {
     ],
     "shardkit.check": [["summary", "verify", "adopt"]],
     "shardkit.plan": [["world", "order", "schedule", "ranges", "assign"]],
-    "shardkit.io": [["config", "retry", "local", "pipe", "http", "s3", "verified", "remote"]],
+    "shardkit.io": [
+        ["config", "retry", "local", "pipe", "http", "s3", "blobs", "verified", "remote"]
+    ],
     "shardkit.read": [["policy", "indexes", "remote_compact", "catalog", "stream"]],
     "shardkit.stages": [["base", "collate", "packing", "basic", "decode", "source", "tokens"]],
     "shardkit.metrics": [["schema", "job", "alert", "export"]],

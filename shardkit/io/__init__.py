@@ -1,11 +1,12 @@
 """Bytes from somewhere: the one seam every shard, index and manifest read goes through.
 
 ``make_opener(...)`` returns the opener a data set reads through: local paths and
-``file://`` urls are read in place; ``http(s)://`` (:mod:`shardkit.io.http`) and ``s3://``
-(:mod:`shardkit.io.s3`) are streamed with ranged requests, retries and resume, through the
-node-local cache (:mod:`shardkit.cache`) when ``cache_dir`` is given. ``pipe:CMD`` runs a
-command and is refused unless the caller passes ``allow_pipe=True`` in code (a manifest can
-never turn it on). Every option is a field of :class:`IoConfig`.
+``file://`` urls are read in place; ``http(s)://`` (:mod:`shardkit.io.http`), ``s3://``
+(:mod:`shardkit.io.s3`), ``gs://`` and ``az://`` (:mod:`shardkit.io.blobs`) are streamed
+with ranged requests, retries and resume, through the node-local cache
+(:mod:`shardkit.cache`) when ``cache_dir`` is given. ``pipe:CMD`` runs a command and is
+refused unless the caller passes ``allow_pipe=True`` in code (a manifest can never turn it
+on). Every option is a field of :class:`IoConfig`.
 
 Choice on a full disk (or any cache write failure): a :class:`CacheError` is logged and
 counted (``stats()["cache_errors"]``) and the read goes on without the cache; pass

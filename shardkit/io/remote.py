@@ -20,6 +20,7 @@ from shardkit.counters import Counters
 from shardkit.errors import ChecksumError, ConfigError
 from shardkit.format.checksum import split_checksum
 from shardkit.format.digest import Digest
+from shardkit.io.blobs import AzSource, BlobSource, GsSource
 from shardkit.io.config import IoConfig
 from shardkit.io.http import Gate, HttpSource
 from shardkit.io.local import open_local
@@ -131,6 +132,7 @@ class RemoteOpener:
         self.counters = counters or Counters()
         self.http = HttpSource(cfg, self.counters)
         self._s3: S3Source | None = None
+        self._blobs: dict[str, BlobSource] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -144,6 +146,11 @@ class RemoteOpener:
             if self._s3 is None:
                 self._s3 = S3Source(self.cfg, self.counters)
             return self._s3
+        if scheme in ("gs", "az"):
+            if scheme not in self._blobs:
+                kind = GsSource if scheme == "gs" else AzSource
+                self._blobs[scheme] = kind(self.cfg, self.counters)
+            return self._blobs[scheme]
         if scheme in ("file", "pipe"):
             return None
         raise ConfigError(f"unsupported url scheme {scheme!r} in {url!r}")

@@ -1,0 +1,282 @@
+"""Ranged reads of ``gs://`` and ``az://`` objects through the vendors' SDKs.
+
+``gs://bucket/key`` goes through ``google-cloud-storage`` (credentials from Google's usual
+chain; ``STORAGE_EMULATOR_HOST`` points it at an emulator), ``az://container/key`` through
+``azure-storage-blob`` (``AZURE_STORAGE_CONNECTION_STRING``, or ``AZURE_STORAGE_ACCOUNT_URL``
+with ``AZURE_STORAGE_KEY`` or ``AZURE_STORAGE_SAS_TOKEN``). The SDKs' own retries are off:
+every try goes through the same retry, backoff and resume-from-the-last-byte loop as HTTP
+and S3 (:mod:`shardkit.io.retry`), so it is counted once. One client per process, made
+lazily (again after fork); the environment is read when the client is made.
+
+The two stores differ only in how one ranged GET is made and how their errors sort into
+retryable and final; :class:`BlobSource` holds the rest once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+from shardkit.counters import Counters
+from shardkit.errors import ConfigError, FetchError
+from shardkit.io.config import IoConfig
+from shardkit.io.http import CHUNK, Gate, policy_of
+from shardkit.io.retry import Retryable, resuming_chunks
+
+__all__ = ["AzSource", "BlobSource", "GsSource", "az_client", "gs_client", "split_blob_url"]
+
+_RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+_SCHEMES = {"gs": "gs", "az": "az"}
+
+
+def split_blob_url(url: str) -> tuple[str, str, str]:
+    """``gs://bucket/a/b.tar`` -> ``("gs", "bucket", "a/b.tar")`` (``az://container/...``)."""
+    parts = urlsplit(url)
+    key = parts.path.lstrip("/")
+    if parts.scheme not in _SCHEMES or not parts.netloc or not key:
+        raise ConfigError(f"not a gs:// or az:// url with a bucket and a key: {url!r}")
+    return parts.scheme, parts.netloc, key
+
+
+class _Body:
+    """One ranged GET's chunks, counted, with the object's total size."""
+
+    def __init__(self, chunks: Iterator[bytes], total: int | None, counters: Counters) -> None:
+        self.total = total
+        self._chunks = chunks
+        self._counters = counters
+        self.stack = contextlib.ExitStack()
+
+    def chunks(self) -> Iterator[bytes]:
+        for data in self._chunks:
+            self._counters.add("bytes_fetched", len(data))
+            yield data
+
+    def close(self) -> None:
+        self.stack.close()
+
+
+def _slices(data: bytes) -> Iterator[bytes]:
+    view = memoryview(data)
+    for i in range(0, len(view), CHUNK):
+        yield bytes(view[i : i + CHUNK])
+
+
+class BlobSource:
+    """What a ranged source of one object store needs beside its SDK: the retry loop, the
+    per-node request gate, the range size, whole-object gets (see the module docstring)."""
+
+    scheme = ""
+
+    def __init__(self, cfg: IoConfig, counters: Counters) -> None:
+        self.cfg = cfg
+        self.counters = counters
+        self._client: Any = None
+        self._pid = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_client"] = None
+        return state
+
+    @property
+    def client(self) -> Any:
+        """This process's SDK client."""
+        if self._client is None or self._pid != os.getpid():
+            self._client = self._make_client()
+            self._pid = os.getpid()
+        return self._client
+
+    def _make_client(self) -> Any:
+        raise NotImplementedError
+
+    def _get(self, bucket: str, key: str, start: int, stop: int | None) -> tuple[Any, int | None]:
+        """One GET of ``[start, stop)`` (stop None: to the end): its chunks and the total."""
+        raise NotImplementedError
+
+    def _sort(self, url: str, exc: Exception) -> Exception | None:
+        """The SDK's error as Retryable or FetchError; None: not the SDK's (a bug: raise)."""
+        raise NotImplementedError
+
+    def _call(self, url: str, bucket: str, key: str, start: int, stop: int | None) -> _Body:
+        self.counters.add("requests")
+        try:
+            chunks, total = self._get(bucket, key, start, stop)
+        except Exception as exc:
+            mapped = self._sort(url, exc)
+            if mapped is None:
+                raise
+            if isinstance(mapped, _PastEnd):
+                return _Body(iter(()), start, self.counters)
+            raise mapped from exc
+        return _Body(self._guard(url, chunks), total, self.counters)
+
+    def _guard(self, url: str, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        try:
+            yield from chunks
+        except Exception as exc:
+            mapped = self._sort(url, exc)
+            if mapped is None:
+                raise
+            raise Retryable(f"connection broken mid-body: {exc}") from exc
+
+    def stream(
+        self, url: str, start: int = 0, end: int | None = None, *, gate: Gate | None = None
+    ) -> Iterator[bytes]:
+        """Yield the bytes ``[start, end)`` of ``url`` (``end`` None: to its end)."""
+        _, bucket, key = split_blob_url(url)
+
+        def open_range(pos: int, stop: int | None) -> _Body:
+            last = pos + self.cfg.range_size
+            stop = last if stop is None else min(stop, last)
+            stack = contextlib.ExitStack()
+            if gate is not None:
+                stack.enter_context(gate())
+            try:
+                body = self._call(url, bucket, key, pos, stop)
+            except BaseException:
+                stack.close()
+                raise
+            body.stack = stack
+            return body
+
+        return resuming_chunks(
+            url, open_range, start, end, policy=policy_of(self.cfg), counters=self.counters
+        )
+
+    def get(self, url: str, *, etag: str | None = None) -> tuple[bytes | None, str | None]:
+        """The whole (small) object; no conditional gets here (``etag`` is ignored)."""
+        del etag
+        _, bucket, key = split_blob_url(url)
+        data = b"".join(
+            resuming_chunks(
+                url,
+                lambda pos, stop: self._call(url, bucket, key, pos, stop),
+                0,
+                None,
+                policy=policy_of(self.cfg),
+                counters=self.counters,
+            )
+        )
+        return data, None
+
+
+class _PastEnd(Exception):
+    """A range that starts at or past the end of the object: nothing there, as with a file."""
+
+
+def _status_error(url: str, status: int | None, what: str, exc: Exception) -> Exception:
+    if status == 416:
+        return _PastEnd()
+    if status is None or status in _RETRY_STATUS:
+        return Retryable(f"{what}: {exc}", status=status)
+    return FetchError(f"{what}: {exc}", url=url, status=status)
+
+
+def gs_client() -> Any:
+    """A ``google.cloud.storage.Client``: anonymous against ``STORAGE_EMULATOR_HOST``."""
+    try:
+        from google.cloud import storage
+    except ImportError as exc:
+        raise ConfigError(
+            "gs:// urls need google-cloud-storage: pip install 'shardkit[gcs]'"
+        ) from exc
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        from google.auth.credentials import AnonymousCredentials
+
+        anonymous = AnonymousCredentials()  # type: ignore[no-untyped-call]
+        return storage.Client(project="shardkit", credentials=anonymous)
+    return storage.Client()
+
+
+class GsSource(BlobSource):
+    """Ranged reads of ``gs://bucket/key`` (see the module docstring)."""
+
+    scheme = "gs"
+
+    def _make_client(self) -> Any:
+        return gs_client()
+
+    def _get(self, bucket: str, key: str, start: int, stop: int | None) -> tuple[Any, int | None]:
+        blob = self.client.bucket(bucket).blob(key)
+        if stop is None:  # the size is needed to know where the object ends
+            meta = self.client.bucket(bucket).get_blob(key, retry=None)
+            if meta is None:
+                raise FetchError("GCS object not found", url=f"gs://{bucket}/{key}", status=404)
+            total = int(meta.size)
+            stop = total
+            if start >= total:
+                return iter(()), total
+        else:
+            total = None
+        data = blob.download_as_bytes(
+            start=start, end=stop - 1, raw_download=True, checksum=None, retry=None
+        )
+        if total is None and len(data) < stop - start:
+            total = start + len(data)  # a whole answer shorter than asked: the object ends
+        return _slices(data), total
+
+    def _sort(self, url: str, exc: Exception) -> Exception | None:
+        import requests
+        from google.api_core import exceptions as gexc
+
+        if isinstance(exc, FetchError):
+            return exc
+        if isinstance(exc, gexc.GoogleAPICallError):
+            return _status_error(url, exc.code, f"GCS {type(exc).__name__}", exc)
+        if isinstance(exc, (requests.RequestException, OSError)):
+            return Retryable(f"GCS connection failed: {exc}")
+        return None
+
+
+def az_client() -> Any:
+    """An ``azure.storage.blob.BlobServiceClient`` from the environment (module docstring)."""
+    try:
+        from azure.storage.blob import BlobServiceClient
+    except ImportError as exc:
+        raise ConfigError(
+            "az:// urls need azure-storage-blob: pip install 'shardkit[azure]'"
+        ) from exc
+    conn = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
+    if conn:
+        return BlobServiceClient.from_connection_string(conn, retry_total=0)
+    url = os.environ.get("AZURE_STORAGE_ACCOUNT_URL")
+    if not url and os.environ.get("AZURE_STORAGE_ACCOUNT"):
+        url = f"https://{os.environ['AZURE_STORAGE_ACCOUNT']}.blob.core.windows.net"
+    if not url:
+        raise ConfigError(
+            "az:// urls need AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_URL "
+            "(or AZURE_STORAGE_ACCOUNT) with AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN"
+        )
+    cred = os.environ.get("AZURE_STORAGE_KEY") or os.environ.get("AZURE_STORAGE_SAS_TOKEN")
+    return BlobServiceClient(url, credential=cred, retry_total=0)
+
+
+class AzSource(BlobSource):
+    """Ranged reads of ``az://container/key`` (see the module docstring)."""
+
+    scheme = "az"
+
+    def _make_client(self) -> Any:
+        return az_client()
+
+    def _get(self, bucket: str, key: str, start: int, stop: int | None) -> tuple[Any, int | None]:
+        length = None if stop is None else stop - start
+        down = self.client.get_container_client(bucket).download_blob(
+            key, offset=start, length=length, max_concurrency=1
+        )
+        return down.chunks(), int(down.properties.size)
+
+    def _sort(self, url: str, exc: Exception) -> Exception | None:
+        from azure.core import exceptions as aexc
+
+        if isinstance(exc, aexc.HttpResponseError):
+            status = exc.status_code
+            code = getattr(exc, "error_code", None) or status
+            return _status_error(url, status, f"Azure {code}", exc)
+        if isinstance(exc, (aexc.ServiceRequestError, aexc.ServiceResponseError, OSError)):
+            return Retryable(f"Azure connection failed: {exc}")
+        return None
