@@ -93,6 +93,12 @@ def _run(plan: BuildPlan, show: bool) -> BuildResult:
 def _report(result: BuildResult) -> None:
     d = result.to_dict()
     m = result.manifest
+    if result.nothing_to_do:
+        click.echo(
+            f"nothing to do: {result.manifest_path} is a finished build of these inputs "
+            f"({d['shards']} shards, {d['samples']:,} samples); --overwrite builds it again"
+        )
+        return
     click.echo(
         f"built {d['shards']} shards ({format_bytes(d['bytes'])}, {d['samples']:,} samples) "
         f"in {d['seconds']:.2f} s: {d['samples_per_s']:,.0f} samples/s, {d['mb_per_s']:.1f} MB/s"

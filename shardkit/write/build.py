@@ -28,6 +28,7 @@ The options and plan are in :mod:`shardkit.write.config`, planning in
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 import time
@@ -94,6 +95,7 @@ def _run_build(plan: BuildPlan, progress: Progress | None) -> BuildResult:
     if plan.config.overwrite:
         clear_output(plan)
     if plan.done is not None:
+        log.info("%s is a finished build of these inputs: nothing to do", plan.manifest_path)
         if progress is not None:
             progress(0, plan.total_bytes)
         written, kept, manifest = 0, plan.done.total_samples, plan.done
@@ -106,7 +108,10 @@ def _run_build(plan: BuildPlan, progress: Progress | None) -> BuildResult:
         kept = manifest.total_samples - written
     secs = time.perf_counter() - t0
     log.info("built %d shards, %d samples in %.2f s", len(manifest), manifest.total_samples, secs)
-    return BuildResult(manifest, plan.manifest_path, written, kept, nbytes, secs, len(plan.groups))
+    unchanged = plan.done is not None
+    return BuildResult(
+        manifest, plan.manifest_path, written, kept, nbytes, secs, len(plan.groups), unchanged
+    )
 
 
 def build(
@@ -181,8 +186,10 @@ def merge_parts(
     if incomplete and not allow_incomplete:
         count = next(p.part["count"] for p in parts if p.part is not None)
         have = {p.part["index"] for p in parts if p.part is not None}
-        missing = ", ".join(str(i) for i in range(count) if i not in have)
-        raise ManifestError(f"only {incomplete} given: part {missing} missing")
+        gaps = (i for i in range(count) if i not in have)  # lazily: count may be 10**9
+        missing = ", ".join(str(i) for i in itertools.islice(gaps, 10))
+        more = ", ..." if count - len(have) > 10 else ""
+        raise ManifestError(f"only {incomplete} given: part {missing}{more} missing")
     out = os.path.abspath(os.fspath(out_path))
     base = os.path.dirname(out)
     shards = []

@@ -11,6 +11,7 @@ from typing import Any
 from shardkit.errors import ConfigError
 from shardkit.format.checksum import new_hasher
 from shardkit.format.images import REENCODE_FORMATS, ImageOptions
+from shardkit.format.manifest.check import MAX_COUNT
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.reader import DEFAULT_MAX_MEMBER
 from shardkit.units import parse_size
@@ -79,7 +80,7 @@ class BuildPlan:
     units: tuple[Unit, ...]
     groups: tuple[range, ...]
     fingerprint: str
-    done: Manifest | None = None  # a resumed build that had already finished
+    done: Manifest | None = None  # the output is already this build, finished
     options: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the fingerprint covers
     notes: tuple[str, ...] = ()  # things the user should hear (case-folded fields, ...)
 
@@ -132,6 +133,7 @@ class BuildResult:
     input_bytes: int
     seconds: float
     workers: int
+    nothing_to_do: bool = False  # the output already was a finished build of these inputs
 
     def to_dict(self) -> dict[str, Any]:
         secs = max(self.seconds, 1e-9)
@@ -147,6 +149,7 @@ class BuildResult:
             "samples_per_s": round(self.samples / secs, 1),
             "mb_per_s": round(self.input_bytes / secs / 1e6, 2),
             "workers": self.workers,
+            "nothing_to_do": self.nothing_to_do,
             "part": list(self.manifest.part.values()) if self.manifest.part else None,
         }
 
@@ -168,6 +171,8 @@ def check_config(c: BuildConfig) -> None:
         raise ConfigError(f"workers must be at least 1, got {c.workers}")
     if c.part is not None and not (0 <= c.part[0] < c.part[1]):
         raise ConfigError(f"part must be I/N with 0 <= I < N, got {c.part[0]}/{c.part[1]}")
+    if c.part is not None and c.part[1] > MAX_COUNT:
+        raise ConfigError(f"part count {c.part[1]} is more than a manifest holds ({MAX_COUNT})")
     if c.resume and c.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other: pick one")
     if c.on_error not in ON_ERROR:

@@ -26,7 +26,7 @@ from shardkit.write.config import BuildConfig, BuildPlan, check_config
 from shardkit.write.sources import DiscoverOptions, Unit, discover
 from shardkit.write.workers import build_info
 
-__all__ = ["auto_workers", "clear_output", "plan_build", "split_contiguous"]
+__all__ = ["auto_workers", "clear_output", "part_range", "plan_build", "split_contiguous"]
 
 log = logging.getLogger(__name__)
 
@@ -124,11 +124,8 @@ def _previous(plan: BuildPlan) -> Manifest | None:
             + (" (--resume needs the same inputs and options)" if c.resume else "")
         )
     if not c.resume:
-        if info.get("complete"):
-            raise ConfigError(
-                f"{path} is a finished build of these inputs: nothing to do "
-                "(pass --overwrite to build it again)"
-            )
+        if info.get("complete") and not os.path.exists(work):
+            return Manifest.load(path)  # nothing to do: run_build reports it as it is
         raise ConfigError(
             f"{path} is an unfinished build of these inputs: pass --resume to finish it, "
             "or --overwrite to start over"
@@ -190,7 +187,7 @@ def plan_build(
     if not units:
         raise ConfigError(f"found no input in {', '.join(map(str, sources))}")
     if c.part is not None:
-        r = split_contiguous([u.size for u in units], c.part[1])[c.part[0]]
+        r = part_range([u.size for u in units], c.part[1], c.part[0])
         units = units[r.start : r.stop]
     workers = _workers_for(c, units, out)
     if c.workers is None and workers > 1:
@@ -257,6 +254,33 @@ def clear_output(plan: BuildPlan) -> None:
     log.info("overwrite: removed %d files of the earlier build in %s", removed, out)
 
 
+def _group_of(acc: int, size: int, i: int, count: int, total: int, n: int) -> int:
+    """The group item ``i`` (of ``count``, starting at ``acc`` of ``total`` bytes) falls in."""
+    if total > 0:
+        return min(n - 1, (2 * acc + size) * n // (2 * total))
+    return min(n - 1, i * n // count)
+
+
+def part_range(sizes: Sequence[int], n: int, i: int) -> range:
+    """Group ``i`` of :func:`split_contiguous` ``(sizes, n)``, in O(len(sizes)) time and
+    memory whatever ``n`` is (``--part 0/1000000000`` must not allocate n bounds)."""
+    if not 0 <= i < n:
+        raise ConfigError(f"part must be I/N with 0 <= I < N, got {i}/{n}")
+    total, acc = sum(sizes), 0
+    start = stop = None
+    for j, size in enumerate(sizes):
+        g = _group_of(acc, size, j, len(sizes), total, n)
+        acc += size
+        if g == i:
+            start = j if start is None else start
+            stop = j + 1
+        elif g > i:
+            break
+    if start is None or stop is None:
+        return range(0, 0)
+    return range(start, stop)
+
+
 def split_contiguous(sizes: Sequence[int], n: int) -> list[range]:
     """Split items into ``n`` contiguous groups of about equal total size.
 
@@ -270,10 +294,7 @@ def split_contiguous(sizes: Sequence[int], n: int) -> list[range]:
     bounds = [0] * (n + 1)
     acc = 0
     for i, size in enumerate(sizes):
-        if total > 0:
-            group = min(n - 1, (2 * acc + size) * n // (2 * total))
-        else:
-            group = min(n - 1, i * n // len(sizes))
+        group = _group_of(acc, size, i, len(sizes), total, n)
         bounds[group + 1] = i + 1
         acc += size
     for g in range(1, n + 1):

@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, WriterError
 
-__all__ = ["TABLE_EXTS", "is_parquet", "pyarrow_module", "table_parts"]
+__all__ = ["TABLE_EXTS", "is_parquet", "one_line", "pyarrow_module", "table_parts"]
 
 TABLE_EXTS = (".parquet", ".arrow", ".feather", ".ipc")
 
@@ -29,6 +29,11 @@ def pyarrow_module() -> Any:
     return pyarrow
 
 
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (pyarrow's span several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def is_parquet(path: str) -> bool:
     return path.lower().endswith(".parquet")
 
@@ -44,8 +49,8 @@ def table_parts(path: str) -> list[tuple[int, int]]:
     try:
         with pa.parquet.ParquetFile(path) as pf:
             meta = pf.metadata
-    except (OSError, pa.ArrowException) as exc:
-        raise ConfigError(f"cannot read {path!r} as Parquet: {exc}") from exc
+    except (OSError, pa.ArrowException) as exc:  # damaged data, not a usage error: exit 1
+        raise WriterError(f"{path}: cannot read as Parquet: {one_line(exc)}") from exc
     groups = meta.num_row_groups
     if groups == 0:
         return [(0, size)]

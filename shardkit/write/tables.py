@@ -32,7 +32,7 @@ from shardkit.errors import ConfigError, WriterError
 from shardkit.format.codecs import encode_field
 from shardkit.format.tario.writer import check_field, check_key
 from shardkit.write.sources import SourceError, SourceOptions, Unit
-from shardkit.write.table_meta import is_parquet, pyarrow_module
+from shardkit.write.table_meta import is_parquet, one_line, pyarrow_module
 
 __all__ = ["read_table"]
 
@@ -94,8 +94,9 @@ def read_table(unit: Unit, opts: SourceOptions, skip: Any) -> Iterator[tuple[Sam
             with pa.memory_map(unit.path) as source:
                 schema, batches = _ipc_batches(source, pa)
                 yield from _rows(unit, opts, skip, schema, batches, 0, 0)
-    except pa.ArrowException as exc:
-        raise SourceError(f"cannot read: {exc}", path=unit.path) from exc
+    except (OSError, pa.ArrowException) as exc:  # a damaged file: pyarrow's IOError too
+        where = f"row group {unit.group}: " if unit.group >= 0 else ""
+        raise SourceError(f"{where}cannot read: {one_line(exc)}", path=unit.path) from exc
 
 
 def _rows(

@@ -252,9 +252,12 @@ def test_build_reshards_small_shards_into_big_ones(tmp_path: Path) -> None:
 
 def test_build_refuses_an_existing_build_without_resume(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "a.jsonl", _records(20))
-    build([str(src)], tmp_path / "out")
-    with pytest.raises(ConfigError, match=r"finished build of these inputs.*--overwrite"):
-        plan_build([str(src)], tmp_path / "out")
+    first = build([str(src)], tmp_path / "out")
+    assert not first.nothing_to_do
+    same = build([str(src)], tmp_path / "out")  # a finished build of these inputs
+    assert same.nothing_to_do and (same.samples, same.resumed_samples) == (0, 20)
+    assert same.manifest.to_dict() == first.manifest.to_dict()
+    assert plan_build([str(src)], tmp_path / "out").done is not None
     again = build([str(src)], tmp_path / "out", resume=True)
     assert (again.samples, again.resumed_samples) == (0, 20)
     with pytest.raises(ConfigError, match=r"other inputs or options.*maxcount None -> 3"):

@@ -12,7 +12,7 @@ import pyarrow.ipc
 import pyarrow.parquet as pq
 import pytest
 
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, WriterError
 from shardkit.format.codecs import decode_field
 from shardkit.write.records import read_units
 from shardkit.write.sources import SourceError, SourceOptions, discover, parse_field_spec
@@ -113,8 +113,9 @@ def test_path_only_image_and_bad_options_are_named(tmp_path: Path) -> None:
         _samples(discover([str(path)]), SourceOptions((parse_field_spec("nope=txt"),)))
 
 
-def test_not_parquet_is_a_config_error(tmp_path: Path) -> None:
+def test_not_parquet_is_a_data_error(tmp_path: Path) -> None:
+    """Damaged input, not a usage error (issue 20: the CLI exits 1, not 2 with usage)."""
     path = tmp_path / "fake.parquet"
     path.write_bytes(b"not parquet at all")
-    with pytest.raises(ConfigError, match=r"fake\.parquet"):
+    with pytest.raises(WriterError, match=r"fake\.parquet: cannot read as Parquet"):
         discover([str(path)])

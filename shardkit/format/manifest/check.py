@@ -22,6 +22,7 @@ __all__ = [
     "CSV_HEADER",
     "FORMAT_NAME",
     "FORMAT_VERSION",
+    "MAX_COUNT",
     "check_entry",
     "check_fields",
     "check_shards",
@@ -33,6 +34,7 @@ __all__ = [
 ]
 
 _MAX_DIGITS = 20  # a count or size with more digits is not one (2**64 has 20)
+MAX_COUNT = 10**_MAX_DIGITS - 1  # the largest count a manifest holds
 FORMAT_NAME = "shardkit.manifest"
 FORMAT_VERSION = 1
 CSV_HEADER = ("url", "size", "nsamples", "checksum")

@@ -1,0 +1,81 @@
+"""Bounded build inputs through the real CLI and the Python API: ``--part`` bounds,
+record-size limits, nesting depth, Parquet batches and member-name collisions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shardkit.errors import ConfigError, WriterError
+from shardkit.format.manifest.model import Manifest
+from shardkit.write.build import build
+from shardkit.write.prepare import part_range, split_contiguous
+from tests.helpers.hostile import run_cli_measured
+from tests.helpers.readback import shardkit, write_jsonl
+
+pytestmark = pytest.mark.integration
+
+_RSS_LIMIT = 400 << 20  # an interpreter with shardkit, click and numpy is ~60-120 MB
+
+
+@pytest.mark.parametrize("count", ["99999999999999999999", "1000000000"])
+def test_part_of_a_huge_count_costs_nothing(tmp_path: Path, count: str) -> None:
+    """``--part 0/N`` for a huge N: no OverflowError, no N-sized list (it was 22 GB)."""
+    src = write_jsonl(tmp_path / "a.jsonl", ({"i": i} for i in range(50)))
+    out = tmp_path / "out"
+    rc, err, peak = run_cli_measured("build", src, "-o", out, "--part", f"0/{count}")
+    assert rc == 0, err
+    assert peak < _RSS_LIMIT, peak
+    m = Manifest.load(out / f"manifest.part-0000-of-{int(count):04d}.json")
+    assert m.part == {"index": 0, "count": int(count)}
+    rc, err, _ = run_cli_measured("build", src, "-o", out, "--part", f"{count}/{count}")
+    assert rc == 2 and "0 <= I < N" in err, err
+    rc, err, _ = run_cli_measured("build", src, "-o", out, "--part", "0/1" + "0" * 20)
+    assert rc == 2 and "more than a manifest holds" in err, err
+
+
+def test_part_range_is_split_contiguous_one_group(tmp_path: Path) -> None:
+    sizes = [5, 1, 1, 30, 2, 2, 2, 9, 0, 4]
+    for n in (1, 2, 3, 7, 10, 25):
+        assert [part_range(sizes, n, i) for i in range(n)] == split_contiguous(sizes, n)
+    assert [part_range([0, 0, 0], 2, i) for i in range(2)] == split_contiguous([0, 0, 0], 2)
+    src = write_jsonl(tmp_path / "a.jsonl", ({"i": i} for i in range(10)))
+    res = build([str(src)], tmp_path / "p", part=(3, 10**20 - 1), progress=False)
+    assert res.manifest.total_samples == 0
+    assert res.manifest.part == {"index": 3, "count": 10**20 - 1}
+    with pytest.raises(ConfigError, match="more than a manifest holds"):
+        build([str(src)], tmp_path / "q", part=(3, 10**20), progress=False)
+
+
+def _parquet(path: Path, rows: int = 2000) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"text": [f"row {i} " * 20 for i in range(rows)], "n": list(range(rows))})
+    pq.write_table(table, path, row_group_size=500, compression="none")
+    return path
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "junk"])
+def test_a_damaged_parquet_exits_1_with_one_line(tmp_path: Path, damage: str) -> None:
+    """A cut footer, corrupted pages, or no Parquet at all: exit 1 and one line naming the
+    file (it was exit 2 with the usage text, or an error naming the output directory)."""
+    good = _parquet(tmp_path / "good.parquet").read_bytes()
+    if damage == "truncated":
+        data = good[: len(good) // 2]
+    elif damage == "flipped":
+        mid = len(good) // 3
+        data = good[:mid] + bytes(b ^ 0x55 for b in good[mid : mid + 3000]) + good[mid + 3000 :]
+    else:
+        data = b"PAR1" + b"x" * 100
+    bad = tmp_path / "in" / "bad.parquet"
+    bad.parent.mkdir()
+    bad.write_bytes(data)
+    for src in (bad, bad.parent):
+        r = shardkit("build", src, "-o", tmp_path / f"out-{src.name}")
+        assert r.returncode == 1, r.stdout + r.stderr
+        line = r.stderr.strip()
+        assert "\n" not in line and "Usage" not in line and "bad.parquet" in line, r.stderr
+    with pytest.raises(WriterError, match=r"bad\.parquet.*cannot read"):
+        build([str(bad)], tmp_path / "api", progress=False)
