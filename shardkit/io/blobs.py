@@ -93,6 +93,17 @@ class BlobSource:
     def _make_client(self) -> Any:
         raise NotImplementedError
 
+    def endpoint(self) -> str:
+        """The service this process's client talks to (an emulator's address included)."""
+        raise NotImplementedError
+
+    def location(self, url: str) -> str:
+        """Where ``url`` lives, in full: the scheme, the service endpoint this process's
+        client talks to, the bucket (container) and the key; the same url on another
+        service (an emulator, another account) is another location."""
+        scheme, bucket, key = split_blob_url(url)
+        return f"{scheme}://{bucket}/{key} @ {self.endpoint()}"
+
     def _get(self, bucket: str, key: str, start: int, stop: int | None) -> tuple[Any, int | None]:
         """One GET of ``[start, stop)`` (stop None: to the end): its chunks and the total."""
         raise NotImplementedError
@@ -200,6 +211,9 @@ class GsSource(BlobSource):
     def _make_client(self) -> Any:
         return gs_client()
 
+    def endpoint(self) -> str:
+        return f"{self.client.api_endpoint} project={self.client.project}"
+
     def _get(self, bucket: str, key: str, start: int, stop: int | None) -> tuple[Any, int | None]:
         blob = self.client.bucket(bucket).blob(key)
         if stop is None:  # the size is needed to know where the object ends
@@ -262,6 +276,9 @@ class AzSource(BlobSource):
 
     def _make_client(self) -> Any:
         return az_client()
+
+    def endpoint(self) -> str:
+        return str(self.client.url)
 
     def _get(self, bucket: str, key: str, start: int, stop: int | None) -> tuple[Any, int | None]:
         length = None if stop is None else stop - start

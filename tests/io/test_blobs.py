@@ -94,3 +94,16 @@ def test_blob_verify_and_inspect_cli(shards: Manifest, store: Store) -> None:
     res = runner.invoke(cli, ["inspect", store.url("ds/manifest.json"), "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["samples"] == shards.total_samples
+
+
+def test_blob_location_names_the_service(store: Store) -> None:
+    """The same url on another service is another location (cache keys, node forms)."""
+    from shardkit.io.config import IoConfig
+    from shardkit.io.remote import RemoteOpener
+
+    here = RemoteOpener(IoConfig()).location(store.url("ds/manifest.json"))
+    assert store.url("ds/manifest.json") in here
+    endpoint = next(iter(store.env.values()))
+    assert ("127.0.0.1" in here) and (
+        endpoint.split("//")[-1].split(";")[0] in here or "127.0.0.1" in endpoint
+    )
