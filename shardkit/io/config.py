@@ -11,13 +11,19 @@ from shardkit.errors import ConfigError
 from shardkit.format.tario.reader import DEFAULT_MAX_MEMBER
 from shardkit.units import parse_size
 
-__all__ = ["DEFAULT_RANGE_SIZE", "IoConfig"]
+__all__ = ["DEFAULT_MIN_RATE", "DEFAULT_RANGE_SIZE", "DEFAULT_RATE_WINDOW", "IoConfig"]
 
 # One ranged GET per 64 MiB. Measured against the test Range server on 127.0.0.1 with
 # 20 ms added per request and a 100 MB/s cap, one 96 MiB object read through the uncached
 # opener: 1 MiB ranges 31 MB/s, 4 MiB 63, 16 MiB 83, 64 MiB 91 (>= 90% of the cap), 256 MiB
 # 88. Larger ranges buy nothing and a dropped connection resumes at its last byte anyway.
 DEFAULT_RANGE_SIZE = 64 << 20
+
+# The minimum rate of a remote body, as curl's --speed-limit 1024 --speed-time 30: a store
+# under load is slow but keeps well above 1 KiB/s; a trickle below it for 30 s of waiting is
+# a failure (retried from the last byte, and bounded by the deadline).
+DEFAULT_MIN_RATE = 1024.0
+DEFAULT_RATE_WINDOW = 30.0
 
 
 @dataclass(frozen=True)
@@ -35,10 +41,16 @@ class IoConfig:
         backoff_base: first backoff in seconds; it doubles per failure, with jitter.
         backoff_max: cap of one backoff.
         retry_after_max: cap on how long a server's ``Retry-After`` is honoured.
-        deadline: seconds a remote read may go on failing (from its first failure since
-            a request last delivered all it asked for) before :class:`FetchError`; a
-            wait that would end past it is not begun. Keep it below a DDP collective's
-            timeout.
+        deadline: seconds a remote read may spend in trouble - failing, stalled or below
+            ``min_rate`` - before :class:`FetchError` (from when the trouble began until a
+            request delivers all it asked for); a wait that would end past it is not
+            begun, a ``Retry-After`` past it fails at once. Keep it below a DDP
+            collective's timeout.
+        min_rate: bytes per second a remote body must deliver over ``rate_window``
+            seconds of waiting on the server, else the request is given up and asked
+            again from its last byte (curl's ``--speed-limit``); 0: no minimum.
+        rate_window: seconds of ``min_rate`` (curl's ``--speed-time``); never longer than
+            ``deadline``.
         endpoint_url: S3-compatible endpoint (default: ``AWS_ENDPOINT_URL`` or AWS).
         prefetch_depth: how many of the next shards of a plan are fetched ahead.
         prefetch_threads: background download threads per process.
@@ -66,6 +78,8 @@ class IoConfig:
     backoff_max: float = 30.0
     retry_after_max: float = 120.0
     deadline: float = 300.0
+    min_rate: float = DEFAULT_MIN_RATE
+    rate_window: float = DEFAULT_RATE_WINDOW
     endpoint_url: str | None = None
     prefetch_depth: int = 2
     prefetch_threads: int = 2
@@ -85,10 +99,17 @@ class IoConfig:
             "backoff_max",
             "cache_wait",
             "deadline",
+            "rate_window",
         ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("prefetch_depth", "node_requests", "retry_after_max", "manifest_ttl"):
+        for name in (
+            "prefetch_depth",
+            "node_requests",
+            "retry_after_max",
+            "manifest_ttl",
+            "min_rate",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         least = (self.max_attempts, self.prefetch_threads, self.range_size, self.max_member)

@@ -1,10 +1,11 @@
 """HTTP(S): ranged GETs over one keep-alive ``requests.Session`` per process.
 
 Each read of ``[start, end)`` is a run of ``Range`` requests of ``range_size`` bytes. A
-dropped connection, a stall past ``read_timeout``, a 429/5xx are retried (backoff with
-jitter, ``Retry-After`` honoured) and the read resumes at the first byte not yet
-delivered (:mod:`shardkit.io.retry`). A server that ignores ``Range`` (200 instead of 206)
-still works: the bytes before the wanted offset are skipped.
+dropped connection, a stall past ``read_timeout``, a body below the minimum rate, a 429/5xx
+are retried (backoff with jitter, ``Retry-After`` honoured within the deadline) and the read
+resumes at the first byte not yet delivered (:mod:`shardkit.io.retry`). A server that
+ignores ``Range`` (200 instead of 206) still works: the bytes before the wanted offset are
+skipped.
 
 The session is created lazily and again in a forked child (keyed by pid), so an opener
 can be pickled into DataLoader workers and never shares a socket across processes.
@@ -43,7 +44,13 @@ Gate = Callable[[], AbstractContextManager[object]]
 def policy_of(cfg: IoConfig) -> RetryPolicy:
     """The retry policy an :class:`IoConfig` describes."""
     return RetryPolicy(
-        cfg.max_attempts, cfg.backoff_base, cfg.backoff_max, cfg.retry_after_max, cfg.deadline
+        cfg.max_attempts,
+        cfg.backoff_base,
+        cfg.backoff_max,
+        cfg.retry_after_max,
+        cfg.deadline,
+        cfg.min_rate,
+        cfg.rate_window,
     )
 
 
@@ -157,7 +164,10 @@ class HttpSource:
                 url,
                 headers=headers,
                 stream=True,
-                timeout=(self.cfg.connect_timeout, self.cfg.read_timeout),
+                timeout=(
+                    self.cfg.connect_timeout,
+                    policy_of(self.cfg).read_timeout(self.cfg.read_timeout),
+                ),
                 allow_redirects=True,
             )
         except (requests.ConnectionError, requests.Timeout) as exc:

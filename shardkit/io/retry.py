@@ -1,4 +1,4 @@
-"""Retries with backoff and jitter, and resume from the last byte.
+"""Retries with backoff and jitter, resume from the last byte, and a clock on every read.
 
 (Counters live in :mod:`shardkit.counters`.)
 
@@ -6,16 +6,28 @@ A remote source (HTTP, S3) only knows how to open one byte range and iterate its
 raises :class:`Retryable` for a failure worth another try (a dropped connection, a
 timeout, 429/5xx). :func:`resuming_chunks` turns that into one contiguous stream of
 ``[start, end)``: after a failure it waits (exponential backoff with jitter, or the
-server's ``Retry-After``) and asks again from the first byte it has not delivered. It gives
-up with :class:`FetchError` (naming the url, the attempts and the time spent) after
-``max_attempts`` failures, or once ``deadline`` seconds have passed since the first of them,
-whichever comes first. Only a request that delivers all it was asked for ends a run of
-failures: a server that sends part of every answer and then stalls still runs out of
-attempts, and a ``Retry-After`` that would wait past the deadline is not waited for.
+server's ``Retry-After``) and asks again from the first byte it has not delivered.
+
+**The clock.** A read is in trouble from the moment it stops getting its bytes at the
+minimum rate: a request that fails (from when it was sent), a body that breaks or stalls
+(from the last byte it gave), or a body that trickles - fewer than ``min_rate`` bytes per
+second over ``rate_window`` seconds of waiting on the server (as curl's ``--speed-limit``/
+``--speed-time``; the window is never longer than the deadline, or than what is left of
+it). A slow trickle is a failure like a drop: the request is given up and asked again from
+its last byte. The read gives up with :class:`FetchError` (naming the url, the attempts
+and the time spent) after ``max_attempts`` failures, or once ``deadline`` seconds have
+passed since its trouble began, whichever comes first; a wait that would end past the
+deadline is not begun, and a ``Retry-After`` past what is left of it fails at once, naming
+it. Only a request that delivers all it was asked for ends the trouble. Time the consumer
+spends between chunks is its own, never the server's: a reader paused by a slow training
+step is not a slow server. So ``deadline`` bounds the wall time a read spends without
+progress at the minimum rate; a server that keeps the rate is progress, however long the
+object (defaults: 1 KiB/s over 30 s, as ``curl -Y 1024 -y 30``).
 """
 
 from __future__ import annotations
 
+import collections
 import email.utils
 import logging
 import random
@@ -26,6 +38,7 @@ from typing import Protocol
 
 from shardkit.counters import Counters
 from shardkit.errors import FetchError
+from shardkit.io.config import DEFAULT_MIN_RATE, DEFAULT_RATE_WINDOW
 
 __all__ = [
     "RangeResponse",
@@ -47,14 +60,21 @@ def retry_kind(status: int | None) -> str:
 
 
 class Retryable(Exception):
-    """A failure worth retrying; ``status`` and ``retry_after`` when the server said so."""
+    """A failure worth retrying; ``status`` and ``retry_after`` when the server said so;
+    ``since`` (a :func:`time.monotonic` time) when the trouble began before it was seen."""
 
     def __init__(
-        self, message: str, *, status: int | None = None, retry_after: float | None = None
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after: float | None = None,
+        since: float | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.retry_after = retry_after
+        self.since = since
 
 
 class RangeResponse(Protocol):
@@ -69,13 +89,37 @@ class RangeResponse(Protocol):
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Exponential backoff with "equal jitter", and how long ``Retry-After`` is honoured."""
+    """How remote reads retry, and the clock every read runs under (see the module).
+
+    Args:
+        max_attempts: tries of one request without progress before :class:`FetchError`.
+        backoff_base: first backoff in seconds; it doubles per failure, with jitter.
+        backoff_max: cap of one backoff.
+        retry_after_max: cap on how long a server's ``Retry-After`` is honoured.
+        deadline: seconds a read may spend in trouble (failing, stalled or below
+            ``min_rate``) before :class:`FetchError`. Keep it below a DDP collective's
+            timeout.
+        min_rate: bytes per second a body must deliver over ``rate_window`` seconds of
+            waiting on the server; 0: no minimum (only ``read_timeout`` and the deadline).
+        rate_window: seconds over which ``min_rate`` is measured (at most the deadline).
+    """
 
     max_attempts: int = 8
     backoff_base: float = 0.25
     backoff_max: float = 30.0
     retry_after_max: float = 120.0
     deadline: float = 300.0
+    min_rate: float = DEFAULT_MIN_RATE
+    rate_window: float = DEFAULT_RATE_WINDOW
+
+    def window(self) -> float:
+        """The seconds of waiting over which the minimum rate is measured."""
+        return min(self.rate_window, self.deadline)
+
+    def read_timeout(self, read_timeout: float) -> float:
+        """The socket read timeout a source should use: no byte for a whole window is
+        below any minimum rate, so a stall is never waited out past the window."""
+        return min(read_timeout, self.window()) if self.min_rate > 0 else read_timeout
 
     def delay(self, failures: int, retry_after: float | None, rng: random.Random) -> float:
         """Seconds to wait before try ``failures + 1``."""
@@ -103,16 +147,67 @@ OpenRange = Callable[[int, int | None], RangeResponse]
 
 
 class _Clock:
-    """When the current run of failures began (None: no failure since the last success)."""
+    """When the read's current trouble began (None: none since the last whole answer)."""
 
     def __init__(self) -> None:
         self.first: float | None = None
 
-    def spent(self) -> float:
+    def spent(self, since: float | None = None) -> float:
+        """Seconds in trouble, counting from ``since`` where it began before now."""
         now = time.monotonic()
-        if self.first is None:
-            self.first = now
+        began = now if since is None else min(since, now)
+        if self.first is None or began < self.first:
+            self.first = began
         return now - self.first
+
+    def left(self, policy: RetryPolicy) -> float:
+        """Seconds left before the deadline (all of it when not in trouble)."""
+        if self.first is None:
+            return policy.deadline
+        return policy.deadline - (time.monotonic() - self.first)
+
+
+class _Pace:
+    """The minimum rate of one body, over a window sliding on the time spent waiting for
+    bytes (the consumer's time between chunks is not counted): marks every eighth of a
+    window (waited seconds, bytes) and measures from the newest mark a window old."""
+
+    def __init__(self, min_rate: float, window: float, opened: float) -> None:
+        self.min_rate = min_rate
+        self.window = window
+        self.waited = 0.0
+        self.got = 0
+        self.marks: collections.deque[tuple[float, int]] = collections.deque([(0.0, 0)])
+        self.wait_began = opened  # where trouble began if the body breaks now
+
+    def chunks(self, body: Iterator[bytes]) -> Iterator[bytes]:
+        """``body``'s chunks; :class:`Retryable` when a window falls below the rate."""
+        while True:
+            began = time.monotonic()
+            chunk = next(body, None)
+            now = time.monotonic()
+            self.waited += now - began
+            if chunk is None:
+                return
+            self.got += len(chunk)
+            if self.min_rate > 0:
+                self._check(now)
+            self.wait_began = now
+            yield chunk
+
+    def _check(self, now: float) -> None:
+        marks, waited = self.marks, self.waited
+        if waited - marks[-1][0] >= self.window / 8:
+            marks.append((waited, self.got))
+        while len(marks) > 1 and waited - marks[1][0] >= self.window:
+            marks.popleft()  # the newest mark at least a window old stays first
+        span = waited - marks[0][0]
+        if span >= self.window and self.got - marks[0][1] < self.min_rate * span:
+            raise Retryable(
+                f"below the minimum rate: {self.got - marks[0][1]} bytes in {span:.1f} s "
+                f"(min_rate {self.min_rate:g} B/s over {self.window:g} s)",
+                since=now - span,
+            )
 
 
 def resuming_chunks(
@@ -135,16 +230,19 @@ def resuming_chunks(
     failures = 0
     clock = _Clock()
     while end is None or pos < end:
+        opened = time.monotonic()
         try:
             resp = open_range(pos, end)
         except Retryable as exc:
+            exc.since = opened if exc.since is None else exc.since
             failures = _failed(url, exc, failures, policy, counters, rng, sleep, clock)
             continue
+        pace = _Pace(policy.min_rate, max(0.01, min(policy.window(), clock.left(policy))), opened)
         try:
             if resp.total is not None and (end is None or end > resp.total):
                 end = resp.total  # like a file: a read past the end stops at the end
             before = pos
-            for chunk in resp.chunks():
+            for chunk in pace.chunks(resp.chunks()):
                 pos += len(chunk)
                 yield chunk
             if pos == before:
@@ -152,9 +250,10 @@ def resuming_chunks(
                     return  # an object of unknown size has ended
                 if pos < end:
                     raise Retryable(f"the server sent no bytes at offset {pos} of {end}")
-            failures = 0  # a whole answer: the run of failures is over
+            failures = 0  # a whole answer: the trouble is over
             clock.first = None
         except Retryable as exc:
+            exc.since = pace.wait_began if exc.since is None else exc.since
             failures = _failed(url, exc, failures, policy, counters, rng, sleep, clock)
         finally:
             resp.close()
@@ -170,13 +269,21 @@ def _failed(
     sleep: Callable[[float], None],
     clock: _Clock,
 ) -> int:
-    """Count one failure: wait before the next try, or raise FetchError if out of tries
-    or if the wait would end past the deadline."""
+    """Count one failure: wait before the next try, or raise FetchError if out of tries,
+    if the wait would end past the deadline, or if the server asks for such a wait."""
     failures += 1
-    spent = clock.spent()
+    spent = clock.spent(exc.since)
     wait = policy.delay(failures, exc.retry_after, rng)
-    if failures >= policy.max_attempts or spent + wait > policy.deadline:
-        why = "" if failures >= policy.max_attempts else f" (the deadline is {policy.deadline:g} s)"
+    why = ""
+    if exc.retry_after is not None and spent + exc.retry_after > policy.deadline:
+        why = (
+            f" (the server's Retry-After of {exc.retry_after:g} s is past what is left of "
+            f"the deadline: {max(0.0, policy.deadline - spent):.1f} s; the deadline is "
+            f"{policy.deadline:g} s)"
+        )
+    elif failures < policy.max_attempts and spent + wait > policy.deadline:
+        why = f" (the deadline is {policy.deadline:g} s)"
+    if why or failures >= policy.max_attempts:
         raise FetchError(
             f"giving up after {spent:.1f} s{why}: {exc}",
             url=url,

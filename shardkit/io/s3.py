@@ -20,7 +20,7 @@ from shardkit.counters import Counters
 from shardkit.errors import ConfigError, FetchError
 from shardkit.io.config import IoConfig
 from shardkit.io.http import CHUNK, Gate, policy_of
-from shardkit.io.retry import Retryable, resuming_chunks
+from shardkit.io.retry import Retryable, parse_retry_after, resuming_chunks
 
 __all__ = ["S3Source", "split_s3_url"]
 
@@ -55,7 +55,7 @@ class _S3Body:
         try:
             while self._want is None or self._want > 0:
                 n = CHUNK if self._want is None else min(CHUNK, self._want)
-                data = self._body.read(n)
+                data = self._read(n)
                 if not data:
                     return
                 if self._want is not None:
@@ -64,6 +64,14 @@ class _S3Body:
                 yield data
         except (BotoCoreError, OSError) as exc:
             raise Retryable(f"connection broken mid-body: {exc}") from exc
+
+    def _read(self, n: int) -> bytes:
+        """What has arrived, up to ``n`` bytes: botocore's ``read(n)`` waits for all ``n``,
+        so a trickle would never reach the minimum-rate check between chunks."""
+        raw = getattr(self._body, "_raw_stream", None)  # urllib3's response under botocore
+        read1 = getattr(raw, "read1", None)
+        data: bytes = read1(n) if read1 is not None else self._body.read(n)
+        return data
 
     def close(self) -> None:
         try:
@@ -103,7 +111,7 @@ class S3Source:
                 raise ConfigError("s3:// urls need boto3: pip install 'shardkit[s3]'") from exc
             config = Config(
                 connect_timeout=self.cfg.connect_timeout,
-                read_timeout=self.cfg.read_timeout,
+                read_timeout=policy_of(self.cfg).read_timeout(self.cfg.read_timeout),
                 retries={"total_max_attempts": 1},
                 max_pool_connections=max(10, self.cfg.prefetch_threads + 2),
             )
@@ -153,12 +161,8 @@ class S3Source:
             if status == 304 or code in ("304", "NotModified"):
                 return {"NotModified": True}
             if code in _RETRY_CODES or status in (429, 500, 502, 503, 504):
-                retry_after = meta.get("HTTPHeaders", {}).get("retry-after")
-                raise Retryable(
-                    f"S3 {code}",
-                    status=status,
-                    retry_after=float(retry_after) if str(retry_after).isdigit() else None,
-                ) from exc
+                retry_after = parse_retry_after(meta.get("HTTPHeaders", {}).get("retry-after"))
+                raise Retryable(f"S3 {code}", status=status, retry_after=retry_after) from exc
             if code == "InvalidRange":
                 return {"InvalidRange": True}
             raise FetchError(f"S3 {code}: {exc}", url=url, status=status) from exc

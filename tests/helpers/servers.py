@@ -9,7 +9,8 @@ Faults are queued per path pattern and each hits ``times`` requests:
 - ``drop``: send ``after`` bytes of the body, then cut the connection;
 - ``status``: answer ``status`` (429, 503, ...) with an optional ``Retry-After``;
 - ``stall``: send ``after`` bytes, go silent for ``seconds``, then go on;
-- ``corrupt``: flip one bit of the file's byte at offset ``at`` in a body that holds it.
+- ``corrupt``: flip one bit of the file's byte at offset ``at`` in a body that holds it;
+- ``trickle``: send ``after`` bytes, then ``step`` bytes every ``seconds`` to the end.
 
 ``per_connection`` caps the bytes per second of each connection on its own (as object
 stores cap single streams), besides the total ``bandwidth``.
@@ -59,13 +60,14 @@ class Fault:
     """A fault served to the next ``times`` requests whose path matches ``pattern``."""
 
     pattern: str
-    kind: str  # "drop" | "status" | "stall" | "corrupt"
+    kind: str  # "drop" | "status" | "stall" | "corrupt" | "trickle"
     times: int = 1
     after: int = 0
     at: int = 0
     status: int = 503
     retry_after: str | None = None
     seconds: float = 0.0
+    step: int = 20
 
 
 class _Throttle:
@@ -265,6 +267,9 @@ class _Handler(BaseHTTPRequestHandler):
             n = min(_PIECE, length - pos)
             if fault is not None and pos < fault.after <= pos + n:
                 n = fault.after - pos
+            elif fault is not None and fault.kind == "trickle" and pos >= fault.after:
+                n = min(fault.step, length - pos)
+                time.sleep(fault.seconds)
             self.srv.throttle.take(n)
             conn.take(n)
             data = f.read(n)
