@@ -20,10 +20,11 @@ ORDER: dict[str, list[list[str]]] = {
     "shardkit": [
         ["_version", "_types", "errors", "units", "urls", "counters", "durable"],
         ["format"],
+        ["io"],
         ["write"],
         ["check"],
         ["plan"],
-        ["io", "cache"],
+        ["cache"],
         ["read"],
         ["stages", "metrics", "streaming"],
         ["ray"],
@@ -37,12 +38,12 @@ ORDER: dict[str, list[list[str]]] = {
     "shardkit.format.tario": [["names", "headers", "members", "index", "reader", "writer"]],
     "shardkit.write": [
         ["select", "table_meta", "sources", "tables", "records"],
-        ["writer", "config", "workers", "prepare", "build"],
+        ["outputs", "writer", "config", "workers", "prepare", "build"],
     ],
     "shardkit.check": [["summary", "verify", "adopt"]],
     "shardkit.plan": [["world", "order", "schedule", "ranges", "assign"]],
     "shardkit.io": [
-        ["config", "retry", "local", "pipe", "http", "s3", "blobs", "verified", "remote"]
+        ["config", "retry", "local", "pipe", "http", "s3", "blobs", "stores", "verified", "remote"]
     ],
     "shardkit.read": [["policy", "indexes", "remote_compact", "catalog", "stream"]],
     "shardkit.stages": [["base", "collate", "packing", "basic", "decode", "source", "tokens"]],

@@ -7,7 +7,8 @@ a flat cost per shard, where rewriting the whole manifest after every shard made
 quadratic in its shard count. The journal is folded into the manifest (written atomically)
 at close, on resume, and whenever it has grown as long as the manifest (so rewrites cost
 O(shards) in all). At any instant manifest and journal list only whole shards. A ``with``
-block that raises finishes no shard: the one being written is deleted.
+block that raises finishes no shard: the one being written is deleted. Where the bytes go (a
+local directory, an object-store prefix) is the output's business (:mod:`shardkit.write.outputs`).
 """
 
 from __future__ import annotations
@@ -17,18 +18,14 @@ import gzip
 import json
 import logging
 import os
-import re
 from collections.abc import Iterator, Mapping
 from types import TracebackType
 from typing import Any, BinaryIO, TypedDict
 
-from shardkit.durable import atomic_write
 from shardkit.errors import ConfigError, ManifestError, WriterError
 from shardkit.format.checksum import new_hasher
 from shardkit.format.codecs import encode_field, zstd_writer
 from shardkit.format.digest import Digest, HashingWriter
-from shardkit.format.manifest.compact import save_manifest
-from shardkit.format.manifest.journal import journal_path, read_journal
 from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
 from shardkit.format.pieces import DEFAULT_PIECE_SIZE
 from shardkit.format.tario.index import sample_signature, write_index
@@ -40,6 +37,7 @@ from shardkit.format.tario.writer import (
     padding,
 )
 from shardkit.units import parse_size
+from shardkit.write.outputs import make_output
 
 __all__ = [
     "COMPRESSIONS",
@@ -86,17 +84,6 @@ def _gzip_writer(f: Any) -> gzip.GzipFile:
     return gzip.GzipFile(filename="", mode="wb", compresslevel=6, fileobj=f, mtime=0)
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs (a live writer's temp file is not ours to delete)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class ShardWriter:
     """Write samples into size- and/or count-limited tar shards with a manifest.
 
@@ -121,6 +108,12 @@ class ShardWriter:
             None: none.
         image_quality: JPEG/WebP quality for PIL images and uint8 arrays written to
             ``jpg``/``webp`` fields (``png`` is lossless).
+        endpoint_url: the S3-compatible endpoint for an ``s3://`` ``out_dir``.
+
+    ``out_dir`` may be an object-store url (``s3://bucket/prefix/``, ``gs://...``,
+    ``az://container/...``): shards are streamed up as they are written, each appears only
+    when whole, the manifest goes last and ``resume=True`` goes on from what is verifiably
+    there (:mod:`shardkit.write.outputs`). Any other ``scheme://`` is an error.
     """
 
     def __init__(
@@ -138,6 +131,7 @@ class ShardWriter:
         part: tuple[int, int] | None = None,
         piece_size: int | str | None = DEFAULT_PIECE_SIZE,
         image_quality: int = 90,
+        endpoint_url: str | None = None,
     ) -> None:
         self.out_dir = os.fspath(out_dir)
         if "%" in os.path.basename(self.out_dir) and ".tar" in os.path.basename(self.out_dir):
@@ -165,29 +159,26 @@ class ShardWriter:
         if not 1 <= image_quality <= 100:
             raise ConfigError(f"image_quality must be in 1..100, got {image_quality}")
         self.image_quality = image_quality
-        self.manifest_path = os.path.join(self.out_dir, manifest)
-        os.makedirs(self.out_dir, exist_ok=True)
+        self.output = make_output(self.out_dir, manifest, endpoint_url=endpoint_url)
+        self.manifest_path = self.output.manifest_path
         self.manifest = Manifest(
             checksum_algorithm=checksum,
             created=creation_info(),
             part={"index": part[0], "count": part[1]} if part else None,
-            base=os.path.abspath(self.out_dir),
+            base=self.output.base,
         )
         self.next_index = start_index
         self.resumed_samples = 0
-        self._cleanup_temps()
-        self._journal: BinaryIO | None = None
-        self._folded = 0  # shards the manifest on disk lists
+        self.output.prepare(self.prefix)
+        self._folded = 0  # shards the manifest there lists
         if resume:
             self._load_existing()
         else:  # what another run journalled here is not this build's
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(journal_path(self.manifest_path))
+            self.output.forget_journal()
         self._file: BinaryIO | None = None
         self._shard_fields: dict[str, dict[str, int]] = {}  # stats of the open shard
         self._sink: Any = None
         self._hashing: HashingWriter | None = None
-        self._tmp_path: str | None = None
         self._pending: list[bytes | bytearray | memoryview] = []
         self._pending_size = 0
         self._offset = 0  # uncompressed bytes written to the current shard
@@ -299,21 +290,16 @@ class ShardWriter:
             ) from exc
 
     def abort(self) -> None:
-        """Drop the shard being written (its temp file) and keep the finished ones."""
+        """Drop the shard being written (its temp file or upload) and keep the finished ones."""
         try:
-            if self._file is not None:
-                self._file.close()
+            self.output.drop(self._file)
         finally:
             self._file = None
-            if self._tmp_path is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self._tmp_path)
-                self._tmp_path = None
         self._pending = []
         self._pending_size = 0
         if not self._closed:
             self._closed = True
-            if self.manifest.shards or not os.path.exists(self.manifest_path):
+            if self.manifest.shards or not self.output.has_manifest():
                 try:
                     self._write_manifest()
                 except OSError as exc:  # the disk is still full: the last manifest stands
@@ -338,9 +324,7 @@ class ShardWriter:
         return shard_name(self.prefix, self.next_index, self.compress)
 
     def _open_shard(self) -> None:
-        name = self._shard_name()
-        self._tmp_path = os.path.join(self.out_dir, f".{name}.tmp-{os.getpid()}")
-        self._file = open(self._tmp_path, "wb", buffering=0)  # noqa: SIM115
+        self._file = self.output.open_shard(self._shard_name())
         self._hashing = HashingWriter(self._file, Digest(self.algo, self.piece_size))
         if self.compress == "zstd":
             self._sink = zstd_writer(self._hashing)  # type: ignore[arg-type]
@@ -365,18 +349,12 @@ class ShardWriter:
             self._pending_size = 0
 
     def _finish_shard(self) -> None:
-        assert self._file is not None and self._hashing is not None and self._tmp_path
+        assert self._file is not None and self._hashing is not None
         self._pending.append(END_OF_ARCHIVE)
         self._flush()
         if self.compress:
             self._sink.close()
-        try:
-            os.fsync(self._file.fileno())
-        finally:
-            self._file.close()
-        self._file = None
         name = self._shard_name()
-        final = os.path.join(self.out_dir, name)
         index_name = name + ".idx"
         checksum = self._hashing.digest.checksum()
         index_bytes = write_index(
@@ -384,9 +362,8 @@ class ShardWriter:
         )
         index_hash = new_hasher(self.algo)
         index_hash.update(index_bytes)
-        atomic_write(os.path.join(self.out_dir, index_name), index_bytes)
-        os.replace(self._tmp_path, final)
-        self._tmp_path = None
+        sink, self._file = self._file, None
+        self.output.publish(sink, name, index_name, index_bytes)
         entry = ShardEntry(
             url=name,
             size=self._hashing.digest.size,
@@ -404,45 +381,22 @@ class ShardWriter:
         line = {"shard": entry.to_dict(), "fields": self._shard_fields}
         self._shard_fields = {}
         self.next_index += 1
-        self._append_journal(json.dumps(line, separators=(",", ":")).encode() + b"\n")
+        self.output.append_journal(name, json.dumps(line, separators=(",", ":")).encode() + b"\n")
         if len(self.manifest.shards) >= 2 * self._folded:
             self._write_manifest()
         log.debug("finished shard %s: %d samples, %d bytes", name, entry.nsamples, entry.size)
 
-    def _append_journal(self, line: bytes) -> None:
-        if self._journal is None:
-            self._journal = open(journal_path(self.manifest_path), "ab", buffering=0)  # noqa: SIM115
-        self._journal.write(line)
-        os.fsync(self._journal.fileno())
-
     def _write_manifest(self) -> None:
         """Fold the journal into the manifest: write it whole, then drop the journal."""
-        save_manifest(self.manifest, self.manifest_path)
+        self.output.write_manifest(self.manifest)
         self._folded = len(self.manifest.shards)
-        if self._journal is not None:
-            self._journal.close()
-            self._journal = None
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(journal_path(self.manifest_path))
-
-    def _cleanup_temps(self) -> None:
-        """Delete the temp shards of this prefix that a dead writer left behind, and the
-        temp files of this manifest (and its csv and compact form) a kill cut short."""
-        mine = re.compile(rf"^\.{re.escape(self.prefix)}-\d{{6,}}\.tar(?:\.zst|\.gz)?\.tmp-(\d+)$")
-        stem = re.escape(os.path.splitext(os.path.basename(self.manifest_path))[0])
-        ours = re.compile(rf"^\.tmp-\w+-{stem}\.(?:json|json\.cols|csv)$")
-        for name in os.listdir(self.out_dir):
-            m = mine.match(name)
-            if (m is not None and not _alive(int(m.group(1)))) or ours.match(name):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(self.out_dir, name))
 
     def _load_existing(self) -> None:
-        journal = read_journal(self.manifest_path)
-        if not os.path.exists(self.manifest_path) and not journal:
+        existing, journal = self.output.existing()
+        if existing is None and not journal:
             return
-        if os.path.exists(self.manifest_path):
-            old = Manifest.load(self.manifest_path)
+        if existing is not None:
+            old = existing
             self.manifest.created = dict(old.created)  # the build's fingerprint stays
         else:
             old = Manifest(checksum_algorithm=self.algo, base=self.manifest.base)
@@ -462,16 +416,10 @@ class ShardWriter:
                 path=self.manifest_path,
             )
         for i, s in enumerate(old.shards):
-            path = os.path.join(self.out_dir, s.url)
-            try:
-                size = os.path.getsize(path)
-            except OSError:
-                size = -1
-            if size != s.size:
+            wrong = self.output.check_shard(s, None)
+            if wrong is not None:
                 raise ManifestError(
-                    f"cannot resume: shard {s.url} is missing or has {size} bytes, not {s.size}",
-                    path=self.manifest_path,
-                    entry=i,
+                    f"cannot resume: shard {s.url} {wrong}", path=self.manifest_path, entry=i
                 )
         self.manifest.shards = list(old.shards)
         self.manifest.fields = old.fields

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.helpers.servers import free_port
+from tests.helpers.servers import free_port, moto_server
 
-__all__ = ["AZURITE_KEY", "Store", "azurite", "gcs_emulator"]
+__all__ = ["AZURITE_KEY", "Store", "azurite", "gcs_emulator", "moto_store", "object_store"]
 
 REPO = Path(__file__).resolve().parents[2]
 AZURITE_KEY = (
@@ -39,17 +39,24 @@ class Store:
         return f"{self.scheme}://{self.bucket}/{key}"
 
     def put(self, key: str, data: bytes) -> None:
-        if self.scheme == "gs":
+        if self.scheme == "s3":
+            self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
+        elif self.scheme == "gs":
             self.client.bucket(self.bucket).blob(key).upload_from_string(data)
         else:
             self.client.get_container_client(self.bucket).upload_blob(key, data, overwrite=True)
 
-    def keys(self) -> list[str]:
+    def names(self) -> list[str]:
+        if self.scheme == "s3":
+            out = self.client.list_objects_v2(Bucket=self.bucket).get("Contents", [])
+            return sorted(o["Key"] for o in out)
         if self.scheme == "gs":
             return sorted(b.name for b in self.client.list_blobs(self.bucket))
         return sorted(b.name for b in self.client.get_container_client(self.bucket).list_blobs())
 
     def get(self, key: str) -> bytes:
+        if self.scheme == "s3":
+            return bytes(self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
         if self.scheme == "gs":
             return bytes(self.client.bucket(self.bucket).blob(key).download_as_bytes())
         cc = self.client.get_container_client(self.bucket)
@@ -61,8 +68,10 @@ class Store:
                 self.put(f"{prefix}/{path.name}", path.read_bytes())
 
     def clear(self) -> None:
-        for key in self.keys():
-            if self.scheme == "gs":
+        for key in self.names():
+            if self.scheme == "s3":
+                self.client.delete_object(Bucket=self.bucket, Key=key)
+            elif self.scheme == "gs":
                 self.client.bucket(self.bucket).blob(key).delete()
             else:
                 self.client.get_container_client(self.bucket).delete_blob(key)
@@ -149,3 +158,40 @@ def azurite(container: str = "shardkit-test") -> Iterator[Store]:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(10)
         shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _env(env: dict[str, str]) -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def moto_store(bucket: str = "shardkit-test") -> Iterator[Store]:
+    """moto's S3 server; the environment points boto3 at it (``AWS_ENDPOINT_URL``)."""
+    import boto3
+
+    with moto_server() as endpoint:
+        env = {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+        with _env(env):
+            client = boto3.client("s3", endpoint_url=endpoint)
+            client.create_bucket(Bucket=bucket)
+            yield Store("s3", bucket, env, client)
+
+
+def object_store(scheme: str) -> contextlib.AbstractContextManager[Store]:
+    """The emulated store of ``scheme`` (``s3``, ``gs``, ``az``)."""
+    return {"s3": moto_store, "gs": gcs_emulator, "az": azurite}[scheme]()

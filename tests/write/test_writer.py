@@ -216,8 +216,9 @@ def test_resume_folds_the_journal_and_drops_a_torn_last_line(tmp_path: Path) -> 
     for s in make_samples(6):
         w.write(s)
     w.next_shard()  # six shards finished; the writer "dies" here: never closed
-    assert w._journal is not None
-    w._journal.close()  # a killed process's files close with it
+    journal = w.output._journal  # type: ignore[attr-defined]
+    assert journal is not None
+    journal.close()  # a killed process's files close with it
     path = str(tmp_path / "manifest.json")
     assert len(Manifest.load(path)) == 4 and len(read_journal(path)) == 2
     with open(journal_path(path), "ab") as f:

@@ -12,7 +12,7 @@ from shardkit.errors import ManifestError
 from shardkit.format.manifest.check import check_entry
 from shardkit.format.manifest.model import ShardEntry
 
-__all__ = ["journal_path", "read_journal"]
+__all__ = ["journal_path", "parse_journal", "read_journal"]
 
 log = logging.getLogger(__name__)
 
@@ -25,22 +25,30 @@ def journal_path(manifest_path: str) -> str:
 
 def read_journal(manifest_path: str) -> list[tuple[ShardEntry, dict[str, dict[str, int]]]]:
     """The whole entries of a journal, in order (a line cut short by a kill ends it)."""
-    out: list[tuple[ShardEntry, dict[str, dict[str, int]]]] = []
     try:
         with open(journal_path(manifest_path), "rb") as f:
-            lines = f.read().split(b"\n")
+            return parse_journal(f.read(), journal_path(manifest_path), manifest_path)
     except FileNotFoundError:
-        return out
+        return []
+
+
+def parse_journal(
+    data: bytes, path: str, manifest: str
+) -> list[tuple[ShardEntry, dict[str, dict[str, int]]]]:
+    """The whole entries of journal bytes read from ``path``, in order (a line cut short
+    by a kill ends it); ``manifest`` names the manifest they belong to in messages."""
+    out: list[tuple[ShardEntry, dict[str, dict[str, int]]]] = []
+    lines = data.split(b"\n")
     for i, line in enumerate(lines[:-1]):  # the last piece has no newline: cut short
         try:
             raw = json.loads(line)
-            entry = ShardEntry(**check_entry(raw["shard"], journal_path(manifest_path), i))
+            entry = ShardEntry(**check_entry(raw["shard"], path, i))
             fields = {
                 str(k): {"count": int(v["count"]), "bytes": int(v["bytes"])}
                 for k, v in raw["fields"].items()
             }
         except (ValueError, KeyError, TypeError, AttributeError, ManifestError):
-            log.warning("%s: line %d is damaged; the journal ends there", manifest_path, i + 1)
+            log.warning("%s: line %d is damaged; the journal ends there", manifest, i + 1)
             break
         out.append((entry, fields))
     return out

@@ -1,0 +1,395 @@
+"""Writing objects to object stores (``s3://``, ``gs://``, ``az://``): what a writer needs.
+
+An :class:`ObjectStore` puts small objects whole (indexes, manifests, journal entries) and
+streams big ones up as they are written (:meth:`ObjectStore.upload`): S3 multipart uploads,
+GCS resumable uploads, Azure block blobs. An upload keeps at most one part in memory
+(``part_size``, 8 MiB by default), never a whole shard, and the object appears only when
+:meth:`Upload.complete` is called: a writer that dies leaves no partial object. What a
+dead writer leaves behind is named by the store:
+
+- S3: an unfinished multipart upload is billed until aborted; :meth:`abort_stale` aborts
+  those under a prefix older than a grace time (a writer calls it on start), and a bucket
+  lifecycle rule (``AbortIncompleteMultipartUpload``) is the belt to these braces;
+- GCS: an unfinished resumable session holds no object and expires after a week;
+- Azure: uncommitted blocks are dropped by the service after a week.
+
+Clients come from the same places the readers' do (:mod:`shardkit.io.s3`,
+:mod:`shardkit.io.blobs`); the SDKs' own retries are on for writes (a part is re-sent
+whole, so a retry cannot duplicate bytes).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from shardkit.errors import ConfigError, FetchError
+
+__all__ = ["OBJECT_SCHEMES", "ObjectInfo", "ObjectStore", "Upload", "is_object_url", "open_store"]
+
+OBJECT_SCHEMES = ("s3", "gs", "az")
+DEFAULT_PART_SIZE = 8 << 20  # S3's smallest part is 5 MiB; GCS wants multiples of 256 KiB
+STALE_UPLOAD_AGE = 6 * 3600.0
+
+
+def is_object_url(target: object) -> bool:
+    """True for ``s3://``, ``gs://`` and ``az://`` urls (a writer's object-store target)."""
+    return isinstance(target, str) and urlsplit(target).scheme in OBJECT_SCHEMES
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One object: its key, size and the store's tag of its content version (ETag)."""
+
+    key: str
+    size: int
+    etag: str
+
+
+class Upload:
+    """A streaming upload of one object: :meth:`write` as to a file, then :meth:`complete`
+    (the object appears whole) or :meth:`abort` (nothing appears)."""
+
+    def __init__(self, part_size: int) -> None:
+        self.part_size = part_size
+        self._buf = bytearray()
+        self.size = 0
+        self.done = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        if self.done:
+            raise ValueError("write to a finished upload")
+        self._buf += data
+        self.size += len(data)
+        while len(self._buf) >= self.part_size:
+            part = bytes(self._buf[: self.part_size])
+            del self._buf[: self.part_size]
+            self._send(part)
+        return len(data)
+
+    def flush(self) -> None:
+        pass  # parts go out when full; a flush cannot send a short part mid-object
+
+    def complete(self) -> str:
+        """Send what is left and make the object appear; its ETag."""
+        self.done = True
+        etag = self._finish(bytes(self._buf))
+        self._buf = bytearray()
+        return etag
+
+    def abort(self) -> None:
+        """Drop the upload: no object appears (idempotent)."""
+        if not self.done:
+            self.done = True
+            self._buf = bytearray()
+            self._drop()
+
+    def _send(self, part: bytes) -> None:
+        raise NotImplementedError
+
+    def _finish(self, last: bytes) -> str:
+        raise NotImplementedError
+
+    def _drop(self) -> None:
+        raise NotImplementedError
+
+
+class ObjectStore:
+    """One bucket (or container) of an object store, seen through a key prefix."""
+
+    scheme = ""
+
+    def __init__(self, bucket: str, *, part_size: int = DEFAULT_PART_SIZE) -> None:
+        self.bucket = bucket
+        self.part_size = part_size
+
+    def url(self, key: str) -> str:
+        return f"{self.scheme}://{self.bucket}/{key}"
+
+    def put(self, key: str, data: bytes) -> str:
+        """Write a small object whole; its ETag."""
+        up = self.upload(key)
+        up.write(data)
+        return up.complete()
+
+    def upload(self, key: str) -> Upload:
+        raise NotImplementedError
+
+    def get(self, key: str) -> bytes | None:
+        """The whole (small) object, or None if there is none."""
+        raise NotImplementedError
+
+    def head(self, key: str) -> ObjectInfo | None:
+        raise NotImplementedError
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        raise NotImplementedError
+
+    def delete(self, key: str) -> None:
+        """Remove ``key`` (no error if it is not there)."""
+        raise NotImplementedError
+
+    def abort_stale(self, prefix: str, older_than: float = STALE_UPLOAD_AGE) -> int:
+        """Abort unfinished uploads under ``prefix`` started more than ``older_than``
+        seconds ago; how many. Only S3 keeps (and bills) them."""
+        del prefix, older_than
+        return 0
+
+
+def open_store(
+    url: str, *, endpoint_url: str | None = None, part_size: int | None = None
+) -> tuple[ObjectStore, str]:
+    """The store of an object-store url and the key prefix inside it (no leading ``/``)."""
+    parts = urlsplit(url)
+    if parts.scheme not in OBJECT_SCHEMES or not parts.netloc:
+        raise ConfigError(f"not an s3://, gs:// or az:// url with a bucket: {url!r}")
+    size = part_size or DEFAULT_PART_SIZE
+    store: ObjectStore
+    if parts.scheme == "s3":
+        store = S3Store(parts.netloc, endpoint_url=endpoint_url, part_size=size)
+    elif parts.scheme == "gs":
+        store = GsStore(parts.netloc, part_size=size)
+    else:
+        store = AzStore(parts.netloc, part_size=size)
+    return store, parts.path.lstrip("/")
+
+
+# -- S3 ----------------------------------------------------------------------------------
+class _S3Upload(Upload):
+    def __init__(self, store: S3Store, key: str) -> None:
+        super().__init__(store.part_size)
+        self._c = store.client
+        self._b, self._k = store.bucket, key
+        self._id = self._c.create_multipart_upload(Bucket=self._b, Key=key)["UploadId"]
+        self._parts: list[dict[str, Any]] = []
+
+    def _send(self, part: bytes) -> None:
+        n = len(self._parts) + 1
+        out = self._c.upload_part(
+            Bucket=self._b, Key=self._k, UploadId=self._id, PartNumber=n, Body=part
+        )
+        self._parts.append({"PartNumber": n, "ETag": out["ETag"]})
+
+    def _finish(self, last: bytes) -> str:
+        if last or not self._parts:
+            self._send(last)
+        out = self._c.complete_multipart_upload(
+            Bucket=self._b, Key=self._k, UploadId=self._id, MultipartUpload={"Parts": self._parts}
+        )
+        return str(out.get("ETag", ""))
+
+    def _drop(self) -> None:
+        self._c.abort_multipart_upload(Bucket=self._b, Key=self._k, UploadId=self._id)
+
+
+class S3Store(ObjectStore):
+    """An S3 bucket through boto3 (endpoint from ``endpoint_url`` or ``AWS_ENDPOINT_URL``)."""
+
+    scheme = "s3"
+
+    def __init__(self, bucket: str, *, endpoint_url: str | None = None, part_size: int) -> None:
+        super().__init__(bucket, part_size=max(part_size, 5 << 20))
+        try:
+            import boto3
+        except ImportError as exc:
+            raise ConfigError("s3:// targets need boto3: pip install 'shardkit[s3]'") from exc
+        self.client = boto3.session.Session().client("s3", endpoint_url=endpoint_url)
+
+    def upload(self, key: str) -> Upload:
+        return _S3Upload(self, key)
+
+    def put(self, key: str, data: bytes) -> str:
+        out = self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
+        return str(out.get("ETag", ""))
+
+    def get(self, key: str) -> bytes | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            return bytes(self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise
+
+    def head(self, key: str) -> ObjectInfo | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            out = self.client.head_object(Bucket=self.bucket, Key=key)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise
+        return ObjectInfo(key, int(out["ContentLength"]), str(out.get("ETag", "")))
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=prefix
+        )
+        for page in pages:
+            for o in page.get("Contents", []):
+                yield ObjectInfo(o["Key"], int(o["Size"]), str(o.get("ETag", "")))
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=key)
+
+    def abort_stale(self, prefix: str, older_than: float = STALE_UPLOAD_AGE) -> int:
+        now = datetime.datetime.now(datetime.timezone.utc)
+        n = 0
+        out = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=prefix)
+        for up in out.get("Uploads", []):
+            if (now - up["Initiated"]).total_seconds() >= older_than:
+                self.client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=up["Key"], UploadId=up["UploadId"]
+                )
+                n += 1
+        return n
+
+
+# -- GCS ---------------------------------------------------------------------------------
+class _GsUpload(Upload):
+    def __init__(self, store: GsStore, key: str) -> None:
+        # a resumable session; parts are multiples of 256 KiB
+        super().__init__(max(256 << 10, store.part_size // (256 << 10) * (256 << 10)))
+        self._writer = (
+            store.client.bucket(store.bucket)
+            .blob(key)
+            .open("wb", chunk_size=self.part_size, ignore_flush=True)
+        )
+        self._store, self._key = store, key
+
+    def _send(self, part: bytes) -> None:
+        self._writer.write(part)
+
+    def _finish(self, last: bytes) -> str:
+        if last:
+            self._writer.write(last)
+        self._writer.close()
+        info = self._store.head(self._key)
+        return info.etag if info else ""
+
+    def _drop(self) -> None:
+        pass  # an unfinished session holds no object and expires on its own
+
+
+class GsStore(ObjectStore):
+    """A GCS bucket through google-cloud-storage (``STORAGE_EMULATOR_HOST`` honoured)."""
+
+    scheme = "gs"
+
+    def __init__(self, bucket: str, *, part_size: int) -> None:
+        super().__init__(bucket, part_size=part_size)
+        from shardkit.io.blobs import gs_client
+
+        self.client = gs_client()
+
+    def upload(self, key: str) -> Upload:
+        return _GsUpload(self, key)
+
+    def put(self, key: str, data: bytes) -> str:
+        blob = self.client.bucket(self.bucket).blob(key)
+        blob.upload_from_string(data)
+        return str(blob.etag or "")
+
+    def get(self, key: str) -> bytes | None:
+        from google.api_core.exceptions import NotFound
+
+        try:
+            return bytes(self.client.bucket(self.bucket).blob(key).download_as_bytes())
+        except NotFound:
+            return None
+
+    def head(self, key: str) -> ObjectInfo | None:
+        blob = self.client.bucket(self.bucket).get_blob(key)
+        return None if blob is None else ObjectInfo(key, int(blob.size), str(blob.etag))
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        for blob in self.client.list_blobs(self.bucket, prefix=prefix):
+            yield ObjectInfo(blob.name, int(blob.size), str(blob.etag))
+
+    def delete(self, key: str) -> None:
+        from google.api_core.exceptions import NotFound
+
+        with contextlib.suppress(NotFound):
+            self.client.bucket(self.bucket).blob(key).delete()
+
+
+# -- Azure -------------------------------------------------------------------------------
+class _AzUpload(Upload):
+    def __init__(self, store: AzStore, key: str) -> None:
+        super().__init__(store.part_size)
+        self._blob = store.container.get_blob_client(key)
+        self._ids: list[str] = []
+
+    def _send(self, part: bytes) -> None:
+        block = base64.b64encode(f"{len(self._ids):010d}".encode()).decode()
+        self._blob.stage_block(block, part)
+        self._ids.append(block)
+
+    def _finish(self, last: bytes) -> str:
+        from azure.storage.blob import BlobBlock
+
+        if last or not self._ids:
+            self._send(last)
+        out = self._blob.commit_block_list([BlobBlock(block_id=b) for b in self._ids])
+        return str(out.get("etag", ""))
+
+    def _drop(self) -> None:
+        pass  # uncommitted blocks are dropped by the service
+
+
+class AzStore(ObjectStore):
+    """An Azure Blob container through azure-storage-blob (:func:`shardkit.io.blobs.az_client`)."""
+
+    scheme = "az"
+
+    def __init__(self, bucket: str, *, part_size: int) -> None:
+        super().__init__(bucket, part_size=part_size)
+        from shardkit.io.blobs import az_client
+
+        self.container = az_client().get_container_client(bucket)
+
+    def upload(self, key: str) -> Upload:
+        return _AzUpload(self, key)
+
+    def put(self, key: str, data: bytes) -> str:
+        out = self.container.get_blob_client(key).upload_blob(data, overwrite=True)
+        return str(out.get("etag", ""))
+
+    def get(self, key: str) -> bytes | None:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        try:
+            return bytes(self.container.download_blob(key).readall())
+        except ResourceNotFoundError:
+            return None
+
+    def head(self, key: str) -> ObjectInfo | None:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        try:
+            p = self.container.get_blob_client(key).get_blob_properties()
+        except ResourceNotFoundError:
+            return None
+        return ObjectInfo(key, int(p.size), str(p.etag))
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        for b in self.container.list_blobs(name_starts_with=prefix):
+            yield ObjectInfo(b.name, int(b.size), str(b.etag))
+
+    def delete(self, key: str) -> None:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        with contextlib.suppress(ResourceNotFoundError):
+            self.container.delete_blob(key)
+
+
+def store_error(url: str, exc: Exception) -> FetchError:
+    """A store's failure as a FetchError naming the object."""
+    return FetchError(f"{type(exc).__name__}: {exc}", url=url)
