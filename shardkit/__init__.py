@@ -29,10 +29,12 @@ from shardkit.write.writer import ShardWriter
 
 if typing.TYPE_CHECKING:
     from shardkit.streaming.dataset import ShardDataset
+    from shardkit.streaming.indexed import IndexedShards
     from shardkit.streaming.loader import WebLoader
     from shardkit.streaming.mixing import mix
 
 _LAZY = {
+    "IndexedShards": "shardkit.streaming.indexed",
     "ShardDataset": "shardkit.streaming.dataset",
     "WebLoader": "shardkit.streaming.loader",
     "mix": "shardkit.streaming.mixing",
@@ -54,6 +56,7 @@ __all__ = [
     "ConfigError",
     "DecodeError",
     "FetchError",
+    "IndexedShards",
     "IoConfig",
     "Manifest",
     "ManifestError",

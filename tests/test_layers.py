@@ -45,10 +45,14 @@ ORDER: dict[str, list[list[str]]] = {
     "shardkit.io": [
         ["config", "retry", "local", "pipe", "http", "s3", "blobs", "stores", "verified", "remote"]
     ],
-    "shardkit.read": [["policy", "indexes", "remote_compact", "catalog", "stream"]],
+    "shardkit.read": [
+        ["policy", "indexes", "remote_compact", "catalog", "stream", "lookup", "keys"]
+    ],
     "shardkit.stages": [["base", "collate", "packing", "basic", "decode", "source", "tokens"]],
     "shardkit.metrics": [["schema", "job", "alert", "export"]],
-    "shardkit.streaming": [["resume", "transfer", "sync", "dataset", "mixing", "loader"]],
+    "shardkit.streaming": [
+        ["resume", "transfer", "sync", "dataset", "indexed", "mixing", "loader"]
+    ],
 }
 LAYERS = ORDER["shardkit"]
 ROOT = Path(shardkit.__file__).parent

@@ -161,6 +161,7 @@ class Decode(Stage):
         assert isinstance(new, Decode)
         new._skipped = dict.fromkeys(self._skipped, 0.0)
         new._bad = set()
+        new._table = None  # made again on first use (its image decoder does not pickle)
         return new
 
     # -- resume: the shards given up on are part of the cursor -----------------------

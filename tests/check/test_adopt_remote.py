@@ -107,21 +107,12 @@ def test_adopt_names_a_missing_or_broken_shard_and_writes_no_manifest(tmp_path: 
 
 
 def test_adopt_from_s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import boto3
 
-    from tests.helpers.servers import moto_server
+    from tests.helpers.servers import moto_server, s3_bucket
 
     keys = _webdataset_set(tmp_path / "remote", n=30)
     with moto_server() as endpoint:
-        for name, value in {
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": endpoint,
-        }.items():
-            monkeypatch.setenv(name, value)
-        client = boto3.client("s3", endpoint_url=endpoint)
-        client.create_bucket(Bucket="sets")
+        client = s3_bucket(endpoint, "sets", monkeypatch)
         for p in sorted((tmp_path / "remote").glob("*.tar")):
             client.upload_file(str(p), "sets", f"wds/{p.name}")
         out = tmp_path / "adopted"

@@ -34,7 +34,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["Fault", "RangeServer", "Record", "free_port", "moto_process", "moto_server"]
+__all__ = [
+    "Fault",
+    "RangeServer",
+    "Record",
+    "free_port",
+    "moto_process",
+    "moto_server",
+    "s3_bucket",
+]
 
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
 _PIECE = 256 << 10
@@ -344,3 +352,20 @@ def moto_process(timeout: float = 30.0) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def s3_bucket(endpoint: str, bucket: str, monkeypatch: Any) -> Any:
+    """Point boto3 (and shardkit's s3 io) at the moto ``endpoint`` with test credentials
+    through ``monkeypatch``; make ``bucket`` and return a boto3 client."""
+    import boto3
+
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+    }.items():
+        monkeypatch.setenv(name, value)
+    client = boto3.client("s3", endpoint_url=endpoint)
+    client.create_bucket(Bucket=bucket)
+    return client

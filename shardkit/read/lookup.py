@@ -1,0 +1,120 @@
+"""Random access: global sample ``i`` of a catalog, found and read by itself.
+
+Sample ``i`` (in manifest order) lives in the shard whose cumulative count passes ``i``: a
+binary search over the shard starts (in memory, no I/O), then the shard's sample index
+gives the byte range of that one sample (two offsets and its signature), and one ranged
+read through the opener gets it. The read goes through :func:`read_stream`, so it is
+verified as a sequential read is: the sample found there must carry the signature the
+index gives it, and the opener checks the bytes (the node cache piece by piece; without a
+cache, :func:`piece_verified` reads a remote shard's pieces whole and checks each).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from shardkit._types import Hint, Opener, PieceChecksums
+from shardkit.errors import ConfigError
+from shardkit.io.remote import RemoteOpener
+from shardkit.read.catalog import Catalog
+from shardkit.read.stream import read_stream
+from shardkit.urls import REMOTE_SCHEMES, url_scheme
+
+__all__ = ["Locator", "PieceVerified", "piece_verified", "read_sample"]
+
+Sample = dict[str, Any]
+
+
+class Locator:
+    """Global sample numbers to ``(shard, sample in shard)``, from the shards' counts."""
+
+    def __init__(self, counts: np.ndarray) -> None:
+        self.starts = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=self.starts[1:])
+        self.total = int(self.starts[-1])
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """The shard holding global sample ``i`` (``0 <= i < total``) and its place there."""
+        if not 0 <= i < self.total:
+            raise IndexError(f"sample {i} is out of range: the data set has {self.total}")
+        shard = int(np.searchsorted(self.starts, i, side="right")) - 1
+        return shard, i - int(self.starts[shard])
+
+    def start(self, shard: int) -> int:
+        """The global number of a shard's first sample."""
+        return int(self.starts[shard])
+
+
+def read_sample(
+    catalog: Catalog, opener: Opener, shard: int, j: int, counts: dict[str, float]
+) -> Sample:
+    """Sample ``j`` of ``shard``: one ranged read, its signature checked (raises on bad data)."""
+    for _, sample in read_stream(iter([(shard, j, j + 1, 0)]), catalog, opener, counts, "raise"):
+        return sample
+    raise AssertionError("read_stream yields the sample or raises")  # pragma: no cover
+
+
+class PieceVerified:
+    """An opener whose ranged reads of remote shards are verified without a node cache.
+
+    A read of a part of a remote shard that has piece checksums fetches the pieces it
+    overlaps whole and checks each before a byte is handed out
+    (:meth:`RemoteOpener.open_pieces`). A part of a shard without pieces cannot be
+    checked apart from the whole shard: it is refused, naming the fix.
+    """
+
+    def __init__(self, remote: RemoteOpener) -> None:
+        self.remote = remote
+
+    def open(
+        self,
+        url: str,
+        *,
+        start: int = 0,
+        end: int | None = None,
+        size: int | None = None,
+        checksum: str | None = None,
+        pieces: PieceChecksums | None = None,
+    ) -> BinaryIO:
+        """Stream ``[start, end)`` of ``url``, verified (see the class docstring)."""
+        whole = start == 0 and (end is None or end == size)
+        if whole or checksum is None or url_scheme(url) not in REMOTE_SCHEMES:
+            return self.remote.open(url, start=start, end=end, size=size, checksum=checksum)
+        if pieces is None or size is None:
+            raise ConfigError(
+                f"{url}: a sample of this remote shard cannot be verified without reading "
+                "the whole shard (its manifest entry has no piece checksums): give "
+                "cache_dir= (the node cache verifies it whole), or rebuild the manifest "
+                "with pieces (`shardkit manifest from-shards`)"
+            )
+        stop = size if end is None else min(end, size)
+        return self.remote.open_pieces(
+            url, start=start, end=stop, size=size, checksum=checksum, pieces=pieces
+        )
+
+    def read(self, url: str, *, start: int = 0, end: int | None = None) -> bytes:
+        """Bytes of an unverified object (an index, a manifest)."""
+        return self.remote.read(url, start=start, end=end)
+
+    def prefetch(self, shards: Sequence[Hint]) -> None:
+        """Nothing to fill ahead without a cache."""
+        del shards
+
+    def stats(self) -> dict[str, float]:
+        """The counters of the opener underneath."""
+        return self.remote.stats()
+
+    def fetch_manifest(self, url: str) -> bytes:
+        """A remote manifest's bytes."""
+        return self.remote.fetch_manifest(url)
+
+
+def piece_verified(opener: Opener) -> Opener:
+    """``opener`` with its uncached ranged reads verified piece by piece (see
+    :class:`PieceVerified`); a caching opener verifies them already and is kept."""
+    if isinstance(opener, RemoteOpener):
+        return PieceVerified(opener)
+    return opener

@@ -1,0 +1,250 @@
+"""IndexedShards: a map-style torch ``Dataset`` over a shard set: sample ``i``, or by key.
+
+::
+
+    ds = sk.IndexedShards("shards/manifest.json").decode().to_tuple("tokens.npy", "json")
+    len(ds); ds[17]; ds[-1]; ds[100:200]          # a slice is a view, read lazily
+    sk.IndexedShards(url, cache_dir="/nvme/sk").get("sample-00000042")
+
+``ds[i]`` is global sample ``i`` in manifest order (shard by shard, each in tar order). A
+lookup is a binary search over the shard starts in memory and one ranged read of that one
+sample through the sample index (:mod:`shardkit.read.lookup`): remote shards go through
+the node cache when ``cache_dir`` is given (the pieces holding the sample are fetched and
+verified first), else through piece-verified ranged reads. ``get(key)`` uses the data
+set's key index (:mod:`shardkit.read.keys`), built on first use by reading every key once
+and kept beside the manifest or in the node cache, bound to the manifest's content.
+
+It works with torch's samplers (``RandomSampler``, ``DistributedSampler``) and a
+``DataLoader`` with workers: what it pickles is the recipe and the catalog (a compact
+manifest form is mapped again in each worker); openers and the key index are made again
+in each process. One process's lookups run one at a time (not thread-safe).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, overload
+
+from torch.utils.data import Dataset
+
+from shardkit.cache import opener_for
+from shardkit.format.manifest.model import Manifest
+from shardkit.io.config import IoConfig
+from shardkit.read.catalog import Catalog, open_catalog
+from shardkit.read.keys import KeyTable, build_key_table, key_table_path
+from shardkit.read.lookup import Locator, piece_verified, read_sample
+from shardkit.read.stream import read_stream
+from shardkit.stages import Decode, Map, Stage, ToTuple
+from shardkit.streaming.dataset import _io_config
+
+__all__ = ["IndexedShards"]
+
+_MISSING: Any = object()
+
+
+class _Feed(Stage):
+    """The head of a lookup's stage chain: it yields the one sample it is given."""
+
+    name = "feed"
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.item: Any = None
+
+    def __iter__(self) -> Iterator[Any]:
+        yield self.item
+
+
+class IndexedShards(Dataset[Any]):
+    """Samples of a shard set by position and by key (see the module docstring).
+
+    Args:
+        source: a manifest (path, url or :class:`Manifest`), a url list or a brace pattern
+            (shards without a sample index are refused at the first lookup in them).
+        allow_unsafe_urls: let the manifest name urls outside its base.
+        allow_incomplete: read a manifest whose build did not finish.
+        cache_dir: node-local cache directory for remote shards (and the key index).
+        cache_limit: the cache's byte limit (``"500GB"``).
+        io: every io option (:class:`~shardkit.io.config.IoConfig`).
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike[str] | Sequence[str] | Manifest,
+        *,
+        allow_unsafe_urls: bool = False,
+        allow_incomplete: bool = False,
+        cache_dir: str | None = None,
+        cache_limit: int | str | None = None,
+        io: IoConfig | None = None,
+    ) -> None:
+        if isinstance(source, os.PathLike):
+            source = os.fspath(source)
+        self._io = _io_config(io, cache_dir, cache_limit)
+        self._source = source if isinstance(source, str) else None
+        self._opener: Any = None
+        self._catalog: Catalog = open_catalog(
+            source if isinstance(source, (str, Manifest)) else list(source),
+            self._open(),
+            io=self._io,
+            allow_unsafe_urls=allow_unsafe_urls,
+            allow_incomplete=allow_incomplete,
+        )
+        self._ids = range(self._catalog.total)
+        self._steps: Stage | None = None
+        self._locator: Locator | None = None
+        self._keys: KeyTable | None = None
+        self._counts: dict[str, float] = {"samples": 0, "bytes": 0}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(_opener=None, _locator=None, _keys=None)  # made again in each process
+        if self._steps is not None:
+            state["_steps"] = self._steps.clone()  # without what a lookup cached
+        return state
+
+    def _open(self) -> Any:
+        if self._opener is None:
+            self._opener = piece_verified(opener_for(self._io))
+        return self._opener
+
+    def _locate(self, i: int) -> tuple[int, int]:
+        if self._locator is None:
+            self._locator = Locator(self._catalog.counts)
+        return self._locator.locate(i)
+
+    # -- positions ---------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Samples in this data set (or view)."""
+        return len(self._ids)
+
+    @overload
+    def __getitem__(self, i: int) -> Any: ...
+    @overload
+    def __getitem__(self, i: slice) -> IndexedShards: ...
+    def __getitem__(self, i: int | slice) -> Any:
+        """Sample ``i`` of this view (negative from the end), or a view of a slice."""
+        if isinstance(i, slice):
+            view = self._derive()
+            view._ids = self._ids[i]
+            return view
+        try:
+            pos = self._ids[int(i)]
+        except IndexError:
+            raise IndexError(f"index {i} is out of range for {len(self)} samples") from None
+        except TypeError:
+            raise TypeError(f"an index must be an int or a slice, not {type(i).__name__}") from None
+        return self._apply(self._raw(pos))
+
+    def position(self, i: int) -> int:
+        """The global sample number (manifest order) of this view's item ``i``."""
+        return self._ids[i]
+
+    def _raw(self, pos: int) -> dict[str, Any]:
+        shard, j = self._locate(pos)
+        sample = read_sample(self._catalog, self._open(), shard, j, self._counts)
+        self._counts["samples"] += 1
+        return sample
+
+    def _apply(self, sample: dict[str, Any]) -> Any:
+        if self._steps is None:
+            return sample
+        head = self._steps
+        while head.upstream is not None:
+            head = head.upstream
+        assert isinstance(head, _Feed)
+        head.item = sample
+        return next(iter(self._steps))
+
+    # -- keys ------------------------------------------------------------------------
+    def get(self, key: str, default: Any = _MISSING) -> Any:
+        """The sample whose ``__key__`` is ``key`` (the first in manifest order when several
+        have it); ``default`` (or :class:`KeyError`) when this view holds none."""
+        found = self._find(key)
+        if found is None:
+            if default is _MISSING:
+                raise KeyError(key)
+            return default
+        return self._apply(found[1])
+
+    def index_of(self, key: str, default: Any = _MISSING) -> Any:
+        """This view's position of the sample whose ``__key__`` is ``key``."""
+        found = self._find(key)
+        if found is None:
+            if default is _MISSING:
+                raise KeyError(key)
+            return default
+        return found[0]
+
+    def _find(self, key: str) -> tuple[int, dict[str, Any]] | None:
+        """This view's position of ``key`` and the raw sample (hash candidates checked)."""
+        for pos in self.key_index().find(key):
+            if pos in self._ids:
+                sample = self._raw(pos)
+                if sample["__key__"] == key:
+                    return self._ids.index(pos), sample
+        return None
+
+    def key_index(self) -> KeyTable:
+        """The data set's key index, opened (or built, once per data set) on first use."""
+        if self._keys is None:
+            digest = self._catalog.digest
+            path = key_table_path(self._source, digest, self._io.cache_dir)
+            self._keys = build_key_table(path, digest, self._all_keys())
+        return self._keys
+
+    def _all_keys(self) -> Iterator[str]:
+        cat = self._catalog
+        ranges = ((s, 0, int(n), 0) for s, n in enumerate(cat.counts))
+        counts: dict[str, float] = {"samples": 0, "bytes": 0}
+        for _, sample in read_stream(ranges, cat, self._open(), counts, "raise"):
+            yield str(sample["__key__"])
+
+    # -- the stage vocabulary (per sample) ---------------------------------------------
+    def _derive(self) -> IndexedShards:
+        new = IndexedShards.__new__(IndexedShards)
+        new.__dict__.update(self.__dict__)
+        new._steps = None if self._steps is None else self._steps.clone()
+        new._counts = {"samples": 0, "bytes": 0}
+        return new
+
+    def _then(self, make: Callable[[Stage], Stage]) -> IndexedShards:
+        new = self._derive()
+        new._steps = make(new._steps or _Feed())
+        return new
+
+    def decode(
+        self,
+        *handlers: str | Mapping[str, Callable[[bytes], Any]] | Callable[[str, bytes], Any],
+        allow_pickle: bool = False,
+    ) -> IndexedShards:
+        """Decode fields by extension, as :meth:`ShardDataset.decode` does."""
+        return self._then(lambda up: Decode(up, *handlers, allow_pickle=allow_pickle))
+
+    def map(self, fn: Callable[[Any], Any]) -> IndexedShards:
+        """Apply ``fn`` to every item."""
+        return self._then(lambda up: Map(up, fn))
+
+    def to_tuple(self, *fields: str) -> IndexedShards:
+        """Items as tuples of these fields (``"jpg;png"``: the first present)."""
+        return self._then(lambda up: ToTuple(up, *fields))
+
+    # -- facts -------------------------------------------------------------------------
+    @property
+    def catalog(self) -> Catalog:
+        """The shard list read."""
+        return self._catalog
+
+    def counters(self) -> dict[str, float]:
+        """Samples and bytes read by this process's lookups."""
+        return dict(self._counts)
+
+    def io_stats(self) -> dict[str, float]:
+        """The io counters of this process's opener."""
+        return dict(self._open().stats())
+
+    def __repr__(self) -> str:
+        r = self._ids
+        view = "" if r == range(self._catalog.total) else f", view={r}"
+        return f"IndexedShards({self._source or '<shards>'!r}, {len(self)} samples{view})"
