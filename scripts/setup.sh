@@ -21,5 +21,9 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && .venv/bin/python -c "im
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[dev]"
+# the frameworks extra (transformers, accelerate, lightning) must not move torch off the pin
+pin=$(mktemp)
+echo "torch==2.13.0" >"$pin"
+.venv/bin/python -m pip install -q -c "$pin" -e ".[dev]"
+rm -f "$pin"
 echo "$want" > "$stamp"

@@ -51,7 +51,7 @@ ORDER: dict[str, list[list[str]]] = {
     "shardkit.stages": [["base", "collate", "packing", "basic", "decode", "source", "tokens"]],
     "shardkit.metrics": [["schema", "job", "alert", "export"]],
     "shardkit.streaming": [
-        ["resume", "transfer", "sync", "dataset", "indexed", "mixing", "loader"]
+        ["resume", "transfer", "sync", "frameworks", "dataset", "indexed", "mixing", "loader"]
     ],
 }
 LAYERS = ORDER["shardkit"]

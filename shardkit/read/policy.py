@@ -19,6 +19,8 @@ runs out, so ranks stay in step.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from shardkit.errors import (
     ChecksumError,
@@ -35,11 +37,30 @@ log = logging.getLogger(__name__)
 
 POLICIES = ("raise", "warn", "skip_shard")
 _ALIASES = {"warn_and_continue": "warn", "reraise": "raise", "reraise_exception": "raise"}
+_FUNCTIONS = {
+    "reraise_exception": "raise",
+    "warn_and_continue": "warn",
+    "ignore_and_continue": "warn",
+}
 DATA_ERRORS = (ShardError, FetchError, DecodeError)
 
 
-def check_policy(handler: str) -> str:
-    """The canonical name of a ``handler`` policy; :class:`ConfigError` if unknown."""
+def check_policy(handler: str | Callable[[BaseException], Any]) -> str:
+    """The canonical name of a ``handler`` policy; :class:`ConfigError` if unknown.
+
+    webdataset's handler functions are taken by name, for code moving over:
+    ``reraise_exception`` is ``"raise"``; ``warn_and_continue`` and
+    ``ignore_and_continue`` are ``"warn"`` (a drop is logged and counted here, never silent).
+    """
+    if callable(handler):
+        fn = getattr(handler, "__name__", "")
+        if fn not in _FUNCTIONS:
+            raise ConfigError(
+                f"handler must be one of {POLICIES} or webdataset's "
+                f"{sorted(_FUNCTIONS)}, got the function {handler!r}: shardkit's policies "
+                "decide what a data error drops, not a callback"
+            )
+        return _FUNCTIONS[fn]
     name = _ALIASES.get(handler, handler)
     if name not in POLICIES:
         raise ConfigError(f"handler must be one of {POLICIES}, got {handler!r}")

@@ -41,6 +41,7 @@ from shardkit.format.manifest.model import Manifest
 from shardkit.io.config import IoConfig
 from shardkit.plan.assign import PlanConfig
 from shardkit.plan.world import WorldInfo
+from shardkit.read.policy import check_policy
 from shardkit.stages import (
     Batched,
     Context,
@@ -56,11 +57,13 @@ from shardkit.stages import (
 )
 from shardkit.stages.base import check_int
 from shardkit.stages.packing import collate_packed
+from shardkit.streaming.frameworks import check_framework
 from shardkit.streaming.resume import check_fingerprint, fits_epoch
 
 __all__ = ["EPOCH_MISMATCH", "ShardDataset"]
 
 EPOCH_MISMATCH = ("raise", "discard")
+DEFAULT_BUFSIZE = 1000
 _STATE = "dataset"
 _VERSION = 2
 
@@ -103,7 +106,10 @@ class ShardDataset(IterableDataset[Any]):
         remainder: ``"drop"`` (default) or ``"pad"``: what happens to the samples that do
             not divide by the world size (see :mod:`shardkit.plan.assign`).
         resampled: draw shards with replacement, endlessly (see :meth:`with_epoch`).
-        handler: bad-data policy ``"raise"``, ``"warn"`` or ``"skip_shard"``.
+        handler: bad-data policy ``"raise"``, ``"warn"`` or ``"skip_shard"``, or one of
+            webdataset's handler functions (``wds.reraise_exception``,
+            ``wds.warn_and_continue``, ``wds.ignore_and_continue``: see
+            :mod:`shardkit.read.policy`).
         allow_unsafe_urls: let the manifest name urls outside its base or ``pipe:``.
         allow_incomplete: read a manifest whose build did not finish (refused otherwise).
         cache_dir: node-local cache directory for remote shards (a shortcut for the
@@ -121,7 +127,7 @@ class ShardDataset(IterableDataset[Any]):
         shardshuffle: bool = True,
         remainder: str = "drop",
         resampled: bool = False,
-        handler: str = "raise",
+        handler: str | Callable[[BaseException], Any] = "raise",
         allow_unsafe_urls: bool = False,
         allow_incomplete: bool = False,
         cache_dir: str | None = None,
@@ -131,6 +137,7 @@ class ShardDataset(IterableDataset[Any]):
         super().__init__()
         config = PlanConfig(seed, shardshuffle, remainder, resampled, None)
         io = _io_config(io, cache_dir, cache_limit)
+        handler = check_policy(handler)
         src = ShardSource(
             source,
             config=config,
@@ -203,8 +210,10 @@ class ShardDataset(IterableDataset[Any]):
         self._before_grouping("split_by_worker()")
         return self._derive()
 
-    def shuffle(self, bufsize: int, initial: int | None = None) -> ShardDataset:
-        """Shuffle samples within a window of ``bufsize`` (see :mod:`shardkit.plan.order`)."""
+    def shuffle(self, bufsize: int = DEFAULT_BUFSIZE, initial: int | None = None) -> ShardDataset:
+        """Shuffle samples within a window of ``bufsize`` (default 1000, as WebDataset's
+        examples use; see :mod:`shardkit.plan.order`). The shard order is shuffled every
+        epoch already (``shardshuffle``); the window mixes samples of nearby shards."""
         self._before_grouping("shuffle()")
         initial = bufsize if initial is None else initial
         if bufsize < 0 or not 0 < initial <= max(bufsize, 1):
@@ -310,6 +319,7 @@ class ShardDataset(IterableDataset[Any]):
         """
         if type(epoch) is not int or epoch < 0:
             raise ConfigError(f"epoch must be an int >= 0, got {epoch!r}")
+        check_framework(self.splits_by_node, self._length)
         st = self._resume
         if st is not None and not fits_epoch(st, epoch):
             if not self._discard:
@@ -362,6 +372,7 @@ class ShardDataset(IterableDataset[Any]):
         return self._tail
 
     def __iter__(self) -> Iterator[Any]:
+        check_framework(self.splits_by_node, self._length)
         info = get_worker_info()
         ctx = self.context(info.id, info.num_workers) if info is not None else self.context()
         st, self._resume = self._resume, None
@@ -391,8 +402,22 @@ class ShardDataset(IterableDataset[Any]):
             s.catalog()
         return self._tail.lengths(ctx)
 
+    def _length(self) -> int | None:
+        lengths = self.lengths(1)
+        return None if lengths is None else sum(lengths)
+
+    def __getitem__(self, index: Any) -> Any:
+        """Refused: a ShardDataset streams; :class:`~shardkit.IndexedShards` reads by index."""
+        raise TypeError(
+            f"ShardDataset[{index!r}]: a ShardDataset streams its samples (iterate it, or "
+            "give it to a WebLoader); for sample i or a sample by key use "
+            "sk.IndexedShards(manifest) (ds[i], ds.get(key)), a map-style Dataset over the "
+            "same shards"
+        )
+
     def __len__(self) -> int:
         """Items this rank yields in an epoch, read by one process (WebLoader: by workers)."""
+        check_framework(self.splits_by_node, self._length)
         lengths = self.lengths(1)
         if lengths is None:
             raise TypeError(

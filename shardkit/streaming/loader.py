@@ -183,6 +183,7 @@ class WebLoader:
         self._states: list[dict[str, Any] | None] = [None] * self._logical
         self._where: tuple[int, int] = (0, 1)
         self._batches = 0
+        self._begun: int | None = None  # the epoch the last iteration began in
         self._next_worker = 0
         self._complete = False
         self._job_skips: dict[str, int] | None = None
@@ -236,6 +237,38 @@ class WebLoader:
         bs = self.batch_size
         return sum(k // bs if self.drop_last else -(-k // bs) for k in lengths)
 
+    def remaining(self) -> int | None:
+        """Batches this rank still gets in the current epoch, while ``len()`` stays the
+        whole epoch's (as torchdata's ``StatefulDataLoader``).
+
+        After :meth:`load_state_dict`: those the resumed iteration yields (0 when the
+        state had ended its epoch); during an epoch: those not handed out yet. None when
+        not known up front: the length is not (see ``__len__``), or the state is re-planned
+        for another world size or worker count (elastic).
+        """
+        try:
+            total = len(self)
+        except TypeError:
+            return None
+        if self._pending is not None:
+            rank, world = self.dataset.world()
+            pending = self._pending
+            plan = resume_plan(
+                pending,
+                pipeline=self.dataset.pipeline(),
+                epoch=self._epoch,
+                rank=rank,
+                world=world,
+                workers=self._logical,
+            )
+            if plan.done:
+                return 0
+            exact = (pending["world"], pending["num_workers"]) == (world, self._logical)
+            return max(total - plan.batches, 0) if exact or plan.states is None else None
+        if self._begun == self._epoch:
+            return 0 if self._complete else max(total - self._batches, 0)
+        return total
+
     # -- iteration -----------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         box = self._begin()
@@ -274,6 +307,7 @@ class WebLoader:
             workers=self._logical,
         )
         self._batches = plan.batches
+        self._begun = self._epoch
         self._states = list(plan.states) if plan.states else [None] * self._logical
         self._next_worker = plan.rotation
         self._complete = plan.done
