@@ -48,6 +48,8 @@ __all__ = ["FillHost", "ShardFill", "WriteError"]
 log = logging.getLogger(__name__)
 _HASH_CHUNK = 8 << 20
 _MIN_SPLIT = 1 << 20  # a piece a reader waits for is fetched as ranges of at least this
+# the verdict on the whole shard, in the map's first byte (1 there: not checked yet)
+_UNCHECKED, _BAD, _GOOD = b"\1", b"\2", b"\3"
 
 
 class WriteError(CacheError):
@@ -84,6 +86,7 @@ class ShardFill:
         self._threads = 0
         self._ending = False  # its last thread is out: no thread starts again
         self._failed: dict[int, ChecksumError] = {}
+        self._bad: ChecksumError | None = None  # the whole shard, found bad here
 
     # -- the map -------------------------------------------------------------------
     def ready(self, fd: int, k: int) -> bool:
@@ -92,15 +95,46 @@ class ShardFill:
 
     def need(self, fd: int, k: int) -> None:
         """Return once piece ``k`` of the file ``fd`` is verified: fetched here if nobody
-        is at it, else waited for (at most ``cache_wait`` seconds)."""
+        is at it, else waited for (at most ``cache_wait`` seconds). Once every piece is,
+        also the whole shard: a :class:`ChecksumError` if it does not match its checksum
+        (whichever thread or process found that out)."""
         if not self.ready(fd, k):
             self._wait_for(fd, k)
-        if not self.done.is_set() and b"\0" not in os.pread(fd, self.layout.count, self.key.size):
-            # the last piece (fetched here or not): the fill publishes now; its lease is gone
-            # once it is done, so the next reservation can evict the shard as soon as its
-            # readers are done (its threads, started if none ran, publish or see it published)
+        if b"\0" not in os.pread(fd, self.layout.count, self.key.size):
+            # the last piece (fetched here or not): its threads, started if none ran, end
+            # now and let the fill's lease go, so the next reservation can evict the shard
+            # as soon as its readers are done; the whole is checked by one of them, or here
             self.start(k)
-            self.done.wait(self.host.cfg.cache_wait)
+            self.judge(fd)
+
+    def judge(self, fd: int) -> None:
+        """Return once the whole shard of the file ``fd`` (every piece verified) is known
+        to match its checksum; decided here if nobody is at it, else waited for (at most
+        ``cache_wait`` seconds); :class:`ChecksumError` if it does not match."""
+        t0 = time.monotonic()
+        wait = self.host.cfg.cache_wait
+        at = self.key.size + self.layout.count
+        while True:
+            verdict = self._decide(fd)
+            if verdict in (b"", _GOOD):  # b"": cut to the shard's size, published
+                return
+            if verdict == _BAD:
+                raise self._bad or self._mismatch(None)
+            left = wait - (time.monotonic() - t0)
+            if left <= 0 or not wait_claim(fd, at, left):
+                raise CacheError(
+                    f"{self.url}: waited {time.monotonic() - t0:.0f} s for another fill to "
+                    f"check the whole shard (cache_wait={wait:g})"
+                )
+
+    def _mismatch(self, actual: str | None) -> ChecksumError:
+        return ChecksumError(
+            "every piece matches the manifest's piece checksums but the whole shard does "
+            "not match its checksum: the pieces listed are not this shard's; not cached",
+            url=self.url,
+            expected=self.key.checksum,
+            actual=actual,
+        )
 
     def _wait_for(self, fd: int, k: int) -> None:
         if k in self._failed:  # corrupt twice in this fill: not fetched a third time
@@ -188,10 +222,21 @@ class ShardFill:
         h = new_hasher(algo)
         pos = lo
         for chunk in self.host.fetch(self.url, lo, hi, urgent=urgent):
+            self._check_room(pos, len(chunk), lo, hi)
             _write_at(fd, chunk, pos, self.host.store)
             h.update(chunk)
             pos += len(chunk)
         return h.hexdigest() if pos == hi else f"{pos - lo} of {hi - lo} bytes"
+
+    def _check_room(self, pos: int, n: int, lo: int, hi: int) -> None:
+        """A chunk at ``pos`` must end inside ``[lo, hi)``, the bytes asked for: none of a
+        longer answer is written (it could overwrite a piece verified already)."""
+        if pos + n > hi:
+            raise FetchError(
+                f"the server sent more than the {hi - lo} bytes asked for at offset {lo}; "
+                "none of the extra bytes is kept",
+                url=self.url,
+            )
 
     def _download_split(self, fd: int, lo: int, hi: int, algo: str, n: int, urgent: bool) -> str:
         """``[lo, hi)`` as ``n`` ranged requests at once; the digest of what was written."""
@@ -203,6 +248,7 @@ class ShardFill:
             try:
                 pos = bounds[i]
                 for chunk in self.host.fetch(self.url, bounds[i], bounds[i + 1], urgent=urgent):
+                    self._check_room(pos, len(chunk), bounds[i], bounds[i + 1])
                     _write_at(fd, chunk, pos, self.host.store)
                     pos += len(chunk)
                 got[i] = pos - bounds[i]
@@ -280,7 +326,7 @@ class ShardFill:
         try:
             if not self.done.is_set():
                 self._finish()
-        except (ChecksumError, CacheError) as exc:
+        except CacheError as exc:
             log.warning("%s: not cached: %s", self.url, exc)
             self._stop(exc)
         finally:
@@ -299,36 +345,63 @@ class ShardFill:
 
     def _finish(self) -> None:
         """Every piece is verified: check the whole and publish it (one process does)."""
-        store, key, fd = self.host.store, self.key, self._fd
+        fd = self._fd
         assert fd is not None
+        if b"\0" in os.pread(fd, self.layout.count, self.key.size):
+            return  # not every piece: nothing to decide
+        if self._decide(fd, own=True) == _BAD:
+            self.error = self._bad or self._mismatch(None)
+
+    def _decide(self, fd: int, *, own: bool = False) -> bytes | None:
+        """The verdict on the whole shard of the file ``fd`` (every piece verified):
+        ``_GOOD``, ``_BAD``, or ``b""`` (cut: published); decided here if nobody has yet
+        (a good shard is published, a bad one given up); None while another thread or
+        process decides. ``own``: ``fd`` is this fill's lease, closed before a publish."""
+        claim = claim_byte(fd, self.key.size + self.layout.count)  # a lock past the map
+        if claim is None:
+            return None
+        try:
+            verdict = os.pread(claim, 1, self.key.size)
+            if verdict == _GOOD:  # decided meanwhile, maybe not published (lock busy, died)
+                self._publish(claim, own)
+            if verdict != _UNCHECKED:
+                return None if verdict == b"\0" else verdict
+            store, key = self.host.store, self.key
+            actual = key.digest
+            if self.layout.digests is not None:  # else the one piece was checked whole
+                actual = _hash(claim, key.size, key.algo)
+            if actual != key.digest:
+                self.host.counters.add("checksum_failures")
+                _write_at(claim, _BAD, key.size, store)
+                self._bad = self._mismatch(f"{key.algo}:{actual}")
+                log.warning("%s: not cached: %s", self.url, self._bad)
+                if own:
+                    self._close()  # this fill's lease: only readers may keep the file a while
+                store.discard(key, self.layout)
+                return _BAD
+            _write_at(claim, _GOOD, key.size, store)
+            self._publish(claim, own)
+            return _GOOD
+        finally:
+            unlock(claim)
+
+    def _publish(self, claim: int, own: bool) -> None:
+        """Cut the temp file (verdict good) to the shard and make it visible."""
+        store, key = self.host.store, self.key
         lock = try_lock(store.lock_path(key))
-        if lock is None:  # another process publishes it
-            self.done.set()
+        if lock is None:  # another temp file of this shard is being published
             return
         try:
             part = store.part_path(key, self.layout)
-            if os.path.exists(store.path(key)) or inode_of(part) != os.fstat(fd).st_ino:
+            if os.path.exists(store.path(key)) or inode_of(part) != os.fstat(claim).st_ino:
                 return  # published, or given up, by someone else
-            if self.layout.digests is not None:
-                actual = _hash(fd, key.size, key.algo)
-                if actual != key.digest:
-                    self.host.counters.add("checksum_failures")
-                    self._close()  # this fill's lease: only readers may keep the file a while
-                    store.discard(key, self.layout)
-                    raise ChecksumError(
-                        "every piece matches the manifest's piece checksums but the whole "
-                        "shard does not match its checksum: the pieces listed are not this "
-                        "shard's; not cached",
-                        url=self.url,
-                        expected=key.checksum,
-                        actual=f"{key.algo}:{actual}",
-                    )
             try:
-                os.ftruncate(fd, key.size)
-                os.fsync(fd)
+                os.ftruncate(claim, key.size)
+                os.fsync(claim)
             except OSError as exc:
                 raise WriteError(f"cache dir {store.root}: cannot publish: {exc}") from exc
-            self._close()  # before the publish: once visible, only its readers hold it
+            if own:
+                self._close()  # before the publish: once visible, only its readers hold it
             if store.publish(key, self.layout):
                 self.host.counters.add("cache_fills")
         finally:

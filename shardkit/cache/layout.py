@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import os
 import re
 from collections.abc import Iterator
@@ -31,7 +32,8 @@ __all__ = [
 
 _HEX = re.compile(r"[0-9a-f]{16,128}")
 _PART = re.compile(
-    r"(?P<name>[a-z0-9_]+-[0-9a-f]+)-(?P<size>\d+)-p(?P<piece>\d+)\.part(?P<gone>\.gone-\d+)?"
+    r"(?P<name>[a-z0-9_]+-[0-9a-f]+)-(?P<size>\d+)-p(?P<piece>\d+)-(?P<table>[0-9a-f]{16}|whole)"
+    r"\.part(?P<gone>\.gone-\d+)?"
 )
 
 
@@ -67,8 +69,11 @@ class Layout:
     manifest without pieces): one piece, the whole shard, checked against its checksum.
 
     A fill's temp file holds the shard's bytes at their offsets, then one byte per piece
-    (its *map*: 1 once the piece is verified), so the map and the bytes it speaks of are
-    one inode; it is cut to the shard's size when it is published.
+    (its *map*: 1 once the piece is verified; the first one also carries the *verdict* on
+    the whole shard once every piece is: 2 if it does not match its checksum, 3 if it
+    does), so the map, the verdict and the bytes they speak of are one inode; it is cut to
+    the shard's size when it is published. Its name carries :attr:`table`, so a map is
+    only ever read under the piece table it was made with.
     """
 
     size: int
@@ -84,6 +89,15 @@ class Layout:
     @property
     def count(self) -> int:
         return piece_count(self.size, self.piece_size) if self.piece_size else 1
+
+    @property
+    def table(self) -> str:
+        """What the map vouches for: 16 hex digits of the SHA-256 of the piece table
+        (``whole``: one piece, the whole shard, checked by its checksum)."""
+        if self.digests is None:
+            return "whole"
+        text = f"{self.piece_size}:{','.join(self.digests)}"
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def piece_of(self, pos: int) -> int:
         return pos // self.piece_size if self.piece_size else 0

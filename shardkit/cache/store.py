@@ -3,10 +3,14 @@
 Layout under the cache root (shared by every process and job that names it)::
 
     data/<algo>/<hex[:2]>/<hex>                  verified shards, addressed by checksum
-    tmp/<algo>-<hex>-<size>-p<piece>.part       a fill in progress: the shard's bytes at
+    tmp/<algo>-<hex>-<size>-p<piece>-<table>.part
+                                                 a fill in progress: the shard's bytes at
                                                  their offsets, then its piece map (one
-                                                 byte a piece, 1 once verified); kept
-                                                 after a crash, and resumed
+                                                 byte a piece, 1 once verified; the
+                                                 first, the verdict on the whole shard
+                                                 too); named by the piece table
+                                                 the map vouches for; kept after a crash,
+                                                 and resumed under that table only
     tmp/<...>.part.gone-N                        a given-up temp file a reader still holds
     locks/<algo>-<hex>.lock                      held (flock) by the one process publishing
     locks/evict.lock                             serialises reservations and evictions
@@ -115,8 +119,11 @@ class CacheStore:
         return os.path.join(self.root, "data", key.algo, key.digest[:2], key.digest)
 
     def part_path(self, key: CacheKey, layout: Layout | None = None) -> str:
-        piece = layout.piece_size if layout is not None else 0
-        return os.path.join(self.root, "tmp", f"{key.name}-{key.size}-p{piece}.part")
+        """The temp file of ``key`` filled by ``layout``: named by the checksum, the size
+        and the piece table its map is verified against (:attr:`Layout.table`)."""
+        lay = layout if layout is not None else Layout(key.size)
+        name = f"{key.name}-{key.size}-p{lay.piece_size}-{lay.table}.part"
+        return os.path.join(self.root, "tmp", name)
 
     def lock_path(self, key: CacheKey) -> str:
         return os.path.join(self.root, "locks", f"{key.name}.lock")

@@ -203,7 +203,15 @@ class HttpSource:
                     status=status,
                 )
             total = None if m.group(3) == "*" else int(m.group(3))
-            return _Body(resp, 0, int(m.group(2)) + 1 - pos, total, self.counters)
+            last = int(m.group(2)) + 1
+            if last > stop:  # never more than was asked for: the caller writes what it gets
+                resp.close()
+                raise Retryable(
+                    f"Content-Range {resp.headers.get('Content-Range')!r} runs past the "
+                    f"{stop - pos} bytes asked for at offset {pos}",
+                    status=status,
+                )
+            return _Body(resp, 0, last - pos, total, self.counters)
         if status == 200:
             length = resp.headers.get("Content-Length")
             total = int(length) if length and length.isdigit() else None

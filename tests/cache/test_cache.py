@@ -202,9 +202,13 @@ def test_pieces_that_are_not_the_shards_are_never_published(
     _, urls = entries(opener, server)
     a, b = shards.shards[0], shards.shards[1]
     assert a.size == b.size
-    # shard 0's pieces (they match its bytes, which its reader gets) under shard 1's checksum
-    with opener.open(urls[0], size=a.size, checksum=b.checksum, pieces=a.pieces) as f:
-        assert f.read() == (Path(str(shards.base)) / a.url).read_bytes()
+    # shard 0's pieces (they match its bytes) under shard 1's checksum: its reader gets
+    # a ChecksumError once the whole shard is checked (issue 19 finding 1)
+    with (
+        pytest.raises(ChecksumError, match="pieces listed are not this shard"),
+        opener.open(urls[0], size=a.size, checksum=b.checksum, pieces=a.pieces) as f,
+    ):
+        f.read()
     with pytest.raises(ChecksumError, match="pieces listed are not this shard") as info:
         opener.ensure_cached(urls[0], a.size, b.checksum, a.pieces)
     assert info.value.expected == b.checksum and info.value.actual == a.checksum

@@ -182,9 +182,9 @@ def piece_ranges(e: ShardEntry, pieces: list[int]) -> list[str]:
     return [f"bytes={k * PIECE}-{min((k + 1) * PIECE, e.size) - 1}" for k in pieces]
 
 
-def verified(store: CacheStore, key: CacheKey, n: int) -> list[int]:
+def verified(store: CacheStore, key: CacheKey, n: int, e: ShardEntry) -> list[int]:
     """The pieces a temp file's map says are verified."""
-    with open(store.part_path(key, Layout(key.size, PIECE)), "rb") as f:
+    with open(store.part_path(key, Layout.of(key.size, e.pieces)), "rb") as f:
         f.seek(key.size)
         return [k for k, b in enumerate(f.read(n)) if b]
 
@@ -216,11 +216,11 @@ def test_sigkill_mid_fill_then_rerun_fetches_only_the_missing_pieces(
         url = srv.url("manifest.json")
         proc = spawn("pieces_main", url, cache, "0", "40")
         srv.wait_body("/" + e.url, PIECE)  # a piece or more is in
-        while len(verified(store, key, 11)) < 3:  # a few pieces verified, the rest not
+        while len(verified(store, key, 11, e)) < 3:  # a few pieces verified, the rest not
             time.sleep(0.01)
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(timeout=30) == -signal.SIGKILL
-        done = verified(store, key, 11)
+        done = verified(store, key, 11, e)
         assert 3 <= len(done) < 11
         assert not os.path.exists(store.path(key))  # never visible as a shard
         before = {r.range for r in srv.requests("/" + e.url)}
@@ -237,7 +237,7 @@ def test_sigkill_mid_fill_then_rerun_fetches_only_the_missing_pieces(
         # hashes the whole shard to publish it; a temp file with every piece verified is
         # then published by the next open, without a request
         if not os.path.exists(store.path(key)):
-            assert verified(store, key, 11) == list(range(11))
+            assert verified(store, key, 11, e) == list(range(11))
             opener = make_opener(cache_dir=cache)
             m = load_manifest(url, opener)
             assert opener.ensure_cached(m.resolve(e.url), e.size, e.checksum, e.pieces) == "fetched"

@@ -10,7 +10,11 @@ Faults are queued per path pattern and each hits ``times`` requests:
 - ``status``: answer ``status`` (429, 503, ...) with an optional ``Retry-After``;
 - ``stall``: send ``after`` bytes, go silent for ``seconds``, then go on;
 - ``corrupt``: flip one bit of the file's byte at offset ``at`` in a body that holds it;
-- ``trickle``: send ``after`` bytes, then ``step`` bytes every ``seconds`` to the end.
+- ``trickle``: send ``after`` bytes, then ``step`` bytes every ``seconds`` to the end;
+- ``long``: answer a Range with a 206 whose Content-Range and body run ``after`` bytes past
+  the range asked for (the file's next bytes, each flipped unless ``honest``).
+
+``start``, when set, limits a fault to requests whose range starts at that offset.
 
 ``per_connection`` caps the bytes per second of each connection on its own (as object
 stores cap single streams), besides the total ``bandwidth``.
@@ -68,7 +72,7 @@ class Fault:
     """A fault served to the next ``times`` requests whose path matches ``pattern``."""
 
     pattern: str
-    kind: str  # "drop" | "status" | "stall" | "corrupt" | "trickle"
+    kind: str  # "drop" | "status" | "stall" | "corrupt" | "trickle" | "long"
     times: int = 1
     after: int = 0
     at: int = 0
@@ -76,6 +80,8 @@ class Fault:
     retry_after: str | None = None
     seconds: float = 0.0
     step: int = 20
+    start: int | None = None
+    honest: bool = False
 
 
 class _Throttle:
@@ -156,12 +162,16 @@ class RangeServer:
             self.faults.append(f)
         return f
 
-    def take_fault(self, path: str, span: tuple[int, int] | None = None) -> Fault | None:
+    def take_fault(
+        self, path: str, span: tuple[int, int] | None = None, *, lo: int | None = None
+    ) -> Fault | None:
         with self.lock:
             for f in self.faults:
                 if (f.kind == "corrupt") != (span is not None):
                     continue  # a corrupt fault is taken by a body holding its byte, alone
                 if span is not None and not span[0] <= f.at < span[1]:
+                    continue
+                if f.start is not None and f.start != lo:
                     continue
                 if f.times > 0 and fnmatch.fnmatch(path, f.pattern):
                     f.times -= 1
@@ -236,7 +246,9 @@ class _Handler(BaseHTTPRequestHandler):
             rec.end = time.time()
 
     def _answer(self, path: str, rec: Record, body: bool) -> None:
-        fault = self.srv.take_fault(path)
+        m = _RANGE.match(self.headers.get("Range") or "")
+        asked = int(m.group(1)) if m and m.group(1) else None
+        fault = self.srv.take_fault(path, lo=asked)
         if fault is not None and fault.kind == "status":
             headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
             return self._empty(rec, fault.status, headers)
@@ -252,6 +264,8 @@ class _Handler(BaseHTTPRequestHandler):
         status, lo, hi = (206, *rng) if rng else (200, 0, size)
         if rng and lo >= size:
             return self._empty(rec, 416, {"Content-Range": f"bytes */{size}"})
+        if fault is not None and fault.kind == "long" and status == 206:
+            return self._long(rec, target, lo, hi, size, fault)
         rec.status = status
         self.send_response(status)
         self.send_header("Content-Length", str(hi - lo))
@@ -298,6 +312,23 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 if fault.kind == "stall":
                     time.sleep(fault.seconds)
+
+    def _long(self, rec: Record, target: Path, lo: int, hi: int, size: int, fault: Fault) -> None:
+        """A 206 running ``fault.after`` bytes past the range asked for."""
+        with open(target, "rb") as f:
+            f.seek(lo)
+            data = f.read(hi - lo + fault.after)
+        data += bytes(hi - lo + fault.after - len(data))
+        if not fault.honest:
+            data = data[: hi - lo] + bytes(b ^ 0x5A for b in data[hi - lo :])
+        rec.status = 206
+        self.send_response(206)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Content-Range", f"bytes {lo}-{lo + len(data) - 1}/{size}")
+        self.end_headers()
+        self.wfile.write(data)
+        self.wfile.flush()
+        rec.sent = len(data)
 
     def _empty(self, rec: Record, status: int, headers: dict[str, str]) -> None:
         rec.status = status
