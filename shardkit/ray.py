@@ -28,6 +28,7 @@ from ray.data import Datasink  # the optional extra: importing shardkit.ray need
 from shardkit.errors import ConfigError
 from shardkit.format.manifest.compact import save_manifest
 from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
+from shardkit.write.outputs import local_target
 from shardkit.write.writer import (
     DEFAULT_CHECKSUM,
     DEFAULT_PREFIX,
@@ -57,7 +58,7 @@ class ShardDatasink(Datasink[dict[str, Any]]):  # type: ignore[misc, unused-igno
     """
 
     def __init__(self, out_dir: str | os.PathLike[str], **options: Unpack[WriterOptions]) -> None:
-        self.out_dir = os.path.abspath(os.fspath(out_dir))
+        self.out_dir = os.path.abspath(local_target(out_dir, "ShardDatasink"))
         self.options = options
         self.work_dir = os.path.join(self.out_dir, _WORK + uuid.uuid4().hex[:12])
         self.manifest: Manifest | None = None  # set on the driver when the write is done

@@ -19,6 +19,7 @@ from shardkit.format.pieces import DEFAULT_PIECE_SIZE
 from shardkit.units import format_bytes, parse_size
 from shardkit.urls import expand_braces
 from shardkit.write.build import merge_parts
+from shardkit.write.outputs import local_target
 from shardkit.write.sources import discover
 
 __all__ = ["command"]
@@ -82,6 +83,8 @@ def from_shards(source: str, out_path: str | None, checksum: str, index: bool, p
     DIR_OR_PATTERN may be remote ('https://host/d/x-{000000..000999}.tar', s3://...):
     the shards stay there, and -o DIR gets the manifest and the sample indexes.
     """
+    if out_path is not None:
+        local_target(out_path, "manifest from-shards -o")
     if is_remote_pattern(source):
         _adopt(source, out_path, checksum, index, piece_size, workers, as_json, progress)
         return
@@ -151,6 +154,7 @@ def _adopt(source: str, out_path: str | None, checksum: str, index: bool, piece_
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
 def merge(parts: tuple[str, ...], out_path: str, allow_incomplete: bool, as_json: bool) -> None:
     """Join the partial manifests of `shardkit build --part I/N` into one."""
+    local_target(out_path, "manifest merge -o")
     m = merge_parts(list(parts), out_path, allow_incomplete=allow_incomplete)
     _echo_manifest(m, os.path.abspath(out_path), as_json, "merged")
 

@@ -33,7 +33,14 @@ from shardkit.format.manifest.journal import journal_path, parse_journal, read_j
 from shardkit.format.manifest.model import Manifest, ShardEntry
 from shardkit.io.stores import ObjectStore, Upload, is_object_url, open_store
 
-__all__ = ["Existing", "LocalOutput", "ObjectOutput", "Output", "make_output"]
+__all__ = [
+    "Existing",
+    "LocalOutput",
+    "ObjectOutput",
+    "Output",
+    "local_target",
+    "make_output",
+]
 
 Existing = tuple[Manifest | None, list[tuple[ShardEntry, dict[str, dict[str, int]]]]]
 
@@ -274,3 +281,21 @@ def make_output(
             "not to this scheme"
         )
     return LocalOutput(str(text), manifest)
+
+
+def local_target(target: str | os.PathLike[str], what: str) -> str:
+    """``target`` as a local directory path for ``what`` (a build, a merge, a sink), which
+    writes only locally for now: a url is an error saying what does stream into an object
+    store, never a directory named after the scheme."""
+    text = os.fspath(target)
+    if isinstance(text, str) and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text):
+        hint = (
+            "sk.ShardWriter(url) streams shards into s3://, gs:// and az:// today; "
+            if is_object_url(text)
+            else ""
+        )
+        raise ConfigError(
+            f"{text!r}: {what} writes to a local directory ({hint}write locally and copy, "
+            "or use a shared file system)"
+        )
+    return str(text)

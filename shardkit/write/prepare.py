@@ -23,6 +23,7 @@ from shardkit.errors import ConfigError
 from shardkit.format.manifest.model import Manifest
 from shardkit.units import parse_size
 from shardkit.write.config import BuildConfig, BuildPlan, check_config
+from shardkit.write.outputs import local_target
 from shardkit.write.sources import DiscoverOptions, Unit, discover
 from shardkit.write.workers import build_info
 
@@ -175,7 +176,7 @@ def plan_build(
     """
     c = config or BuildConfig()
     check_config(c)
-    out = os.path.abspath(os.fspath(out_dir))
+    out = os.path.abspath(local_target(out_dir, "shardkit build"))
     if not sources:
         raise ConfigError("no sources given" if c.fn is None else "no inputs given")
     notes: list[str] = []

@@ -139,3 +139,32 @@ def test_a_url_a_writer_cannot_serve_is_an_error(
     with pytest.raises(ConfigError, match="s3://, gs:// or az://"):
         sk.ShardWriter(url)
     assert os.listdir(tmp_path) == []  # no local directory named after the scheme
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/p/", "gs://b/p", "az://c/p", "hf://datasets/x"])
+def test_writers_that_write_locally_refuse_a_url_naming_the_way(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """build -o, manifest merge -o, from-shards -o, Ray's sink and sk.build: never a local
+    directory named 's3:' (the bug: exit 0 having written one)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text("x")
+    with sk.ShardWriter(tmp_path / "p0", part=(0, 1)) as w:
+        w.write({"__key__": "a", "txt": "x"})
+    runner = CliRunner()
+    for argv in (
+        ["build", "in", "-o", url],
+        ["manifest", "merge", "p0/manifest.json", "-o", url],
+        ["manifest", "from-shards", "in", "-o", url],
+    ):
+        res = runner.invoke(cli, argv)
+        said = res.output + str(res.exception or "")  # the group's caller prints errors
+        assert res.exit_code != 0 and "writes to a local directory" in said, (argv, said)
+    with pytest.raises(ConfigError, match="writes to a local directory"):
+        sk.build(["in"], url)
+    from shardkit.ray import ShardDatasink
+
+    with pytest.raises(ConfigError, match="writes to a local directory"):
+        ShardDatasink(url)
+    assert sorted(os.listdir(tmp_path)) == ["in", "p0"]
