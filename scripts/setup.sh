@@ -3,6 +3,16 @@
 # torch==2.13.0 is the CPU wheel on disk; an unpinned torch would download a CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# bsdtar and pzstd write part of the tar conformance corpus (tests/helpers/tarcorpus.py;
+# without them those tests write the same layouts with Python). Best effort: as root with
+# apt-get (a Debian CI machine), and never a failed setup where apt is missing or offline.
+if ! command -v bsdtar >/dev/null 2>&1 || ! command -v pzstd >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        libarchive-tools zstd; } >/dev/null 2>&1 ||
+      echo "setup.sh: could not install bsdtar and pzstd; tar tests write with Python" >&2
+  fi
+fi
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 if [ ! -x .venv/bin/python ]; then

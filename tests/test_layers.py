@@ -35,7 +35,9 @@ ORDER: dict[str, list[list[str]]] = {
         ["manifest", "tario"],
     ],
     "shardkit.format.manifest": [["check", "model", "compact_pieces", "compact", "journal"]],
-    "shardkit.format.tario": [["names", "headers", "members", "index", "reader", "writer"]],
+    "shardkit.format.tario": [
+        ["names", "headers", "sparse", "buffer", "members", "index", "reader", "writer"]
+    ],
     "shardkit.write": [
         ["select", "table_meta", "sources", "tables", "records"],
         ["outputs", "writer", "config", "workers", "prepare", "build"],

@@ -34,12 +34,19 @@ _MAGIC = (
     (b"\x04\x22\x4d\x18", "lz4"),
     (b"\x1f\x9d", "compress (.Z)"),
 )
+_SKIPPABLE = b"\x2a\x4d\x18"  # bytes 1-3 of a zstd skippable frame's magic, little-endian
 _HEAD = 6  # bytes enough to tell every magic above
 _IN = 1 << 20  # compressed bytes read at a time
 
 
 def sniff(head: bytes) -> str | None:
-    """The compression whose magic ``head`` starts with, or None (a plain tar, or not)."""
+    """The compression whose magic ``head`` starts with, or None (a plain tar, or not).
+
+    A zstd stream may start with a skippable frame (magic 0x184D2A50-5F): pzstd writes
+    one before each frame, holding the frame's size.
+    """
+    if head[1:4] == _SKIPPABLE and 0x50 <= head[0] <= 0x5F:
+        return "zstd"
     for magic, name in _MAGIC:
         if head.startswith(magic):
             return name

@@ -199,12 +199,12 @@ class ShardWriter:
 
         Fields whose name starts with ``__`` are metadata and not written. A sample that
         raises :class:`WriterError` (bad key or field, a value its codec cannot encode, a
-        key already in this shard) leaves the writer as it was.
+        key already in this shard) leaves the writer as it was. A key that starts with
+        ``./`` is written without it: the key a reader gives back.
         """
         if self._closed:
             raise WriterError("write() on a closed ShardWriter")
-        key = sample.get("__key__")
-        check_key(key)  # type: ignore[arg-type]
+        key = check_key(sample.get("__key__"))  # type: ignore[arg-type]
         pieces, size, sizes = self._encode(str(key), sample)
         if self._file is not None and (
             self._offset + size + len(END_OF_ARCHIVE) > self.maxsize

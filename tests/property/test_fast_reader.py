@@ -16,7 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shardkit.errors import ShardFormatError
-from shardkit.format.tario import members
+from shardkit.format.tario import buffer
+from shardkit.format.tario.names import fast_name, name_problem, normal_name
 from shardkit.format.tario.reader import TarReader
 
 Outcome = tuple[list[tuple[int, dict[str, object]]], tuple[str, int | None] | None]
@@ -80,10 +81,14 @@ def _tar(names: list[str], sizes: list[int], fmt: int, mtime: float) -> bytes:
 
 _part = st.text(alphabet="abcxyz0189_-é", min_size=1, max_size=90)
 _names = st.lists(
-    st.tuples(st.lists(_part, min_size=1, max_size=3), st.sampled_from(["json", "npy", "a.b"])),
+    st.tuples(
+        st.sampled_from(["", "./", "x//"]),  # names the general path normalises
+        st.lists(_part, min_size=1, max_size=3),
+        st.sampled_from(["json", "npy", "a.b"]),
+    ),
     min_size=1,
     max_size=6,
-).map(lambda xs: ["/".join(parts) + "." + ext for parts, ext in xs])
+).map(lambda xs: [lead + "/".join(parts) + "." + ext for lead, parts, ext in xs])
 _formats = st.sampled_from([tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT])
 
 
@@ -199,15 +204,15 @@ def _sized(data: bytes, *, direct: bool, keep: bool = True) -> Outcome:
     """The fast loop over a seekable stream of known size, with small buffered reads (so
     that members run past the buffer) and members read directly (or never so)."""
     names = ("_CHUNK", "_DIRECT", "_SHORT_GAP", "_AFTER_DIRECT")
-    saved = [getattr(members, name) for name in names]
+    saved = [getattr(buffer, name) for name in names]
     small = (1024, 1 if direct else 1 << 40, 2048, 512)
     for name, value in zip(names, small, strict=True):
-        setattr(members, name, value)
+        setattr(buffer, name, value)
     try:
         return _samples(TarReader(io.BytesIO(data), url="s.tar", size=len(data), keep_data=keep))
     finally:
         for name, value in zip(names, saved, strict=True):
-            setattr(members, name, value)
+            setattr(buffer, name, value)
 
 
 @given(data=_tars, pos=st.integers(0, 1 << 16), value=st.integers(-1, 255), cut=st.integers(1))
@@ -245,3 +250,11 @@ def test_large_members_are_read_directly_and_whole() -> None:
     assert first == 512 << 10  # the first buffered read holds the first members whole
     assert len(direct) >= 8
     assert direct == [len(p) for p in payloads[-len(direct) :]]  # the rest: one read each
+
+
+@given(raw=st.binary(max_size=12) | st.text(alphabet="a./\\:\0é", max_size=12).map(str.encode))
+def test_a_name_the_fast_paths_take_is_one_the_general_path_takes_as_it_is(raw: bytes) -> None:
+    name = fast_name(raw)
+    if name is not None:
+        assert name_problem(name) is None and normal_name(name) == name
+        assert not name.endswith("/") and name.encode() == raw

@@ -123,8 +123,8 @@ def test_random_bytes_raise_shard_format_error(data: bytes) -> None:
     except ShardFormatError as err:
         assert err.url == "random.tar"
         assert err.offset is not None and 0 <= err.offset <= len(data)
-    else:  # only an empty archive (two zero blocks first) can parse
-        assert data[:1024] == b"\0" * 1024 and samples == []
+    else:  # only an empty archive (a zero block, then zeros or the end) can parse
+        assert data[:512] == b"\0" * 512 and not any(data[512:1024]) and samples == []
 
 
 _VALID = hostile.good(3) + hostile.EOA
@@ -145,7 +145,12 @@ def test_a_changed_byte_never_escapes_as_another_error(pos: int, value: int) -> 
 @pytest.mark.timeout(60)
 @given(st.integers(0, len(_VALID) - 1))
 def test_every_truncation_is_caught(cut: int) -> None:
-    """Down to the last byte of the end-of-archive marker (two zero blocks, not one)."""
+    """Down to the last byte of the end-of-archive marker's first zero block; a cut inside
+    the second one leaves one zero block and the end, which tarfile and GNU tar take as
+    the end too (and every sample is whole), so it reads."""
+    if cut >= _PARSE_END + 512:
+        assert len(list(read_shard(OneWay(_VALID[:cut]), url="cut.tar"))) == 3
+        return
     with pytest.raises(ShardFormatError) as info:
         list(read_shard(OneWay(_VALID[:cut]), url="cut.tar"))
     # the error points at the member whose header or data was cut, never past the data

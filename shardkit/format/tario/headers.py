@@ -1,12 +1,38 @@
-"""Parsing the fields of tar header blocks: numbers, pax records, ustar names."""
+"""The tar header rules, each spelled once: number fields, the header checksum, pax records.
+
+The reader has a general path (every field parsed, every error named) and fast paths for
+the common member shapes; both use these functions, so that they cannot disagree. The fast
+forms (:func:`octal_field`, :func:`plain_header`) take only what needs no second look and
+answer None (or False) when in doubt; the general path then decides and names the error.
+"""
 
 from __future__ import annotations
 
+import struct
+from zlib import adler32
+
 from shardkit.errors import ShardFormatError
 
-__all__ = ["parse_number", "parse_pax", "ustar_name"]
+__all__ = [
+    "BLOCK",
+    "ZERO_BLOCK",
+    "checksum_ok",
+    "octal_field",
+    "parse_number",
+    "parse_pax",
+    "plain_header",
+    "sum_matches",
+    "ustar_name",
+]
 
+BLOCK = 512
+ZERO_BLOCK = b"\0" * BLOCK
 _OCTAL = frozenset(b"01234567")
+_OCTAL_DIGITS = b"01234567"
+# name, size, checksum, typeflag and the first byte of the ustar prefix, in one call
+_PLAIN = struct.Struct("100s24x12s12x8sc188xc")
+# pax records the 0.0 sparse format repeats: kept in order, joined with commas
+_REPEATED = frozenset(("GNU.sparse.offset", "GNU.sparse.numbytes"))
 
 
 def parse_number(field: bytes) -> int:
@@ -21,12 +47,67 @@ def parse_number(field: bytes) -> int:
     return int(text, 8) if text else 0
 
 
+def octal_field(field: bytes, digits: int) -> bool:
+    """Whether a number field is the plain form: ``digits`` octal digits, then NUL or space."""
+    return not field[:digits].strip(_OCTAL_DIGITS) and field[digits] in (0, 32)
+
+
+def sum_matches(block: bytes, chkf: bytes) -> bool:
+    """The unsigned checksum of a header block whose checksum field ``chkf`` is plain octal.
+
+    Through adler32, whose low half is 1 + the byte sum (mod 65521): C instead of a Python
+    sum over 512 bytes. The field itself counts as eight spaces.
+    """
+    return (adler32(block) & 0xFFFF) == (int(chkf[:6], 8) - 255 + sum(chkf)) % 65521
+
+
+def checksum_ok(hdr: bytes) -> bool:
+    """Whether the header block's checksum is right, as unsigned or as signed bytes.
+
+    POSIX sums the bytes unsigned; some old writers (SunOS, early GNU tar) summed them as
+    signed chars, and tarfile and GNU tar accept either. A field that is not a number is
+    wrong.
+    """
+    chkf = hdr[148:156]
+    if octal_field(chkf, 6) and sum_matches(hdr, chkf):
+        return True
+    try:
+        stored = parse_number(chkf)
+    except ValueError:
+        return False
+    unsigned = sum(hdr) - sum(chkf) + 256
+    if stored == unsigned:
+        return True
+    high = sum(1 for b in hdr[:148] if b > 127) + sum(1 for b in hdr[156:] if b > 127)
+    return stored == unsigned - 256 * high
+
+
+def plain_header(buf: bytes, p: int) -> tuple[bytes, int, bool] | None:
+    """``(raw name, size, has a ustar prefix)`` of the header block at ``buf[p:]`` when it is
+    a regular file in the plain form (octal size and checksum fields, the checksum right),
+    or None when in doubt (the general path decides). ``buf`` holds the whole block."""
+    raw, sizef, chkf, tf, prefix0 = _PLAIN.unpack_from(buf, p)
+    if (
+        (tf == b"0" or tf == b"\0")
+        and octal_field(sizef, 11)
+        and octal_field(chkf, 6)
+        and sum_matches(buf[p : p + BLOCK], chkf)
+    ):
+        return raw.partition(b"\0")[0], int(sizef[:11], 8), prefix0 != b"\0"
+    return None
+
+
 def _bad_pax(url: str, offset: int, why: str) -> ShardFormatError:
     return ShardFormatError(f"malformed pax header record: {why}", url=url, offset=offset)
 
 
 def parse_pax(data: bytes, url: str, offset: int) -> dict[str, str]:
-    """Parse pax records ``"%d %s=%s\n"``; every malformation names the header's offset."""
+    """Parse pax records ``"%d %s=%s\n"``; every malformation names the header's offset.
+
+    A value that is not UTF-8 is kept as surrogate escapes (as tarfile does). The records
+    the 0.0 sparse format repeats (``GNU.sparse.offset``/``numbytes``) are joined in order
+    with commas; any other repeated keyword keeps its last value.
+    """
     out: dict[str, str] = {}
     pos = 0
     while pos < len(data):
@@ -44,12 +125,18 @@ def parse_pax(data: bytes, url: str, offset: int) -> dict[str, str]:
         k, eq, v = data[sp + 1 : pos + length - 1].partition(b"=")
         if not eq or not k:
             raise _bad_pax(url, offset, "record has no 'keyword='")
-        out[k.decode("utf-8", "replace")] = v.decode("utf-8", "surrogateescape")
+        key = k.decode("utf-8", "replace")
+        value = v.decode("utf-8", "surrogateescape")
+        if key in _REPEATED and key in out:
+            value = out[key] + "," + value
+        out[key] = value
         pos += length
     return out
 
 
 def ustar_name(hdr: bytes) -> str:
+    """The member name of a header block: its name field, after its POSIX prefix if any;
+    bytes that are not UTF-8 are kept as surrogate escapes (as tarfile does)."""
     nul = hdr.find(b"\0", 0, 100)
     raw = hdr[: nul if nul >= 0 else 100]
     if hdr[257:263] == b"ustar\x00" and hdr[345] != 0:  # POSIX prefix (not GNU's 'ustar  ')

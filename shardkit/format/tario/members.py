@@ -1,56 +1,72 @@
-"""The member layer of the tar reader: buffered reads, header parsing, hostile-input checks.
+"""The member layer of the tar reader: header parsing, member kinds, hostile-input checks.
 
-Headers are parsed straight out of large buffered reads; small members are sliced out of
-the same buffer; a large member of a plain file is read straight into its own ``bytes`` (no
-copy but the kernel's), and on a stream of unknown size in bounded pieces. Hostile members
-(absolute or ``..`` paths, links, devices, sizes past the end of the data, bad header
-checksums) raise :class:`ShardFormatError` naming the shard and the byte offset. Memory
-stays bounded by the data actually present, whatever a header claims. :class:`MemberReader`
-is the general (slow) path that names every error; :mod:`shardkit.format.tario.reader` builds the
-sample loop and its fast path on it.
+:class:`MemberReader` is the general (slow) path that names every error; the sample loop
+and its fast paths (:mod:`shardkit.format.tario.reader`) are built on it, and both use the
+rules of :mod:`~shardkit.format.tario.headers` and :mod:`~shardkit.format.tario.names`.
+Hostile members (absolute or ``..`` paths, sizes past the end of the data, bad header
+checksums, bad sparse maps) raise :class:`ShardFormatError` naming the shard and offset.
+
+What each header type gives (the README's format section says why):
+
+- regular files (``0``, NUL, ``7``) and GNU sparse files (type ``S`` and the pax sparse
+  formats, expanded as tarfile expands them) are members;
+- pax (``x``, Solaris ``X``) and GNU long-name (``L``, ``K``) headers describe the next
+  member; a global pax header (``g``) is checked and, unless it sets a name or size
+  (refused: it would apply to every member after it), changes nothing;
+- directories (``5``, and old-style names ending in ``/``) are passed over, never data;
+- volume labels (``V``), Solaris ACLs (``A``) and GNU dump directories (``D``) are
+  metadata: skipped, with a count and a warning, under every policy;
+- links (``1``, ``2``), devices (``3``, ``4``), FIFOs (``6``) and unknown types are refused
+  under the default ``"strict"`` policy and skipped, counted and warned under ``"lenient"``.
 """
 
 from __future__ import annotations
 
-import io
-import os
-import stat
+import logging
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from shardkit.errors import ShardFormatError, ShardkitError
-from shardkit.format.tario.headers import parse_number, parse_pax, ustar_name
-from shardkit.format.tario.names import name_problem
+from shardkit.errors import ConfigError, ShardFormatError
+from shardkit.format.tario import sparse
+from shardkit.format.tario.buffer import DEFAULT_MAX_MEMBER, Buffered, stream_size
+from shardkit.format.tario.headers import (
+    BLOCK,
+    ZERO_BLOCK,
+    checksum_ok,
+    parse_number,
+    parse_pax,
+    ustar_name,
+)
+from shardkit.format.tario.names import name_problem, normal_name
 
-__all__ = ["BLOCK", "DEFAULT_MAX_MEMBER", "MemberReader", "stream_size"]
+__all__ = [
+    "BLOCK",
+    "DEFAULT_MAX_MEMBER",
+    "TAR_POLICIES",
+    "MemberReader",
+    "stream_size",
+]
 
-BLOCK = 512
-_ZERO = b"\0" * BLOCK
-# buffered read size, and the largest read of a stream of unknown size; 512 KiB measured
-# ~25% faster than 1 MiB on shards with a pax header per member, the same on others
-_CHUNK = 1 << 19
-_PIECE = 64 << 20  # large members are read in pieces of this size
-# a member at least this large whose data is not all in the buffer is read straight into
-# its own bytes object (one copy, the kernel's), when the stream can seek and has a size
-_DIRECT = 1 << 16
-_SHORT_GAP = 1 << 16  # the longest run between two directly read members read as one
-_AFTER_DIRECT = 8 << 10  # the buffered read after one, when that run was longer
-_DISCARD = 8 << 20  # the largest read when passing over data that is not kept
-_MAX_META = 1 << 20  # pax / GNU long-name records larger than this are hostile
-DEFAULT_MAX_MEMBER = 1 << 30  # the largest member a reader holds in memory, by default
-_REGULAR = (b"0", b"\0", b"7")
-_REJECT = {
+logger = logging.getLogger(__name__)
+
+TAR_POLICIES = ("strict", "lenient")
+_MAX_META = 1 << 20  # pax / GNU long-name records (and sparse maps) larger are hostile
+_REGULAR = (b"0", b"\0", b"7", b"S")
+_EXTENDED = (b"x", b"X", b"g", b"L", b"K")
+# no data in the archive (POSIX); refused unless the policy is lenient
+_NO_DATA = {
     b"1": "hard link",
     b"2": "symbolic link",
     b"3": "character device",
     b"4": "block device",
     b"6": "FIFO",
 }
+_METADATA = {b"V": "volume label", b"A": "Solaris ACL", b"D": "GNU dump directory"}
+# global pax records that would change every member after them
+_GLOBAL_REFUSED = ("path", "size", "linkpath")
 
-Sample = dict[str, object]
 
-
-class MemberReader:
+class MemberReader(Buffered):
     """Iterate the regular members of a tar stream (the general path; see TarReader).
 
     Args:
@@ -58,7 +74,7 @@ class MemberReader:
         url: the shard's name, used in error messages.
         start: the absolute byte offset ``f`` is positioned at.
         end: stop before this absolute offset (a sample-range read); None reads to the
-            end-of-archive marker, which must be present.
+            end-of-archive marker (one zero block at least, then zeros or the end).
         size: the stream's total size when known (found with ``fstat`` for plain files);
             a member claiming bytes past it is rejected before anything is read. When
             the size is unknown, reads are bounded pieces, so a false claim costs memory
@@ -66,13 +82,17 @@ class MemberReader:
         keep_data: False reads past member data without keeping it (fields come back
             as their size in bytes, an ``int``): a check of the structure, or a count of
             field sizes, that still reads every byte and holds none of it.
-        max_member: the largest member (bytes) whose data is kept in memory; a larger
-            one is a :class:`ShardFormatError` raised before any of its data is read
-            (a 65 KB zstd bomb can claim gigabytes). Not applied when ``keep_data`` is off.
+        max_member: the largest member (bytes, a sparse one expanded) whose data is kept
+            in memory; a larger one is a :class:`ShardFormatError` raised before any of
+            its data is read (a 65 KB zstd bomb can claim gigabytes). Not applied when
+            ``keep_data`` is off.
+        policy: ``"strict"`` (default) refuses links, devices, FIFOs and unknown member
+            types; ``"lenient"`` skips them, counted in :attr:`skipped` and logged.
 
     Errors name the header block at fault: :attr:`ShardFormatError.offset` is the start
     of the (extended) header of the bad or truncated member, of a partial header, or
-    where an end-of-archive marker was expected.
+    where an end-of-archive marker was expected. :attr:`skipped` counts the members passed
+    over, by kind (``"directory"``, ``"symbolic link"``, ``"type 'Q'"``, ...).
     """
 
     def __init__(
@@ -85,198 +105,21 @@ class MemberReader:
         size: int | None = None,
         keep_data: bool = True,
         max_member: int = DEFAULT_MAX_MEMBER,
+        policy: str = "strict",
     ) -> None:
-        self.f = f
-        self.url = url
-        self.keep_data = keep_data
-        self.max_member = max_member
-        self.end = end
-        self.size = size if size is not None else stream_size(f)
-        self._buf = b""
-        self._pos = 0
-        self._base = start  # absolute offset of _buf[0]
-        self._chunk = _CHUNK  # the next buffered read's size (smaller after a direct read)
-        self._direct: bool | None = None  # whether direct reads work here (found on first use)
-        self._direct_end = -1  # where the last directly read member ended
-        self.member_offset = start  # where the last member (with its pax headers) began
-        self.end_offset: int | None = None  # the end-of-archive marker (or ``end``), once met
-
-    @property
-    def offset(self) -> int:
-        """The absolute offset of the next unread byte."""
-        return self._base + self._pos
-
-    def _read(self, n: int, at: int) -> bytes:
-        if self.size is None:
-            n = min(n, _CHUNK)  # never trust a claim to size a read
-        try:
-            return self.f.read(n)
-        except ShardFormatError as exc:  # a decoding stream below (zstd) found bad data
-            raise ShardFormatError(str(exc), url=self.url, offset=at) from exc
-        except ShardkitError:
-            raise  # a FetchError or CacheError from the io below keeps its own type
-        except OSError as exc:
-            raise ShardFormatError(f"read failed: {exc}", url=self.url, offset=at) from exc
-
-    def _fill(self, need: int) -> bool:
-        """Make ``need`` bytes available at _pos; False when the stream ends first."""
-        avail = len(self._buf) - self._pos
-        if avail >= need:
-            return True
-        parts = [self._buf[self._pos :]] if avail else []
-        self._base += self._pos
-        self._pos = 0
-        chunk, self._chunk = self._chunk, min(self._chunk * 2, _CHUNK)
-        while avail < need:
-            data = self._read(max(need, chunk) - avail, self._base + avail)
-            if not data:
-                break
-            parts.append(data)
-            avail += len(data)
-        self._buf = b"".join(parts) if len(parts) != 1 else parts[0]
-        return avail >= need
-
-    def _truncated(self, what: str, n: int, at: int) -> ShardFormatError:
-        return ShardFormatError(
-            f"truncated: {what} needs {n} bytes, the data ends at byte "
-            f"{self._base + len(self._buf)}",
-            url=self.url,
-            offset=at,
+        if policy not in TAR_POLICIES:
+            raise ConfigError(f"tar policy must be one of {TAR_POLICIES}, got {policy!r}")
+        super().__init__(
+            f, url=url, start=start, end=end, size=size, keep_data=keep_data, max_member=max_member
         )
-
-    def _take(self, n: int, what: str, at: int) -> bytes:
-        """Return the next ``n`` bytes; raise naming header offset ``at`` if they run out."""
-        if n <= _PIECE:
-            if n >= _DIRECT and len(self._buf) - self._pos < n and self._can_seek():
-                return self._take_direct(n, what, at)
-            if not self._fill(n):
-                raise self._truncated(what, n, at)
-            p = self._pos
-            self._pos = p + n
-            return self._buf[p : p + n]
-        return self._take_large(n, what, at)
-
-    def _can_seek(self) -> bool:
-        if self._direct is None:
-            seekable = getattr(self.f, "seekable", None)
-            self._direct = self.size is not None and seekable is not None and bool(seekable())
-        return self._direct
-
-    def _take_direct(self, n: int, what: str, at: int) -> bytes:
-        """``n`` bytes read into their own object: the kernel copies them once, where
-        joining the buffer with the rest would copy them twice more.
-
-        The stream steps back over what the buffer holds of them. So that it rarely has
-        to, the buffered read that follows is short: as long as the run from the end of
-        the last directly read member to the start of this one, when that is short
-        (samples tend to repeat their layout, so it ends where the next large member
-        begins), else 8 KiB.
-        """
-        avail = len(self._buf) - self._pos
-        try:
-            if avail:
-                self.f.seek(-avail, io.SEEK_CUR)
-        except OSError as exc:
-            raise ShardFormatError(f"seek failed: {exc}", url=self.url, offset=at) from exc
-        self._base += self._pos
-        gap = self._base - self._direct_end
-        self._buf, self._pos = b"", 0
-        data = self._read(n, self._base)
-        self._base += len(data)
-        while len(data) < n:  # a short read: rare for a file (a signal), or its end
-            more = self._read(n - len(data), self._base)
-            if not more:
-                raise self._truncated(what, n, at)
-            self._base += len(more)
-            data += more
-        self._direct_end = self._base
-        self._chunk = gap if BLOCK <= gap <= _SHORT_GAP else _AFTER_DIRECT
-        return data
-
-    def _take_large(self, n: int, what: str, at: int) -> bytes:
-        """``n`` bytes read in bounded pieces into one growing buffer: no joined copy.
-
-        BytesIO grows its bytes object in place (realloc) and ``getvalue()`` hands that
-        same object out, so the peak is the member plus one piece, not twice the member.
-        """
-        out = io.BytesIO()
-        avail = len(self._buf) - self._pos
-        if avail:
-            out.write(memoryview(self._buf)[self._pos :])
-        self._base += len(self._buf)
-        self._buf, self._pos = b"", 0
-        left = n - avail
-        while left > 0:
-            data = self._read(min(left, _PIECE), self._base)
-            if not data:
-                raise self._truncated(what, n, at)
-            out.write(data)
-            self._base += len(data)
-            left -= len(data)
-        return out.getvalue()
-
-    def _skip(self, n: int, what: str, at: int) -> None:
-        avail = len(self._buf) - self._pos
-        seekable = getattr(self.f, "seekable", None)
-        if n > avail and self.size is not None and seekable is not None and seekable():
-            self.f.seek(n - avail, io.SEEK_CUR)
-            self._base += len(self._buf) + (n - avail)
-            self._buf = b""
-            self._pos = 0
-            return
-        while n:
-            piece = min(n, _CHUNK)
-            self._take(piece, what, at)
-            n -= piece
-
-    def _check_claim(self, size: int, at: int, name: str) -> None:
-        if self.size is not None and self.offset + size > self.size:
-            raise ShardFormatError(
-                f"member {name!r} claims {size} bytes, past the end of the data "
-                f"({self.size} bytes): truncated or corrupt",
-                url=self.url,
-                offset=at,
-            )
-
-    def _discard(self, n: int, what: str, at: int) -> None:
-        """Pass over ``n`` bytes without keeping them (each is still read, so hashed)."""
-        avail = len(self._buf) - self._pos
-        if n <= avail:
-            self._pos += n
-            return
-        left = n - avail
-        self._base += len(self._buf)
-        self._buf, self._pos = b"", 0
-        while left:
-            data = self._read(min(left, _DISCARD), self._base)
-            if not data:
-                raise self._truncated(what, n, at)
-            self._base += len(data)
-            left -= len(data)
-
-    def _member_data(self, size: int, at: int, name: str, *, keep: bool = True) -> bytes:
-        self._check_claim(size, at, name)
-        what = f"member {name!r}"
-        if not keep:
-            self._discard(size + (-size) % BLOCK, what, at)
-            return b""
-        if size > self.max_member:
-            raise ShardFormatError(
-                f"{what} is {size} bytes, over the largest-member limit of {self.max_member} "
-                "bytes (raise it with max_member= or --max-member if this shard is trusted)",
-                url=self.url,
-                offset=at,
-            )
-        data = self._take(size, what, at)
-        pad = (-size) % BLOCK
-        if pad:
-            if not self._fill(pad):
-                raise self._truncated(f"the padding of {what}", pad, at)
-            self._pos += pad
-        return data
+        self.policy = policy
+        self.skipped: dict[str, int] = {}
 
     def __iter__(self) -> Iterator[tuple[str, bytes | int]]:
         return self.members()
+
+    def _error(self, why: str, at: int) -> ShardFormatError:
+        return ShardFormatError(why, url=self.url, offset=at)
 
     def _header(self, off: int, first: int | None) -> bytes | None:
         """The next header block, or None at a clean end (end-of-archive or ``end``).
@@ -292,72 +135,75 @@ class MemberReader:
                 why, at = "truncated: the data ends without an end-of-archive marker", off
             else:
                 why, at = f"truncated: the data ends at byte {off}, before byte {self.end}", off
-            raise ShardFormatError(why, url=self.url, offset=at)
+            raise self._error(why, at)
         p = self._pos
         hdr = self._buf[p : p + BLOCK]
         self._pos = p + BLOCK
-        if hdr == _ZERO:
+        if hdr == ZERO_BLOCK:
             if first is not None:
-                raise ShardFormatError(
-                    "end-of-archive right after an extended header", url=self.url, offset=first
-                )
+                raise self._error("end-of-archive right after an extended header", first)
             if self.end is None:
-                self._second_zero_block(off)
+                self._after_zero_block(off)
             self.end_offset = off
             return None
         return hdr
 
-    def _second_zero_block(self, off: int) -> None:
-        """The end-of-archive marker is two zero blocks: a lone one means a cut-off shard."""
-        if not self._fill(BLOCK) or self._buf[self._pos : self._pos + BLOCK] != _ZERO:
-            raise ShardFormatError(
-                "truncated: the end-of-archive marker has one zero block, not two",
-                url=self.url,
-                offset=off,
+    def _after_zero_block(self, off: int) -> None:
+        """The end-of-archive marker is two zero blocks; one, then the end of the data (or
+        zeros), is taken too, as tarfile and GNU tar take it. One followed by anything else
+        is a zeroed block inside the shard, not its end."""
+        self._fill(BLOCK)
+        rest = self._buf[self._pos : self._pos + BLOCK]
+        if rest.count(0) != len(rest):
+            raise self._error(
+                "one zero block, then more data: a zeroed block inside the shard, "
+                "not an end-of-archive marker",
+                off,
             )
-        self._pos += BLOCK
+        self._pos += len(rest)
 
     def _size_of(self, hdr: bytes, off: int) -> int:
-        stored = hdr[148:156]
-        try:
-            if parse_number(stored) != sum(hdr) - sum(stored) + 256:
-                raise ValueError("checksum")
-        except ValueError:
-            raise ShardFormatError(
-                "not a tar header (bad header checksum)", url=self.url, offset=off
-            ) from None
+        if not checksum_ok(hdr):
+            raise self._error("not a tar header (bad header checksum)", off)
         try:
             return parse_number(hdr[124:136])
         except ValueError:
-            raise ShardFormatError(
-                f"bad size field {bytes(hdr[124:136])!r}", url=self.url, offset=off
-            ) from None
+            raise self._error(f"bad size field {bytes(hdr[124:136])!r}", off) from None
 
     def _extended(self, typeflag: bytes, size: int, off: int, pax: dict[str, str]) -> None:
-        """Read an extended header (pax ``x``/``g``, GNU ``L``/``K``) into ``pax``."""
+        """Read an extended header (pax ``x``/``X``/``g``, GNU ``L``/``K``) into ``pax``."""
         if size > _MAX_META:
-            raise ShardFormatError(
-                f"extended header of {size} bytes is too large", url=self.url, offset=off
-            )
+            raise self._error(f"extended header of {size} bytes is too large", off)
         data = self._member_data(size, off, "<extended header>")
-        if typeflag == b"x":
+        if typeflag in (b"x", b"X"):
             pax.update(parse_pax(data, self.url, off))
         elif typeflag == b"L":
             pax["path"] = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
         elif typeflag == b"g":
-            parse_pax(data, self.url, off)  # checked, but global records change nothing
+            records = parse_pax(data, self.url, off)
+            for key in records:
+                if key in _GLOBAL_REFUSED or key.startswith("GNU.sparse."):
+                    raise self._error(
+                        f"a global pax header sets {key!r}, which would apply to every "
+                        "member after it: not read",
+                        off,
+                    )
 
-    def _regular(self, hdr: bytes, size: int, first: int, pax: dict[str, str]) -> tuple[str, int]:
-        """The checked name and size of a regular member whose headers start at ``first``."""
-        name = pax.get("path") or ustar_name(hdr)
+    def _name(self, hdr: bytes, size: int, first: int, pax: dict[str, str]) -> tuple[str, int]:
+        """The normal name and the stored size of a file member whose headers start at
+        ``first``; a name ending in ``/`` is an old-style directory entry."""
+        name = pax.get("GNU.sparse.name") or pax.get("path") or ustar_name(hdr)
         if "size" in pax:
             if not (pax["size"].isascii() and pax["size"].isdigit()):
-                raise ShardFormatError("pax size is not a number", url=self.url, offset=first)
+                raise self._error("pax size is not a number", first)
             size = int(pax["size"])
+        return normal_name(name), size
+
+    def _checked(self, name: str, first: int) -> str:
         problem = name_problem(name)
         if problem is not None:
-            raise ShardFormatError(f"member {name!r} {problem}", url=self.url, offset=first)
-        return name, size
+            raise self._error(f"member {name!r} {problem}", first)
+        return name
 
     def members(self) -> Iterator[tuple[str, bytes | int]]:
         """Yield ``(name, data)`` for each regular file; ``member_offset`` is its start.
@@ -371,7 +217,7 @@ class MemberReader:
             yield item
 
     def _next_member(self) -> tuple[str, bytes | int] | None:
-        """The next regular member (through any extended headers), or None at the end."""
+        """The next file member (through any extended headers), or None at the end."""
         pax: dict[str, str] = {}  # extended records (and a GNU long name as "path")
         first: int | None = None  # offset of the current member's first (extended) header
         while True:
@@ -386,35 +232,127 @@ class MemberReader:
             if first is None:
                 first = off
             typeflag = hdr[156:157]
-            if typeflag in _REGULAR:
-                name, size = self._regular(hdr, size, first, pax)
-                self.member_offset = first
-                data = self._member_data(size, first, name, keep=self.keep_data)
-                return name, (data if self.keep_data else size)
-            if typeflag == b"5":
-                self._check_claim(size, off, "<directory>")
-                self._skip(size + (-size) % BLOCK, "directory", off)
-                pax, first = {}, None
-            elif typeflag in (b"x", b"L", b"g", b"K"):
+            if typeflag in _EXTENDED:
                 self._extended(typeflag, size, off, pax)
                 if typeflag == b"g" and first == off:
                     first = None
-            elif typeflag in _REJECT:
-                raise ShardFormatError(
-                    f"member is a {_REJECT[typeflag]}; shards may hold only regular files",
-                    url=self.url,
-                    offset=off,
-                )
+                continue
+            if typeflag in _REGULAR:
+                item = self._file(hdr, typeflag, size, first, pax)
+                if item is not None:
+                    return item
             else:
-                raise ShardFormatError(
-                    f"unsupported tar member type {typeflag!r}", url=self.url, offset=off
+                self._other(typeflag, size, first, ustar_name(hdr))
+            pax, first = {}, None
+
+    def _file(
+        self, hdr: bytes, typeflag: bytes, size: int, first: int, pax: dict[str, str]
+    ) -> tuple[str, bytes | int] | None:
+        """A regular or sparse member's name and data; None for an old-style directory."""
+        name, size = self._name(hdr, size, first, pax)
+        if name.endswith("/"):
+            if size:  # tarfile reads these bytes as data, GNU tar skips them, bsdtar not
+                raise self._error(
+                    f"directory entry {name!r} claims {size} bytes of data, which tar "
+                    "readers disagree on",
+                    first,
                 )
+            self._count("directory", first, name)
+            return None
+        self.member_offset = first
+        self._checked(name, first)
+        if typeflag == b"S" or sparse.is_sparse(pax):
+            return name, self._sparse(hdr, typeflag, size, first, name, pax)
+        data = self._member_data(size, first, name, keep=self.keep_data)
+        return name, (data if self.keep_data else size)
 
+    def _other(self, typeflag: bytes, size: int, first: int, name: str) -> None:
+        """Pass over a member that is not a file, or refuse it (see the module's list)."""
+        if typeflag == b"5":  # no data, whatever its size field says (as every reader)
+            self._count("directory", first, name)
+            return
+        kind = _NO_DATA.get(typeflag)
+        if kind is not None:
+            if size and typeflag != b"1":  # tarfile takes no data, GNU tar skips some
+                raise self._error(
+                    f"{kind} member {name!r} claims {size} bytes of data, which tar "
+                    "readers disagree on",
+                    first,
+                )
+            data = 0
+        else:
+            kind = _METADATA.get(typeflag) or f"type {typeflag.decode('latin-1')!r}"
+            data = size
+        if typeflag not in _METADATA and self.policy != "lenient":
+            raise self._error(
+                f"member {name!r} is a {kind}; shards hold regular files "
+                "(policy='lenient' skips such members)",
+                first,
+            )
+        self._member_data(data, first, f"<{kind}>", keep=False)
+        self._count(kind, first, name)
 
-def stream_size(f: BinaryIO) -> int | None:
-    """The size of the plain file behind ``f``, or None (pipes, sockets, decoders)."""
-    try:
-        st = os.fstat(f.fileno())
-    except (OSError, AttributeError, ValueError, io.UnsupportedOperation):
-        return None
-    return st.st_size if stat.S_ISREG(st.st_mode) else None
+    def _count(self, kind: str, at: int, name: str) -> None:
+        n = self.skipped.get(kind, 0)
+        self.skipped[kind] = n + 1
+        if not n and kind != "directory":
+            logger.warning(
+                "%s: skipped %s member %r at byte %d (%s policy); further ones are counted",
+                self.url,
+                kind,
+                name,
+                at,
+                self.policy,
+            )
+
+    def _sparse(
+        self, hdr: bytes, typeflag: bytes, size: int, first: int, name: str, pax: dict[str, str]
+    ) -> bytes | int:
+        """A sparse member's data expanded (or its expanded size, when data is not kept)."""
+        try:
+            if typeflag == b"S":
+                real, entries = parse_number(hdr[483:495]), self._old_gnu_map(hdr, first)
+            else:
+                real, found = sparse.pax_entries(pax)
+                if found is None:  # 1.0: the map is at the start of the data
+                    found, used = self._map_in_data(size, first)
+                    size -= used
+                entries = found
+            smap = sparse.make_map(real, entries, size)
+        except ValueError as exc:
+            raise self._error(f"sparse member {name!r}: bad sparse map: {exc}", first) from None
+        if not self.keep_data:
+            self._member_data(size, first, name, keep=False)
+            return smap.size
+        if smap.size > self.max_member:
+            raise self._error(
+                f"member {name!r} is {smap.size} bytes (sparse, expanded), over the "
+                f"largest-member limit of {self.max_member} bytes",
+                first,
+            )
+        return sparse.expand(self._member_data(size, first, name), smap)
+
+    def _old_gnu_map(self, hdr: bytes, first: int) -> list[tuple[int, int]]:
+        """The map of a type ``S`` header and of the extension blocks after it."""
+        entries = sparse.old_gnu_entries(hdr, 386, 4)
+        extended = hdr[482]
+        while extended:
+            if len(entries) > sparse.MAX_ENTRIES:
+                raise ValueError(f"the map has more than {sparse.MAX_ENTRIES} entries")
+            block = self._take(BLOCK, "a sparse map extension block", first)
+            entries += sparse.old_gnu_entries(block, 0, 21)
+            extended = block[504]
+        return entries
+
+    def _map_in_data(self, size: int, first: int) -> tuple[list[tuple[int, int]], int]:
+        """The pax 1.0 map at the start of the member's data, read block by block, and the
+        bytes (whole blocks) it takes."""
+        self._check_claim(size, first, "<sparse map>")
+        text = b""
+        while True:
+            if len(text) >= min(size, _MAX_META):
+                raise ValueError("the map does not end inside the member")
+            text += self._take(BLOCK, "a sparse map", first)
+            found = sparse.map_text(text)
+            if found is not None:
+                return found

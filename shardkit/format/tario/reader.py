@@ -9,19 +9,19 @@ buffer. Anything unusual goes through the general path, which names the error.
 from __future__ import annotations
 
 import os
-import re
-import struct
 from collections.abc import Iterator
-from typing import BinaryIO, cast
-from zlib import adler32
+from typing import BinaryIO, NamedTuple, cast
 
 from shardkit.errors import ShardFormatError
 from shardkit.format.compression import open_tar
-from shardkit.format.tario.members import BLOCK, DEFAULT_MAX_MEMBER, MemberReader, stream_size
-from shardkit.format.tario.names import split_key
+from shardkit.format.tario.buffer import DEFAULT_MAX_MEMBER, skip_bytes, stream_size
+from shardkit.format.tario.headers import BLOCK, octal_field, plain_header, sum_matches
+from shardkit.format.tario.members import TAR_POLICIES, MemberReader
+from shardkit.format.tario.names import fast_name, split_key
 
 __all__ = [
     "DEFAULT_MAX_MEMBER",
+    "TAR_POLICIES",
     "TarReader",
     "iter_members",
     "iter_samples",
@@ -31,18 +31,9 @@ __all__ = [
     "stream_size",
 ]
 
-_CHUNK = 1 << 20  # the read size when passing over the head of a stream that cannot seek
-
-# name, size, checksum, typeflag and the first byte of the ustar prefix, in one call
-_HEADER = struct.Struct("100s24x12s12x8sc188xc")
-_OCTAL_DIGITS = b"01234567"
 _FAST_META = 4 * BLOCK  # larger extended headers take the general path
 # pax records that change nothing about a member as the reader hands it out
 _PAX_IGNORED = frozenset((b"mtime", b"atime", b"ctime", b"uid", b"gid", b"uname", b"gname"))
-# from byte 124 of a header: size and checksum fields of octal digits, a regular typeflag
-_FIELDS = re.compile(rb"([0-7]{11})[\0 ].{12}([0-7]{6})[\0 ].[0\0]", re.DOTALL)
-# in a name, what the fast path leaves to the general one (beside a leading "/" or "x:")
-_BAD_PART = re.compile(rb"[\\\0]|\.\.")
 
 Sample = dict[str, object]
 
@@ -63,11 +54,11 @@ class TarReader(MemberReader):
         dot carry no field and are skipped (as WebDataset does). A field twice in one
         sample is a :class:`ShardFormatError`.
 
-        The loop inlines the common case: a plain ustar regular file with no prefix, a
-        name that needs no second look, and all of it (header, data, padding) already in
-        the buffer. Its header checksum is checked with adler32, whose low half is
-        1 + the byte sum (mod 65521), instead of a Python sum over 512 bytes. Anything
-        else, or any doubt, goes through :meth:`_next_member`, which names the error.
+        The loop takes the common case itself: a plain ustar regular file with no prefix
+        (:func:`~shardkit.format.tario.headers.plain_header`), a name that needs no second
+        look (:func:`~shardkit.format.tario.names.fast_name`), and all of it (header, data,
+        padding) already in the buffer. Anything else, or any doubt, goes through
+        :meth:`_next_member`, which names the error.
         A pax or GNU long-name header before a member (``webdataset.ShardWriter`` writes
         one per member, through ``tarfile``) takes :meth:`_fast_extended` first.
         """
@@ -75,7 +66,6 @@ class TarReader(MemberReader):
         key = None
         sample_offset = self.member_offset
         slow = self._next_member
-        unpack = _HEADER.unpack_from
         end = self.end
         keep = self.keep_data
         limit = self.max_member if keep else None
@@ -86,39 +76,20 @@ class TarReader(MemberReader):
             p = self._pos
             item: tuple[str, bytes | int] | None = None
             if len(buf) - p >= BLOCK and (end is None or self._base + p < end):
-                raw, sizef, chkf, tf, prefix0 = unpack(buf, p)
-                if (
-                    (tf == b"0" or tf == b"\0")
-                    and prefix0 == b"\0"
-                    and not sizef[:11].strip(_OCTAL_DIGITS)  # all octal digits
-                    and not chkf[:6].strip(_OCTAL_DIGITS)
-                    and sizef[11] in (0, 32)
-                    and chkf[6] in (0, 32)
-                ):
-                    size = int(sizef[:11], 8)
-                    total = BLOCK + size + (-size) % BLOCK
-                    raw = raw.partition(b"\0")[0]
-                    if (
-                        p + total <= len(buf)
-                        and (limit is None or size <= limit)
-                        and (adler32(buf[p : p + BLOCK]) & 0xFFFF)
-                        == (int(chkf[:6], 8) - 255 + sum(chkf)) % 65521
-                        and raw
-                        and raw[0] != 47
-                        and b".." not in raw
-                        and b"\\" not in raw
-                        and raw[1:2] != b":"
-                    ):
-                        try:
-                            name = raw.decode()
-                        except UnicodeDecodeError:  # not UTF-8: the slow path refuses it
-                            name = ""
-                        if name:
-                            self.member_offset = self._base + p
-                            self._pos = p + total
-                            item = (name, buf[p + BLOCK : p + BLOCK + size] if keep else size)
-                elif tf == b"x" or tf == b"L":
-                    item = self._fast_extended(buf, p, tf == b"L")
+                tf = buf[p + 156]
+                if tf == 48 or tf == 0:  # b"0" or NUL: a regular file
+                    plain = plain_header(buf, p)
+                    if plain is not None and not plain[2]:  # no ustar prefix to join
+                        raw, size, _ = plain
+                        total = BLOCK + size + (-size) % BLOCK
+                        if p + total <= len(buf) and (limit is None or size <= limit):
+                            name = fast_name(raw)
+                            if name is not None:
+                                self.member_offset = self._base + p
+                                self._pos = p + total
+                                item = (name, buf[p + BLOCK : p + BLOCK + size] if keep else size)
+                elif tf == 120 or tf == 76:  # b"x" or b"L": a pax or GNU long-name header
+                    item = self._fast_extended(buf, p, tf == 76)
             if item is None:
                 item = slow()
                 if item is None:
@@ -188,25 +159,17 @@ class TarReader(MemberReader):
                 if rec is None:
                     return None
                 name, psize = rec
-        m = _FIELDS.match(buf, q + 124)
-        if (
-            m is None
-            or (adler32(buf[q : q + BLOCK]) & 0xFFFF)
-            != (int(m[2], 8) - 255 + sum(buf[q + 148 : q + 156])) % 65521
-        ):
+        plain = plain_header(buf, q)
+        if plain is None:
             return None
         if name is None:
-            if buf[q + 345]:  # a ustar prefix: the general path joins it
+            if plain[2]:  # a ustar prefix: the general path joins it
                 return None
-            nul = buf.find(b"\0", q, q + 100)
-            name = buf[q : nul if nul >= 0 else q + 100]
-        if not name or name[0] == 47 or name[1:2] == b":" or _BAD_PART.search(name):
+            name = plain[0]
+        text = fast_name(name)
+        if text is None:
             return None
-        try:
-            text = name.decode()
-        except UnicodeDecodeError:  # not UTF-8: the general path refuses it
-            return None
-        size = int(m[1], 8) if psize is None else psize
+        size = plain[1] if psize is None else psize
         keep = self.keep_data
         self.member_offset = first = self._base + p
         stop = q + BLOCK + size
@@ -222,7 +185,7 @@ class TarReader(MemberReader):
         the length prefix of a record that fills it (``b"28 "``), or None when in doubt."""
         hdr = buf[p : p + BLOCK]
         sizef, chkf = hdr[124:136], hdr[148:156]
-        if not (_octal(sizef, 11) and _octal(chkf, 6) and _sum_ok(hdr, chkf)):
+        if not (octal_field(sizef, 11) and octal_field(chkf, 6) and sum_matches(hdr, chkf)):
             return None
         esize = int(sizef[:11], 8)
         if esize > _FAST_META:
@@ -233,10 +196,16 @@ class TarReader(MemberReader):
 
 
 def iter_members(
-    f: BinaryIO, *, url: str = "<stream>", start: int = 0, end: int | None = None
+    f: BinaryIO,
+    *,
+    url: str = "<stream>",
+    start: int = 0,
+    end: int | None = None,
+    policy: str = "strict",
 ) -> Iterator[tuple[str, bytes]]:
     """Yield ``(name, data)`` for each regular file member of a tar stream."""
-    return cast(Iterator[tuple[str, bytes]], TarReader(f, url=url, start=start, end=end).members())
+    reader = TarReader(f, url=url, start=start, end=end, policy=policy)
+    return cast(Iterator[tuple[str, bytes]], reader.members())
 
 
 def iter_samples(
@@ -247,9 +216,12 @@ def iter_samples(
     end: int | None = None,
     size: int | None = None,
     max_member: int = DEFAULT_MAX_MEMBER,
+    policy: str = "strict",
 ) -> Iterator[tuple[int, Sample]]:
     """Yield ``(byte_offset, sample)`` of a tar stream (see :meth:`TarReader.samples`)."""
-    reader = TarReader(f, url=url, start=start, end=end, size=size, max_member=max_member)
+    reader = TarReader(
+        f, url=url, start=start, end=end, size=size, max_member=max_member, policy=policy
+    )
     return reader.samples()
 
 
@@ -260,6 +232,7 @@ def read_shard(
     start: int = 0,
     end: int | None = None,
     max_member: int = DEFAULT_MAX_MEMBER,
+    policy: str = "strict",
 ) -> Iterator[Sample]:
     """Iterate the samples of a tar shard (a path or a binary stream).
 
@@ -269,26 +242,38 @@ def read_shard(
     from the shard's index; offsets in the decompressed tar for a compressed shard): a
     path is opened there, a stream must already be positioned at ``start`` (and is then
     taken as a plain tar). A member larger than ``max_member`` bytes is a
-    :class:`ShardFormatError`.
+    :class:`ShardFormatError`. ``policy`` says what links, devices, FIFOs and unknown
+    member types do: ``"strict"`` refuses them, ``"lenient"`` skips them with a warning
+    (see :class:`~shardkit.format.tario.members.MemberReader`).
     """
+    opts = _Options(max_member, policy)
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
-        name = url or path
-        return _read_path(path, name, start, end, max_member)
+        return _read_path(path, url or path, start, end, opts)
     name = str(url or getattr(source, "name", None) or "<stream>")
     if start:
-        samples = iter_samples(source, url=name, start=start, end=end, max_member=max_member)
+        samples = iter_samples(
+            source, url=name, start=start, end=end, max_member=max_member, policy=policy
+        )
         return (s for _, s in samples)
-    return _read_stream(source, name, end, max_member)
+    return _read_stream(source, name, end, opts)
 
 
-def _read_stream(f: BinaryIO, url: str, end: int | None, max_member: int) -> Iterator[Sample]:
+class _Options(NamedTuple):
+    max_member: int
+    policy: str
+
+
+def _read_stream(f: BinaryIO, url: str, end: int | None, opts: _Options) -> Iterator[Sample]:
     with open_tar(f, url=url) as (tar, _):
-        yield from (s for _, s in iter_samples(tar, url=url, end=end, max_member=max_member))
+        samples = iter_samples(
+            tar, url=url, end=end, max_member=opts.max_member, policy=opts.policy
+        )
+        yield from (s for _, s in samples)
 
 
 def _read_path(
-    path: str, url: str, start: int, end: int | None, max_member: int
+    path: str, url: str, start: int, end: int | None, opts: _Options
 ) -> Iterator[Sample]:
     try:
         f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by the generator
@@ -300,27 +285,10 @@ def _read_path(
                 f.seek(start)
             else:
                 skip_bytes(tar, start)
-        samples = iter_samples(tar, url=url, start=start, end=end, max_member=max_member)
+        samples = iter_samples(
+            tar, url=url, start=start, end=end, max_member=opts.max_member, policy=opts.policy
+        )
         yield from (s for _, s in samples)
-
-
-def skip_bytes(f: BinaryIO, n: int) -> None:
-    """Read and drop ``n`` bytes of a stream that cannot seek (a decompressor)."""
-    while n > 0:
-        got = f.read(min(n, _CHUNK))
-        if not got:
-            return
-        n -= len(got)
-
-
-def _octal(field: bytes, digits: int) -> bool:
-    """A number field of ``digits`` octal digits and a NUL or space (what the fast path takes)."""
-    return not field[:digits].strip(_OCTAL_DIGITS) and field[digits] in (0, 32)
-
-
-def _sum_ok(hdr: bytes, chkf: bytes) -> bool:
-    """The checksum of header block ``hdr``, through adler32's low half (1 + byte sum)."""
-    return (adler32(hdr) & 0xFFFF) == (int(chkf[:6], 8) - 255 + sum(chkf)) % 65521
 
 
 def _simple_pax(data: bytes) -> tuple[bytes | None, int | None] | None:

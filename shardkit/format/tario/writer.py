@@ -7,7 +7,7 @@ byte-identical shards.
 from __future__ import annotations
 
 from shardkit.errors import WriterError
-from shardkit.format.tario.names import key_problem
+from shardkit.format.tario.names import key_problem, normal_key
 
 __all__ = [
     "BLOCK",
@@ -118,13 +118,16 @@ def member_header(name: str, size: int) -> bytes:
     return _raw_header(pax_name, b"", len(body), b"x") + body + padding(len(body)) + header
 
 
-def check_key(key: str) -> None:
-    """Raise :class:`WriterError` unless ``key`` round-trips through a tar member name."""
+def check_key(key: str) -> str:
+    """``key`` in the form the reader gives it back (a leading ``./`` dropped); raise
+    :class:`WriterError` unless that form round-trips through a tar member name."""
     if not isinstance(key, str) or not key:
         raise WriterError(f"sample key must be a non-empty string, got {key!r}")
-    problem = key_problem(key)
+    normal = normal_key(key)
+    problem = key_problem(normal)
     if problem is not None:
         raise WriterError(f"sample key {key!r} {problem}")
+    return normal
 
 
 def check_field(key: str, field: str) -> None:

@@ -1,0 +1,181 @@
+"""A tar conformance corpus, written by the tests themselves: GNU tar in every format (with
+sparse files), bsdtar, pzstd, Python's tarfile, and hand-made headers for what no tool
+here writes (signed checksums, a one-block end, ``X``/``V``/``A`` headers).
+
+Where bsdtar or pzstd is missing (``scripts/setup.sh`` installs them), the same layout is
+written with Python instead, so a test never silently skips: :func:`pzstd` writes pzstd's
+layout (a skippable frame before each zstd frame) itself, :func:`bsdtar` falls back to
+tarfile's pax output. GNU tar is part of every Debian system.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import struct
+import subprocess
+import tarfile
+from pathlib import Path
+
+from shardkit.format.tario.names import normal_name, split_key
+from tests.helpers.hostile import with_fields
+
+Files = list[tuple[str, bytes]]
+
+
+def sparse_bytes(size: int, chunks: list[tuple[int, bytes]]) -> bytes:
+    """A file of ``size`` zero bytes with each ``(offset, data)`` chunk written in."""
+    out = bytearray(size)
+    for off, data in chunks:
+        out[off : off + len(data)] = data
+    return bytes(out)
+
+
+def write_sparse(path: Path, size: int, chunks: list[tuple[int, bytes]]) -> bytes:
+    """A sparse file on disk (holes where no chunk is); its bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.truncate(size)
+        for off, data in chunks:
+            f.seek(off)
+            f.write(data)
+    return sparse_bytes(size, chunks)
+
+
+def source_tree(root: Path, *, long_names: bool = True) -> dict[str, bytes]:
+    """A folder of sample files (two sparse ones, one with 60 data chunks); its files."""
+    files = {
+        "a/s0001.txt": b"first sample",
+        "a/s0001.json": b'{"id": 1}',
+        "a/s0002.txt": b"",
+        "b.bin": bytes(range(256)) * 13,
+        "\u043a\u043b\u044e\u0447/k.txt": "\u0442\u0435\u043a\u0441\u0442".encode(),
+    }
+    if long_names:
+        files["deep/" + "n" * 120 + ".txt"] = b"a long name"
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    files["sp/holes.bin"] = write_sparse(
+        root / "sp/holes.bin", 86016, [(4096, b"A" * 8192), (40960, b"B" * 12000)]
+    )
+    many = [(i * 16384, bytes([65 + i % 26]) * 700) for i in range(60)]
+    files["sp/many.bin"] = write_sparse(root / "sp/many.bin", 60 * 16384 + 5, many)
+    return files
+
+
+def gnu_tar(src: Path, out: Path, *args: str, names: list[str] | None = None) -> bytes:
+    """``tar -cf out ARGS -C src NAMES`` (all of ``src`` as ``.`` without names)."""
+    cmd = ["tar", "--sort=name", *args, "-cf", str(out), "-C", str(src), *(names or ["."])]
+    subprocess.run(cmd, check=True, capture_output=True)
+    return out.read_bytes()
+
+
+def bsdtar(src: Path, out: Path, fmt: str) -> bytes:
+    """bsdtar's ``--format=pax|ustar`` archive of ``src`` (sparse files read as sparse);
+    without bsdtar, tarfile's archive of the same files in that format."""
+    if shutil.which("bsdtar"):
+        cmd = ["bsdtar", f"--format={fmt}", "--read-sparse", "-cf", str(out), "-C", str(src), "."]
+        subprocess.run(cmd, check=True, capture_output=True)
+        return out.read_bytes()
+    form = tarfile.PAX_FORMAT if fmt == "pax" else tarfile.USTAR_FORMAT
+    with tarfile.open(out, "w", format=form) as tf:
+        tf.add(str(src), arcname=".")
+    return out.read_bytes()
+
+
+def pzstd(data: bytes, out: Path) -> bytes:
+    """``data`` compressed by pzstd into ``out``: frames of it, each after a skippable
+    frame holding its size (pzstd's layout); written with Python without pzstd."""
+    raw = out.with_suffix("")
+    raw.write_bytes(data)
+    if shutil.which("pzstd"):
+        cmd = ["pzstd", "-q", "-f", "-p", "2", str(raw), "-o", str(out)]
+        subprocess.run(cmd, check=True, capture_output=True)
+        return out.read_bytes()
+    return pzstd_layout(data, out)
+
+
+def pzstd_layout(data: bytes, out: Path, frame: int = 1 << 16) -> bytes:
+    """pzstd's layout written with Python: ``frame``-byte pieces of ``data``, each a zstd
+    frame after a skippable frame holding that frame's size."""
+    import zstandard
+
+    z = zstandard.ZstdCompressor(level=3)
+    parts = []
+    for at in range(0, max(len(data), 1), frame):
+        packed = z.compress(data[at : at + frame])
+        parts.append(struct.pack("<III", 0x184D2A50, 4, len(packed)) + packed)
+    out.write_bytes(b"".join(parts))
+    return out.read_bytes()
+
+
+def tarfile_bytes(files: Files, fmt: int) -> bytes:
+    """Python's tarfile writing ``files`` in format ``fmt``."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tf:
+        for name, data in files:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def signed_checksums(data: bytes) -> bytes:
+    """``data`` (a tar) with every header's checksum the signed-byte sum (old writers)."""
+    out = bytearray(data)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        offsets = [m.offset for m in tf]
+    for at in offsets:
+        hdr = bytearray(out[at : at + 512])
+        hdr[148:156] = b" " * 8
+        signed = sum(b - 256 if b > 127 else b for b in hdr)
+        hdr[148:156] = b"%06o\0 " % signed
+        out[at : at + 512] = hdr
+    return bytes(out)
+
+
+def one_block_end(data: bytes) -> bytes:
+    """``data`` (a tar) ending after the first zero block of its end-of-archive marker."""
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        tf.getmembers()
+        end = tf.offset
+    return data[: end + 512]
+
+
+def retyped(data: bytes, old: bytes, new: bytes) -> bytes:
+    """``data`` (a tar) with every member's first header of type ``old`` made ``new``."""
+    out = bytearray(data)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        offsets = [m.offset for m in tf]
+    for at in offsets:
+        if out[at + 156 : at + 157] == old:
+            out[at : at + 512] = with_fields(bytes(out[at : at + 512]), {156: new})
+    return bytes(out)
+
+
+def tarfile_files(data: bytes) -> Files:
+    """Every regular member as Python's tarfile reads it (sparse ones expanded), named in
+    the normal form; what a conforming reader must give."""
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        out = []
+        for m in tf:
+            if m.isreg():
+                f = tf.extractfile(m)
+                assert f is not None
+                out.append((normal_name(m.name), f.read()))
+        return out
+
+
+def as_samples(files: Files) -> list[dict[str, object]]:
+    """``files`` grouped into samples as the WebDataset convention groups members."""
+    out: list[dict[str, object]] = []
+    for name, data in files:
+        split = split_key(name)
+        if split is None:
+            continue
+        key, field = split
+        if not out or out[-1]["__key__"] != key:
+            out.append({"__key__": key})
+        out[-1][field] = data
+    return out
