@@ -32,8 +32,8 @@ BROKEN = {
         len(_LEAD),
         "pax size",
     ),
-    "non-utf8-name": (_LEAD + member(b"caf\xe9.txt", b"x") + EOA, len(_LEAD), "UTF-8"),
-    "lone-zero-block": (_LEAD + b"\0" * 512, len(_LEAD), "one zero block"),
+    "unknown-type": (_LEAD + hostile.header("q.txt", typeflag=b"Q") + EOA, len(_LEAD), "type 'Q'"),
+    "zero-block-then-data": (_LEAD + b"\0" * 512 + b"j" * 512, len(_LEAD), "one zero block"),
 }
 IDS = sorted(BROKEN)
 
