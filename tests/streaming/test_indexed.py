@@ -194,3 +194,26 @@ def test_s3_lookups(make_shards: MakeShards, monkeypatch: pytest.MonkeyPatch) ->
         ds = sk.IndexedShards("s3://sets/ix/manifest.json").decode()
         assert [ds[i]["json"]["id"] for i in (15, 0, 9)] == [15, 0, 9]
         assert ds.get("sample-00000011")["json"]["id"] == 11
+
+
+@pytest.mark.integration
+def test_the_random_access_example_scores_a_held_out_slice(tmp_path: Path) -> None:
+    """examples/random_access_eval.py: a slice view through a DataLoader with 2 workers,
+    then the worst samples fetched again by key."""
+    import json
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "random_access_eval.py"
+    r = subprocess.run(
+        [sys.executable, str(script), "--data", str(tmp_path / "d")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["scored"] == 100 and out["first_key"] == "doc-00300"
+    assert len(out["worst"]) == 3 and all(k >= "doc-00300" for k in out["worst"])
+    truth = sk.IndexedShards(str(tmp_path / "d" / "manifest.json")).decode()
+    assert out["worst_labels"] == [truth.get(k)["json"]["label"] for k in out["worst"]]
