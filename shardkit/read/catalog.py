@@ -48,6 +48,7 @@ __all__ = ["ByteRange", "Catalog", "CompactShards", "ShardInfo", "load_catalog",
 log = logging.getLogger(__name__)
 _HEAD = struct.Struct("<8sQ")
 _U64 = struct.Struct("<Q")
+_KEEP_INFOS = 4096  # ShardInfos a CompactShards keeps made (random access asks again and again)
 
 
 class ByteRange(NamedTuple):
@@ -150,6 +151,7 @@ class CompactShards(Sequence[ShardInfo]):
         # an adopted set's origins, honoured (by resolve_url) only for a local manifest
         self._resolver = Manifest(base=base, origins=tuple(compact.header.get("origins") or ()))
         self._base = None if allow_unsafe_urls else self._resolver.base
+        self._made: dict[int, ShardInfo] = {}  # recent ones: a lookup asks for one often
 
     def __len__(self) -> int:
         return len(self.compact)
@@ -164,6 +166,14 @@ class CompactShards(Sequence[ShardInfo]):
         if not -len(self) <= i < len(self):
             raise IndexError(i)
         i %= len(self)
+        made = self._made.get(i)
+        if made is None:
+            if len(self._made) >= _KEEP_INFOS:
+                self._made.clear()
+            made = self._made[i] = self._make(i)
+        return made
+
+    def _make(self, i: int) -> ShardInfo:
         c, unsafe = self.compact, self.allow_unsafe_urls
         url = c.urls[i]
         index = c.index[i]

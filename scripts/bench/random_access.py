@@ -1,0 +1,175 @@
+"""Random access benchmark: sample i by index, shardkit vs mosaic streaming vs litdata vs raw.
+
+Every contender looks up the same seeded random sample numbers, one at a time, in one
+process (what a map-style Dataset under a RandomSampler does per worker):
+
+- local: ``shardkit.IndexedShards`` over the shardkit shards (a search over the shard
+  starts, the sample index, one pread of the sample, its signature checked), mosaic
+  ``StreamingDataset(local=...)[i]`` over MDS shards, litdata ``StreamingDataset(dir)[i]``
+  over its chunks, each written from the same samples; the raw limit is ``os.pread`` of the
+  sample's bytes (offsets from shardkit's index, opened files kept: no parse, no check).
+- remote (shardkit only): the same lookups over HTTP (the tests' RangeServer with
+  ``--latency`` per request) through the node cache (an empty cache every repetition: the
+  first lookups in a shard fetch and verify the pieces they need, the shard then fills)
+  and without a cache (each lookup a ranged read of the ``--piece-size`` pieces holding
+  its sample, each checked). mosaic and litdata read no http(s) remote (object stores
+  only: s3, gs, azure, ...), so they have no remote row here.
+
+Prints lookups/s medians and the share of the raw limit; writes the JSON to ``--out``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import tempfile
+from typing import Any
+
+import _common
+import _peers
+from _common import Dataset, base_parser, describe, finish, fmt, fresh_dir, log, table
+
+from shardkit.units import parse_size
+
+
+def write_shardkit(ds: Dataset, out: str, shard_bytes: int, piece_size: int) -> None:
+    import shardkit
+
+    with shardkit.ShardWriter(out, maxsize=shard_bytes, piece_size=piece_size) as w:
+        for s in ds.samples:
+            w.write(s)
+
+
+def raw_lookup(root: str) -> Any:
+    """``pread`` of each sample's bytes, from shardkit's index (the floor under any reader)."""
+    import numpy as np
+
+    from shardkit.format.manifest.model import Manifest
+    from shardkit.format.tario.index import read_index
+
+    m = Manifest.load(os.path.join(root, "manifest.json"))
+    fds, offsets, starts = [], [], [0]
+    for e in m.shards:
+        path = os.path.join(root, e.url)
+        fds.append(os.open(path, os.O_RDONLY))
+        with open(path + ".idx", "rb") as f:
+            offsets.append(read_index(f.read()))
+        starts.append(starts[-1] + e.nsamples)
+    starts_arr = np.array(starts)
+
+    def get(i: int) -> bytes:
+        s = int(np.searchsorted(starts_arr, i, side="right")) - 1
+        lo, hi = offsets[s][i - starts[s]], offsets[s][i - starts[s] + 1]
+        return os.pread(fds[s], int(hi - lo), int(lo))
+
+    return get
+
+
+def lookups(get: Any, ids: list[int]) -> dict[str, Any]:
+    for i in ids:
+        get(i)
+    return {}
+
+
+def contenders_local(root: str, ids: list[int]) -> list[tuple[str, Any]]:
+    import shardkit
+
+    mosaic = _peers.streaming()
+    from litdata import StreamingDataset as LitDataset
+
+    sk_ds = shardkit.IndexedShards(os.path.join(root, "shardkit", "manifest.json"))
+    mds = mosaic.StreamingDataset(local=os.path.join(root, "mosaic"), shuffle=False, batch_size=1)
+    lit = LitDataset(os.path.join(root, "litdata"))
+    raw = raw_lookup(os.path.join(root, "shardkit"))
+    for get in (sk_ds.__getitem__, mds.__getitem__, lit.__getitem__, raw):
+        get(ids[0])  # open what each opens once (files, indexes), outside the timing
+    return [
+        ("raw pread", lambda: lookups(raw, ids)),
+        ("shardkit IndexedShards", lambda: lookups(sk_ds.__getitem__, ids)),
+        ("mosaic StreamingDataset", lambda: lookups(mds.__getitem__, ids)),
+        ("litdata StreamingDataset", lambda: lookups(lit.__getitem__, ids)),
+    ]
+
+
+def contenders_remote(url: str, ids: list[int], few: list[int]) -> list[tuple[str, Any]]:
+    import shardkit
+
+    def cached() -> dict[str, Any]:
+        with tempfile.TemporaryDirectory() as cache:
+            ds = shardkit.IndexedShards(url, cache_dir=cache)
+            return lookups(ds.__getitem__, ids)
+
+    def uncached() -> dict[str, Any]:
+        return lookups(shardkit.IndexedShards(url).__getitem__, few)
+
+    return [("shardkit http, node cache", cached), ("shardkit http, no cache", uncached)]
+
+
+def report(series: dict[str, Any], counts: dict[str, int]) -> tuple[str, list[dict[str, Any]]]:
+    raw = series.get("raw pread")
+    raw_rate = counts["raw pread"] / raw.median if raw else None
+    rows, recs = [], []
+    for name, s in series.items():
+        rate = counts[name] / s.median
+        pct = rate / raw_rate * 100 if raw_rate else None
+        recs.append({"name": name, "lookups": counts[name], "seconds": s.seconds, "rate": rate})
+        rows.append([name, str(counts[name]), fmt(s.median, ".3f"), fmt(rate), fmt(pct, ".1f")])
+    return table(["contender", "lookups", "median s", "lookups/s", "% of raw"], rows), recs
+
+
+def run_profile(profile: str, args: Any) -> tuple[list[str], dict[str, Any]]:
+    ds = _common.make_dataset(profile, args.size_bytes)
+    root = os.path.join(args.work, f"random-{profile}")
+    log(f"random access: {describe(ds)}; writing it in every format")
+    write_shardkit(ds, fresh_dir(os.path.join(root, "shardkit")), args.shard_bytes, args.piece)
+    _peers.write_mds(ds, fresh_dir(os.path.join(root, "mosaic")), args.shard_bytes)
+    _peers.write_litdata(ds, fresh_dir(os.path.join(root, "litdata")), args.shard_bytes)
+    rng = random.Random(17)
+    ids = [rng.randrange(len(ds.samples)) for _ in range(args.lookups)]
+    before = _common.before_runs(False)
+    texts, out = [], {"samples": len(ds.samples), "payload_bytes": ds.payload_bytes}
+    local = contenders_local(root, ids)
+    series = _common.interleave(args.repeats, local, before=before)
+    text, out["local"] = report(series, {name: len(ids) for name, _ in local})
+    texts.append(f"### random access, local, {describe(ds)}\n\n{text}\n")
+    from remote import Server
+
+    server = Server(os.path.join(root, "shardkit"), args.latency, 1e9, 0)
+    try:
+        few = ids[: args.uncached_lookups]
+        remote = contenders_remote(server.url("manifest.json"), ids, few)
+        series = _common.interleave(args.repeats, remote, before=before)
+        counts = {remote[0][0]: len(ids), remote[1][0]: len(few)}
+        text, out["remote"] = report(series, counts)
+    finally:
+        server.close()
+    texts.append(
+        f"### random access, http with {args.latency * 1000:.0f} ms per request, "
+        f"{describe(ds)}, pieces of {args.piece_size}\n\n{text}\n"
+    )
+    return texts, out
+
+
+def main() -> None:
+    p = base_parser(__doc__.split("\n\n")[0])
+    p.add_argument("--lookups", type=int, default=2000, help="random lookups per contender")
+    p.add_argument("--uncached-lookups", type=int, default=200)
+    p.add_argument("--latency", type=float, default=0.005, help="seconds per http request")
+    p.add_argument("--piece-size", default="1MB", help="shardkit's piece checksums")
+    args = p.parse_args()
+    _common.parse_common(args)
+    args.piece = parse_size(args.piece_size)
+    results: dict[str, Any] = {"size": args.size, "repeats": args.repeats, "profiles": {}}
+    results["lookups"] = args.lookups
+    texts: list[str] = []
+    for profile in args.profile_list:
+        t, results["profiles"][profile] = run_profile(profile, args)
+        texts += t
+    load = "/".join(f"{x:.1f}" for x in os.getloadavg())
+    note = f"medians of {args.repeats}; warm page cache; load average at the end {load}"
+    finish(args.out, "random_access", results, texts, note)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
