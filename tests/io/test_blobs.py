@@ -107,3 +107,25 @@ def test_blob_location_names_the_service(store: Store) -> None:
     assert ("127.0.0.1" in here) and (
         endpoint.split("//")[-1].split(";")[0] in here or "127.0.0.1" in endpoint
     )
+
+
+def test_blob_adopt_and_cache_warm(shards: Manifest, store: Store, tmp_path: Path) -> None:
+    """manifest from-shards adopts a gs:// / az:// set in place; cache warm fills the cache
+    from it; the adopted manifest streams every sample through the warm cache, no request."""
+    runner = CliRunner()
+    pattern = store.url("ds/data-{000000..000002}.tar")
+    res = runner.invoke(cli, ["manifest", "from-shards", pattern, "-o", str(tmp_path / "a")])
+    assert res.exit_code == 0, res.output + str(res.exception or "")
+    adopted = Manifest.load(tmp_path / "a" / "manifest.json")
+    assert [e.checksum for e in adopted.shards] == [e.checksum for e in shards.shards]
+    assert adopted.shards[0].url == store.url(f"ds/{shards.shards[0].url}")
+    cache = tmp_path / "cache"
+    manifest = str(tmp_path / "a" / "manifest.json")
+    res = runner.invoke(cli, ["cache", "warm", manifest, "--cache-dir", str(cache), "--json"])
+    assert res.exit_code == 0, res.output + str(res.exception or "")
+    opener = make_opener(cache_dir=cache)
+    got = read_samples(load_manifest(manifest, opener), opener)
+    assert sorted(s["__key__"] for s in got) == sorted(
+        s["__key__"] for s in read_samples(shards, make_opener())
+    )
+    assert opener.stats()["cache_hits"] == 3 and opener.stats().get("requests", 0) == 0
