@@ -40,7 +40,14 @@ __all__ = [
     "url_scheme",
 ]
 
-REMOTE_PREFIXES = ("http://", "https://", "s3://", "gs://", "az://")  # the urls an origin may name
+REMOTE_PREFIXES = (
+    "http://",
+    "https://",
+    "s3://",
+    "gs://",
+    "az://",
+    "hf://",
+)  # the urls an origin may name
 
 
 def is_absolute(url: str) -> bool:
@@ -159,7 +166,13 @@ def expand_braces(pattern: str) -> list[str]:
 
 
 HTTP_SCHEMES = ("http", "https")
-REMOTE_SCHEMES = (*HTTP_SCHEMES, "s3", "gs", "az")  # read over the network (and through the cache)
+REMOTE_SCHEMES = (
+    *HTTP_SCHEMES,
+    "s3",
+    "gs",
+    "az",
+    "hf",
+)  # read over the network (and through the cache)
 
 
 def url_scheme(url: str) -> str:

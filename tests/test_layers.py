@@ -45,7 +45,19 @@ ORDER: dict[str, list[list[str]]] = {
     "shardkit.check": [["summary", "verify", "adopt"]],
     "shardkit.plan": [["world", "order", "schedule", "ranges", "assign"]],
     "shardkit.io": [
-        ["config", "retry", "local", "pipe", "http", "s3", "blobs", "stores", "verified", "remote"]
+        [
+            "config",
+            "retry",
+            "local",
+            "pipe",
+            "http",
+            "hub",
+            "s3",
+            "blobs",
+            "stores",
+            "verified",
+            "remote",
+        ]
     ],
     "shardkit.read": [
         ["policy", "indexes", "remote_compact", "catalog", "stream", "lookup", "keys"]

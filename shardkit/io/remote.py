@@ -23,6 +23,7 @@ from shardkit.format.digest import Digest
 from shardkit.io.blobs import AzSource, BlobSource, GsSource
 from shardkit.io.config import IoConfig
 from shardkit.io.http import Gate, HttpSource
+from shardkit.io.hub import HubSource
 from shardkit.io.local import open_local
 from shardkit.io.pipe import check_pipe_allowed, open_pipe
 from shardkit.io.s3 import S3Source
@@ -131,6 +132,7 @@ class RemoteOpener:
         self.cfg = cfg
         self.counters = counters or Counters()
         self.http = HttpSource(cfg, self.counters)
+        self.hub = HubSource(cfg, self.counters)
         self._s3: S3Source | None = None
         self._blobs: dict[str, BlobSource] = {}
 
@@ -146,6 +148,8 @@ class RemoteOpener:
             if self._s3 is None:
                 self._s3 = S3Source(self.cfg, self.counters)
             return self._s3
+        if scheme == "hf":
+            return self.hub
         if scheme in ("gs", "az"):
             if scheme not in self._blobs:
                 kind = GsSource if scheme == "gs" else AzSource
