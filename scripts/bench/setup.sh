@@ -24,7 +24,7 @@ $PIP install -q "torch==2.13.0"
 PIN=$(mktemp)
 trap 'rm -f "$PIN"' EXIT
 echo "torch==2.13.0" >"$PIN"
-$PIP install -q -c "$PIN" -e . webdataset xxhash py-spy
+$PIP install -q -c "$PIN" -e ".[s3,gcs,azure]" webdataset xxhash py-spy moto[server] obstore
 $PIP install -q -c "$PIN" "mosaicml-streaming==0.13.0" "litdata==0.2.76"
 $PIP uninstall -q -y torchvision || true
 "$VENV/bin/python" - <<'PY'
