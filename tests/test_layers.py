@@ -34,7 +34,9 @@ ORDER: dict[str, list[list[str]]] = {
         ["checksum", "pieces", "digest", "images", "codecs", "compression"],
         ["manifest", "tario"],
     ],
-    "shardkit.format.manifest": [["check", "model", "compact_pieces", "compact", "journal"]],
+    "shardkit.format.manifest": [
+        ["check", "model", "compact_file", "compact_source", "compact_pieces", "compact", "journal"]
+    ],
     "shardkit.format.tario": [
         ["names", "headers", "sparse", "buffer", "members", "index", "reader", "writer"]
     ],

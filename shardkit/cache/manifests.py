@@ -4,7 +4,8 @@ The first process to want a remote manifest takes its lock in the cache dir and 
 (a conditional GET with the ETag of the copy it has, if any); the others wait on that lock
 and then read the copy. A copy younger than ``manifest_ttl`` seconds is used without
 asking the server at all, so a node's startup costs one request however many processes
-it runs; an older one costs one conditional request (304 when unchanged).
+it runs; an older one costs one conditional request (304 when unchanged). A copy that
+cannot be written (a full disk) is a warning and a counter: the bytes are returned.
 """
 
 from __future__ import annotations
@@ -51,12 +52,18 @@ def fetch_manifest_once(
             os.utime(path)
             counters.add("manifest_cache_hits")
             return _read(path)
-        atomic_write(path, data)
-        if new_etag:
-            atomic_write(etag_path, new_etag.encode())
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(etag_path)
+        try:
+            atomic_write(path, data)
+            if new_etag:
+                atomic_write(etag_path, new_etag.encode())
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(etag_path)
+        except OSError as exc:  # a full disk: the bytes are here, the copy is for later
+            log.warning("%s: no room for the node's copy of the manifest (%s)", url, exc)
+            counters.add("manifest_copies_not_written")
+            with contextlib.suppress(OSError):
+                os.unlink(etag_path)  # never an ETag beside an older copy
         return data
 
 

@@ -16,11 +16,12 @@ from typing import Any, NamedTuple, overload
 import numpy as np
 
 from shardkit.cache.locks import locked
+from shardkit.counters import Counters
 from shardkit.errors import FetchError, ManifestError, ShardFormatError
 from shardkit.format.manifest.compact import (
     Column,
     Compact,
-    build_compact,
+    build_or_keep,
     compact_path,
     fingerprint,
     load_compact,
@@ -209,8 +210,8 @@ class Catalog:
 
     def __reduce__(self) -> tuple[Any, ...]:
         shards = self.shards
-        if isinstance(shards, CompactShards):  # a worker maps the form again, not a copy
-            c = shards.compact
+        if isinstance(shards, CompactShards) and shards.compact.data is None:
+            c = shards.compact  # a worker opens the form again (a form in memory pickles)
             args = (shards.manifest_path, shards.allow_unsafe_urls, shards.remote, c.path, c.digest)
             return (_reopen, args)
         return (Catalog, (shards,))
@@ -291,9 +292,10 @@ def _reopen(
 
 
 def open_compact(manifest_path: str) -> Compact | None:
-    """The compact form of a local manifest: mapped when one fits, else built once for the
+    """The compact form of a local manifest: read when one fits, else built once for the
     node - under a lock, so processes starting together build it once - where the
-    directory is writable; None where none can be had (the caller parses the JSON)."""
+    directory is writable, and kept in memory where it cannot be written (a full disk);
+    None where the directory is not writable (the caller parses the JSON)."""
     path = compact_path(manifest_path)
     try:
         return load_compact(path, manifest_path)
@@ -307,8 +309,14 @@ def open_compact(manifest_path: str) -> Compact | None:
         try:
             return load_compact(path, manifest_path)
         except (FileNotFoundError, ManifestError, OSError):
-            build_compact(manifest_path, path)
-        return load_compact(path, manifest_path)
+            return build_or_keep(manifest_path, path)
+
+
+def _count_in_memory(compact: Compact | None, opener: Opener) -> None:
+    """Count a form kept in memory (no room to write it) in the opener's counters."""
+    counters = getattr(opener, "counters", None)
+    if compact is not None and compact.data is not None and isinstance(counters, Counters):
+        counters.add("compact_forms_in_memory")
 
 
 def open_catalog(
@@ -336,6 +344,7 @@ def open_catalog(
         else:
             path = local_path(src)
             compact = open_compact(path) if os.path.isfile(path) else None
+        _count_in_memory(compact, opener)
         # a url out of the base is refused by the parse, as it names the entry
         if compact is not None and (allow_unsafe_urls or compact.header.get("safe_urls")):
             _check_complete(compact.header.get("incomplete"), src, allow_incomplete)

@@ -31,7 +31,7 @@ from typing import Any
 from shardkit._types import Opener
 from shardkit.cache.locks import locked
 from shardkit.errors import ManifestError
-from shardkit.format.manifest.compact import Compact, map_compact, write_compact
+from shardkit.format.manifest.compact import Compact, map_compact, write_or_keep
 from shardkit.format.manifest.model import Manifest
 
 __all__ = ["form_dir", "open_remote_compact", "reopen_remote_compact"]
@@ -110,8 +110,7 @@ def open_remote_compact(
         source = {"url": url, "location": location, "sha256": digest, "size": len(data)}
         manifest = Manifest.loads(data, source=url)
         del data
-        write_compact(manifest, path, source)
-        return map_compact(path, _for_url(url, path, location))
+        return write_or_keep(manifest, path, source, _for_url(url, path, location))
 
 
 def reopen_remote_compact(url: str, path: str) -> Compact:

@@ -20,6 +20,7 @@ from shardkit.format.manifest.compact import (
     load_compact,
     save_manifest,
 )
+from shardkit.format.manifest.compact_file import PRELUDE
 from shardkit.format.manifest.compact_pieces import BLOCK_ROWS
 from shardkit.format.manifest.model import Manifest, ShardEntry
 from shardkit.format.pieces import Pieces
@@ -160,7 +161,7 @@ def test_damaged_piece_checksums_are_found_when_read(tmp_path: Path) -> None:
     form = load_compact(compact_path(path), path)
     offset = form.header["arrays"]["pieces.digests"][0]
     raw = bytearray(Path(compact_path(path)).read_bytes())
-    start = 16 + int.from_bytes(raw[8:16], "little")  # magic, header length, header
+    start = PRELUDE + int.from_bytes(raw[8:16], "little")  # magic, lengths, checksum, header
     del form
     raw[start + offset + 16 * (BLOCK_ROWS + 1)] ^= 0xFF  # a digest of shard 2
     Path(compact_path(path)).write_bytes(bytes(raw))

@@ -1,24 +1,25 @@
-"""The manifest's compact columnar form: one file of arrays, shared through the page cache.
+"""The manifest's compact columnar form: one file of arrays, built once per node.
 
 ``manifest.json`` stays the interchange format. Beside it (``manifest.json.cols``) a node
 keeps the same shard list as arrays - sizes, sample counts, checksums as raw digests, urls
-as a pattern where they follow one (``data-{000000..}.tar``) - that every process maps
-(``mmap``) instead of parsing: opening a million-shard manifest reads a few hundred bytes
-of header, and the arrays' pages are shared by every process on the node.
+as a pattern where they follow one (``data-{000000..}.tar``) - that every process reads
+instead of parsing: opening a million-shard manifest reads a few hundred bytes of header
+and the arrays, never the piece digests (read by block as shards are opened).
 
-A form is only used when it fits: its header names the size, inode, mtime and SHA-256 of
-the manifest.json it was built from (a changed manifest is hashed again, never trusted on
-its name alone; a remote manifest's form names its url, ETag, size and SHA-256 instead,
-see :mod:`shardkit.read.remote_compact`), and a SHA-256 over its arrays (checked on open:
-a truncated or altered file is rebuilt) - all but the piece digests, which are checked
-block by block as they are read (:mod:`shardkit.format.manifest.compact_pieces`). The content
-fingerprint (:func:`fingerprint`) that resume states carry is kept in the header.
+A form is only used when it fits: its header names the SHA-256 of the manifest.json it was
+built from, and the file's (device, inode, size, mtime_ns, ctime_ns) when it was hashed; a
+manifest whose stat differs in any of them is hashed again (a process remembers the hash
+per stat), so a manifest rewritten in place with the same size and mtime is noticed by its
+ctime and then by its content, never trusted on its name (a remote manifest's form names
+its location, url, size and SHA-256 instead, see :mod:`shardkit.read.remote_compact`). The
+whole form is checked on open, header included (:mod:`shardkit.format.manifest.compact_file`:
+the layout, and why a form replaced under a job cannot hurt it); a damaged one is rebuilt.
+The content fingerprint (:func:`fingerprint`) that resume states carry is in the header.
 
 The build writes the form beside manifest.json as it writes the manifest
-(:func:`save_manifest`), so the first reader of a huge data set never parses the JSON.
-
-Layout: ``MAGIC``, header length (u64 LE), header JSON, then the arrays, each at a
-64-byte aligned offset the header gives.
+(:func:`save_manifest`), so the first reader of a huge data set never parses the JSON. A
+form that cannot be written (a full disk, a read-only directory) is kept in memory
+(:func:`form_in_memory`): the read goes on.
 """
 
 from __future__ import annotations
@@ -26,10 +27,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import mmap
 import os
 import re
-import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +37,14 @@ import numpy as np
 
 from shardkit.durable import atomic_write
 from shardkit.errors import ManifestError
-from shardkit.format.manifest.compact_pieces import LAZY, PieceColumn, encode_pieces
+from shardkit.format.manifest.compact_file import FormFile, encode_form
+from shardkit.format.manifest.compact_pieces import WIDTH, PieceColumn, encode_pieces
+from shardkit.format.manifest.compact_source import (
+    fits_manifest,
+    read_manifest,
+    source_facts,
+    stat_key,
+)
 from shardkit.format.manifest.model import Manifest, incomplete_reason
 
 __all__ = [
@@ -46,19 +52,18 @@ __all__ = [
     "Compact",
     "build_compact",
     "compact_path",
+    "encode_compact",
+    "build_or_keep",
     "fingerprint",
+    "form_in_memory",
     "load_compact",
     "map_compact",
     "save_manifest",
     "write_compact",
+    "write_or_keep",
 ]
 
 log = logging.getLogger(__name__)
-MAGIC = b"SKCOLS\x00\x01"
-FORMAT = "shardkit-columns"
-VERSION = 2  # 2: piece checksums
-_HEAD = struct.Struct("<8sQ")
-_ALIGN = 64
 _NUM = re.compile(r"^(.*?)(\d+)([^/\d]*)$")
 
 
@@ -160,7 +165,8 @@ def fingerprint(sizes: np.ndarray, counts: np.ndarray, ident: Column) -> str:
 
 @dataclass
 class Compact:
-    """An opened compact form: the manifest's facts and its shard columns (mapped)."""
+    """An opened compact form: the manifest's facts and its shard columns (checked,
+    private to this process)."""
 
     header: dict[str, Any]
     sizes: np.ndarray
@@ -171,9 +177,17 @@ class Compact:
     index_checksums: Column
     path: str
     pieces: PieceColumn
+    data: bytes | None = None  # the form's bytes where it lives in memory (no room on disk)
 
     def __len__(self) -> int:
         return len(self.counts)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its bytes where it lives in memory, else as its path (opened and
+        checked again where it is unpickled)."""
+        if self.data is not None:
+            return (_from_bytes, (self.data, self.path))
+        return (map_compact, (self.path,))
 
     @property
     def digest(self) -> str:
@@ -206,25 +220,16 @@ def _all_safe(manifest: Manifest) -> bool:
     return True
 
 
-def _source_facts(manifest_path: str, data: bytes) -> dict[str, Any]:
-    st = os.stat(manifest_path)
-    return {
-        "size": st.st_size,
-        "ino": st.st_ino,
-        "mtime_ns": st.st_mtime_ns,
-        "sha256": hashlib.sha256(data).hexdigest(),
-    }
-
-
 def build_compact(manifest_path: str, out: str | None = None) -> str:
     """Write the compact form of the local manifest at ``manifest_path`` (atomically)."""
     out = out or compact_path(manifest_path)
-    with open(manifest_path, "rb") as f:
-        data = f.read()
-    source = _source_facts(manifest_path, data)
-    manifest = Manifest.loads(data, source=os.path.abspath(manifest_path))
-    del data
+    manifest, source = _parse(manifest_path)
     return write_compact(manifest, out, source)
+
+
+def _parse(manifest_path: str) -> tuple[Manifest, dict[str, Any]]:
+    data, source = read_manifest(manifest_path)
+    return Manifest.loads(data, source=os.path.abspath(manifest_path)), source
 
 
 def save_manifest(manifest: Manifest, path: str, *, csv_too: bool = True) -> None:
@@ -238,12 +243,12 @@ def save_manifest(manifest: Manifest, path: str, *, csv_too: bool = True) -> Non
     if csv_too:
         atomic_write(os.path.splitext(path)[0] + ".csv", manifest.to_csv().encode())
     atomic_write(path, data)
-    write_compact(manifest, compact_path(path), _source_facts(path, data))
+    write_compact(manifest, compact_path(path), source_facts(data, stat_key(os.stat(path))))
 
 
-def write_compact(manifest: Manifest, out: str, source: dict[str, Any]) -> str:
-    """Write the compact form of ``manifest`` at ``out``; ``source`` says what it was
-    built from (what a reader checks before it trusts the form)."""
+def encode_compact(manifest: Manifest, source: dict[str, Any]) -> list[bytes | memoryview]:
+    """The bytes of the compact form of ``manifest`` (as parts); ``source`` says what it
+    was built from (what a reader checks before it trusts the form)."""
     cols = _columns(manifest)
     arrays: dict[str, np.ndarray] = {
         "sizes": np.fromiter((e.size for e in manifest.shards), "<i8", len(manifest)),
@@ -260,8 +265,6 @@ def write_compact(manifest: Manifest, out: str, source: dict[str, Any]) -> str:
     header: dict[str, Any] = {
         "safe_urls": _all_safe(manifest),
         "incomplete": incomplete_reason(manifest),
-        "format": FORMAT,
-        "version": VERSION,
         "source": source,
         "nshards": len(manifest),
         "total_samples": int(arrays["counts"].sum()),
@@ -274,97 +277,70 @@ def write_compact(manifest: Manifest, out: str, source: dict[str, Any]) -> str:
         "columns": meta,
         "digest": fingerprint(arrays["sizes"], arrays["counts"], cols["checksums"]),
     }
-    blobs: list[bytes | memoryview] = []
-    layout: dict[str, Any] = {}
-    offset = 0
-    h = hashlib.sha256()
-    for name, arr in arrays.items():
-        raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data
-        layout[name] = [offset, arr.dtype.str, list(arr.shape)]
-        pad = b"\0" * (-len(raw) % _ALIGN)
-        if name != LAZY:  # checked block by block as it is read (compact_pieces)
-            h.update(raw)
-            h.update(pad)
-        blobs += [raw, pad]
-        offset += len(raw) + len(pad)
-    header["arrays"] = layout
-    header["arrays_sha256"] = h.hexdigest()
-    text = json.dumps(header, sort_keys=True).encode()
-    text += b" " * (-(len(text) + _HEAD.size) % _ALIGN)
-    atomic_write(out, [_HEAD.pack(MAGIC, len(text)), text, *blobs])  # type: ignore[list-item]
+    return encode_form(header, arrays)
+
+
+def write_compact(manifest: Manifest, out: str, source: dict[str, Any]) -> str:
+    """Write the compact form of ``manifest`` at ``out`` (see :func:`encode_compact`)."""
+    atomic_write(out, encode_compact(manifest, source))  # type: ignore[arg-type]
     return out
 
 
-def _read_header(mm: mmap.mmap, path: str) -> tuple[dict[str, Any], int]:
-    if len(mm) < _HEAD.size:
-        raise ManifestError("compact form is truncated", path=path)
-    magic, n = _HEAD.unpack(mm[: _HEAD.size])
-    if magic != MAGIC or _HEAD.size + n > len(mm):
-        raise ManifestError("not a shardkit compact manifest", path=path)
-    header = json.loads(bytes(mm[_HEAD.size : _HEAD.size + n]))
-    if not isinstance(header, dict) or (header.get("format"), header.get("version")) != (
-        FORMAT,
-        VERSION,
-    ):
-        raise ManifestError("compact form of another format or version", path=path)
-    return header, _HEAD.size + n
+def form_in_memory(manifest: Manifest, source: dict[str, Any], path: str) -> Compact:
+    """The compact form of ``manifest`` held in memory, for where ``path`` cannot be
+    written: the read goes on (``Compact.data`` is set; a worker gets it pickled)."""
+    return _from_bytes(b"".join(encode_compact(manifest, source)), path)
 
 
-def _fits(header: dict[str, Any], manifest_path: str) -> bool:
-    """Whether the form was built from the manifest now at ``manifest_path``."""
-    src = header.get("source") or {}
-    st = os.stat(manifest_path)
-    if (src.get("size"), src.get("ino"), src.get("mtime_ns")) == (
-        st.st_size,
-        st.st_ino,
-        st.st_mtime_ns,
-    ):
-        return True
-    if src.get("size") != st.st_size:
-        return False
-    h = hashlib.sha256()
-    with open(manifest_path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return bool(h.hexdigest() == src.get("sha256"))
+def _from_bytes(data: bytes, path: str) -> Compact:
+    return _opened(FormFile(data, path), None, data)
+
+
+def write_or_keep(
+    manifest: Manifest, out: str, source: dict[str, Any], fits: Fits | None = None
+) -> Compact:
+    """The compact form of ``manifest``, written at ``out`` and opened; where it cannot be
+    written (a full disk, a read-only directory: OSError) kept in memory, with a warning."""
+    try:
+        write_compact(manifest, out, source)
+    except OSError as exc:
+        log.warning("%s: no room for the compact form (%s): keeping it in memory", out, exc)
+        return form_in_memory(manifest, source, out)
+    return map_compact(out, fits)
+
+
+def build_or_keep(manifest_path: str, out: str | None = None) -> Compact:
+    """:func:`build_compact` and open it, or keep it in memory (:func:`write_or_keep`)."""
+    manifest, source = _parse(manifest_path)
+    return write_or_keep(manifest, out or compact_path(manifest_path), source)
+
+
+Fits = Callable[[dict[str, Any]], None]
 
 
 def load_compact(path: str, manifest_path: str) -> Compact:
-    """Map the form at ``path``; ManifestError when it is foreign, stale or damaged."""
+    """Open the form at ``path``; ManifestError when it is foreign, stale or damaged."""
 
     def fits(header: dict[str, Any]) -> None:
-        if not _fits(header, manifest_path):
+        if not fits_manifest(header, manifest_path):
             raise ManifestError("compact form is stale: built from another manifest", path=path)
 
     return map_compact(path, fits)
 
 
-def map_compact(path: str, fits: Callable[[dict[str, Any]], None] | None = None) -> Compact:
-    """Map the form at ``path``: ``fits(header)`` raises where the form is not the one
-    wanted; ManifestError too where it is damaged (its arrays' checksum, their shapes)."""
-    with open(path, "rb") as f:
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    header, start = _read_header(mm, path)
+def map_compact(path: str, fits: Fits | None = None) -> Compact:
+    """Open the form at ``path`` (read and checked, see
+    :mod:`shardkit.format.manifest.compact_file`): ``fits(header)`` raises where the form
+    is not the one wanted; ManifestError too where it is damaged."""
+    return _opened(FormFile(path, path), fits, None)
+
+
+def _opened(form: FormFile, fits: Fits | None, data: bytes | None) -> Compact:
+    header, path = form.header, form.path
     if fits is not None:
         fits(header)
-    body = memoryview(mm)[start:]
+    arrays = form.arrays()
     try:
-        layout = header["arrays"]
-        h = hashlib.sha256()
-        for name, (offset, dtype, shape) in sorted(layout.items(), key=lambda kv: kv[1][0]):
-            if name != LAZY:
-                n = int(np.prod(shape)) * np.dtype(dtype).itemsize if shape else 0
-                h.update(body[offset : offset + n + (-n % _ALIGN)])
-    except (KeyError, ValueError, TypeError, AttributeError) as exc:
-        raise ManifestError(f"compact form's header is damaged: {exc!r}", path=path) from None
-    if h.hexdigest() != header.get("arrays_sha256"):
-        raise ManifestError("compact form's arrays do not match their checksum", path=path)
-    arrays: dict[str, np.ndarray] = {}
-    try:
-        for name, (offset, dtype, shape) in layout.items():
-            dt = np.dtype(dtype)
-            count = int(np.prod(shape)) if shape else 1
-            arrays[name] = np.frombuffer(body, dtype=dt, count=count, offset=offset).reshape(shape)
         cols = {}
         for name in (*_COLUMNS, "pieces"):
             spec = header["columns"][name]
@@ -372,11 +348,14 @@ def map_compact(path: str, fits: Callable[[dict[str, Any]], None] | None = None)
             cols[name] = (spec, own)
         n = int(header["nshards"])
         sizes, counts = arrays["sizes"], arrays["counts"]
-        pieces = PieceColumn(cols["pieces"][0]["meta"], cols["pieces"][1], path)
+        pmeta, parrays = cols["pieces"]
+        pieces = PieceColumn(pmeta["meta"], parrays, path)
+        if pmeta["meta"].get("kind") != "none":
+            pieces.shape, pieces.rows = form.lazy_rows(WIDTH)
         strs = {
             k: Column(v[0]["kind"], v[0]["meta"], v[1]) for k, v in cols.items() if k in _COLUMNS
         }
-    except (KeyError, ValueError, TypeError) as exc:
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
         raise ManifestError(
             f"compact form's header does not fit its arrays: {exc}", path=path
         ) from None
@@ -393,4 +372,5 @@ def map_compact(path: str, fits: Callable[[dict[str, Any]], None] | None = None)
         strs["index_checksums"],
         path,
         pieces,
+        data,
     )

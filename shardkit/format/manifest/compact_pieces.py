@@ -5,7 +5,8 @@ A million 1 GB shards in 16 MiB pieces hold 64 million piece digests (2.2 GB as 
 offset per shard, so a process maps them and touches only the pages of the shards it
 reads. They are not hashed on open (that would read a gigabyte in every process): the
 rows are hashed in blocks, each block's SHA-256 kept in a small array that is checked on
-open, and a block is checked the first time one of its shards' pieces is asked for.
+open, and a block is read (not mapped) and checked when one of its shards' pieces is asked
+for; a reader keeps the last few checked blocks.
 
 Arrays (prefix ``pieces.``): ``offsets`` (int64, one more than shards: shard ``i``'s rows
 are ``offsets[i]:offsets[i+1]``), ``digests`` (uint8, rows x 16), ``blocks`` (uint8,
@@ -16,7 +17,8 @@ every shard has pieces of one size (then ``meta["size"]``).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +31,6 @@ __all__ = ["BLOCK_ROWS", "PieceColumn", "encode_pieces"]
 
 WIDTH = 16  # bytes of an xxh3-128 digest
 BLOCK_ROWS = 1 << 16  # rows hashed together: 1 MiB of digests
-LAZY = "pieces.digests"  # the one array the open does not hash
 
 
 def _block_hashes(digests: np.ndarray) -> np.ndarray:
@@ -62,14 +63,25 @@ def encode_pieces(pieces: Sequence[Pieces | None]) -> tuple[dict[str, Any], dict
     return meta, arrays
 
 
+Rows = Callable[[int, int], bytes]  # rows [lo, hi) of the digests, unchecked
+_KEEP = 8  # checked blocks a reader keeps (8 MiB at most)
+
+
 @dataclass
 class PieceColumn:
-    """The pieces of every shard, mapped; ``self[i]`` is shard ``i``'s :class:`Pieces`."""
+    """The pieces of every shard; ``self[i]`` is shard ``i``'s :class:`Pieces`.
+
+    ``arrays`` holds the small arrays (checked on open); the digests are read by block
+    through ``rows`` (``shape`` is theirs), each block checked against its hash before a
+    row of it is used, the last few checked blocks kept.
+    """
 
     meta: dict[str, Any]
     arrays: dict[str, np.ndarray]
     path: str = ""
-    _checked: set[int] = field(default_factory=set)
+    rows: Rows | None = None
+    shape: list[int] = field(default_factory=list)
+    _blocks: OrderedDict[int, bytes] = field(default_factory=OrderedDict)
 
     def check(self, nshards: int) -> None:
         """Whether the arrays fit together (on open; the digests' blocks are checked later)."""
@@ -77,18 +89,19 @@ class PieceColumn:
             return
         a = self.arrays
         try:
-            offsets, digests, blocks = a["offsets"], a["digests"], a["blocks"]
+            offsets, blocks = a["offsets"], a["blocks"]
         except KeyError as exc:
             raise ManifestError(f"compact form lacks piece array {exc}", path=self.path) from None
         sizes = a.get("sizes")
+        nrows = self.shape[0] if len(self.shape) == 2 else -1
         ok = (
-            len(offsets) == nshards + 1
+            self.rows is not None
+            and len(offsets) == nshards + 1
             and (sizes is None or len(sizes) == nshards)
             and (sizes is not None or int(self.meta.get("size") or 0) > 0)
-            and digests.ndim == 2
-            and digests.shape[1] == WIDTH
-            and int(offsets[-1]) == len(digests)
-            and len(blocks) == -(-len(digests) // BLOCK_ROWS)
+            and self.shape[1:] == [WIDTH]
+            and int(offsets[-1]) == nrows
+            and len(blocks) == -(-nrows // BLOCK_ROWS)
         )
         if not ok:
             raise ManifestError("compact form's piece arrays do not fit", path=self.path)
@@ -101,22 +114,34 @@ class PieceColumn:
         if size <= 0:
             return None
         lo, hi = int(a["offsets"][i]), int(a["offsets"][i + 1])
+        parts = []
         for b in range(lo // BLOCK_ROWS, -(-hi // BLOCK_ROWS)):
-            self._check_block(b)
-        raw = a["digests"][lo:hi].tobytes().hex()
+            block = self._block(b)
+            first = b * BLOCK_ROWS
+            parts.append(
+                block[
+                    (max(lo, first) - first) * WIDTH : (min(hi, first + BLOCK_ROWS) - first) * WIDTH
+                ]
+            )
+        raw = b"".join(parts).hex()
         step = 2 * WIDTH
         return Pieces(size, tuple(raw[k : k + step] for k in range(0, len(raw), step)))
 
-    def _check_block(self, b: int) -> None:
-        if b in self._checked:
-            return
-        flat = self.arrays["digests"].reshape(-1)
-        step = BLOCK_ROWS * WIDTH
-        got = hashlib.sha256(flat[b * step : (b + 1) * step].tobytes()).digest()
-        if got != self.arrays["blocks"][b].tobytes():
+    def _block(self, b: int) -> bytes:
+        """Block ``b`` of the digests, read and checked (or kept from a recent check)."""
+        if b in self._blocks:
+            self._blocks.move_to_end(b)
+            return self._blocks[b]
+        assert self.rows is not None
+        lo = b * BLOCK_ROWS
+        data = self.rows(lo, min(lo + BLOCK_ROWS, self.shape[0]))
+        if hashlib.sha256(data).digest() != self.arrays["blocks"][b].tobytes():
             raise ManifestError(
                 f"compact form's piece checksums (block {b}) do not match their checksum: "
                 "delete it and it is built again from manifest.json",
                 path=self.path,
             )
-        self._checked.add(b)
+        self._blocks[b] = data
+        if len(self._blocks) > _KEEP:
+            self._blocks.popitem(last=False)
+        return data
