@@ -8,6 +8,12 @@ with their sample indexes, and writes one manifest, last and atomically. A faile
 leaves no manifest: its work directory is removed, and a crashed driver leaves only the
 work directory (``.ray-write-*``), never a manifest listing partial shards.
 
+``out`` may be an object-store url (``s3://``, ``gs://``, ``az://``): no shared disk is
+needed. Each task then streams its shards straight into the store under names of its own
+(``data-{run}-t{task:06d}-000000.tar``: nothing to rename), with a manifest of its own;
+the driver writes one manifest over every task's shards, in task order, last, and removes
+the tasks' manifests. A failed job removes what its tasks wrote.
+
 A row is a sample: ``__key__`` (optional; ``{task:06d}/{row:09d}`` when missing) and one
 value per field, encoded by its extension as :meth:`ShardWriter.write` does (``jpg`` bytes,
 ``json`` objects, ``npy`` arrays, ``txt`` strings, ``cls`` ints). ray is the optional extra
@@ -28,7 +34,8 @@ from ray.data import Datasink  # the optional extra: importing shardkit.ray need
 from shardkit.errors import ConfigError
 from shardkit.format.manifest.compact import save_manifest
 from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
-from shardkit.write.outputs import local_target
+from shardkit.io.stores import is_object_url
+from shardkit.write.outputs import ObjectOutput, local_target
 from shardkit.write.writer import (
     DEFAULT_CHECKSUM,
     DEFAULT_PREFIX,
@@ -58,9 +65,14 @@ class ShardDatasink(Datasink[dict[str, Any]]):  # type: ignore[misc, unused-igno
     """
 
     def __init__(self, out_dir: str | os.PathLike[str], **options: Unpack[WriterOptions]) -> None:
-        self.out_dir = os.path.abspath(local_target(out_dir, "ShardDatasink"))
+        self.remote = is_object_url(out_dir)
+        if self.remote:
+            self.out_dir = str(out_dir).rstrip("/") + "/"
+        else:
+            self.out_dir = os.path.abspath(local_target(out_dir, "ShardDatasink"))
         self.options = options
-        self.work_dir = os.path.join(self.out_dir, _WORK + uuid.uuid4().hex[:12])
+        self.run = uuid.uuid4().hex[:12]
+        self.work_dir = os.path.join(self.out_dir, _WORK + self.run)
         self.manifest: Manifest | None = None  # set on the driver when the write is done
 
     def get_name(self) -> str:
@@ -71,6 +83,10 @@ class ShardDatasink(Datasink[dict[str, Any]]):  # type: ignore[misc, unused-igno
         return True
 
     def on_write_start(self, *args: Any, **kwargs: Any) -> None:
+        if self.remote:
+            if ObjectOutput(self.out_dir, "manifest.json").has_manifest():
+                raise ConfigError(f"{self.out_dir} already holds a manifest.json; use another one")
+            return
         if os.path.exists(os.path.join(self.out_dir, "manifest.json")):
             raise ConfigError(f"{self.out_dir} already holds a manifest.json; use another dir")
         os.makedirs(self.work_dir, exist_ok=True)
@@ -80,10 +96,9 @@ class ShardDatasink(Datasink[dict[str, Any]]):  # type: ignore[misc, unused-igno
         from ray.data.block import BlockAccessor
 
         task = int(ctx.task_idx)
-        tdir = os.path.join(self.work_dir, f"task-{task:06d}")
         n = 0
         row: Any
-        with ShardWriter(tdir, **self.options) as w:
+        with self._task_writer(task) as w:
             for block in blocks:
                 for row in BlockAccessor.for_block(block).iter_rows(public_row_format=True):
                     sample = dict(row)
@@ -92,10 +107,24 @@ class ShardDatasink(Datasink[dict[str, Any]]):  # type: ignore[misc, unused-igno
                     n += 1
         return {"task": task, "samples": n}
 
+    def _task_writer(self, task: int) -> ShardWriter:
+        if not self.remote:
+            return ShardWriter(os.path.join(self.work_dir, f"task-{task:06d}"), **self.options)
+        # straight into the store under a name of the task's own: no rename needed after
+        opts = dict(self.options)
+        opts["prefix"] = f"{opts.get('prefix', DEFAULT_PREFIX)}-{self.run}-t{task:06d}"
+        return ShardWriter(self.out_dir, manifest=self._task_manifest(task), **opts)  # type: ignore[arg-type]
+
+    def _task_manifest(self, task: int) -> str:
+        return f"{_WORK}{self.run}-task-{task:06d}.json"
+
     def on_write_complete(self, write_result: Any, *args: Any, **kwargs: Any) -> None:
         """Rename every task's shards into one sequence; write the manifest last."""
         results = getattr(write_result, "write_returns", write_result)
         tasks = sorted(int(r["task"]) for r in results)
+        if self.remote:
+            self._complete_remote(tasks)
+            return
         shards: list[ShardEntry] = []
         fields: dict[str, dict[str, int]] = {}
         prefix = self.options.get("prefix", DEFAULT_PREFIX)
@@ -122,7 +151,46 @@ class ShardDatasink(Datasink[dict[str, Any]]):  # type: ignore[misc, unused-igno
         shutil.rmtree(self.work_dir, ignore_errors=True)
         self.manifest = manifest
 
+    def _complete_remote(self, tasks: list[int]) -> None:
+        """One manifest over every task's shards, in task order, written last."""
+        shards: list[ShardEntry] = []
+        fields: dict[str, dict[str, int]] = {}
+        final = ObjectOutput(self.out_dir, "manifest.json")
+        for task in tasks:
+            out = ObjectOutput(self.out_dir, self._task_manifest(task))
+            m, journal = out.existing()
+            if m is None or journal:
+                raise ConfigError(f"{self.out_dir}: task {task} left no whole manifest")
+            shards.extend(m.shards)
+            final.tags.update(out.tags)
+            for fname, st in m.fields.items():
+                acc = fields.setdefault(fname, {"count": 0, "bytes": 0})
+                acc["count"] += st["count"]
+                acc["bytes"] += st["bytes"]
+        algo = self.options.get("checksum", DEFAULT_CHECKSUM)
+        created = creation_info(source="shardkit.ray.ShardDatasink")
+        manifest = Manifest(shards, algo, fields, created, base=final.base)
+        final.write_manifest(manifest)
+        self._remove_remote(shards_too=False)
+        self.manifest = manifest
+
+    def _remove_remote(self, *, shards_too: bool) -> None:
+        """The tasks' manifests (and, after a failure, their shards) in the store."""
+        out = ObjectOutput(self.out_dir, "manifest.json")
+        stem = out.key(f"{_WORK}{self.run}-")
+        names = [stem]
+        if shards_too:
+            names.append(out.key(f"{self.options.get('prefix', DEFAULT_PREFIX)}-{self.run}-t"))
+        for start in names:
+            for info in list(out.store.list(start)):
+                out.store.delete(info.key)
+        for info in list(out.store.list(out.key(f".{_WORK}{self.run}-"))):
+            out.store.delete(info.key)  # the tasks' ETag records and journals
+
     def on_write_failed(self, error: Exception, *args: Any, **kwargs: Any) -> None:
         """Remove every task's shards: a failed job leaves no manifest and no shards."""
         del error
+        if self.remote:
+            self._remove_remote(shards_too=True)
+            return
         shutil.rmtree(self.work_dir, ignore_errors=True)

@@ -190,26 +190,27 @@ class ObjectOutput(Output):
         self.store, prefix = open_store(url, endpoint_url=endpoint_url)
         self.prefix = prefix.rstrip("/")
         self.base = self.store.url(self.prefix) if self.prefix else self.store.url("").rstrip("/")
-        self.manifest_key = self._key(manifest)
+        self.manifest_key = self.key(manifest)
         self.manifest_path = self.store.url(self.manifest_key)
-        self._journal_dir = self._key(f".{manifest}.journal.d") + "/"
-        self._tags_key = self._key(f".{manifest}.etags.json")
+        self._journal_dir = self.key(f".{manifest}.journal.d") + "/"
+        self._tags_key = self.key(f".{manifest}.etags.json")
         self.tags: dict[str, str] = {}  # shard name -> ETag, as published or journalled
 
-    def _key(self, name: str) -> str:
+    def key(self, name: str) -> str:
+        """The store key of ``name`` under this output's prefix."""
         return posixpath.join(self.prefix, name) if self.prefix else name
 
     def prepare(self, prefix: str) -> None:
-        self.store.abort_stale(self._key(prefix))
+        self.store.abort_stale(self.key(prefix))
 
     def open_shard(self, name: str) -> BinaryIO:
-        up: Any = self.store.upload(self._key(name))
+        up: Any = self.store.upload(self.key(name))
         return up  # type: ignore[no-any-return]
 
     def publish(self, sink: BinaryIO, name: str, index_name: str, index: bytes) -> str:
         assert isinstance(sink, Upload)
         tag = sink.complete()
-        self.store.put(self._key(index_name), index)
+        self.store.put(self.key(index_name), index)
         self.tags[name] = tag
         return tag
 
@@ -256,7 +257,7 @@ class ObjectOutput(Output):
         return self.store.head(self.manifest_key) is not None
 
     def check_shard(self, entry: ShardEntry, tag: str | None) -> str | None:
-        info = self.store.head(self._key(entry.url))
+        info = self.store.head(self.key(entry.url))
         if info is None:
             return "is missing"
         if info.size != entry.size:

@@ -163,8 +163,9 @@ def test_writers_that_write_locally_refuse_a_url_naming_the_way(
         assert res.exit_code != 0 and "writes to a local directory" in said, (argv, said)
     with pytest.raises(ConfigError, match="writes to a local directory"):
         sk.build(["in"], url)
-    from shardkit.ray import ShardDatasink
+    if url.startswith("hf://"):  # the Ray sink writes into s3/gs/az (test_ray_objects.py)
+        from shardkit.ray import ShardDatasink
 
-    with pytest.raises(ConfigError, match="writes to a local directory"):
-        ShardDatasink(url)
+        with pytest.raises(ConfigError, match="writes to a local directory"):
+            ShardDatasink(url)
     assert sorted(os.listdir(tmp_path)) == ["in", "p0"]
