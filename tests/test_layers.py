@@ -18,7 +18,7 @@ import shardkit
 # package -> its units in layers, lowest first; inside a layer, earlier before later
 ORDER: dict[str, list[list[str]]] = {
     "shardkit": [
-        ["_version", "_types", "errors", "units", "urls", "counters", "durable"],
+        ["_version", "_types", "errors", "units", "urls", "per_process", "counters", "durable"],
         ["format"],
         ["io"],
         ["write"],
@@ -64,7 +64,9 @@ ORDER: dict[str, list[list[str]]] = {
     "shardkit.read": [
         ["policy", "indexes", "remote_compact", "catalog", "stream", "lookup", "keys"]
     ],
-    "shardkit.stages": [["base", "collate", "packing", "basic", "decode", "source", "tokens"]],
+    "shardkit.stages": [
+        ["base", "collate", "packing", "basic", "decode", "reading", "source", "epoch", "tokens"]
+    ],
     "shardkit.metrics": [["schema", "job", "alert", "export"]],
     "shardkit.streaming": [
         ["resume", "transfer", "sync", "frameworks", "dataset", "indexed", "mixing", "loader"]

@@ -22,6 +22,7 @@ from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.index import INDEX_MAGIC
 from shardkit.io import IoConfig, load_manifest
 from shardkit.plan.assign import PlanConfig, Ranges, worker_stream
+from shardkit.plan.world import Context
 from shardkit.units import format_bytes, parse_size
 
 __all__ = ["command"]
@@ -106,7 +107,9 @@ def rank_shards(
 ) -> list[int]:
     """The shards ``rank`` reads in ``epoch``, in the order it reads them (shardkit.plan.assign)."""
     counts = [s.nsamples for s in m.shards]
-    mine = worker_stream(counts, PlanConfig(seed, shuffle, remainder), epoch, world, rank, 1, 0)
+    mine = worker_stream(
+        counts, PlanConfig(seed, shuffle, remainder), Context(rank, world, epoch=epoch)
+    )
     assert isinstance(mine, Ranges)  # not resampled
     return mine.shards()
 

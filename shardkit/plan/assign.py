@@ -38,6 +38,7 @@ import numpy as np
 from shardkit.errors import ConfigError, StateDictError
 from shardkit.plan.order import Window, remaining_after_many, stream_seed, uniforms
 from shardkit.plan.ranges import Ranges, coalesce, take_many
+from shardkit.plan.world import Context
 
 __all__ = [
     "REMAINDERS",
@@ -322,9 +323,9 @@ def _resolve(
     cfg: PlanConfig,
     epoch: int,
     history: Sequence[Generation],
-    part: tuple[int, int, int, int] | None,
+    part: Context | None,
 ) -> Ranges:
-    """Stream ``part = (world, rank, workers, worker)`` of what ``history`` left of the
+    """Stream ``part`` (its rank and worker) of what ``history`` left of the
     epoch (None: all of it), mapped down generation by generation to the epoch's order.
     ``O(shards + ranks x workers)`` per generation; only the streams the part touches
     look at their shuffle window."""
@@ -333,13 +334,10 @@ def _resolve(
     a = np.array([0], dtype=np.int64)
     b = np.array([total], dtype=np.int64)
     if part is not None:
-        world, rank, workers, worker = part
-        if not 0 <= rank < world or not 0 <= worker < workers:
-            raise ConfigError(f"rank {rank}/{world} worker {worker}/{workers} is out of range")
-        per = rank_length(total, world, cfg.remainder)
-        lengths = worker_lengths(per, workers)
-        a[0] = rank * per + sum(lengths[:worker])
-        b[0] = a[0] + lengths[worker]
+        per = rank_length(total, part.world, cfg.remainder)
+        lengths = worker_lengths(per, part.workers)
+        a[0] = part.rank * per + sum(lengths[: part.worker])
+        b[0] = a[0] + lengths[part.worker]
         if cfg.remainder == "pad":
             a, b = _unwrap(a, b, total)
     for cut in reversed(cuts):
@@ -394,24 +392,17 @@ class ResampledStream:
 
 
 def worker_stream(
-    counts: Counts,
-    cfg: PlanConfig,
-    epoch: int,
-    world: int,
-    rank: int,
-    workers: int,
-    worker: int,
-    history: Sequence[Generation] = (),
+    counts: Counts, cfg: PlanConfig, ctx: Context, history: Sequence[Generation] = ()
 ) -> Ranges | ResampledStream:
-    """The stream ``(rank, worker)`` reads in ``epoch`` after ``history``."""
+    """The stream ``ctx``'s rank and worker read in ``ctx.epoch`` after ``history``."""
     if not cfg.resampled:
-        return _resolve(counts, cfg, epoch, history, (world, rank, workers, worker))
-    seed = stream_seed(cfg.seed, epoch, len(history), rank, worker, 0x7E5A)
+        return _resolve(counts, cfg, ctx.epoch, history, ctx)
+    seed = stream_seed(cfg.seed, ctx.epoch, len(history), ctx.rank, ctx.worker, 0x7E5A)
     if cfg.epoch_length is None:
         return ResampledStream(counts, seed, None)
-    lengths = stream_lengths(0, cfg, world, workers, history)
+    lengths = stream_lengths(0, cfg, ctx.world, ctx.workers, history)
     assert lengths is not None
-    return ResampledStream(counts, seed, lengths[worker])
+    return ResampledStream(counts, seed, lengths[ctx.worker])
 
 
 def stream_lengths(

@@ -1,4 +1,5 @@
-"""Who am I in the job: rank and world size, read once from torch.distributed or torchrun.
+"""Who am I in the job: rank and world size, read once from torch.distributed or torchrun;
+and :class:`Context`, where one pipeline iteration runs (rank, world, worker, workers, epoch).
 
 shardkit never invents a cluster layer: it reads an initialised ``torch.distributed``
 process group when there is one, else the ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/
@@ -16,7 +17,7 @@ from typing import overload
 
 from shardkit.errors import ConfigError
 
-__all__ = ["WorldInfo"]
+__all__ = ["Context", "WorldInfo"]
 
 
 @overload
@@ -74,3 +75,22 @@ class WorldInfo:
         if local_world is None:  # without torchrun's variable assume a single node
             local_world = max(world, local_rank + 1)
         return cls(rank, world, local_rank, local_world)
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where one iteration of a pipeline runs: this rank of ``world`` ranks, this worker of
+    its ``workers`` workers, in ``epoch``. The one spelling of these five numbers, in this
+    order, from the plan to the loader."""
+
+    rank: int = 0
+    world: int = 1
+    worker: int = 0
+    workers: int = 1
+    epoch: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world or not 0 <= self.worker < self.workers:
+            raise ConfigError(
+                f"rank {self.rank}/{self.world} worker {self.worker}/{self.workers} is out of range"
+            )

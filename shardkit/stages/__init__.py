@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from shardkit.read.policy import POLICIES, check_policy
-from shardkit.stages.base import Context, Grid, Stage, check_state
+from shardkit.stages.base import Context, Cursor, Grid, Stage, check_state, state_epoch
 from shardkit.stages.basic import Batched, Map, Select, ToTuple
 from shardkit.stages.collate import collate_numpy
 from shardkit.stages.decode import Decode
@@ -14,6 +14,7 @@ __all__ = [
     "POLICIES",
     "Batched",
     "Context",
+    "Cursor",
     "Decode",
     "Grid",
     "Map",
@@ -26,4 +27,5 @@ __all__ = [
     "check_state",
     "collate_numpy",
     "sources_of",
+    "state_epoch",
 ]

@@ -1,63 +1,57 @@
-"""The stage protocol: small iterators over an upstream, each able to give and take its cursor.
+"""The stage protocol: a stage is a recipe; iterating it makes a cursor.
 
-A stage's ``state_dict()`` describes everything it has *emitted* so far; it is valid
-between two items the pipeline's last stage hands out. A stage without state of its own
-returns its upstream's state unchanged (so adding a ``map`` does not change the format);
-a stage with state nests its upstream's under ``"source"``::
+A :class:`Stage` describes a step of a pipeline and holds no position: it is built once
+(by the fluent methods), pickled to workers, and shared. ``stage.iterate(ctx, state)``
+makes a :class:`Cursor`: the iterator of one epoch's part (``ctx``: rank, world, worker,
+workers, epoch), which owns the position and starts at ``state`` (None: at the start). A
+state is checked when the cursor is made; one that does not fit raises
+:class:`StateDictError` naming the stage and key. Nothing is ever left "pending".
+
+``cursor.state()`` describes everything the cursor has *emitted* so far; it is valid
+between two items. A cursor without a position of its own returns its upstream's state
+unchanged (so adding a ``map`` does not change the format); one with a position nests its
+upstream's under ``"source"`` (or its upstreams' under ``"sources"``, a list)::
 
     {"stage": "pack_tokens", "version": 1, "skip": 17, "source": {"stage": "shards", ...}}
 
-``load_state_dict(state)`` is called before iteration (after :meth:`Stage.configure`) and
-takes effect at the next ``iter()``; a state that does not fit raises
-:class:`StateDictError` naming the stage and key. Until then the stage holds it as
-*pending* (:meth:`Stage._take_pending`), and ``state_dict()`` gives it back unchanged.
+The protocol of a stage, each part in one place per stage:
 
-Each stage owns its whole resume story here, in one place:
-
-- ``state_dict`` / ``load_state_dict``: its cursor (checked: type, sign, range);
-- ``params``: what its state fits (seed, buffer size, ``seq_len``...), gathered by
+- ``iterate(ctx, state)``: the cursor, restored and checked (type, sign, range);
+- ``params()``: what its states fit (seed, buffer size, ``seq_len``...), gathered by
   :meth:`Stage.spec` into the pipeline's fingerprint, which a loaded state must match;
-- ``merge``: for an elastic resume, the states of every ``(rank, worker)`` of the old run
-  folded into one state that every new rank and worker loads;
-- ``state_epoch``: the epoch a state is for.
+- ``merge(grid)``: for an elastic resume, the states of every ``(rank, worker)`` of the
+  old run folded into one state that every new rank and worker starts from;
+- ``lengths(ctx, state)``: items each worker yields in an epoch, when known up front.
 
 A stage without a cursor of its own (``map``, ``select``, ``to_tuple``, ``batched``)
-passes all of these to its upstream and only adds its parameters to the fingerprint.
+passes ``merge`` and ``lengths`` to its upstream and only adds its parameters.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from shardkit.counters import add_counts
 from shardkit.errors import StateDictError
+from shardkit.plan.world import Context
 
 __all__ = [
     "Context",
+    "Cursor",
     "Grid",
     "Stage",
+    "Step",
     "callable_name",
     "check_int",
     "check_state",
+    "state_epoch",
     "sub_grid",
 ]
 
 # The states of an old run, ``grid[rank][worker]``; None: a worker that had not started.
 Grid = Sequence[Sequence[Mapping[str, Any] | None]]
-
-
-@dataclass(frozen=True)
-class Context:
-    """Where a pipeline runs: the epoch, this rank in the world, this worker among workers."""
-
-    epoch: int = 0
-    rank: int = 0
-    world: int = 1
-    worker: int = 0
-    workers: int = 1
 
 
 def check_state(state: Any, stage: str, version: int, keys: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -89,6 +83,24 @@ def check_int(state: Mapping[str, Any], stage: str, key: str, low: int = 0) -> i
     return value
 
 
+def state_epoch(state: Any) -> int:
+    """The epoch a pipeline state was saved in: its (first) source's ``epoch``, found down
+    the ``"source"``/``"sources"`` nesting."""
+    if not isinstance(state, Mapping):
+        raise StateDictError(f"state must be a dict, got {type(state).__name__}")
+    name = str(state.get("stage"))
+    if "epoch" in state:
+        return check_int(state, name, "epoch")
+    if "source" in state:
+        return state_epoch(state["source"])
+    subs = state.get("sources")
+    if isinstance(subs, list):
+        for sub in subs:
+            if sub is not None:
+                return state_epoch(sub)
+    raise StateDictError(f"{name}: the state holds no source state")
+
+
 def sub_grid(grid: Grid, key: str) -> list[list[Mapping[str, Any] | None]]:
     """The nested states under ``key`` of every state of ``grid``."""
     return [[None if st is None else st[key] for st in row] for row in grid]
@@ -101,85 +113,110 @@ def callable_name(fn: Callable[..., Any]) -> str:
     return f"{module}.{name}" if module else str(name)
 
 
+class Cursor(Iterator[Any]):
+    """One iteration of a stage: the items (``next``), and where it is (``state()``).
+
+    A subclass sets ``items`` (usually a generator over its upstream cursors) and, when it
+    has a position of its own, overrides :meth:`state`.
+    """
+
+    def __init__(self, *upstreams: Cursor) -> None:
+        self.upstreams = list(upstreams)
+        self.items: Iterator[Any] = iter(())
+
+    @property
+    def upstream(self) -> Cursor:
+        return self.upstreams[0]
+
+    def __iter__(self) -> Cursor:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self.items)
+
+    def state(self) -> dict[str, Any]:
+        """What this cursor has emitted so far (a small, JSON-safe dict)."""
+        return self.upstream.state()
+
+    def close(self) -> None:
+        """Stop reading (the files of an unfinished read close); the state stays valid."""
+        close = getattr(self.items, "close", None)
+        if close is not None:
+            close()
+        for up in self.upstreams:
+            up.close()
+
+    def counters(self) -> dict[str, float]:
+        """Counters (samples, bytes, skips, ...) of this iteration, upstreams included."""
+        out: dict[str, float] = {}
+        for up in self.upstreams:
+            add_counts(out, up.counters())
+        return out
+
+
 class Stage:
-    """A pipeline stage over ``upstream`` (None for a source)."""
+    """A pipeline stage over ``upstream`` (None for a source): a recipe, see the module
+    docstring for its protocol."""
 
     name = "stage"
 
     def __init__(self, upstream: Stage | None) -> None:
         self.upstream = upstream
-        self._pending: dict[str, Any] | None = None
 
     def _up(self) -> Stage:
         if self.upstream is None:
             raise TypeError(f"{type(self).__name__} needs an upstream stage")
         return self.upstream
 
-    def clone(self) -> Stage:
-        """A copy of this stage and everything upstream (user code is shared, not copied):
-        pipelines built from one base never share a stage."""
-        new = copy.copy(self)
-        new._pending = None
-        if self.upstream is not None:
-            new.upstream = self.upstream.clone()
-        return new
-
     def children(self) -> list[Stage]:
         """The stages this one reads from."""
         return [] if self.upstream is None else [self.upstream]
 
-    def __iter__(self) -> Iterator[Any]:
+    def clone(self) -> Stage:
+        """A copy of this stage and everything upstream (user code is shared, not copied):
+        the fluent methods change the copy, so pipelines built from one base never share
+        a stage."""
+        new = copy.copy(self)
+        if self.upstream is not None:
+            new.upstream = self.upstream.clone()
+        return new
+
+    # -- the protocol ----------------------------------------------------------------
+    def iterate(self, ctx: Context, state: Mapping[str, Any] | None = None) -> Cursor:
+        """A cursor over ``ctx``'s part of ``ctx.epoch``, from ``state`` (None: the start)."""
         raise NotImplementedError
-
-    def configure(self, ctx: Context) -> None:
-        """Tell the sources where the pipeline runs (before ``iter``)."""
-        for child in self.children():
-            child.configure(ctx)
-
-    # -- the resume protocol ------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """What the pipeline has emitted so far (a cursor, JSON-safe)."""
-        return self._up().state_dict()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from ``state`` at the next ``iter()``."""
-        self._up().load_state_dict(state)
-
-    def clear_state(self) -> None:
-        """Forget a loaded state that was not used (the next ``iter()`` starts fresh)."""
-        self._pending = None
-        for child in self.children():
-            child.clear_state()
-
-    def _take_pending(self) -> dict[str, Any] | None:
-        """The loaded state, once: an ``iter()`` applies it and later ones start fresh."""
-        st, self._pending = self._pending, None
-        return st
 
     def params(self) -> dict[str, Any]:
         """The parameters a state of this stage fits (JSON-safe)."""
         return {}
-
-    def spec(self) -> list[Any]:
-        """The pipeline up to this stage: each stage's name and parameters, in order."""
-        return [*self._up().spec(), {"stage": self.name, **self.params()}]
 
     def merge(self, grid: Grid) -> dict[str, Any] | None:
         """Fold every ``(rank, worker)`` state of an old run into one (None: nothing to
         resume from)."""
         return self._up().merge(grid)
 
-    def state_epoch(self, state: Mapping[str, Any]) -> int:
-        """The epoch ``state`` was saved in."""
-        return self._up().state_epoch(state)
+    def lengths(self, ctx: Context, state: Mapping[str, Any] | None = None) -> list[int] | None:
+        """Items each worker of ``ctx`` yields in an epoch run from ``state`` (None: not
+        known up front)."""
+        return self._up().lengths(ctx, state)
 
-    def lengths(self, ctx: Context) -> list[int] | None:
-        """Items each worker of ``ctx`` yields in an epoch (None when not known up front)."""
-        return self._up().lengths(ctx)
+    def spec(self) -> list[Any]:
+        """The pipeline up to this stage, each stage's name and parameters in order: the
+        fingerprint a state must match."""
+        up = [] if self.upstream is None else self.upstream.spec()
+        return [*up, {"stage": self.name, **self.params()}]
 
-    def counters(self) -> dict[str, float]:
-        """Counters (samples, bytes, skips, ...) of this stage and everything upstream."""
-        out: dict[str, float] = {}
-        for child in self.children():
-            add_counts(out, child.counters())
-        return out
+
+class Step(Stage):
+    """A stage without a position of its own: its cursor's items are its upstream's,
+    passed through :meth:`run`, and its state is its upstream's."""
+
+    def iterate(self, ctx: Context, state: Mapping[str, Any] | None = None) -> Cursor:
+        up = self._up().iterate(ctx, state)
+        cur = Cursor(up)
+        cur.items = self.run(up)
+        return cur
+
+    def run(self, items: Iterator[Any]) -> Iterator[Any]:
+        """The items of this stage, from its upstream's."""
+        raise NotImplementedError

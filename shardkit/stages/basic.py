@@ -1,18 +1,19 @@
-"""The stateless stages: map, select, to_tuple, batched (their cursor is their upstream's)."""
+"""The stages without a position of their own: map, select, to_tuple, batched (their
+cursor's state is their upstream's)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from shardkit.errors import ConfigError, DecodeError
-from shardkit.stages.base import Context, Stage, callable_name
+from shardkit.stages.base import Context, Stage, Step, callable_name
 from shardkit.stages.collate import collate_numpy
 
 __all__ = ["Batched", "Map", "Select", "ToTuple"]
 
 
-class Map(Stage):
+class Map(Step):
     """Apply ``fn`` to every item."""
 
     name = "map"
@@ -24,13 +25,13 @@ class Map(Stage):
     def params(self) -> dict[str, Any]:
         return {"fn": callable_name(self.fn)}
 
-    def __iter__(self) -> Iterator[Any]:
+    def run(self, items: Iterator[Any]) -> Iterator[Any]:
         fn = self.fn
-        for item in self._up():
+        for item in items:
             yield fn(item)
 
 
-class Select(Stage):
+class Select(Step):
     """Keep the items for which ``predicate`` is true (the epoch length is then unknown)."""
 
     name = "select"
@@ -42,17 +43,17 @@ class Select(Stage):
     def params(self) -> dict[str, Any]:
         return {"predicate": callable_name(self.predicate)}
 
-    def __iter__(self) -> Iterator[Any]:
+    def run(self, items: Iterator[Any]) -> Iterator[Any]:
         pred = self.predicate
-        for item in self._up():
+        for item in items:
             if pred(item):
                 yield item
 
-    def lengths(self, ctx: Context) -> list[int] | None:
+    def lengths(self, ctx: Context, state: Mapping[str, Any] | None = None) -> list[int] | None:
         return None
 
 
-class ToTuple(Stage):
+class ToTuple(Step):
     """Turn a sample dict into a tuple of fields; ``"jpg;png"`` takes the first present."""
 
     name = "to_tuple"
@@ -66,17 +67,17 @@ class ToTuple(Stage):
     def params(self) -> dict[str, Any]:
         return {"fields": [";".join(f) for f in self.fields]}
 
-    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+    def run(self, items: Iterator[Any]) -> Iterator[tuple[Any, ...]]:
         fields = self.fields
         if all(len(f) == 1 for f in fields):
             names = [f[0] for f in fields]
-            for sample in self._up():
+            for sample in items:
                 try:
                     yield tuple([sample[n] for n in names])
                 except KeyError:
                     raise self._missing(sample) from None
             return
-        for sample in self._up():
+        for sample in items:
             yield tuple(self._pick(sample, alts) for alts in fields)
 
     def _pick(self, sample: dict[str, Any], alts: list[str]) -> Any:
@@ -94,7 +95,7 @@ class ToTuple(Stage):
         )
 
 
-class Batched(Stage):
+class Batched(Step):
     """Group ``n`` items into one batch with ``collate`` (numpy collation by default).
 
     Args:
@@ -123,10 +124,10 @@ class Batched(Stage):
     def params(self) -> dict[str, Any]:
         return {"n": self.n, "partial": self.partial, "collate": callable_name(self.collate)}
 
-    def __iter__(self) -> Iterator[Any]:
+    def run(self, items: Iterator[Any]) -> Iterator[Any]:
         n, collate = self.n, self.collate
         batch: list[Any] = []
-        for item in self._up():
+        for item in items:
             batch.append(item)
             if len(batch) == n:
                 yield collate(batch)
@@ -134,8 +135,8 @@ class Batched(Stage):
         if batch and self.partial:
             yield collate(batch)
 
-    def lengths(self, ctx: Context) -> list[int] | None:
-        up = self._up().lengths(ctx)
+    def lengths(self, ctx: Context, state: Mapping[str, Any] | None = None) -> list[int] | None:
+        up = self._up().lengths(ctx, state)
         if up is None:
             return None
         if self.partial:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -28,8 +29,17 @@ import numpy as np
 from shardkit.errors import ConfigError, DecodeError, StateDictError
 from shardkit.format.codecs import NpyDecoder, decode_field
 from shardkit.format.images import IMAGE_EXTS
+from shardkit.per_process import PerProcess
 from shardkit.read.policy import check_policy, count_error, report
-from shardkit.stages.base import Grid, Stage, callable_name, check_state, sub_grid
+from shardkit.stages.base import (
+    Context,
+    Cursor,
+    Grid,
+    Stage,
+    callable_name,
+    check_state,
+    sub_grid,
+)
 
 __all__ = ["IMAGE_EXTS", "IMAGE_MODES", "Decode"]
 
@@ -67,6 +77,21 @@ def _image_decoder(mode: str) -> Callable[[bytes], Any] | None:
         return scaled
 
     return decode
+
+
+def _handler_table(
+    image_mode: str, explicit_images: bool, by_name: Mapping[str, Callable[[bytes], Any]]
+) -> dict[str, Callable[[bytes], Any]]:
+    """Field extension -> decoder: images (when Pillow is there), ``npy``, the user's."""
+    table: dict[str, Callable[[bytes], Any]] = {}
+    images = _image_decoder(image_mode)
+    if images is None and explicit_images:
+        raise ConfigError(f"decode({image_mode!r}) needs Pillow: pip install 'shardkit[image]'")
+    if images is not None:
+        table.update(dict.fromkeys(IMAGE_EXTS, images))
+    table["npy"] = NpyDecoder()
+    table.update(by_name)
+    return table
 
 
 class Decode(Stage):
@@ -108,27 +133,13 @@ class Decode(Stage):
         self.explicit_images = any(isinstance(h, str) for h in handlers)
         self.allow_pickle = allow_pickle
         self.policy = check_policy(handler)
-        self._skipped = {"skipped_samples": 0.0, "skipped_shards": 0.0}
-        self._table: dict[str, Callable[[bytes], Any]] | None = None
-        self._bad: set[str] = set()  # shards given up on under "skip_shard" (in the state)
-
-    def _handlers(self) -> dict[str, Callable[[bytes], Any]]:
-        if self._table is None:
-            table: dict[str, Callable[[bytes], Any]] = {}
-            images = _image_decoder(self.image_mode)
-            if images is None and self.explicit_images:
-                raise ConfigError(
-                    f"decode({self.image_mode!r}) needs Pillow: pip install 'shardkit[image]'"
-                )
-            if images is not None:
-                table.update(dict.fromkeys(IMAGE_EXTS, images))
-            table["npy"] = NpyDecoder()
-            table.update(self.by_name)
-            self._table = table
-        return self._table
+        # the image decoder is a closure that does not pickle: made in each process
+        self._table = PerProcess(
+            partial(_handler_table, self.image_mode, self.explicit_images, self.by_name)
+        )
 
     def decode_sample(self, sample: dict[str, Any]) -> dict[str, Any]:
-        table = self._handlers()
+        table = self._table.get()
         key = sample.get("__key__", "?")
         out: dict[str, Any] = {}
         for field, data in sample.items():
@@ -156,33 +167,15 @@ class Decode(Stage):
             out[field] = value
         return out
 
-    def clone(self) -> Decode:
-        new = super().clone()
-        assert isinstance(new, Decode)
-        new._skipped = dict.fromkeys(self._skipped, 0.0)
-        new._bad = set()
-        new._table = None  # made again on first use (its image decoder does not pickle)
-        return new
-
-    # -- resume: the shards given up on are part of the cursor -----------------------
-    def state_dict(self) -> dict[str, Any]:
-        if self._pending is not None:
-            return dict(self._pending)
-        source = self._up().state_dict()
-        return {
-            "stage": self.name,
-            "version": self.version,
-            "bad_urls": sorted(self._bad),
-            "source": source,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    # -- the protocol: the shards given up on are part of the cursor ------------------
+    def iterate(self, ctx: Context, state: Mapping[str, Any] | None = None) -> Cursor:
+        if state is None:
+            return _DecodeCursor(self, self._up().iterate(ctx), set())
         st = check_state(state, self.name, self.version, ("bad_urls", "source"))
         bad = st["bad_urls"]
         if not isinstance(bad, list) or not all(isinstance(u, str) for u in bad):
             raise StateDictError("decode: key 'bad_urls' must be a list of urls")
-        self._up().load_state_dict(st["source"])
-        self._pending = st
+        return _DecodeCursor(self, self._up().iterate(ctx, st["source"]), set(bad))
 
     def params(self) -> dict[str, Any]:
         names = sorted(self.by_name)
@@ -201,37 +194,52 @@ class Decode(Stage):
             return None
         return {"stage": self.name, "version": self.version, "bad_urls": bad, "source": source}
 
-    def state_epoch(self, state: Mapping[str, Any]) -> int:
-        return self._up().state_epoch(state["source"])
+    def lengths(self, ctx: Context, state: Mapping[str, Any] | None = None) -> list[int] | None:
+        return self._up().lengths(ctx, None if state is None else state["source"])
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        st = self._take_pending()
-        self._bad = set() if st is None else set(st["bad_urls"])
-        return self._decode_all()
+
+class _DecodeCursor(Cursor):
+    """Decodes its upstream's samples; skips those of shards given up on."""
+
+    def __init__(self, stage: Decode, up: Cursor, bad: set[str]) -> None:
+        super().__init__(up)
+        self.stage = stage
+        self.bad = bad
+        self.skipped = {"skipped_samples": 0.0, "skipped_shards": 0.0}
+        self.items = self._decode_all()
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage.name,
+            "version": self.stage.version,
+            "bad_urls": sorted(self.bad),
+            "source": self.upstream.state(),
+        }
 
     def _decode_all(self) -> Iterator[dict[str, Any]]:
-        policy = self.policy
-        bad_urls = self._bad
-        for sample in self._up():
+        policy = self.stage.policy
+        bad_urls = self.bad
+        skipped = self.skipped
+        for sample in self.upstream:
             if bad_urls and sample.get("__url__") in bad_urls:
-                self._skipped["skipped_samples"] += 1
+                skipped["skipped_samples"] += 1
                 continue
             try:
-                out = self.decode_sample(sample)
+                out = self.stage.decode_sample(sample)
             except DecodeError as exc:
                 if policy == "raise":
                     raise
-                self._skipped["skipped_samples"] += 1
-                count_error(self._skipped, exc)
+                skipped["skipped_samples"] += 1
+                count_error(skipped, exc)
                 if policy == "skip_shard":
                     bad_urls.add(str(sample.get("__url__")))
-                    self._skipped["skipped_shards"] += 1
+                    skipped["skipped_shards"] += 1
                 report(policy, exc, f"sample {sample.get('__key__')!r}")
                 continue
             yield out
 
     def counters(self) -> dict[str, float]:
         out = super().counters()
-        for k, v in self._skipped.items():
+        for k, v in self.skipped.items():
             out[k] = out.get(k, 0) + v
         return out

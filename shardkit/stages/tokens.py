@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from shardkit.errors import ConfigError, DecodeError
-from shardkit.stages.base import Context, Grid, Stage, check_int, check_state
+from shardkit.stages.base import Context, Cursor, Grid, Stage, check_int, check_state
 from shardkit.stages.packing import Segment, best_fit, pieces, segments_boundaries
 
 __all__ = ["STRATEGIES", "PackTokens"]
@@ -89,7 +89,6 @@ class PackTokens(Stage):
         self.buffer = buffer
         self.boundaries = boundaries
         self.pad = pad
-        self._state: dict[str, Any] | None = None
 
     def _tokens(self, sample: Any) -> np.ndarray:
         try:
@@ -117,75 +116,18 @@ class PackTokens(Stage):
             arr = np.append(arr, np.asarray(self.eos, dtype=arr.dtype))
         return arr
 
-    def __iter__(self) -> Iterator[Any]:
-        up = self._up()
-        st = self._take_pending()  # the upstream took its part in load_state_dict
-        skip = 0 if st is None else int(st["skip"])
-        self._state = None
-        if self.strategy == "best_fit":
-            return self._best_fit(up, skip)
-        return self._greedy(up, skip)
+    def iterate(self, ctx: Context, state: Mapping[str, Any] | None = None) -> Cursor:
+        if state is None:
+            return _PackCursor(self, self._up().iterate(ctx), 0)
+        st = check_state(state, self.name, self.version, ("skip", "source"))
+        skip = check_int(st, self.name, "skip")
+        return _PackCursor(self, self._up().iterate(ctx, st["source"]), skip)
 
     def _emit(self, out: np.ndarray, segments: list[Segment]) -> Any:
         if not self.boundaries:
             return out
         pos, cu = segments_boundaries(segments, self.seq_len)
         return {"tokens": out, "position_ids": pos, "cu_seqlens": cu}
-
-    def _greedy(self, up: Stage, skip: int) -> Iterator[Any]:
-        seq_len = self.seq_len
-        it = iter(up)
-        cur = np.empty(0, dtype=np.int64)
-        cur_off = 0
-        before = up.state_dict()
-        out: np.ndarray | None = None
-        while True:
-            fill = 0
-            segments: list[Segment] = []
-            while fill < seq_len:
-                if cur_off >= len(cur):
-                    before = up.state_dict()
-                    sample = next(it, None)
-                    if sample is None:
-                        return
-                    cur, cur_off, skip = self._tokens(sample), skip, 0
-                    if out is None:
-                        out = np.empty(seq_len, dtype=self.dtype or cur.dtype)
-                take = min(seq_len - fill, len(cur) - cur_off)
-                if take == 0:
-                    continue
-                assert out is not None
-                out[fill : fill + take] = cur[cur_off : cur_off + take]
-                segments.append((cur_off, take))
-                fill += take
-                cur_off += take
-            assert out is not None
-            if cur_off < len(cur):
-                self._state = {"source": before, "skip": cur_off}
-            else:
-                self._state = None  # nothing held: upstream's state is exact
-            yield self._emit(out.copy(), segments)
-
-    def _best_fit(self, up: Stage, skip: int) -> Iterator[Any]:
-        it = iter(up)
-        while True:
-            before = up.state_dict()
-            docs = []
-            for _ in range(self.buffer):
-                sample = next(it, None)
-                if sample is None:
-                    break
-                doc = self._tokens(sample)
-                if len(doc):
-                    docs.append(doc)
-            seqs = self._place(docs)
-            for i in range(skip, len(seqs)):
-                held = i + 1 < len(seqs)  # sequences of this group are still to come
-                self._state = {"source": before, "skip": i + 1} if held else None
-                yield seqs[i]
-            skip = 0
-            if sample is None:
-                return
 
     def _place(self, docs: list[np.ndarray]) -> list[Any]:
         """One group's sequences: its documents' pieces placed best-fit decreasing."""
@@ -206,22 +148,6 @@ class PackTokens(Stage):
             out.append(self._emit(seq, segments))
         return out
 
-    def state_dict(self) -> dict[str, Any]:
-        if self._pending is not None:
-            return dict(self._pending)
-        held = self._state
-        now = self._up().state_dict()
-        out = {"stage": self.name, "version": self.version, "skip": 0, "source": now}
-        if held:  # a document is being cut: resume re-reads it; "after" has it consumed
-            out.update(skip=held["skip"], source=held["source"], after=now)
-        return out
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        st = check_state(state, self.name, self.version, ("skip", "source"))
-        check_int(st, self.name, "skip")
-        self._up().load_state_dict(st["source"])
-        self._pending = st
-
     def params(self) -> dict[str, Any]:
         dtype = None if self.dtype is None else np.dtype(self.dtype).str
         out = {"field": self.field, "seq_len": self.seq_len, "eos": self.eos, "dtype": dtype}
@@ -241,8 +167,81 @@ class PackTokens(Stage):
             return None
         return {"stage": self.name, "version": self.version, "skip": 0, "source": source}
 
-    def state_epoch(self, state: Mapping[str, Any]) -> int:
-        return self._up().state_epoch(state["source"])
-
-    def lengths(self, ctx: Context) -> list[int] | None:
+    def lengths(self, ctx: Context, state: Mapping[str, Any] | None = None) -> list[int] | None:
         return None
+
+
+class _PackCursor(Cursor):
+    """Cuts its upstream's documents into sequences; holds the document or group being cut
+    (``held``: the upstream's state before it, and how much of it was given)."""
+
+    def __init__(self, stage: PackTokens, up: Cursor, skip: int) -> None:
+        super().__init__(up)
+        self.stage = stage
+        self.held: dict[str, Any] | None = None
+        self.items = self._best_fit(skip) if stage.strategy == "best_fit" else self._greedy(skip)
+
+    def state(self) -> dict[str, Any]:
+        held = self.held
+        now = self.upstream.state()
+        out = {"stage": self.stage.name, "version": self.stage.version, "skip": 0, "source": now}
+        if held:  # a document is being cut: resume re-reads it; "after" has it consumed
+            out.update(skip=held["skip"], source=held["source"], after=now)
+        return out
+
+    def _greedy(self, skip: int) -> Iterator[Any]:
+        stage, up = self.stage, self.upstream
+        seq_len = stage.seq_len
+        it = up
+        cur = np.empty(0, dtype=np.int64)
+        cur_off = 0
+        before = up.state()
+        out: np.ndarray | None = None
+        while True:
+            fill = 0
+            segments: list[Segment] = []
+            while fill < seq_len:
+                if cur_off >= len(cur):
+                    before = up.state()
+                    sample = next(it, None)
+                    if sample is None:
+                        return
+                    cur, cur_off, skip = stage._tokens(sample), skip, 0
+                    if out is None:
+                        out = np.empty(seq_len, dtype=stage.dtype or cur.dtype)
+                take = min(seq_len - fill, len(cur) - cur_off)
+                if take == 0:
+                    continue
+                assert out is not None
+                out[fill : fill + take] = cur[cur_off : cur_off + take]
+                segments.append((cur_off, take))
+                fill += take
+                cur_off += take
+            assert out is not None
+            if cur_off < len(cur):
+                self.held = {"source": before, "skip": cur_off}
+            else:
+                self.held = None  # nothing held: upstream's state is exact
+            yield stage._emit(out.copy(), segments)
+
+    def _best_fit(self, skip: int) -> Iterator[Any]:
+        stage, up = self.stage, self.upstream
+        it = up
+        while True:
+            before = up.state()
+            docs = []
+            for _ in range(stage.buffer):
+                sample = next(it, None)
+                if sample is None:
+                    break
+                doc = stage._tokens(sample)
+                if len(doc):
+                    docs.append(doc)
+            seqs = stage._place(docs)
+            for i in range(skip, len(seqs)):
+                held = i + 1 < len(seqs)  # sequences of this group are still to come
+                self.held = {"source": before, "skip": i + 1} if held else None
+                yield seqs[i]
+            skip = 0
+            if sample is None:
+                return

@@ -36,7 +36,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from shardkit.counters import add_counts
-from shardkit.errors import ConfigError, StateDictError
+from shardkit.errors import ConfigError
 from shardkit.format.manifest.model import Manifest
 from shardkit.io.config import IoConfig
 from shardkit.plan.assign import PlanConfig
@@ -52,21 +52,16 @@ from shardkit.stages import (
     ShardSource,
     Stage,
     ToTuple,
-    check_state,
     sources_of,
 )
-from shardkit.stages.base import check_int
+from shardkit.stages.epoch import Epoch
 from shardkit.stages.packing import collate_packed
 from shardkit.streaming.frameworks import check_framework
-from shardkit.streaming.resume import check_fingerprint, fits_epoch
+from shardkit.streaming.resume import EPOCH_MISMATCH, Loaded, check_dataset_state, dataset_state
 
 __all__ = ["EPOCH_MISMATCH", "ShardDataset"]
 
-EPOCH_MISMATCH = ("raise", "discard")
 DEFAULT_BUFSIZE = 1000
-_STATE = "dataset"
-_VERSION = 2
-
 
 log = logging.getLogger(__name__)
 
@@ -155,18 +150,19 @@ class ShardDataset(IterableDataset[Any]):
         self._seed = seed
         self._epoch = 0
         self._grouped = False
-        self._world_given: tuple[int, int] | None = None
-        self._world_hint: tuple[int, int] | None = None
-        self._resume: dict[str, Any] | None = None  # a loaded state's epoch facts
-        self._discard = False
-        self._complete = False
+        self._given: Context | None = None  # split_by_node(rank=, world_size=)
+        self._hint: Context | None = None  # the main process's world, sent to workers
+        self._loaded: Loaded | None = None  # a state for the next iteration
+        self._cursor: Epoch | None = None  # this process's latest iteration
+        self._counted: dict[str, float] = {}  # the counters of the iterations before it
 
     @classmethod
-    def _from_stage(
-        cls, tail: Stage, sources: list[ShardSource], *, handler: str, seed: int
-    ) -> ShardDataset:
+    def over(cls, stage: Stage, like: ShardDataset, *, seed: int) -> ShardDataset:
+        """A data set over ``stage``, a pipeline built from other data sets' (as
+        :func:`~shardkit.mix` builds one), reading with ``like``'s handler and world."""
         obj = cls.__new__(cls)
-        obj._setup(tail, sources, handler, seed)
+        obj._setup(stage, sources_of(stage), like._handler, seed)
+        obj._given = like._given
         return obj
 
     def _derive(self) -> ShardDataset:
@@ -174,14 +170,15 @@ class ShardDataset(IterableDataset[Any]):
         new = copy.copy(self)
         new._tail = self._tail.clone()
         new._sources = sources_of(new._tail)
-        new._resume = None
+        new._loaded, new._cursor, new._counted = None, None, {}
         return new
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        if state["_world_given"] is None and state["_world_hint"] is None:
+        state.update(_cursor=None, _counted={})  # an iteration stays in its process
+        if state["_given"] is None and state["_hint"] is None:
             w = WorldInfo.detect()  # the main process knows the process group
-            state["_world_hint"] = (w.rank, w.world_size)
+            state["_hint"] = Context(w.rank, w.world_size)
         return state
 
     # -- source configuration ------------------------------------------------------
@@ -199,8 +196,7 @@ class ShardDataset(IterableDataset[Any]):
             raise ConfigError("split_by_node: give both rank and world_size, or neither")
         new = self._derive()
         if rank is not None and world_size is not None:
-            WorldInfo(rank, world_size, 0, 1)  # validates
-            new._world_given = (rank, world_size)
+            new._given = Context(rank, world_size)  # validates
         for s in new._sources:
             s.by_node = True
         return new
@@ -234,6 +230,12 @@ class ShardDataset(IterableDataset[Any]):
         for s in new._sources:
             s.config = dataclasses.replace(s.config, epoch_length=n)
         return new
+
+    @property
+    def grouped(self) -> bool:
+        """The items are batches or token sequences, not samples (the source-level
+        methods and :func:`~shardkit.mix` refuse such a data set)."""
+        return self._grouped
 
     # -- stages ---------------------------------------------------------------------
     def _then(self, make: Callable[[Stage], Stage], *, grouped: bool = False) -> ShardDataset:
@@ -320,17 +322,8 @@ class ShardDataset(IterableDataset[Any]):
         if type(epoch) is not int or epoch < 0:
             raise ConfigError(f"epoch must be an int >= 0, got {epoch!r}")
         check_framework(self.splits_by_node, self._length)
-        st = self._resume
-        if st is not None and not fits_epoch(st, epoch):
-            if not self._discard:
-                raise StateDictError(
-                    f"dataset: the loaded state is for epoch {st['epoch']}"
-                    f"{' (ended)' if st['complete'] else ''}, not epoch {epoch}: fix the "
-                    "start epoch, or load it with epoch_mismatch='discard'"
-                )
-            log.warning("dataset: state for epoch %s discarded for epoch %s", st["epoch"], epoch)
-            self._resume = None
-            self._tail.clear_state()
+        if self._loaded is not None:
+            self._loaded = self._loaded.at_epoch(epoch)
         self._epoch = epoch
 
     @property
@@ -350,57 +343,52 @@ class ShardDataset(IterableDataset[Any]):
     def splits_by_node(self) -> bool:
         return any(s.by_node for s in self._sources)
 
-    def world(self) -> tuple[int, int]:
-        """``(rank, world_size)`` this data set splits by."""
-        if self._world_given is not None:
-            return self._world_given
-        if self._world_hint is not None:
-            return self._world_hint
-        w = WorldInfo.detect()
-        return w.rank, w.world_size
-
     def context(self, worker: int = 0, workers: int = 1, epoch: int | None = None) -> Context:
-        rank, world = self.world()
-        return Context(self._epoch if epoch is None else epoch, rank, world, worker, workers)
-
-    def configure(self, ctx: Context) -> None:
-        """Set where the pipeline runs (the loader does this in each worker)."""
-        self._tail.configure(ctx)
+        """Where an iteration of this process runs: the rank and world this data set splits
+        by, ``worker`` of ``workers``, ``epoch`` (default: the current one)."""
+        where = self._given or self._hint
+        if where is None:
+            w = WorldInfo.detect()
+            where = Context(w.rank, w.world_size)
+        epoch = self._epoch if epoch is None else epoch
+        return Context(where.rank, where.world, worker, workers, epoch)
 
     def pipeline(self) -> Stage:
-        """The last stage (iterate it after :meth:`configure`)."""
+        """The last stage: the recipe (see :mod:`shardkit.stages.base`)."""
         return self._tail
+
+    def iterate(self, ctx: Context, state: Mapping[str, Any] | None = None) -> Epoch:
+        """Read ``ctx``'s part of ``ctx.epoch`` from the pipeline state ``state`` (None: from
+        the start): the one way a data set is read, by its own ``iter()`` and by a
+        :class:`~shardkit.WebLoader`'s workers. It becomes this process's current
+        iteration (:meth:`counters`)."""
+        for src in self._sources:
+            src.catalog()
+        cursor = Epoch(self._tail.iterate(ctx, state), self._sources, ctx.epoch)
+        if self._cursor is not None:
+            add_counts(self._counted, self._cursor.counters())
+        self._cursor = cursor
+        return cursor
 
     def __iter__(self) -> Iterator[Any]:
         check_framework(self.splits_by_node, self._length)
         info = get_worker_info()
         ctx = self.context(info.id, info.num_workers) if info is not None else self.context()
-        st, self._resume = self._resume, None
-        if st is not None and st["complete"]:
-            self._tail.clear_state()
-            if st["epoch"] == self._epoch:  # the epoch had ended: nothing is left
-                self._complete = True
-                return iter(())
-        self._tail.configure(ctx)
-        self._complete = False
-        return self._run(iter(self._tail))
-
-    def _run(self, it: Iterator[Any]) -> Iterator[Any]:
-        yield from it
-        self._complete = True
-        # the epoch is read: its prefetch leases go; fills still running (of shards read in
-        # part) go on, as waiting for them would delay the end of the epoch
-        for src in self._sources:
-            drain = getattr(src._opener, "drain", None)
-            if drain is not None:
-                drain(0)
+        loaded, self._loaded = self._loaded, None
+        if loaded is None or loaded.epoch != ctx.epoch:  # none, or one that ended epoch - 1
+            return self.iterate(ctx)
+        cursor = self.iterate(ctx, loaded.state)
+        if loaded.complete:  # the epoch had ended: nothing is left
+            cursor.complete = True
+            return iter(())
+        return cursor
 
     def lengths(self, workers: int = 1) -> list[int] | None:
         """Items each of ``workers`` workers yields this epoch (None: not known up front)."""
         ctx = self.context(0, max(workers, 1))
         for s in self._sources:
             s.catalog()
-        return self._tail.lengths(ctx)
+        return self._tail.lengths(ctx, self._epoch_state())
 
     def _length(self) -> int | None:
         lengths = self.lengths(1)
@@ -427,6 +415,15 @@ class ShardDataset(IterableDataset[Any]):
         return sum(lengths)
 
     # -- state ---------------------------------------------------------------------
+    def _epoch_state(self) -> dict[str, Any] | None:
+        """The pipeline state the current epoch runs from (its elastic history): a loaded
+        one, else the current iteration's (None: a fresh epoch)."""
+        if self._loaded is not None and self._loaded.epoch == self._epoch:
+            return self._loaded.state
+        if self._cursor is not None and self._cursor.epoch == self._epoch:
+            return self._cursor.state()
+        return None
+
     def fingerprint(self) -> list[Any]:
         """What a state of this pipeline fits: each stage and its parameters, the manifest's
         content digest included."""
@@ -439,15 +436,12 @@ class ShardDataset(IterableDataset[Any]):
 
         For a loader with workers or under DDP use :meth:`WebLoader.state_dict`.
         """
-        st = self._resume
-        return {
-            "stage": _STATE,
-            "version": _VERSION,
-            "epoch": self._epoch if st is None else st["epoch"],
-            "complete": self._complete if st is None else st["complete"],
-            "pipeline": self.fingerprint(),
-            "state": self._tail.state_dict(),
-        }
+        loaded, cursor, fingerprint = self._loaded, self._cursor, self.fingerprint()
+        if loaded is not None:  # loaded and not iterated yet: the state as loaded
+            return dataset_state(loaded.epoch, loaded.complete, fingerprint, loaded.state)
+        if cursor is None or cursor.epoch != self._epoch:
+            cursor = Epoch(self._tail.iterate(self.context()), self._sources, self._epoch)
+        return dataset_state(cursor.epoch, cursor.complete, fingerprint, cursor.state())
 
     def load_state_dict(self, state: Mapping[str, Any], *, epoch_mismatch: str = "raise") -> None:
         """Resume from ``state`` at the next ``iter()``, in the state's epoch.
@@ -457,30 +451,22 @@ class ShardDataset(IterableDataset[Any]):
             epoch_mismatch: ``"raise"`` (default) when a later ``set_epoch`` names an
                 epoch the state does not fit, or ``"discard"`` the state then.
         """
-        if epoch_mismatch not in EPOCH_MISMATCH:
-            raise ConfigError(f"epoch_mismatch must be one of {EPOCH_MISMATCH}")
-        st = check_state(state, _STATE, _VERSION, ("epoch", "complete", "pipeline", "state"))
-        epoch = check_int(st, _STATE, "epoch")
-        if not isinstance(st["complete"], bool):
-            raise StateDictError("dataset: key 'complete' must be true or false")
-        check_fingerprint(st["pipeline"], self.fingerprint())
-        tail = st["state"]
-        if not isinstance(tail, Mapping) or self._tail.state_epoch(tail) != epoch:
-            raise StateDictError("dataset: the pipeline state is for another epoch")
-        self._tail.configure(self.context(epoch=epoch))
-        self._tail.load_state_dict(tail)
-        self._resume = {"epoch": epoch, "complete": st["complete"]}
-        self._discard = epoch_mismatch == "discard"
+        discard = Loaded.discards(epoch_mismatch)
+        epoch, complete, tail = check_dataset_state(state, self.fingerprint())
+        self._tail.iterate(self.context(epoch=epoch), tail)  # checks it: a cursor, dropped
+        self._loaded = Loaded(tail, epoch, complete, discard, "dataset")
         self._epoch = epoch
 
     def counters(self) -> dict[str, float]:
         """Samples, bytes and skips so far in this process."""
-        return self._tail.counters()
+        out = dict(self._counted)
+        if self._cursor is not None:
+            add_counts(out, self._cursor.counters())
+        return out
 
     def io_stats(self) -> dict[str, float]:
         """The io counters of this process's openers, summed."""
         out: dict[str, float] = {}
         for s in self._sources:
-            if s._opener is not None:
-                add_counts(out, s._opener.stats())
+            add_counts(out, s.io_stats())
         return out

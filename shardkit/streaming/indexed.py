@@ -35,7 +35,7 @@ from shardkit.read.catalog import Catalog, open_catalog
 from shardkit.read.keys import KeyTable, build_key_table, key_table_path
 from shardkit.read.lookup import Locator, piece_verified, read_sample
 from shardkit.read.stream import read_stream
-from shardkit.stages import Decode, Map, Stage, ToTuple
+from shardkit.stages import Context, Cursor, Decode, Map, Stage, ToTuple
 from shardkit.streaming.dataset import _io_config
 
 __all__ = ["IndexedShards"]
@@ -52,8 +52,10 @@ class _Feed(Stage):
         super().__init__(None)
         self.item: Any = None
 
-    def __iter__(self) -> Iterator[Any]:
-        yield self.item
+    def iterate(self, ctx: Context, state: Mapping[str, Any] | None = None) -> Cursor:
+        cursor = Cursor()
+        cursor.items = iter((self.item,))
+        return cursor
 
 
 class IndexedShards(Dataset[Any]):
@@ -155,7 +157,7 @@ class IndexedShards(Dataset[Any]):
             head = head.upstream
         assert isinstance(head, _Feed)
         head.item = sample
-        return next(iter(self._steps))
+        return next(self._steps.iterate(Context()))
 
     # -- keys ------------------------------------------------------------------------
     def get(self, key: str, default: Any = _MISSING) -> Any:

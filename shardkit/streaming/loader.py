@@ -19,6 +19,7 @@ written before every ``iter()``, so persistent workers follow ``set_epoch`` and
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -34,14 +35,16 @@ from shardkit.errors import ConfigError, StateDictError
 from shardkit.metrics import LoaderStats, counter_delta
 from shardkit.plan.order import stream_seed
 from shardkit.stages import Context
-from shardkit.streaming.dataset import EPOCH_MISMATCH, ShardDataset
+from shardkit.stages.base import state_epoch
+from shardkit.stages.epoch import Epoch
+from shardkit.streaming.dataset import ShardDataset
 from shardkit.streaming.resume import (
     STAGE,
     VERSION,
+    Loaded,
     check_fingerprint,
     check_job_state,
     encode_job_state,
-    fits_epoch,
     merge_rank_states,
     resume_plan,
 )
@@ -75,33 +78,31 @@ class _WorkerSide(IterableDataset[Any]):
         phys, n = (info.id, info.num_workers) if info is not None else (0, 1)
         box = self.mailbox.read()
         logical = (int(box["rotation"]) + phys) % n
+        ctx = Context(int(box["rank"]), int(box["world"]), logical, n, int(box["epoch"]))
         ds = self.dataset
-        ds.set_epoch(int(box["epoch"]))
-        ds.configure(Context(int(box["epoch"]), int(box["rank"]), int(box["world"]), logical, n))
+        ds.set_epoch(ctx.epoch)
         states = box["states"]
         mine = None if states is None else states[logical % len(states)]
-        if mine is None:
-            ds.pipeline().clear_state()
-        else:
-            ds.pipeline().load_state_dict(mine)
         if info is not None:  # a worker process: seed user code's RNGs (never the trainer's)
-            _seed_everything(stream_seed(ds.seed, box["epoch"], box["rank"], logical, 0xBEEF))
-        return self._run(ds, logical, ds.counters(), ds.io_stats())
+            _seed_everything(stream_seed(ds.seed, ctx.epoch, ctx.rank, logical, 0xBEEF))
+        base_io = ds.io_stats()
+        return self._run(ds.iterate(ctx, mine), logical, ds.io_stats, base_io)
 
     def _run(
-        self, ds: ShardDataset, logical: int, base: dict[str, float], base_io: dict[str, float]
+        self,
+        it: Epoch,
+        logical: int,
+        io_stats: Callable[[], dict[str, float]],
+        base_io: dict[str, float],
     ) -> Iterator[tuple[Any, dict[str, Any] | None]]:
-        pipeline = ds.pipeline()
-
         def meta() -> dict[str, Any]:
             return {
                 "w": logical,
-                "s": pipeline.state_dict(),
-                "c": counter_delta(ds.counters(), base),
-                "io": counter_delta(ds.io_stats(), base_io),
+                "s": it.state(),
+                "c": it.counters(),
+                "io": counter_delta(io_stats(), base_io),
             }
 
-        it = iter(pipeline)
         every = self.every
         count = 0
         item = next(it, _END)
@@ -178,10 +179,9 @@ class WebLoader:
         self._epoch = dataset.epoch
         self._sync = sync
         self._end = EpochEnd()
-        self._pending: dict[str, Any] | None = None
-        self._discard = False
+        self._loaded: Loaded | None = None
         self._states: list[dict[str, Any] | None] = [None] * self._logical
-        self._where: tuple[int, int] = (0, 1)
+        self._where = Context(workers=self._logical)
         self._batches = 0
         self._begun: int | None = None  # the epoch the last iteration began in
         self._next_worker = 0
@@ -191,24 +191,10 @@ class WebLoader:
 
     # -- epochs and length ---------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Iterate epoch ``epoch`` next.
-
-        A loaded state fits its own epoch and, when saved after that epoch ended, the next;
-        another epoch raises :class:`StateDictError` (unless the state was loaded with
-        ``epoch_mismatch="discard"``): an off-by-one start epoch never replays or skips
-        data silently.
-        """
-        st = self._pending
-        if st is not None and not fits_epoch(st, epoch):
-            if not self._discard:
-                raise StateDictError(
-                    f"webloader: the loaded state is for epoch {st['epoch']}"
-                    f"{' (ended)' if st['complete'] else ''}, not epoch {epoch}: start at "
-                    f"epoch {st['epoch']}{' or ' + str(st['epoch'] + 1) if st['complete'] else ''}"
-                    ", or load it with epoch_mismatch='discard'"
-                )
-            log.warning("webloader: state for epoch %s discarded for epoch %s", st["epoch"], epoch)
-            self._pending = None
+        """Iterate epoch ``epoch`` next (a loaded state must fit it: see
+        :meth:`~shardkit.streaming.resume.Loaded.at_epoch`)."""
+        if self._loaded is not None:
+            self._loaded = self._loaded.at_epoch(epoch)
         self.dataset.set_epoch(epoch)
         self._epoch = int(epoch)
 
@@ -250,20 +236,13 @@ class WebLoader:
             total = len(self)
         except TypeError:
             return None
-        if self._pending is not None:
-            rank, world = self.dataset.world()
-            pending = self._pending
-            plan = resume_plan(
-                pending,
-                pipeline=self.dataset.pipeline(),
-                epoch=self._epoch,
-                rank=rank,
-                world=world,
-                workers=self._logical,
-            )
+        if self._loaded is not None:
+            where = self.dataset.context(0, self._logical, self._epoch)
+            pending = self._loaded.state
+            plan = resume_plan(pending, self.dataset.pipeline(), where)
             if plan.done:
                 return 0
-            exact = (pending["world"], pending["num_workers"]) == (world, self._logical)
+            exact = (pending["world"], pending["num_workers"]) == (where.world, where.workers)
             return max(total - plan.batches, 0) if exact or plan.states is None else None
         if self._begun == self._epoch:
             return 0 if self._complete else max(total - self._batches, 0)
@@ -295,17 +274,11 @@ class WebLoader:
 
     def _begin(self) -> dict[str, Any] | None:
         """Decide how this iteration starts (fresh, exact resume, elastic) for the mailbox."""
-        rank, world = self.dataset.world()
-        self._where = (rank, world)
-        st, self._pending = self._pending, None
-        plan = resume_plan(
-            st,
-            pipeline=self.dataset.pipeline(),
-            epoch=self._epoch,
-            rank=rank,
-            world=world,
-            workers=self._logical,
-        )
+        where = self.dataset.context(0, self._logical, self._epoch)
+        self._where = where
+        loaded, self._loaded = self._loaded, None
+        st = None if loaded is None else loaded.state
+        plan = resume_plan(st, self.dataset.pipeline(), where)
         self._batches = plan.batches
         self._begun = self._epoch
         self._states = list(plan.states) if plan.states else [None] * self._logical
@@ -313,7 +286,8 @@ class WebLoader:
         self._complete = plan.done
         if plan.done:
             return None
-        box = {"epoch": self._epoch, "rank": rank, "world": world, "rotation": plan.rotation}
+        box = {"epoch": where.epoch, "rank": where.rank, "world": where.world}
+        box["rotation"] = plan.rotation
         return {**box, "states": plan.states}
 
     def _iterate(self, it: Iterator[Any], synced: bool) -> Iterator[Any]:
@@ -378,11 +352,10 @@ class WebLoader:
         (rank 0) and load it on every rank of the next run. Without one it holds this rank's
         cursors (join the ranks' states with :meth:`merge_states`).
         """
-        if self._pending is not None:  # loaded and not iterated yet: the state as loaded
-            return encode_job_state(self._pending)
-        rank, world = self._where
+        if self._loaded is not None:  # loaded and not iterated yet: the state as loaded
+            return encode_job_state(self._loaded.state)
         entry = {
-            "rank": rank,
+            "rank": self._where.rank,
             "batches": self._batches,
             "next_worker": self._next_worker,
             "workers": self._states,
@@ -396,7 +369,7 @@ class WebLoader:
                 "version": VERSION,
                 "epoch": self._epoch,
                 "complete": self._complete,
-                "world": world,
+                "world": self._where.world,
                 "num_workers": self._logical,
                 "pipeline": self._fingerprint,
                 "ranks": ranks,
@@ -416,39 +389,30 @@ class WebLoader:
         fit: another pipeline (stages, seed, shuffle buffer, batch size...), manifest
         content, or a cursor out of range.
         """
-        if epoch_mismatch not in EPOCH_MISMATCH:
-            raise ConfigError(f"epoch_mismatch must be one of {EPOCH_MISMATCH}")
+        discard = Loaded.discards(epoch_mismatch)
         st = check_job_state(state)
         check_fingerprint(st["pipeline"], self._fingerprint)
-        pipeline = self.dataset.pipeline()
         for entry in st["ranks"]:
             for w in entry["workers"]:
-                if w is not None and pipeline.state_epoch(w) != st["epoch"]:
+                if w is not None and state_epoch(w) != st["epoch"]:
                     raise StateDictError(
                         f"webloader: rank {entry['rank']}'s worker state is for epoch "
-                        f"{pipeline.state_epoch(w)}, the state for epoch {st['epoch']}"
+                        f"{state_epoch(w)}, the state for epoch {st['epoch']}"
                     )
         self._check_plan(st)
-        self._pending = st
-        self._discard = epoch_mismatch == "discard"
+        self._loaded = Loaded(st, st["epoch"], st["complete"], discard, STAGE)
         self.dataset.set_epoch(int(st["epoch"]))
         self._epoch = int(st["epoch"])
 
     def _check_plan(self, st: Mapping[str, Any]) -> None:
-        """Load what this rank's workers would load into the (idle) pipeline: a state that
+        """Make (and drop) the cursors this rank's workers will start from: a state that
         does not fit fails here, in the training process, not in a worker."""
-        rank, world = self.dataset.world()
+        where = self.dataset.context(0, self._logical, st["epoch"])
         pipeline = self.dataset.pipeline()
-        plan = resume_plan(
-            st, pipeline=pipeline, epoch=st["epoch"], rank=rank, world=world, workers=self._logical
-        )
-        try:
-            for w, ws in enumerate(plan.states or []):
-                if ws is not None:
-                    self.dataset.configure(Context(st["epoch"], rank, world, w, self._logical))
-                    pipeline.load_state_dict(ws)
-        finally:
-            pipeline.clear_state()
+        plan = resume_plan(st, pipeline, where)
+        for w, ws in enumerate(plan.states or []):
+            if ws is not None:
+                pipeline.iterate(dataclasses.replace(where, worker=w), ws)
 
     @staticmethod
     def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

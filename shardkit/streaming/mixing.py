@@ -22,8 +22,8 @@ import numpy as np
 
 from shardkit.errors import ConfigError, StateDictError
 from shardkit.plan.order import stream_seed, uniforms
-from shardkit.stages import Context, Stage, check_state, sources_of
-from shardkit.stages.base import Grid, check_int
+from shardkit.stages import Context, Stage, check_state
+from shardkit.stages.base import Cursor, Grid, check_int
 from shardkit.streaming.dataset import ShardDataset
 
 __all__ = ["Mix", "mix"]
@@ -63,86 +63,23 @@ class Mix(Stage):
         self.weights = w / w.sum()
         self.seed = seed
         self.longest = longest
-        self._ctx = Context()
-        self._draws = 0
-        self._generation = 0
-        self._exhausted = [False] * len(stages)
-
-    def clone(self) -> Mix:
-        new = copy.copy(self)
-        new._pending = None
-        new.stages = [s.clone() for s in self.stages]
-        return new
 
     def children(self) -> list[Stage]:
         return list(self.stages)
 
-    def configure(self, ctx: Context) -> None:
-        self._ctx = ctx
-        super().configure(ctx)
+    def clone(self) -> Mix:
+        new = copy.copy(self)
+        new.stages = [s.clone() for s in self.stages]
+        return new
 
-    def __iter__(self) -> Iterator[Any]:
-        st = self._take_pending()
-        self._draws, self._exhausted = 0, [False] * len(self.stages)
-        if st is not None:
-            self._draws = int(st["draws"])
-            self._generation = int(st["generation"])
-            self._exhausted = [bool(x) for x in st["exhausted"]]
-        else:
-            self._generation = 0
-        return self._mix([iter(s) for s in self.stages])
-
-    def _choices(self, first: int) -> np.ndarray:
-        """Uniforms for draws ``first ..``: draw ``t`` depends on ``t`` only (resumable)."""
-        ctx = self._ctx
-        seed = stream_seed(self.seed, ctx.epoch, self._generation, ctx.rank, ctx.worker, 0x313)
-        return uniforms(seed, np.arange(first, first + _BLOCK, dtype=np.int64))
-
-    def _mix(self, its: list[Iterator[Any]]) -> Iterator[Any]:
-        n = len(its)
-        if not self.longest and any(self._exhausted):  # resumed after the mixture ended
-            return
-        while not all(self._exhausted):
-            weights = [
-                0.0 if gone else float(w)
-                for gone, w in zip(self._exhausted, self.weights, strict=True)
-            ]
-            total = sum(weights)
-            if total <= 0:
-                return
-            cum = list(itertools.accumulate(weights))
-            active = True
-            while active:  # until a data set runs out and the weights change
-                for u in self._choices(self._draws).tolist():
-                    c = min(bisect.bisect_right(cum, u * total), n - 1)
-                    self._draws += 1
-                    item = next(its[c], _END)
-                    if item is _END:
-                        self._exhausted[c] = True
-                        if not self.longest:
-                            return
-                        active = False
-                        break
-                    yield item
-
-    def state_dict(self) -> dict[str, Any]:
-        if self._pending is not None:
-            return dict(self._pending)
-        return {
-            "stage": self.name,
-            "version": self.version,
-            "draws": self._draws,
-            "generation": self._generation,
-            "exhausted": list(self._exhausted),
-            "sources": [s.state_dict() for s in self.stages],
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def iterate(self, ctx: Context, state: Mapping[str, Any] | None = None) -> Cursor:
+        if state is None:
+            return _MixCursor(self, ctx, [s.iterate(ctx) for s in self.stages])
         st = check_state(
             state, self.name, self.version, ("draws", "generation", "exhausted", "sources")
         )
-        check_int(st, self.name, "draws")
-        check_int(st, self.name, "generation")
+        draws = check_int(st, self.name, "draws")
+        generation = check_int(st, self.name, "generation")
         subs = st["sources"]
         if not isinstance(subs, list) or len(subs) != len(self.stages):
             raise StateDictError(
@@ -154,18 +91,17 @@ class Mix(Stage):
             raise StateDictError("mix: key 'exhausted' needs one flag per source")
         if not all(isinstance(f, bool) for f in flags):
             raise StateDictError("mix: key 'exhausted' must hold true/false flags")
-        for stage, sub in zip(self.stages, subs, strict=True):
-            if sub is None:  # a merged state of a source nothing was read from
-                stage.clear_state()
-            else:
-                stage.load_state_dict(sub)
-        self._pending = st
+        # a source nothing was read from in a merged state (None) starts fresh
+        ups = [s.iterate(ctx, sub) for s, sub in zip(self.stages, subs, strict=True)]
+        return _MixCursor(self, ctx, ups, draws, generation, list(flags))
 
     def params(self) -> dict[str, Any]:
-        return {"weights": self.weights.tolist(), "seed": self.seed, "longest": self.longest}
-
-    def spec(self) -> list[Any]:
-        return [{"stage": self.name, **self.params(), "sources": [s.spec() for s in self.stages]}]
+        return {
+            "weights": self.weights.tolist(),
+            "seed": self.seed,
+            "longest": self.longest,
+            "sources": [s.spec() for s in self.stages],
+        }
 
     def merge(self, grid: Grid) -> dict[str, Any] | None:
         """Each source merged on its own; a new draw sequence (a new generation)."""
@@ -185,22 +121,82 @@ class Mix(Stage):
             "sources": subs,
         }
 
-    def state_epoch(self, state: Mapping[str, Any]) -> int:
-        for stage, sub in zip(self.stages, state["sources"], strict=True):
-            if sub is not None:
-                return stage.state_epoch(sub)
-        raise StateDictError("mix: the state holds no source state")
-
-    def lengths(self, ctx: Context) -> list[int] | None:
+    def lengths(self, ctx: Context, state: Mapping[str, Any] | None = None) -> list[int] | None:
         if not self.longest:
             return None
+        subs = [None] * len(self.stages) if state is None else state["sources"]
         total: list[int] | None = None
-        for s in self.stages:
-            sub = s.lengths(ctx)
+        for s, sub_state in zip(self.stages, subs, strict=True):
+            sub = s.lengths(ctx, sub_state)
             if sub is None:
                 return None
             total = sub if total is None else [a + b for a, b in zip(total, sub, strict=True)]
         return total
+
+
+class _MixCursor(Cursor):
+    """Draws which upstream cursor gives the next item; its state is the draw count, the
+    generation and which upstreams ran out, with each upstream's own state."""
+
+    def __init__(
+        self,
+        stage: Mix,
+        ctx: Context,
+        ups: list[Cursor],
+        draws: int = 0,
+        generation: int = 0,
+        exhausted: list[bool] | None = None,
+    ) -> None:
+        super().__init__(*ups)
+        self.stage = stage
+        self.ctx = ctx
+        self.draws = draws
+        self.generation = generation
+        self.exhausted = exhausted or [False] * len(ups)
+        self.items = self._mix()
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage.name,
+            "version": self.stage.version,
+            "draws": self.draws,
+            "generation": self.generation,
+            "exhausted": list(self.exhausted),
+            "sources": [up.state() for up in self.upstreams],
+        }
+
+    def _choices(self, first: int) -> np.ndarray:
+        """Uniforms for draws ``first ..``: draw ``t`` depends on ``t`` only (resumable)."""
+        ctx = self.ctx
+        seed = stream_seed(self.stage.seed, ctx.epoch, self.generation, ctx.rank, ctx.worker, 0x313)
+        return uniforms(seed, np.arange(first, first + _BLOCK, dtype=np.int64))
+
+    def _mix(self) -> Iterator[Any]:
+        its, n, longest = self.upstreams, len(self.upstreams), self.stage.longest
+        if not longest and any(self.exhausted):  # resumed after the mixture ended
+            return
+        while not all(self.exhausted):
+            weights = [
+                0.0 if gone else float(w)
+                for gone, w in zip(self.exhausted, self.stage.weights, strict=True)
+            ]
+            total = sum(weights)
+            if total <= 0:
+                return
+            cum = list(itertools.accumulate(weights))
+            active = True
+            while active:  # until a data set runs out and the weights change
+                for u in self._choices(self.draws).tolist():
+                    c = min(bisect.bisect_right(cum, u * total), n - 1)
+                    self.draws += 1
+                    item = next(its[c], _END)
+                    if item is _END:
+                        self.exhausted[c] = True
+                        if not longest:
+                            return
+                        active = False
+                        break
+                    yield item
 
 
 def mix(
@@ -220,10 +216,7 @@ def mix(
     for d in datasets:
         if not isinstance(d, ShardDataset):
             raise ConfigError(f"mix takes ShardDatasets, not {type(d).__name__}")
-        if d._grouped:
+        if d.grouped:
             raise ConfigError("mix samples, not batches: call batched()/pack_tokens() after mix()")
     stage = Mix([d.pipeline().clone() for d in datasets], weights, seed=seed, longest=longest)
-    sources = sources_of(stage)
-    out = ShardDataset._from_stage(stage, sources, handler=datasets[0]._handler, seed=seed)
-    out._world_given = datasets[0]._world_given
-    return out
+    return ShardDataset.over(stage, datasets[0], seed=seed)

@@ -34,16 +34,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shardkit.errors import StateDictError
-from shardkit.stages import Stage, check_state
-from shardkit.stages.base import check_int
+from shardkit.errors import ConfigError, StateDictError
+from shardkit.stages import Context, Stage, check_state
+from shardkit.stages.base import check_int, state_epoch
 
 __all__ = [
+    "EPOCH_MISMATCH",
     "STAGE",
     "VERSION",
+    "Loaded",
     "ResumePlan",
+    "check_dataset_state",
     "check_fingerprint",
     "check_job_state",
+    "dataset_state",
     "encode_job_state",
     "fits_epoch",
     "merge_rank_states",
@@ -53,6 +57,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 STAGE = "webloader"
 VERSION = 2
+EPOCH_MISMATCH = ("raise", "discard")
+DATASET = "dataset"
+DATASET_VERSION = 2
 
 
 def check_fingerprint(saved: Any, here: Sequence[Any], where: str = "pipeline") -> None:
@@ -88,6 +95,34 @@ def check_fingerprint(saved: Any, here: Sequence[Any], where: str = "pipeline") 
                     f"{where}: stage {i} ({stage}): {key!r} is {a.get(key)!r} in the state, "
                     f"{b.get(key)!r} here"
                 )
+
+
+def dataset_state(
+    epoch: int, complete: bool, fingerprint: list[Any], state: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A :class:`~shardkit.ShardDataset`'s state: its pipeline's state in ``epoch``, and
+    whether the epoch had ended (``complete``)."""
+    return {
+        "stage": DATASET,
+        "version": DATASET_VERSION,
+        "epoch": epoch,
+        "complete": complete,
+        "pipeline": fingerprint,
+        "state": dict(state),
+    }
+
+
+def check_dataset_state(state: Any, fingerprint: list[Any]) -> tuple[int, bool, dict[str, Any]]:
+    """``(epoch, complete, pipeline state)`` of a data set's state that fits ``fingerprint``."""
+    st = check_state(state, DATASET, DATASET_VERSION, ("epoch", "complete", "pipeline", "state"))
+    epoch = check_int(st, DATASET, "epoch")
+    if not isinstance(st["complete"], bool):
+        raise StateDictError("dataset: key 'complete' must be true or false")
+    check_fingerprint(st["pipeline"], fingerprint)
+    tail = st["state"]
+    if not isinstance(tail, Mapping) or state_epoch(tail) != epoch:
+        raise StateDictError("dataset: the pipeline state is for another epoch")
+    return epoch, st["complete"], dict(tail)
 
 
 def encode_job_state(st: Mapping[str, Any]) -> dict[str, Any]:
@@ -141,6 +176,54 @@ def fits_epoch(state: Mapping[str, Any], epoch: int) -> bool:
     return epoch == state["epoch"] or (bool(state["complete"]) and epoch == state["epoch"] + 1)
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """A state loaded into a data set or loader for its next iteration.
+
+    Args:
+        state: the (checked) state.
+        epoch: the epoch it was saved in; complete: saved after that epoch ended.
+        discard: drop it (with a warning) when ``set_epoch`` names an epoch it does not
+            fit, instead of raising.
+        who: the loading class's state name, for messages.
+    """
+
+    state: dict[str, Any]
+    epoch: int
+    complete: bool
+    discard: bool
+    who: str
+
+    @staticmethod
+    def discards(epoch_mismatch: str) -> bool:
+        """Whether ``epoch_mismatch`` (``"raise"`` or ``"discard"``) says to discard."""
+        if epoch_mismatch not in EPOCH_MISMATCH:
+            raise ConfigError(f"epoch_mismatch must be one of {EPOCH_MISMATCH}")
+        return epoch_mismatch == "discard"
+
+    def at_epoch(self, epoch: int) -> Loaded | None:
+        """This state for an iteration of ``epoch``; None when discarded for it.
+
+        A state fits its own epoch and, when saved after that epoch ended, the next;
+        another epoch raises :class:`StateDictError` (unless loaded with
+        ``epoch_mismatch="discard"``): an off-by-one start epoch never replays or skips
+        data silently.
+        """
+        facts = {"epoch": self.epoch, "complete": self.complete}
+        if fits_epoch(facts, epoch):
+            return self
+        if not self.discard:
+            e = self.epoch
+            raise StateDictError(
+                f"{self.who}: the loaded state is for epoch {e}"
+                f"{' (ended)' if self.complete else ''}, not epoch {epoch}: start at "
+                f"epoch {e}{' or ' + str(e + 1) if self.complete else ''}, or load it with "
+                "epoch_mismatch='discard'"
+            )
+        log.warning("%s: state for epoch %s discarded for epoch %s", self.who, self.epoch, epoch)
+        return None
+
+
 def merge_rank_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One job state from the states the ranks of a job saved each on its own (a job run
     without a process group): same epoch, world, workers and fingerprint, one entry each."""
@@ -168,16 +251,10 @@ class ResumePlan:
     done: bool = False
 
 
-def resume_plan(
-    state: Mapping[str, Any] | None,
-    *,
-    pipeline: Stage,
-    epoch: int,
-    rank: int,
-    world: int,
-    workers: int,
-) -> ResumePlan:
-    """Exact resume when ``state`` was saved by a run like this one, elastic when not."""
+def resume_plan(state: Mapping[str, Any] | None, pipeline: Stage, where: Context) -> ResumePlan:
+    """Exact resume when ``state`` was saved by a run like this one (``where``: this rank of
+    the world, with ``where.workers`` logical workers, in ``where.epoch``), elastic when not."""
+    rank, world, workers, epoch = where.rank, where.world, where.workers, where.epoch
     if state is None:
         return ResumePlan()
     if state["epoch"] != epoch:  # a state that ended epoch - 1 (see fits_epoch)

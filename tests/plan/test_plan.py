@@ -22,6 +22,7 @@ from shardkit.plan.assign import (
     worker_stream,
 )
 from shardkit.plan.order import iter_order
+from shardkit.plan.world import Context
 
 COUNTS = [7, 11, 3, 9, 13, 10, 7]  # 60 samples in 7 uneven shards
 
@@ -74,7 +75,8 @@ def test_every_rank_gets_the_same_count_and_the_union_is_the_epoch(remainder: st
             per_rank = set()
             for rank in range(world):
                 streams = [
-                    worker_stream(COUNTS, cfg, 1, world, rank, workers, w) for w in range(workers)
+                    worker_stream(COUNTS, cfg, Context(rank, world, w, workers, 1))
+                    for w in range(workers)
                 ]
                 per_rank.add(tuple(s.total for s in streams))  # type: ignore[union-attr]
                 for s in streams:
@@ -103,7 +105,7 @@ def consumed_by(gen: Generation, cfg: PlanConfig, epoch: int) -> list[int]:
     out = []
     for rank in range(gen.world):
         for w in range(gen.workers):
-            stream = worker_stream(COUNTS, cfg, epoch, gen.world, rank, gen.workers, w)
+            stream = worker_stream(COUNTS, cfg, Context(rank, gen.world, w, gen.workers, epoch))
             assert isinstance(stream, Ranges)
             window = gen.window(cfg.seed, epoch, 0, rank, w)
             order = np.concatenate(list(iter_order(stream.total, window)))
@@ -134,7 +136,7 @@ def test_elastic_generation_leaves_exactly_the_unconsumed_samples(
     assert sorted(consumed + left) == list(range(60))
     after: list[int] = []
     for rank in range(3):
-        stream = worker_stream(COUNTS, cfg, 0, 3, rank, 1, 0, [gen])
+        stream = worker_stream(COUNTS, cfg, Context(rank, 3), [gen])
         assert isinstance(stream, Ranges)
         after += ids(stream, COUNTS)
     both = consumed + after
@@ -179,7 +181,9 @@ def test_resampled_streams_are_seeded_weighted_and_sized() -> None:
     tail = list(sized.iter_ranges(13))
     assert tail[0][3] == 13 and sum(hi - lo for _, lo, hi, _ in tail) == 12
     cfg = PlanConfig(seed=1, resampled=True, epoch_length=10)
-    lengths = [worker_stream(COUNTS, cfg, 0, 2, r, 3, w).length for r in range(2) for w in range(3)]  # type: ignore[union-attr]
+    lengths = [
+        worker_stream(COUNTS, cfg, Context(r, 2, w, 3)).length for r in range(2) for w in range(3)
+    ]  # type: ignore[union-attr]
     assert lengths == [4, 3, 3, 4, 3, 3]
     with pytest.raises(ConfigError):
         ResampledStream([0, 0], seed=1, length=None)
@@ -192,15 +196,15 @@ def test_resampled_elastic_generations_keep_the_epoch_length() -> None:
     lengths = []
     streams = []
     for rank in range(3):
-        stream = worker_stream(COUNTS, cfg, 0, 3, rank, 2, 0, [gen])
+        stream = worker_stream(COUNTS, cfg, Context(rank, 3, 0, 2), [gen])
         assert isinstance(stream, ResampledStream)
         lengths.append(stream.length)
         streams.append(stream)
-        again = worker_stream(COUNTS, cfg, 0, 3, rank, 2, 0, [gen])
+        again = worker_stream(COUNTS, cfg, Context(rank, 3, 0, 2), [gen])
         assert isinstance(again, ResampledStream)
         assert (again.draws(0, 50) == stream.draws(0, 50)).all()
     assert lengths == [3, 3, 3]
-    first = worker_stream(COUNTS, cfg, 0, 3, 0, 2, 0)
+    first = worker_stream(COUNTS, cfg, Context(0, 3, 0, 2))
     assert isinstance(first, ResampledStream)
     assert (first.draws(0, 50) != streams[0].draws(0, 50)).any(), "a new generation draws anew"
 

@@ -17,6 +17,7 @@ from shardkit.plan.assign import (
     worker_stream,
 )
 from shardkit.plan.order import Window, iter_order
+from shardkit.plan.world import Context
 from tests.helpers.strategies import counts_st, epoch_st, seed_st, workers_st, world_st
 
 
@@ -38,7 +39,7 @@ def streams(
     for rank in range(world):
         row = []
         for worker in range(w):
-            s = worker_stream(counts, cfg, epoch, world, rank, w, worker, history)
+            s = worker_stream(counts, cfg, Context(rank, world, worker, w, epoch), history)
             assert isinstance(s, Ranges)
             row.append(s)
         out.append(row)

@@ -18,6 +18,7 @@ from shardkit.plan.assign import (
     worker_stream,
 )
 from shardkit.plan.order import Window, remaining_after, remaining_after_many
+from shardkit.plan.world import Context
 from tests.helpers.plan_reference import reference_remaining
 from tests.helpers.strategies import generation_st, ref_counts_st
 
@@ -57,7 +58,7 @@ def test_remaining_sequence_equals_the_reference(
     lengths = stream_lengths(sum(counts), cfg, world, workers, history)
     for rank in range(world):
         for worker in range(workers):
-            got = worker_stream(counts, cfg, epoch, world, rank, workers, worker, history)
+            got = worker_stream(counts, cfg, Context(rank, world, worker, workers, epoch), history)
             assert isinstance(got, Ranges)
             assert got.rows() == split(want, world, rank, workers, worker, remainder).rows()
             assert lengths is not None and got.total == lengths[worker]

@@ -238,3 +238,47 @@ def test_resume_after_a_worker_ran_out_keeps_the_round_robin(make_shards: MakeSh
 
     assert len(make()) == 31
     assert_resumable(make, stops=[0, 1, 2, 15, 28, 29, 30, 31])
+
+
+def test_workers_release_their_prefetch_leases_at_the_end_of_an_epoch(
+    make_shards: MakeShards, tmp_path: Path
+) -> None:
+    """A loader's workers read through the data set's one iteration path: at the end of an
+    epoch they let go of the shards they prefetched and did not read (a shortest mix stops
+    reading one source mid-way), so eviction is free to take those shards."""
+    from shardkit import mix
+    from shardkit.cache import CacheStore
+    from shardkit.cache.layout import try_lock_existing
+
+    small = make_shards([10, 10], subdir="a", seed=7)
+    large = make_shards([10] * 8, subdir="b")
+    cache = tmp_path / "cache"
+    with RangeServer(str(tmp_path)) as srv:
+
+        def remote(name: str) -> ShardDataset:
+            url = srv.url(f"{name}/manifest.json")
+            return ShardDataset(url, shardshuffle=False, cache_dir=str(cache))
+
+        assert len(list(remote("b"))) == large.total_samples  # every shard of b is cached
+        mixed = mix([remote("a"), remote("b")], [0.5, 0.5], seed=2)
+        loader = WebLoader(mixed, num_workers=0)
+        got, waited = [], False
+        for sample in loader:
+            got.append(sample["__url__"])
+            if not waited and "/b/" in got[-1]:
+                # b hinted its next shards on its first read; let those prefetches lease
+                # them (a prefetch still running at the epoch's end is not waited for)
+                opener: Any = mixed.sources[1].opener()
+                assert opener._local.wait_idle(60)
+                waited = True
+    from_b = sum("/b/" in u for u in got)
+    assert waited and from_b < large.total_samples and len(got) - from_b == small.total_samples
+    store = CacheStore(str(cache))
+    held = []
+    for shard in store.shards():
+        fd = try_lock_existing(shard.path)  # None while a reader or a prefetch leases it
+        if fd is None:
+            held.append(shard.path)
+        else:
+            os.close(fd)
+    assert len(list(store.shards())) == 10 and held == []

@@ -1,0 +1,138 @@
+"""The source's cursor: a worker's stream read in plan order (shuffled in a window), and
+its position.
+
+The position is how many stream positions were emitted and the last one; a cursor made
+from a position seeks (sample index) to the first shard range still needed, re-reads at
+most one shuffle window and emits exactly the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator
+from typing import Any
+
+from shardkit._types import Opener
+from shardkit.plan.assign import Ranges, ResampledStream
+from shardkit.plan.order import Window, iter_order, nth_output, resume_window
+from shardkit.read.catalog import Catalog
+from shardkit.read.stream import Sample, read_stream
+from shardkit.stages.base import Context, Cursor
+
+__all__ = ["SourceCursor", "Stream", "last_of", "stream_length"]
+
+Stream = Ranges | ResampledStream
+
+
+def stream_length(stream: Stream) -> int | None:
+    """Positions in ``stream`` (None: endless)."""
+    return stream.total if isinstance(stream, Ranges) else stream.length
+
+
+def last_of(n: int | None, window: Window | None, pos: int) -> int:
+    """The stream position of the last of ``pos`` outputs (-1 for none)."""
+    if pos == 0:
+        return -1
+    return nth_output(n, window, pos - 1)
+
+
+class SourceCursor(Cursor):
+    """Samples of one worker's stream from position ``pos`` on.
+
+    Args:
+        where: the plan's view of where it runs (rank 0 of 1 unless split by node).
+        state: the source's state without its position (stage, seed, manifest...).
+        stream: the stream's sample ranges; window: its shuffle window (None: in order).
+        pos: outputs already emitted.
+        read: ``(catalog, opener, policy, max_member)`` to read samples with.
+    """
+
+    def __init__(
+        self,
+        where: Context,
+        state: dict[str, Any],
+        stream: Stream,
+        window: Window | None,
+        pos: int,
+        read: tuple[Catalog, Opener, str, int],
+    ) -> None:
+        super().__init__()
+        self.where = where
+        self.base = state
+        self.stream = stream
+        self.window = window
+        self.read = read
+        self.pos = pos
+        self.last = last_of(stream_length(stream), window, pos)
+        self.counts: dict[str, float] = {
+            "samples": 0,
+            "bytes": 0,
+            "skipped_shards": 0,
+            "skipped_samples": 0,
+        }
+        self.items = self._plain() if window is None else self._shuffled(window)
+
+    def state(self) -> dict[str, Any]:
+        w = self.where
+        return {
+            **self.base,
+            "epoch": w.epoch,
+            "world": w.world,
+            "rank": w.rank,
+            "workers": w.workers,
+            "worker": w.worker,
+            "position": self.pos,
+            "last": self.last,
+        }
+
+    def counters(self) -> dict[str, float]:
+        return dict(self.counts)
+
+    def _read(self, start: int) -> Generator[tuple[int, Sample], None, None]:
+        """Yield ``(stream position, sample)`` from ``start`` on."""
+        catalog, opener, policy, max_member = self.read
+        ranges = self.stream.iter_ranges(start)
+        return read_stream(ranges, catalog, opener, self.counts, policy, max_member)
+
+    def _plain(self) -> Iterator[Sample]:
+        counts = self.counts
+        for spos, sample in self._read(self.pos):
+            self.pos = spos + 1
+            self.last = spos
+            counts["samples"] += 1
+            yield sample
+        n = stream_length(self.stream)
+        if n is not None:
+            self.pos, self.last = n, n - 1
+
+    def _shuffled(self, window: Window) -> Iterator[Sample]:
+        n = stream_length(self.stream)
+        counts = self.counts
+        start, stale_below = 0, 0
+        left: frozenset[int] = frozenset()
+        if self.last >= 0:
+            start, left_arr, stale_below = resume_window(n, window, self.last)
+            left = frozenset(left_arr.tolist())
+        reader = self._read(start)
+        buf: dict[int, Any] = {}
+        frontier = start
+        end = n if n is not None else 1 << 62
+        try:
+            for chunk in iter_order(n, window, after=self.last):
+                for q in chunk.tolist():
+                    while frontier <= q:
+                        got = next(reader, None)
+                        if got is None:
+                            frontier = end
+                            break
+                        spos, sample = got
+                        frontier = spos + 1
+                        if spos >= stale_below or spos in left:
+                            buf[spos] = sample
+                    self.pos += 1
+                    self.last = q
+                    sample = buf.pop(q, None)
+                    if sample is not None:
+                        counts["samples"] += 1
+                        yield sample
+        finally:
+            reader.close()
