@@ -7,9 +7,10 @@ The io layer implements it (local, http, s3), the cache wraps it; the layers bel
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import BinaryIO, Protocol, Union
 
-__all__ = ["Hint", "Opener", "PieceChecksums"]
+__all__ = ["Hint", "ObjectRef", "Opener", "PieceChecksums"]
 
 
 class PieceChecksums(Protocol):
@@ -23,11 +24,41 @@ class PieceChecksums(Protocol):
     def digests(self) -> tuple[str, ...]: ...
 
 
+@dataclass(frozen=True)
+class ObjectRef:
+    """What a manifest promises about one object: where it is (``url``, resolved), its
+    ``size``, ``checksum`` (``algo:hex``) and piece checksums; None where it does not say.
+
+    The one value openers, prefetch and the cache pass around: everything verified or
+    named after an object (a cache file, a piece map) is derived from it.
+    """
+
+    url: str
+    size: int | None = None
+    checksum: str | None = None
+    pieces: PieceChecksums | None = None
+
+    @classmethod
+    def of(cls, hint: Hint) -> ObjectRef:
+        """The ref of a prefetch hint (a ref already, or a 3- or 4-tuple)."""
+        if isinstance(hint, ObjectRef):
+            return hint
+        url, size, checksum, *more = hint
+        return cls(url, size, checksum, more[0] if more else None)
+
+    @property
+    def verifiable(self) -> bool:
+        """Whether its bytes can be checked (a size and a checksum are known)."""
+        return self.size is not None and self.checksum is not None
+
+
 Hint = Union[  # noqa: UP007 - a runtime alias
+    ObjectRef,
     tuple[str, int | None, str | None],
     tuple[str, int | None, str | None, PieceChecksums | None],
 ]
-"""A shard coming next: ``(url, size, checksum)``, optionally with its pieces."""
+"""A shard coming next: its :class:`ObjectRef`, or (older callers) ``(url, size,
+checksum)``, optionally with its pieces."""
 
 
 class Opener(Protocol):

@@ -34,14 +34,15 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+from shardkit._types import ObjectRef
 from shardkit.cache.layout import CacheKey, Layout, inode_of
 from shardkit.cache.locks import claim_byte, try_lock, unlock, wait_claim
 from shardkit.cache.store import CacheStore
 from shardkit.counters import Counters
 from shardkit.errors import CacheError, ChecksumError, FetchError
 from shardkit.format.checksum import new_hasher
-from shardkit.format.pieces import PIECE_ALGORITHM
 from shardkit.io.config import IoConfig
+from shardkit.io.verified import PieceCheck
 
 __all__ = ["FillHost", "ShardFill", "WriteError"]
 
@@ -73,11 +74,13 @@ class ShardFill:
     ``done`` is set once the shard is published, given up, or left to another process.
     """
 
-    def __init__(self, host: FillHost, key: CacheKey, url: str, layout: Layout, fd: int) -> None:
+    def __init__(self, host: FillHost, ref: ObjectRef, fd: int) -> None:
         self.host = host
-        self.key = key
-        self.url = url
-        self.layout = layout
+        self.ref = ref
+        self.check = PieceCheck(ref)  # what every piece and the whole must hash to
+        self.key = CacheKey.of(self.check.checksum, self.check.size)
+        self.url = ref.url
+        self.layout = Layout.of(self.check.size, ref.pieces)
         self.done = threading.Event()
         self.error: BaseException | None = None
         self._fd: int | None = fd
@@ -119,22 +122,13 @@ class ShardFill:
             if verdict in (b"", _GOOD):  # b"": cut to the shard's size, published
                 return
             if verdict == _BAD:
-                raise self._bad or self._mismatch(None)
+                raise self._bad or self.check.whole_error(None)
             left = wait - (time.monotonic() - t0)
             if left <= 0 or not wait_claim(fd, at, left):
                 raise CacheError(
                     f"{self.url}: waited {time.monotonic() - t0:.0f} s for another fill to "
                     f"check the whole shard (cache_wait={wait:g})"
                 )
-
-    def _mismatch(self, actual: str | None) -> ChecksumError:
-        return ChecksumError(
-            "every piece matches the manifest's piece checksums but the whole shard does "
-            "not match its checksum: the pieces listed are not this shard's; not cached",
-            url=self.url,
-            expected=self.key.checksum,
-            actual=actual,
-        )
 
     def _wait_for(self, fd: int, k: int) -> None:
         if k in self._failed:  # corrupt twice in this fill: not fetched a third time
@@ -180,7 +174,7 @@ class ShardFill:
             if k in self._failed:  # corrupt twice while another thread held the claim
                 raise self._failed[k]
             lo, hi = self.layout.span(k)
-            algo, want = self._expected(k)
+            algo, want = self.check.expected(k)
             actual = ""
             for attempt in (1, 2):
                 actual = self._download(claim, lo, hi, algo, split, urgent)
@@ -197,22 +191,11 @@ class ShardFill:
                     hi,
                     attempt,
                 )
-            self._failed[k] = ChecksumError(
-                f"piece {k} (bytes {lo}..{hi}) differs from the manifest twice; not cached, "
-                "not read",
-                url=self.url,
-                expected=f"{algo}:{want}",
-                actual=f"{algo}:{actual}" if " " not in actual else actual,
-            )
+            self._failed[k] = self.check.piece_error(k, actual)
             self._stop(self._failed[k])  # this fill is over; a later open tries again
             raise self._failed[k]
         finally:
             unlock(claim)
-
-    def _expected(self, k: int) -> tuple[str, str]:
-        if self.layout.digests is None:
-            return self.key.algo, self.key.digest
-        return PIECE_ALGORITHM, self.layout.digests[k]
 
     def _download(self, fd: int, lo: int, hi: int, algo: str, split: int, urgent: bool) -> str:
         """Write the remote bytes ``[lo, hi)`` at their offsets; their digest."""
@@ -350,7 +333,7 @@ class ShardFill:
         if b"\0" in os.pread(fd, self.layout.count, self.key.size):
             return  # not every piece: nothing to decide
         if self._decide(fd, own=True) == _BAD:
-            self.error = self._bad or self._mismatch(None)
+            self.error = self._bad or self.check.whole_error(None)
 
     def _decide(self, fd: int, *, own: bool = False) -> bytes | None:
         """The verdict on the whole shard of the file ``fd`` (every piece verified):
@@ -373,7 +356,7 @@ class ShardFill:
             if actual != key.digest:
                 self.host.counters.add("checksum_failures")
                 _write_at(claim, _BAD, key.size, store)
-                self._bad = self._mismatch(f"{key.algo}:{actual}")
+                self._bad = self.check.whole_error(actual)
                 log.warning("%s: not cached: %s", self.url, self._bad)
                 if own:
                     self._close()  # this fill's lease: only readers may keep the file a while

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import logging
 import os
 import queue
@@ -24,17 +25,18 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO
 
-from shardkit._types import Hint, PieceChecksums
+from shardkit._types import Hint, ObjectRef, PieceChecksums
 from shardkit.cache.fill import ShardFill
 from shardkit.cache.layout import Layout
 from shardkit.cache.locks import NodeSlots
 from shardkit.cache.manifests import fetch_manifest_once
-from shardkit.cache.recheck import RecheckedHit, report_rot, whole_matches
+from shardkit.cache.recheck import report_rot, whole_matches
 from shardkit.cache.store import CacheKey, CacheStore
 from shardkit.cache.stream import CacheStream
 from shardkit.errors import CacheError, ChecksumError, ConfigError
 from shardkit.io.config import IoConfig
 from shardkit.io.remote import RangeSource, RemoteOpener, buffered
+from shardkit.io.verified import VerifiedFile
 from shardkit.urls import REMOTE_SCHEMES, url_scheme
 
 __all__ = ["CachingOpener"]
@@ -130,42 +132,48 @@ class CachingOpener:
         pieces: PieceChecksums | None = None,
     ) -> BinaryIO:
         """Stream ``[start, end)`` of ``url``, through the cache when it can be cached."""
+        ref = ObjectRef(url, size, checksum, pieces)
         if size is None or checksum is None or self.remote.source(url) is None:
             return self.remote.open(url, start=start, end=end, size=size, checksum=checksum)
-        key = CacheKey.of(checksum, size)
         stop = size if end is None else min(end, size)
+        return self._open_ref(ref, start, stop)
+
+    def _open_ref(self, ref: ObjectRef, start: int, stop: int) -> BinaryIO:
+        """``[start, stop)`` of the remote shard ``ref`` (size and checksum known)."""
+        assert ref.size is not None and ref.checksum is not None
+        key = CacheKey.of(ref.checksum, ref.size)
         if not self._usable():
-            return self._direct(url, start, stop, size, checksum, pieces)
-        layout = Layout.of(size, pieces)
+            return self._direct(ref, start, stop)
+        layout = Layout.of(ref.size, ref.pieces)
         try:
             fd, published = self._open_part(key, layout)
         except CacheError as exc:
             if self.cfg.on_cache_error == "raise":
                 raise
             self.counters.add("cache_errors")
-            log.warning("%s (reading %s uncached)", exc, url)
+            log.warning("%s (reading %s uncached)", exc, ref.url)
             fd, published = None, False
         self._drop_lease(key)  # the reader holds its own lease from here
         if fd is None:
             self.counters.add("cache_no_room")
-            return self._direct(url, start, stop, size, checksum, pieces)
+            return self._direct(ref, start, stop)
         if published:
-            if os.fstat(fd).st_size != size:
+            if os.fstat(fd).st_size != ref.size:
                 os.close(fd)
                 raise ChecksumError(
                     "the cached shard with this checksum has another size",
-                    url=url,
-                    expected=f"{size} bytes",
+                    url=ref.url,
+                    expected=f"{ref.size} bytes",
                 )
             with contextlib.suppress(OSError):
                 os.utime(fd)  # least recently used goes first
             self.counters.add("cache_hits")
             if self.cfg.cache_verify == "open":
-                return self._rechecked(key, url, start, stop, layout, fd, pieces)
-            return buffered(CacheStream(self, key, url, start, stop, fd=fd))
+                return self._rechecked(key, ref, start, stop, layout, fd)
+            return buffered(CacheStream(self, key, ref.url, start, stop, fd=fd))
         self.counters.add("cache_misses")
-        fill = self._fill_for(key, url, layout, fd)
-        return buffered(CacheStream(self, key, url, start, stop, fd=fd, fill=fill))
+        fill = self._fill_for(ref, layout, fd)
+        return buffered(CacheStream(self, key, ref.url, start, stop, fd=fd, fill=fill))
 
     def read(self, url: str, *, start: int = 0, end: int | None = None) -> bytes:
         with self.open(url, start=start, end=end) as f:
@@ -176,37 +184,45 @@ class CachingOpener:
         if not self._usable():
             return
         local = self._local
-        for url, size, checksum, *more in shards[: self.cfg.prefetch_depth]:
-            if size is None or checksum is None or url_scheme(url) not in REMOTE_SCHEMES:
+        for ref in map(ObjectRef.of, shards[: self.cfg.prefetch_depth]):
+            if not ref.verifiable or url_scheme(ref.url) not in REMOTE_SCHEMES:
                 continue
+            assert ref.size is not None and ref.checksum is not None
             try:
-                key = CacheKey.of(checksum, size)
+                key = CacheKey.of(ref.checksum, ref.size)
             except ConfigError:
                 continue  # a hint only: its open() reports the bad checksum
-            layout = Layout.of(size, more[0] if more else None)
+            layout = Layout.of(ref.size, ref.pieces)
             with local.lock:
                 running = local.fills.get(self.store.part_path(key, layout))
                 busy = key.name in local.queued or key.name in local.leases
                 if busy or (running is not None and not running.done.is_set()):
                     continue
                 local.queued.add(key.name)
-            local.submit(functools.partial(self._prefetch_one, key, url, layout))
+            local.submit(functools.partial(self._prefetch_one, key, ref, layout))
 
     def ensure_cached(
-        self, url: str, size: int, checksum: str, pieces: PieceChecksums | None = None
+        self,
+        url: str | ObjectRef,
+        size: int | None = None,
+        checksum: str | None = None,
+        pieces: PieceChecksums | None = None,
     ) -> str:
-        """Put one shard in the cache now (``shardkit cache warm``); what happened:
-        ``"cached"`` (it was there), ``"fetched"`` or ``"no room"`` (the limit is taken
-        by shards in use).
+        """Put one shard (an :class:`ObjectRef`, or its url, size, checksum and pieces)
+        in the cache now (``shardkit cache warm``); what happened: ``"cached"`` (it was
+        there), ``"fetched"`` or ``"no room"`` (the limit is taken by shards in use).
         """
-        key, layout = CacheKey.of(checksum, size), Layout.of(size, pieces)
+        ref = url if isinstance(url, ObjectRef) else ObjectRef(url, size, checksum, pieces)
+        if ref.size is None or ref.checksum is None:
+            raise ConfigError(f"{ref.url}: caching a shard needs its size and checksum")
+        key, layout = CacheKey.of(ref.checksum, ref.size), Layout.of(ref.size, ref.pieces)
         fd, published = self._open_part(key, layout)
         if fd is None:
             return "no room"
         try:
             if published:
                 return "cached"
-            fill = self._fill_for(key, url, layout, fd)
+            fill = self._fill_for(ref, layout, fd)
             fill.start(0)
             fill.done.wait()
             if fill.error is not None:
@@ -287,71 +303,56 @@ class CachingOpener:
             raise CacheError(f"cache dir {self.store.root}: cannot reserve: {exc}") from exc
 
     def _rechecked(
-        self,
-        key: CacheKey,
-        url: str,
-        start: int,
-        stop: int,
-        layout: Layout,
-        fd: int,
-        pieces: PieceChecksums | None,
+        self, key: CacheKey, ref: ObjectRef, start: int, stop: int, layout: Layout, fd: int
     ) -> BinaryIO:
         """A cache hit hashed again as it is read (``cache_verify="open"``, see
         :mod:`shardkit.cache.recheck`); a rotten copy is evicted and fetched again."""
 
-        def rotten(fd: int, k: int | None = None) -> None:
-            self.store.let_go(fd, key, None)
+        def rotten(what: str) -> None:
             self.store.evict_rotten(key)
-            report_rot(self.counters, url, "whole shard" if k is None else f"piece {k}")
-
-        def reopen(pos: int) -> BinaryIO:
-            return self.open(
-                url, start=pos, end=stop, size=key.size, checksum=key.checksum, pieces=pieces
-            )
+            report_rot(self.counters, ref.url, what)
 
         if layout.digests is None:
             if whole_matches(fd, key):
-                return buffered(CacheStream(self, key, url, start, stop, fd=fd))
-            rotten(fd)
-            return reopen(start)
-        let_go = functools.partial(self.store.let_go, key=key, layout=None)
-        return buffered(
-            RecheckedHit(fd, layout, start, stop, rotten=rotten, reopen=reopen, let_go=let_go)
-        )
+                return buffered(CacheStream(self, key, ref.url, start, stop, fd=fd))
+            os.close(fd)
+            rotten("whole shard")
+            return self._open_ref(ref, start, stop)
+        f = io.FileIO(fd, "rb")  # the lease: closed with the stream
 
-    def _direct(
-        self,
-        url: str,
-        start: int,
-        stop: int,
-        size: int,
-        checksum: str,
-        pieces: PieceChecksums | None,
-    ) -> BinaryIO:
+        def on_bad(pos: int, error: ChecksumError) -> BinaryIO:
+            f.close()
+            rotten(str(error).split(" differs")[0])
+            return self._open_ref(ref, pos, stop)
+
+        return buffered(VerifiedFile(f, ref, start=start, end=stop, on_bad=on_bad))
+
+    def _direct(self, ref: ObjectRef, start: int, stop: int) -> BinaryIO:
         """Read a shard the cache cannot hold: piece by piece verified where the manifest
         has pieces, else as the uncached opener does (a whole read checked at its end)."""
-        if pieces is not None and size:
-            return self.remote.open_pieces(
-                url, start=start, end=stop, size=size, checksum=checksum, pieces=pieces
-            )
-        return self.remote.open(url, start=start, end=stop, size=size, checksum=checksum)
+        if ref.pieces is not None and ref.size:
+            return self.remote.open_pieces(ref, start=start, end=stop)
+        return self.remote.open(
+            ref.url, start=start, end=stop, size=ref.size, checksum=ref.checksum
+        )
 
-    def _fill_for(self, key: CacheKey, url: str, layout: Layout, fd: int) -> ShardFill:
-        """This process's fill of ``key`` (shared by its readers), started on the file
+    def _fill_for(self, ref: ObjectRef, layout: Layout, fd: int) -> ShardFill:
+        """This process's fill of ``ref`` (shared by its readers), started on the file
         ``fd`` (a lease of its own on it) if none is running."""
+        assert ref.size is not None and ref.checksum is not None
         local = self._local
-        name = self.store.part_path(key, layout)
+        name = self.store.part_path(CacheKey.of(ref.checksum, ref.size), layout)
         with local.lock:
             running = local.fills.get(name)
             if running is not None and not running.done.is_set():
                 return running
             for done in [n for n, f in local.fills.items() if f.done.is_set()]:
                 del local.fills[done]
-            fill = ShardFill(self, key, url, layout, os.dup(fd))
+            fill = ShardFill(self, ref, os.dup(fd))
             local.fills[name] = fill
         return fill
 
-    def _prefetch_one(self, key: CacheKey, url: str, layout: Layout) -> None:
+    def _prefetch_one(self, key: CacheKey, ref: ObjectRef, layout: Layout) -> None:
         """Fill one shard ahead and lease it, so eviction spares it until it is read.
 
         The prefetch holds its lease on the temp file from before its first piece, so the
@@ -365,13 +366,13 @@ class CachingOpener:
             # else its reader opened it first: it may even be read and evicted by now
             fd, published = self._open_part(key, layout) if wanted else (None, False)
             if fd is not None:
-                fill = None if published else self._fill_for(key, url, layout, fd)
+                fill = None if published else self._fill_for(ref, layout, fd)
                 self._keep(key, fd)  # from now on its reader may take it over
                 if fill is not None:  # its own threads fill it: this one goes on to the next
                     self.counters.add("prefetches")
                     fill.start(0)
         except Exception:  # a prefetch is a hint: its reader will meet the error itself
-            log.debug("prefetch of %s failed", url, exc_info=True)
+            log.debug("prefetch of %s failed", ref.url, exc_info=True)
         with local.lock:
             local.queued.discard(key.name)
             while len(local.leases) > 2 * max(1, self.cfg.prefetch_depth):

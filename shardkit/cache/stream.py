@@ -20,11 +20,11 @@ import os
 from collections.abc import Iterator
 from typing import Protocol
 
+from shardkit._types import ObjectRef
 from shardkit.cache.fill import ShardFill, WriteError
 from shardkit.cache.store import CacheKey, CacheStore
 from shardkit.counters import Counters
 from shardkit.errors import CacheError, ChecksumError
-from shardkit.format.pieces import Pieces
 from shardkit.io.config import IoConfig
 from shardkit.io.remote import ChunkStream
 from shardkit.io.verified import PieceStream
@@ -115,11 +115,9 @@ class CacheStream(io.RawIOBase):
         if layout is not None and layout.digests is not None:
             self._direct = PieceStream(
                 lambda lo, hi: self._host.fetch(self._url, lo, hi),
-                url=self._url,
+                self._fill.ref if self._fill is not None else ObjectRef(self._url),
                 start=self._pos,
                 end=self._end,
-                size=self._key.size,
-                pieces=Pieces(layout.piece_size, layout.digests),
                 counters=self._host.counters,
             )
         else:  # one piece, the whole shard: as the uncached opener reads (checked at the

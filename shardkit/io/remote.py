@@ -15,7 +15,7 @@ import io
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO, Protocol
 
-from shardkit._types import Hint, PieceChecksums
+from shardkit._types import Hint, ObjectRef, PieceChecksums
 from shardkit.counters import Counters
 from shardkit.errors import ChecksumError, ConfigError
 from shardkit.format.checksum import split_checksum
@@ -198,22 +198,29 @@ class RemoteOpener:
         )
 
     def open_pieces(
-        self, url: str, *, start: int, end: int, size: int, checksum: str, pieces: PieceChecksums
+        self,
+        ref: ObjectRef | str,
+        *,
+        start: int,
+        end: int,
+        size: int | None = None,
+        checksum: str | None = None,
+        pieces: PieceChecksums | None = None,
     ) -> BinaryIO:
-        """Stream ``[start, end)`` of the remote shard ``url``, no byte of it before the
-        piece it is in matches its checksum (see :mod:`shardkit.io.verified`)."""
-        src = self.source(url)
+        """Stream ``[start, end)`` of the remote shard ``ref`` (or its url, size,
+        checksum and pieces), no byte of it before the piece it is in matches its
+        checksum (see :mod:`shardkit.io.verified`)."""
+        if not isinstance(ref, ObjectRef):
+            ref = ObjectRef(ref, size, checksum, pieces)
+        src = self.source(ref.url)
         if src is None:
-            raise ConfigError(f"{url!r} is not a remote url")
+            raise ConfigError(f"{ref.url!r} is not a remote url")
         self.counters.add("uncached_reads")
         stream = PieceStream(
-            lambda lo, hi: src.stream(url, lo, hi),
-            url=url,
+            lambda lo, hi: src.stream(ref.url, lo, hi),
+            ref,
             start=start,
             end=end,
-            size=size,
-            pieces=pieces,
-            checksum=checksum,
             counters=self.counters,
         )
         return buffered(stream)

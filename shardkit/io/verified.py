@@ -1,14 +1,24 @@
-"""Ranged reads verified piece by piece, for a shard the node cache cannot hold.
+"""One verifier for every read that checks pieces: what an :class:`ObjectRef` promises.
 
-A :class:`PieceStream` serves ``[start, end)`` of a remote shard whose manifest lists piece
-checksums: it fetches the whole pieces that cover the range (one ranged request from the
-first piece's start to the last one's end), holds each piece until it matches its digest,
-and only then hands out the part of it inside the range. A piece that does not match is
-fetched once more; twice is a :class:`ChecksumError` naming the shard and the piece. So no
-unverified byte reaches a reader, at the cost of up to one piece of memory per stream and
-up to a piece read beyond each end of the range. A read of the whole shard is also checked
-against the shard's ``checksum`` at its end (the pieces catch corruption; the checksum
-names the content).
+:class:`PieceCheck` is the single place that knows what a shard's bytes must hash to: each
+piece against its xxh3-128 digest (or, for a manifest without pieces, one piece, the whole
+shard, against its checksum) and the whole shard against its checksum, with the
+:class:`ChecksumError` that names the shard, the piece and its bytes. The node cache's
+fill, its re-check of a hit (``cache_verify="open"``), the uncached ranged reads below and
+local files all check through it.
+
+Two readers are built on it:
+
+- :class:`VerifiedFile` serves ``[start, end)`` of a seekable file (a local shard, a
+  cached one): it reads each piece the range touches whole, checks it, and only then
+  hands out the part inside the range; a read of the whole shard is also checked against
+  its checksum at its end;
+- :class:`PieceStream` does the same over a remote byte stream (one ranged request from
+  the first piece's start to the last one's end), fetching a piece that does not match
+  once more before it raises.
+
+Either holds at most one piece in memory and reads up to a piece beyond each end of the
+range: no unverified byte ever reaches a reader.
 """
 
 from __future__ import annotations
@@ -16,54 +26,113 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Callable, Iterator
+from typing import BinaryIO
 
-from shardkit._types import PieceChecksums
+from shardkit._types import ObjectRef
 from shardkit.counters import Counters
-from shardkit.errors import ChecksumError
-from shardkit.format.checksum import split_checksum
-from shardkit.format.digest import Digest
-from shardkit.format.pieces import PIECE_ALGORITHM, piece_digest
+from shardkit.errors import ChecksumError, ConfigError
+from shardkit.format.checksum import Hasher, new_hasher, split_checksum
+from shardkit.format.pieces import PIECE_ALGORITHM, piece_count
 
-__all__ = ["PieceStream"]
+__all__ = ["PieceCheck", "PieceStream", "VerifiedFile"]
 
 log = logging.getLogger(__name__)
 
 Fetch = Callable[[int, int], Iterator[bytes]]
 
 
-class PieceStream(io.RawIOBase):
-    """``[start, end)`` of the shard ``url`` (``size`` bytes), verified piece by piece.
+class PieceCheck:
+    """What ``ref`` promises about its bytes, checked piece by piece and whole.
 
-    ``fetch(lo, hi)`` streams the remote bytes ``[lo, hi)``.
+    Args:
+        ref: the object; ``size`` and ``checksum`` must be set (``pieces`` may not be:
+            then the shard is one piece, checked by its checksum).
     """
 
-    def __init__(
-        self,
-        fetch: Fetch,
-        *,
-        url: str,
-        start: int,
-        end: int,
-        size: int,
-        pieces: PieceChecksums,
-        checksum: str | None = None,
-        counters: Counters | None = None,
-    ) -> None:
-        self._fetch = fetch
-        self._url = url
+    def __init__(self, ref: ObjectRef) -> None:
+        if ref.size is None or ref.checksum is None:
+            raise ConfigError(f"{ref.url}: a verified read needs the size and checksum")
+        self.ref = ref
+        self.url = ref.url
+        self.size = ref.size
+        self.checksum = ref.checksum
+        self.algo, self.digest = split_checksum(ref.checksum)
+        pieces = ref.pieces if ref.size else None
+        self.piece_size = pieces.size if pieces is not None else 0
+        self.digests = pieces.digests if pieces is not None else None
+        self.count = piece_count(self.size, self.piece_size) if self.piece_size else 1
+        if self.digests is not None and len(self.digests) != self.count:
+            raise ChecksumError(
+                f"the manifest lists {len(self.digests)} piece checksums for {self.count} "
+                f"pieces of {self.piece_size} bytes",
+                url=self.url,
+            )
+
+    def piece_of(self, pos: int) -> int:
+        """The piece byte ``pos`` is in."""
+        return pos // self.piece_size if self.piece_size else 0
+
+    def span(self, k: int) -> tuple[int, int]:
+        """The bytes ``[start, end)`` of piece ``k``."""
+        if not self.piece_size:
+            return 0, self.size
+        return k * self.piece_size, min((k + 1) * self.piece_size, self.size)
+
+    def expected(self, k: int) -> tuple[str, str]:
+        """``(algorithm, hex digest)`` piece ``k`` must hash to."""
+        if self.digests is None:
+            return self.algo, self.digest
+        return PIECE_ALGORITHM, self.digests[k]
+
+    def hasher(self, k: int) -> Hasher:
+        """A fresh hasher for piece ``k``."""
+        return new_hasher(self.expected(k)[0])
+
+    def piece_ok(self, k: int, data: bytes | bytearray | memoryview) -> bool:
+        """Whether ``data`` is exactly piece ``k``."""
+        lo, hi = self.span(k)
+        if len(data) != hi - lo:
+            return False
+        h = self.hasher(k)
+        h.update(data)
+        return h.hexdigest() == self.expected(k)[1]
+
+    def piece_error(self, k: int, actual: str, why: str = "twice") -> ChecksumError:
+        """The error for piece ``k`` that hashed to ``actual`` (or ``"N of M bytes"``)."""
+        lo, hi = self.span(k)
+        algo, want = self.expected(k)
+        return ChecksumError(
+            f"piece {k} (bytes {lo}..{hi}) differs from the manifest {why}; not read",
+            url=self.url,
+            expected=f"{algo}:{want}",
+            actual=f"{algo}:{actual}" if " " not in actual else actual,
+        )
+
+    def whole_ok(self, hexdigest: str) -> bool:
+        """Whether the whole shard's digest (by :attr:`algo`) is its checksum."""
+        return hexdigest == self.digest
+
+    def whole_error(self, actual: str | None) -> ChecksumError:
+        """Every piece matched but the whole did not: the pieces are not this shard's."""
+        return ChecksumError(
+            "every piece matches the manifest's piece checksums but the whole shard does "
+            "not match its checksum: the pieces listed are not this shard's",
+            url=self.url,
+            expected=self.checksum,
+            actual=None if actual is None else f"{self.algo}:{actual}",
+        )
+
+
+class _Pieces(io.RawIOBase):
+    """``[start, end)`` handed out a verified piece at a time (``_load`` gets one)."""
+
+    def __init__(self, check: PieceCheck, start: int, end: int | None) -> None:
+        self.check = check
         self._pos = start
-        self._end = min(end, size)
-        self._size = size
-        self._pieces = pieces
-        self._counters = counters
-        self._k = start // pieces.size  # the next piece to verify
-        self._chunks: Iterator[bytes] | None = None
-        self._at = 0  # where the stream of chunks stands
-        self._left = memoryview(b"")  # bytes of its last chunk not taken yet
-        self._data = memoryview(b"")  # verified bytes of the piece, from self._pos on
-        whole = checksum is not None and start == 0 and self._end == size
-        self._checksum = checksum if whole else None
-        self._digest = Digest(split_checksum(checksum)[0]) if whole and checksum else None
+        self._end = check.size if end is None else min(end, check.size)
+        self._data = memoryview(b"")  # verified bytes of the current piece, from _pos on
+        whole = start == 0 and self._end == check.size and check.digests is not None
+        self._whole = new_hasher(check.algo) if whole else None
 
     def readable(self) -> bool:
         return True
@@ -72,64 +141,145 @@ class PieceStream(io.RawIOBase):
         if self._pos >= self._end:
             return 0
         if not self._data:
-            self._next_piece()
+            k = self.check.piece_of(self._pos)
+            data = self._load(k)
+            if self._whole is not None:
+                self._whole.update(data)
+                if self.check.span(k)[1] == self.check.size:
+                    got = self._whole.hexdigest()
+                    if not self.check.whole_ok(got):
+                        raise self.check.whole_error(got)
+            self._data = memoryview(data)[self._pos - self.check.span(k)[0] :]
         n = min(len(b), len(self._data), self._end - self._pos)
         b[:n] = self._data[:n]
         self._data = self._data[n:]
         self._pos += n
         return n
 
-    def _span(self, k: int) -> tuple[int, int]:
-        lo = k * self._pieces.size
-        return lo, min(lo + self._pieces.size, self._size)
+    def _load(self, k: int) -> bytes | bytearray:
+        """Piece ``k``'s bytes, verified."""
+        raise NotImplementedError
 
-    def _next_piece(self) -> None:
-        k = self._k
-        lo, hi = self._span(k)
-        want = self._pieces.digests[k]
-        got = ""
+
+class VerifiedFile(_Pieces):
+    """``[start, end)`` of a seekable binary file holding ``ref``'s bytes, each piece
+    verified before any byte of it is handed out (see the module docstring).
+
+    Args:
+        f: the file (closed with the stream unless ``closefd`` is False).
+        ref: what its bytes must be.
+        on_bad: called with the reader's position and the error when a piece does not
+            match; returns a stream of the rest of the range (``[pos, end)``) to go on
+            with (a cache fetches a fresh copy), or None to raise the error.
+    """
+
+    def __init__(
+        self,
+        f: BinaryIO,
+        ref: ObjectRef | PieceCheck,
+        *,
+        start: int = 0,
+        end: int | None = None,
+        closefd: bool = True,
+        on_bad: Callable[[int, ChecksumError], BinaryIO | None] | None = None,
+    ) -> None:
+        super().__init__(ref if isinstance(ref, PieceCheck) else PieceCheck(ref), start, end)
+        self._f = f
+        self._closefd = closefd
+        self._on_bad = on_bad
+        self._rest: BinaryIO | None = None
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        if self._rest is not None:
+            n = int(self._rest.readinto(memoryview(b)[: self._end - self._pos]))  # type: ignore[attr-defined]
+            self._pos += n
+            return n
+        try:
+            return super().readinto(b)
+        except _Swap:
+            return self.readinto(b)
+
+    def _load(self, k: int) -> bytes:
+        lo, hi = self.check.span(k)
+        self._f.seek(lo)
+        data = self._f.read(hi - lo)
+        if self.check.piece_ok(k, data):
+            return data
+        h = self.check.hasher(k)
+        h.update(data)
+        actual = h.hexdigest() if len(data) == hi - lo else f"{len(data)} of {hi - lo} bytes"
+        error = self.check.piece_error(k, actual, why="on disk")
+        rest = self._on_bad(self._pos, error) if self._on_bad is not None else None
+        if rest is None:
+            raise error
+        self._drop_file()
+        self._rest = rest
+        raise _Swap
+
+    def _drop_file(self) -> None:
+        f, self._closefd = self._f, False
+        if f is not None:
+            f.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            if self._closefd:
+                self._f.close()
+            if self._rest is not None:
+                self._rest.close()
+        super().close()
+
+
+class _Swap(Exception):
+    """A bad piece was replaced by a fresh stream of the rest: read from it."""
+
+
+class PieceStream(_Pieces):
+    """``[start, end)`` of the remote shard ``ref`` verified piece by piece.
+
+    ``fetch(lo, hi)`` streams the remote bytes ``[lo, hi)``; a piece that does not match
+    is fetched once more (a request of its own) before :class:`ChecksumError`.
+    """
+
+    def __init__(
+        self,
+        fetch: Fetch,
+        ref: ObjectRef,
+        *,
+        start: int,
+        end: int,
+        counters: Counters | None = None,
+    ) -> None:
+        super().__init__(PieceCheck(ref), start, end)
+        self._fetch = fetch
+        self._counters = counters
+        self._chunks: Iterator[bytes] | None = None
+        self._at = 0  # where the stream of chunks stands
+        self._left = memoryview(b"")  # bytes of its last chunk not taken yet
+
+    def _load(self, k: int) -> bytearray:
+        lo, hi = self.check.span(k)
+        actual = ""
         for attempt in (1, 2):
             data = self._read_piece(lo, hi, fresh=attempt > 1)
-            got = piece_digest(data) if len(data) == hi - lo else f"{len(data)} of {hi - lo} bytes"
-            if got == want:
-                if self._digest is not None:
-                    self._digest.update(data)
-                    if hi == self._size:
-                        self._check_whole()
-                self._k += 1
-                self._data = memoryview(data)[self._pos - lo :]
+            if self.check.piece_ok(k, data):
                 if self._counters is not None:
                     self._counters.add("pieces_verified")
-                return
+                return data
+            h = self.check.hasher(k)
+            h.update(data)
+            actual = h.hexdigest() if len(data) == hi - lo else f"{len(data)} of {hi - lo} bytes"
             if self._counters is not None:
                 self._counters.add("checksum_failures")
             log.warning(
                 "%s: piece %d (bytes %d..%d) differs from the manifest, attempt %d of 2",
-                self._url,
+                self.check.url,
                 k,
                 lo,
                 hi,
                 attempt,
             )
-        raise ChecksumError(
-            f"piece {k} (bytes {lo}..{hi}) differs from the manifest twice; not read",
-            url=self._url,
-            expected=f"{PIECE_ALGORITHM}:{want}",
-            actual=f"{PIECE_ALGORITHM}:{got}" if " " not in got else got,
-        )
-
-    def _check_whole(self) -> None:
-        assert self._digest is not None and self._checksum is not None
-        algo, want = split_checksum(self._checksum)
-        got = self._digest.hasher.hexdigest()
-        if got != want:
-            raise ChecksumError(
-                "every piece matches the manifest's piece checksums but the whole shard "
-                "does not match its checksum: the pieces listed are not this shard's",
-                url=self._url,
-                expected=self._checksum,
-                actual=f"{algo}:{got}",
-            )
+        raise self.check.piece_error(k, actual)
 
     def _read_piece(self, lo: int, hi: int, *, fresh: bool) -> bytearray:
         """The bytes ``[lo, hi)`` (fewer if the answer ends early): from the running
@@ -138,14 +288,13 @@ class PieceStream(io.RawIOBase):
         if fresh:
             chunks = self._fetch(lo, hi)
             try:
-                return bytearray().join(chunks)
+                return bytearray().join(chunks)[: hi - lo]
             finally:
-                close = getattr(chunks, "close", None)
-                if close is not None:
-                    close()
+                _close(chunks)
         if self._chunks is None or self._at != lo:
             self._close_chunks()
-            self._chunks = self._fetch(lo, self._span((self._end - 1) // self._pieces.size)[1])
+            last = self.check.span(self.check.piece_of(self._end - 1))[1]
+            self._chunks = self._fetch(lo, last)
             self._at = lo
         buf = bytearray()
         while self._at < hi:
@@ -163,11 +312,15 @@ class PieceStream(io.RawIOBase):
     def _close_chunks(self) -> None:
         chunks, self._chunks = self._chunks, None
         self._left = memoryview(b"")
-        close = getattr(chunks, "close", None)
-        if close is not None:
-            close()
+        _close(chunks)
 
     def close(self) -> None:
         if not self.closed:
             self._close_chunks()
         super().close()
+
+
+def _close(chunks: object) -> None:
+    close = getattr(chunks, "close", None)
+    if close is not None:
+        close()

@@ -92,7 +92,7 @@ def test_another_jobs_piece_table_never_serves_its_bytes(
 ) -> None:
     a, _ = twins
     cache = str(tmp_path / "cache")
-    with RangeServer(tmp_path, bandwidth=400_000) as srv:
+    with RangeServer(tmp_path, bandwidth=100_000) as srv:
         code = f"import sys; from {__name__} import hostile_main; hostile_main(sys.argv[1:])"
         job_b = subprocess.run(
             [sys.executable, "-c", code, srv.url("b/hostile.json"), cache],

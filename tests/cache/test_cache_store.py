@@ -19,12 +19,13 @@ from typing import Any
 
 import pytest
 
+from shardkit._types import ObjectRef
 from shardkit.cache.fill import ShardFill
 from shardkit.cache.layout import Layout, try_lock_existing
 from shardkit.cache.locks import NodeSlots, claim_byte, is_locked, locked, try_lock, unlock
 from shardkit.cache.store import CacheKey, CacheStore
 from shardkit.errors import ChecksumError, ConfigError, FetchError
-from shardkit.format.pieces import PieceHasher, piece_digest
+from shardkit.format.pieces import PieceHasher, Pieces, piece_digest
 from shardkit.io.config import IoConfig
 from shardkit.io.remote import ChunkStream
 from shardkit.io.retry import (
@@ -409,6 +410,12 @@ def open_data_part(store: CacheStore, key: CacheKey, layout: Layout) -> int:
     return fd
 
 
+def new_fill(host: Any, key: CacheKey, url: str, layout: Layout, fd: int) -> ShardFill:
+    """A fill of ``key`` (by ``layout``'s pieces) at ``url``, on the temp file ``fd``."""
+    pieces = Pieces(layout.piece_size, layout.digests) if layout.digests else None
+    return ShardFill(host, ObjectRef(url, key.size, key.checksum, pieces), fd)
+
+
 def fill_all(fill: ShardFill) -> None:
     fill.start(0)
     assert fill.done.wait(30)
@@ -436,7 +443,7 @@ def test_a_fill_publishes_with_no_lease_of_its_own(
     monkeypatch.setattr(os, "replace", replace)
     fd = open_data_part(store, key, layout)
     host = MemoryHost(store, piece_parallel=2)
-    fill = ShardFill(host, key, "mem://shard", layout, os.dup(fd))
+    fill = new_fill(host, key, "mem://shard", layout, os.dup(fd))
     os.close(fd)
     fill_all(fill)
     monkeypatch.undo()
@@ -454,7 +461,7 @@ def test_a_piece_is_verified_before_its_map_says_so_and_resumed(tmp_path: Path) 
     layout = pieces_of(1000, 256)
     fd = open_data_part(store, key, layout)
     host = MemoryHost(store, bad=1, at=512)
-    fill = ShardFill(host, key, "mem://shard", layout, os.dup(fd))
+    fill = new_fill(host, key, "mem://shard", layout, os.dup(fd))
     fill.need(fd, 2)  # a reader mid-shard: its piece at once; corrupt once, fetched again
     assert host.asked.count((512, 768)) == 2
     assert os.pread(fd, 256, 512) == DATA[512:768] and fill.ready(fd, 2)
@@ -470,7 +477,7 @@ def test_a_piece_is_verified_before_its_map_says_so_and_resumed(tmp_path: Path) 
     os.close(fd)
     fd = open_data_part(store, key2, layout2)
     host2 = MemoryHost(store)
-    fill_all(ShardFill(host2, key2, "mem://shard", layout2, os.dup(fd)))
+    fill_all(new_fill(host2, key2, "mem://shard", layout2, os.dup(fd)))
     os.close(fd)
     assert sorted(host2.asked) == [(0, 256), (512, 768), (768, 900)]
     assert Path(store.path(key2)).read_bytes() == DATA[:900]
@@ -487,7 +494,7 @@ def test_the_piece_a_reader_waits_for_comes_over_several_ranges(
     layout = pieces_of(2000, 1000)
     fd = open_data_part(store, key, layout)
     host = MemoryHost(store, bad=1, at=1000, piece_parallel=4)
-    fill = ShardFill(host, key, "mem://shard", layout, os.dup(fd))
+    fill = new_fill(host, key, "mem://shard", layout, os.dup(fd))
     fill.need(fd, 1)  # 4 ranges at once; one came corrupt: the piece is fetched again
     mine = sorted(a for a in host.asked if a[0] >= 1000)
     assert mine == sorted([(1000, 1250), (1250, 1500), (1500, 1750), (1750, 2000)] * 2)
@@ -503,7 +510,7 @@ def test_a_piece_corrupt_twice_is_named_and_never_marked(tmp_path: Path) -> None
     layout = pieces_of(1000, 256)
     fd = open_data_part(store, key, layout)
     host = MemoryHost(store, bad=2, at=256, piece_parallel=1)
-    fill = ShardFill(host, key, "mem://s", layout, os.dup(fd))
+    fill = new_fill(host, key, "mem://s", layout, os.dup(fd))
     with pytest.raises(ChecksumError, match=r"piece 1 \(bytes 256\.\.512\)") as info:
         fill.need(fd, 1)
     assert info.value.url == "mem://s" and info.value.expected == f"xxh3_128:{layout.digests[1]}"  # type: ignore[index]
