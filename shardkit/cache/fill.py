@@ -173,7 +173,7 @@ class ShardFill:
                 return True
             if k in self._failed:  # corrupt twice while another thread held the claim
                 raise self._failed[k]
-            lo, hi = self.layout.span(k)
+            lo, hi = self.check.span(k)
             algo, want = self.check.expected(k)
             actual = ""
             for attempt in (1, 2):

@@ -99,15 +99,6 @@ class Layout:
         text = f"{self.piece_size}:{','.join(self.digests)}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    def piece_of(self, pos: int) -> int:
-        return pos // self.piece_size if self.piece_size else 0
-
-    def span(self, k: int) -> tuple[int, int]:
-        """The bytes ``[start, end)`` of piece ``k``."""
-        if not self.piece_size:
-            return 0, self.size
-        return k * self.piece_size, min((k + 1) * self.piece_size, self.size)
-
 
 @dataclass(frozen=True)
 class CachedShard:

@@ -86,7 +86,7 @@ class CacheStream(io.RawIOBase):
         stop = self._end
         fill = self._fill
         if fill is not None:
-            k = fill.layout.piece_of(self._pos)
+            k = fill.check.piece_of(self._pos)
             if k != self._ok:
                 try:
                     fill.need(self._fd, k)
@@ -96,7 +96,7 @@ class CacheStream(io.RawIOBase):
                     self._go_direct(exc)
                     return self.readinto(b)
                 self._ok = k
-            stop = min(stop, fill.layout.span(k)[1])
+            stop = min(stop, fill.check.span(k)[1])
         n = os.preadv(self._fd, [view[: stop - self._pos]], self._pos)
         if n == 0:
             raise ChecksumError(

@@ -35,6 +35,7 @@ from shardkit.io.retry import (
     parse_retry_after,
     resuming_chunks,
 )
+from shardkit.io.verified import PieceCheck
 
 pytestmark = pytest.mark.integration
 
@@ -544,7 +545,8 @@ def test_piece_hasher_splits_at_piece_boundaries() -> None:
         h.update(DATA[i : i + 333])
     got = h.result()
     assert got.digests == tuple(piece_digest(DATA[i : i + 1000]) for i in range(0, 10_000, 1000))
-    assert got.span(9, len(DATA)) == (9000, 10_000) and Layout(10, 0).span(0) == (0, 10)
+    whole = PieceCheck(ObjectRef("x", 10, data_key(10).checksum))
+    assert got.span(9, len(DATA)) == (9000, 10_000) and whole.span(0) == (0, 10)
 
 
 def test_a_reservation_never_counts_a_shard_being_published_twice(
