@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from shardkit.errors import ShardFormatError
 from shardkit.format.tario import buffer
+from shardkit.format.tario.headers import checksum_ok, octal_field, plain_header, sum_matches
 from shardkit.format.tario.names import fast_name, name_problem, normal_name
 from shardkit.format.tario.reader import TarReader
 
@@ -258,3 +259,36 @@ def test_a_name_the_fast_paths_take_is_one_the_general_path_takes_as_it_is(raw: 
     if name is not None:
         assert name_problem(name) is None and normal_name(name) == name
         assert not name.endswith("/") and name.encode() == raw
+
+
+_field = st.sampled_from([b"00000000012\0", b"00000000012 ", b"0000000001\0\0", b"00000000019\0"])
+
+
+@given(
+    base=st.just(_tar(["a/k.json"], [3], tarfile.USTAR_FORMAT, 0.0)[:512]),
+    size=_field,
+    typeflag=st.sampled_from([b"0", b"\0", b"5", b"x"]),
+    pos=st.integers(0, 511),
+    value=st.integers(-1, 255),
+)
+def test_plain_header_is_the_field_and_checksum_rules(
+    base: bytes, size: bytes, typeflag: bytes, pos: int, value: int
+) -> None:
+    hdr = bytearray(base)
+    hdr[124:136], hdr[156:157] = size, typeflag
+    hdr[148:156] = b" " * 8
+    hdr[148:156] = b"%06o\0 " % sum(hdr)
+    if value >= 0:
+        hdr[pos] = value
+    block = bytes(hdr)
+    chkf = block[148:156]
+    rule = (
+        block[156:157] in (b"0", b"\0")
+        and octal_field(block[124:136], 11)
+        and octal_field(chkf, 6)
+        and sum_matches(block, chkf)
+    )
+    got = plain_header(block, 0)
+    assert (got is not None) == rule
+    if got is not None:
+        assert checksum_ok(block) and got[1] == int(block[124:135], 8)

@@ -15,6 +15,8 @@ them; the writer writes UTF-8 names only, so such a key must be renamed to be wr
 
 from __future__ import annotations
 
+import re
+
 __all__ = ["fast_name", "key_problem", "name_problem", "normal_key", "normal_name", "split_key"]
 
 
@@ -47,24 +49,20 @@ def normal_name(name: str) -> str:
     return "/".join(parts) + tail if parts else name
 
 
+# a name the fast paths take as it is: parts that are not empty and do not start with a
+# dot, no backslash or NUL, no drive ("x:") in front and no "/" at the end
+_PLAIN_NAME = re.compile(rb"(?!.:)[^/\\\0.][^/\\\0]*(?:/[^/\\\0.][^/\\\0]*)*", re.DOTALL)
+
+
 def fast_name(raw: bytes) -> str | None:
     """The name a fast path may hand out as it is, or None when in doubt.
 
     Not None only for a UTF-8 name that :func:`name_problem` passes and
-    :func:`normal_name` leaves as it is, and that is not a directory (no leading ``.`` or
-    ``/``, no ``/.``, ``//``, backslash, NUL or drive, no trailing ``/``): the general path
-    looks at everything else.
+    :func:`normal_name` leaves as it is, and that is not a directory: one regular
+    expression (parts that neither are empty nor start with a dot, no backslash, NUL,
+    drive or trailing ``/``) rules out everything else, which the general path looks at.
     """
-    if (
-        not raw
-        or raw[0] in b"./"
-        or raw[-1] == 47
-        or raw[1:2] == b":"
-        or b"/." in raw
-        or b"//" in raw
-        or b"\\" in raw
-        or b"\0" in raw
-    ):
+    if _PLAIN_NAME.fullmatch(raw) is None:
         return None
     try:
         return raw.decode()
