@@ -69,7 +69,18 @@ ORDER: dict[str, list[list[str]]] = {
     ],
     "shardkit.metrics": [["schema", "job", "alert", "export"]],
     "shardkit.streaming": [
-        ["resume", "transfer", "sync", "frameworks", "dataset", "indexed", "mixing", "loader"]
+        [
+            "resume",
+            "transfer",
+            "sync",
+            "frameworks",
+            "recipe",
+            "dataset",
+            "indexed",
+            "mixing",
+            "workers",
+            "loader",
+        ]
     ],
 }
 LAYERS = ORDER["shardkit"]

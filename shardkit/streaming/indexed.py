@@ -36,7 +36,7 @@ from shardkit.read.keys import KeyTable, build_key_table, key_table_path
 from shardkit.read.lookup import Locator, piece_verified, read_sample
 from shardkit.read.stream import read_stream
 from shardkit.stages import Context, Cursor, Decode, Map, Stage, ToTuple
-from shardkit.streaming.dataset import _io_config
+from shardkit.streaming.recipe import io_config
 
 __all__ = ["IndexedShards"]
 
@@ -83,7 +83,7 @@ class IndexedShards(Dataset[Any]):
     ) -> None:
         if isinstance(source, os.PathLike):
             source = os.fspath(source)
-        self._io = _io_config(io, cache_dir, cache_limit)
+        self._io = io_config(io, cache_dir, cache_limit)
         self._source = source if isinstance(source, str) else None
         self._opener: Any = None
         self._catalog: Catalog = open_catalog(

@@ -21,22 +21,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
-import numpy as np
-import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data import DataLoader
 
 from shardkit.errors import ConfigError, StateDictError
-from shardkit.metrics import LoaderStats, counter_delta
-from shardkit.plan.order import stream_seed
+from shardkit.metrics import LoaderStats
 from shardkit.stages import Context
 from shardkit.stages.base import state_epoch
-from shardkit.stages.epoch import Epoch
 from shardkit.streaming.dataset import ShardDataset
 from shardkit.streaming.resume import (
     STAGE,
@@ -49,86 +43,14 @@ from shardkit.streaming.resume import (
     resume_plan,
 )
 from shardkit.streaming.sync import EpochEnd
-from shardkit.streaming.transfer import Mailbox, PackedBytes, arrived, to_torch
+from shardkit.streaming.transfer import Mailbox, PackedBytes, arrived
+from shardkit.streaming.workers import Collate, WorkerSide
 
 __all__ = ["PackedBytes", "WebLoader"]
 
 log = logging.getLogger(__name__)
 _END = object()
 _REFUSED = ("sampler", "batch_sampler", "shuffle", "in_order")
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (1 << 32))  # user code's global RNG
-    torch.manual_seed(seed)
-
-
-class _WorkerSide(IterableDataset[Any]):
-    """Runs in each worker: configure from the mailbox, iterate, attach meta to items."""
-
-    def __init__(self, dataset: ShardDataset, mailbox: Mailbox, every: int) -> None:
-        super().__init__()
-        self.dataset = dataset
-        self.mailbox = mailbox
-        self.every = every
-
-    def __iter__(self) -> Iterator[tuple[Any, dict[str, Any] | None]]:
-        info = get_worker_info()
-        phys, n = (info.id, info.num_workers) if info is not None else (0, 1)
-        box = self.mailbox.read()
-        logical = (int(box["rotation"]) + phys) % n
-        ctx = Context(int(box["rank"]), int(box["world"]), logical, n, int(box["epoch"]))
-        ds = self.dataset
-        ds.set_epoch(ctx.epoch)
-        states = box["states"]
-        mine = None if states is None else states[logical % len(states)]
-        if info is not None:  # a worker process: seed user code's RNGs (never the trainer's)
-            _seed_everything(stream_seed(ds.seed, ctx.epoch, ctx.rank, logical, 0xBEEF))
-        base_io = ds.io_stats()
-        return self._run(ds.iterate(ctx, mine), logical, ds.io_stats, base_io)
-
-    def _run(
-        self,
-        it: Epoch,
-        logical: int,
-        io_stats: Callable[[], dict[str, float]],
-        base_io: dict[str, float],
-    ) -> Iterator[tuple[Any, dict[str, Any] | None]]:
-        def meta() -> dict[str, Any]:
-            return {
-                "w": logical,
-                "s": it.state(),
-                "c": it.counters(),
-                "io": counter_delta(io_stats(), base_io),
-            }
-
-        every = self.every
-        count = 0
-        item = next(it, _END)
-        while item is not _END:
-            count += 1
-            m = meta() if count % every == 0 else None  # before the next item is read
-            nxt = next(it, _END)
-            if m is None and nxt is _END:
-                m = meta()
-            yield item, m
-            item = nxt
-
-
-class _Collate:
-    """Collate in the worker and keep the batch's meta (the last item's)."""
-
-    def __init__(self, fn: Callable[[list[Any]], Any] | None, batched: bool) -> None:
-        self.fn = fn or default_collate
-        self.batched = batched
-
-    def __call__(self, items: Any) -> tuple[Any, Any]:
-        in_worker = get_worker_info() is not None
-        if not self.batched:
-            item, meta = items
-            return to_torch(item, in_worker), meta
-        return to_torch(self.fn([x[0] for x in items]), in_worker), items[-1][1]
 
 
 class WebLoader:
@@ -167,12 +89,12 @@ class WebLoader:
         self.num_workers = num_workers
         self._logical = max(num_workers, 1)
         self._mailbox = Mailbox()
-        side = _WorkerSide(dataset, self._mailbox, batch_size or 1)
+        side = WorkerSide(dataset, self._mailbox, batch_size or 1)
         self._loader: DataLoader[Any] = DataLoader(
             side,
             batch_size=batch_size,
             num_workers=num_workers,
-            collate_fn=_Collate(collate_fn, batch_size is not None),
+            collate_fn=Collate(collate_fn, batch_size is not None),
             drop_last=drop_last,
             **dataloader_kwargs,
         )

@@ -1,0 +1,98 @@
+"""What runs in each DataLoader worker of a :class:`~shardkit.WebLoader`: read the mailbox,
+iterate the data set (its one iteration path) as the logical worker it plays, and attach
+to the items the cursor after them; collate there, keeping the last item's meta."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data._utils.collate import default_collate
+
+from shardkit.metrics import counter_delta
+from shardkit.plan.order import stream_seed
+from shardkit.stages import Context
+from shardkit.stages.epoch import Epoch
+from shardkit.streaming.dataset import ShardDataset
+from shardkit.streaming.transfer import Mailbox, to_torch
+
+__all__ = ["Collate", "WorkerSide"]
+
+_END = object()
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (1 << 32))  # user code's global RNG
+    torch.manual_seed(seed)
+
+
+class WorkerSide(IterableDataset[Any]):
+    """Runs in each worker: configure from the mailbox, iterate, attach meta to items."""
+
+    def __init__(self, dataset: ShardDataset, mailbox: Mailbox, every: int) -> None:
+        super().__init__()
+        self.dataset = dataset
+        self.mailbox = mailbox
+        self.every = every
+
+    def __iter__(self) -> Iterator[tuple[Any, dict[str, Any] | None]]:
+        info = get_worker_info()
+        phys, n = (info.id, info.num_workers) if info is not None else (0, 1)
+        box = self.mailbox.read()
+        logical = (int(box["rotation"]) + phys) % n
+        ctx = Context(int(box["rank"]), int(box["world"]), logical, n, int(box["epoch"]))
+        ds = self.dataset
+        ds.set_epoch(ctx.epoch)
+        states = box["states"]
+        mine = None if states is None else states[logical % len(states)]
+        if info is not None:  # a worker process: seed user code's RNGs (never the trainer's)
+            _seed_everything(stream_seed(ds.seed, ctx.epoch, ctx.rank, logical, 0xBEEF))
+        base_io = ds.io_stats()
+        return self._run(ds.iterate(ctx, mine), logical, ds.io_stats, base_io)
+
+    def _run(
+        self,
+        it: Epoch,
+        logical: int,
+        io_stats: Callable[[], dict[str, float]],
+        base_io: dict[str, float],
+    ) -> Iterator[tuple[Any, dict[str, Any] | None]]:
+        def meta() -> dict[str, Any]:
+            return {
+                "w": logical,
+                "s": it.state(),
+                "c": it.counters(),
+                "io": counter_delta(io_stats(), base_io),
+            }
+
+        every = self.every
+        count = 0
+        item = next(it, _END)
+        while item is not _END:
+            count += 1
+            m = meta() if count % every == 0 else None  # before the next item is read
+            nxt = next(it, _END)
+            if m is None and nxt is _END:
+                m = meta()
+            yield item, m
+            item = nxt
+
+
+class Collate:
+    """Collate in the worker and keep the batch's meta (the last item's)."""
+
+    def __init__(self, fn: Callable[[list[Any]], Any] | None, batched: bool) -> None:
+        self.fn = fn or default_collate
+        self.batched = batched
+
+    def __call__(self, items: Any) -> tuple[Any, Any]:
+        in_worker = get_worker_info() is not None
+        if not self.batched:
+            item, meta = items
+            return to_torch(item, in_worker), meta
+        return to_torch(self.fn([x[0] for x in items]), in_worker), items[-1][1]
