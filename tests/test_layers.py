@@ -42,7 +42,7 @@ ORDER: dict[str, list[list[str]]] = {
     ],
     "shardkit.write": [
         ["select", "table_meta", "sources", "tables", "records"],
-        ["outputs", "writer", "config", "workers", "prepare", "build"],
+        ["outputs", "writer", "config", "workers", "prepare", "build", "remote_merge"],
     ],
     "shardkit.check": [["summary", "verify", "adopt"]],
     "shardkit.plan": [["world", "order", "schedule", "ranges", "assign"]],

@@ -16,10 +16,12 @@ from shardkit.format.checksum import ALGORITHMS
 from shardkit.format.manifest.compact import save_manifest
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.pieces import DEFAULT_PIECE_SIZE
+from shardkit.io.stores import is_object_url
 from shardkit.units import format_bytes, parse_size
 from shardkit.urls import expand_braces
 from shardkit.write.build import merge_parts
 from shardkit.write.outputs import local_target
+from shardkit.write.remote_merge import merge_object_parts
 from shardkit.write.sources import discover
 
 __all__ = ["command"]
@@ -141,20 +143,33 @@ def _adopt(source: str, out_path: str | None, checksum: str, index: bool, piece_
 
 
 @command.command("merge")
-@click.argument("parts", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.argument("parts", nargs=-1, required=True)
 @click.option(
     "-o",
     "--out",
     "out_path",
     required=True,
-    type=click.Path(dir_okay=False),
-    help="The merged manifest to write.",
+    help="The merged manifest to write (a path, or an s3://, gs://, az:// url).",
 )
 @click.option("--allow-incomplete", is_flag=True, help="Merge even when some parts are missing.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
 def merge(parts: tuple[str, ...], out_path: str, allow_incomplete: bool, as_json: bool) -> None:
-    """Join the partial manifests of `shardkit build --part I/N` into one."""
+    """Join the partial manifests of `shardkit build --part I/N` into one.
+
+    Parts in an object store (the manifests of ShardWriter("s3://b/set/part-0007/",
+    part=(7, 64)) tasks; brace patterns expand) merge into a manifest in the same store.
+    """
+    if is_object_url(out_path):
+        urls = [u for p in parts for u in expand_braces(p)]
+        if not all(is_object_url(u) for u in urls):
+            raise click.UsageError("a merged manifest in an object store takes parts there too")
+        m = merge_object_parts(urls, out_path, allow_incomplete=allow_incomplete)
+        _echo_manifest(m, out_path, as_json, "merged")
+        return
     local_target(out_path, "manifest merge -o")
+    for p in parts:
+        if not os.path.isfile(p):
+            raise click.BadParameter(f"File {p!r} does not exist.", param_hint="PARTS...")
     m = merge_parts(list(parts), out_path, allow_incomplete=allow_incomplete)
     _echo_manifest(m, os.path.abspath(out_path), as_json, "merged")
 

@@ -169,3 +169,36 @@ def test_writers_that_write_locally_refuse_a_url_naming_the_way(
         with pytest.raises(ConfigError, match="writes to a local directory"):
             ShardDatasink(url)
     assert sorted(os.listdir(tmp_path)) == ["in", "p0"]
+
+
+def test_parts_written_into_the_store_merge_there(clean: Store) -> None:
+    """A Slurm-style build: one writer per task under its own prefix, then `manifest merge`
+    of the parts' manifests into one manifest in the same store."""
+    store = clean
+    for task in (0, 1):
+        with sk.ShardWriter(store.url(f"set/part-{task:04d}/"), maxcount=5, part=(task, 2)) as w:
+            for s in samples(12, start=100 * task):
+                w.write(s)
+    runner = CliRunner()
+    out = store.url("set/manifest.json")
+    res = runner.invoke(
+        cli, ["manifest", "merge", store.url("set/part-0000/manifest.json"), "-o", out]
+    )
+    said = res.output + str(res.exception or "")
+    assert res.exit_code != 0 and "part 1 missing" in said, said
+    w = sk.ShardWriter(store.url("set/part-0002/"), maxcount=2, part=(0, 1))
+    for s in samples(6):
+        w.write(s)
+    w.next_shard()  # a task that died before close: its third shard is only journalled
+    parts = store.url("set/part-{0000..0001}/manifest.json")
+    res = runner.invoke(cli, ["manifest", "merge", parts, "-o", out, "--json"])
+    assert res.exit_code == 0, res.output + str(res.exception or "")
+    m = _remote(store, "set")
+    assert m.shards[0].url == "part-0000/data-000000.tar"
+    got = [str(s["__key__"]) for s in read_samples(m, make_opener())]
+    assert got == [f"doc-{i:05d}" for i in range(12)] + [f"doc-{i:05d}" for i in range(100, 112)]
+    res = runner.invoke(
+        cli, ["manifest", "merge", store.url("set/part-0002/manifest.json"), "-o", out]
+    )
+    said = res.output + str(res.exception or "")
+    assert res.exit_code != 0 and "did not finish" in said, said
