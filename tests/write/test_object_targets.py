@@ -202,3 +202,50 @@ def test_parts_written_into_the_store_merge_there(clean: Store) -> None:
     )
     said = res.output + str(res.exception or "")
     assert res.exit_code != 0 and "did not finish" in said, said
+
+
+_KILLED = """
+import sys, numpy as np, shardkit as sk
+w = sk.ShardWriter(sys.argv[1], maxcount=3, piece_size="64KB")
+rng = np.random.default_rng(0)
+for i in range(10_000):
+    w.write({"__key__": f"doc-{i:05d}", "bin": rng.bytes(40_000)})
+    if i == 10:
+        print("going", flush=True)
+"""
+
+
+def test_a_writer_killed_mid_upload_resumes_from_what_is_there(clean: Store) -> None:
+    """SIGKILL a writer in the middle of its uploads: no partial object is visible, and a
+    resumed writer keeps exactly the shards that are whole and goes on after them."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    store = clean
+    url = store.url("kill/")
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED, url], stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == b"going"
+    deadline = time.monotonic() + 60
+    while len([n for n in store.names() if n.endswith(".tar")]) < 4:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    with sk.ShardWriter(url, maxcount=3, piece_size="64KB", resume=True) as again:
+        kept = again.resumed_samples
+        assert kept % 3 == 0 and kept >= 9
+        rng = np.random.default_rng(0)
+        for _ in range(kept):
+            rng.bytes(40_000)  # the samples written before the kill
+        for i in range(kept, kept + 5):
+            again.write({"__key__": f"doc-{i:05d}", "bin": rng.bytes(40_000)})
+    m = _remote(store, "kill")
+    got = read_samples(m, make_opener())
+    assert [s["__key__"] for s in got] == [f"doc-{i:05d}" for i in range(kept + 5)]
+    rng = np.random.default_rng(0)
+    assert all(s["bin"] == rng.bytes(40_000) for s in got)
+    listed = {e.url for e in m.shards}
+    assert {n.split("/")[-1] for n in store.names() if n.endswith(".tar")} == listed
