@@ -10,12 +10,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
+import logging
 import os
 import random
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+
+from shardkit.errors import CacheError
 
 __all__ = [
     "NodeSlots",
@@ -30,6 +34,8 @@ __all__ = [
 # Lock fds this process holds. A forked child (a DataLoader worker) inherits them, and an
 # inherited copy would keep the lock alive after this process let go of it or died; the
 # threads that own them do not exist in the child, so the child closes its copies.
+log = logging.getLogger(__name__)
+
 _HELD: set[int] = set()
 _HELD_LOCK = threading.Lock()
 _HOOKED: list[bool] = []
@@ -180,12 +186,23 @@ class NodeSlots:
     several files, so that one waiter looks every few milliseconds; waiting on one busy
     slot could wait for the longest request on the node while others end). A killed
     process's slots are free at once (its locks die with it).
+
+    Every wait is bounded. A slot's file is touched when it is taken, and the head of the
+    queue touches its door while it waits: a slot or a door held longer than ``lease``
+    seconds (its holder stopped, SIGSTOP or a debugger, or hung) is taken over: its file
+    is replaced by a fresh one, which the waiter locks (the stopped holder keeps a lock
+    on a file nobody else sees). A request that finds no slot within ``wait`` seconds is
+    a :class:`CacheError`.
     """
 
-    def __init__(self, directory: str, n: int, reserve: int = 0) -> None:
+    def __init__(
+        self, directory: str, n: int, reserve: int = 0, *, wait: float = 300.0, lease: float = 120.0
+    ) -> None:
         self.directory = directory
         self.n = n
         self.reserve = min(reserve, n - 1) if n > 1 else 0
+        self.wait = wait
+        self.lease = lease
 
     @contextlib.contextmanager
     def slot(self, *, urgent: bool = False) -> Iterator[None]:
@@ -195,16 +212,65 @@ class NodeSlots:
         paths = [os.path.join(self.directory, f"slot-{i:03d}.lock") for i in range(mine)]
         fd = _any_free(paths)
         if fd is None:
-            door = "door-urgent.lock" if urgent else "door.lock"
-            with locked(os.path.join(self.directory, door)):
-                pause = 0.0005
-                while (fd := _any_free(paths)) is None:
-                    time.sleep(pause)
-                    pause = min(2 * pause, _SLOT_POLL)
+            door = os.path.join(self.directory, "door-urgent.lock" if urgent else "door.lock")
+            fd = self._queue(door, paths, time.monotonic() + self.wait)
+        _touch(fd)  # the lease starts
         try:
             yield
         finally:
             unlock(fd)
+
+    def _queue(self, door: str, paths: list[str], until: float) -> int:
+        """Wait at ``door`` for the head of the queue, then for a slot; the slot's fd."""
+        head = self._take([door], until, lambda: None)
+        try:  # the head touches its door as it waits: it is alive
+            return self._take(paths, until, functools.partial(_touch, head))
+        finally:
+            unlock(head)
+
+    def _take(self, files: list[str], until: float, beat: Callable[[], None]) -> int:
+        """Lock any of ``files``, taking over a stale one, by ``until``."""
+        pause = 0.0005
+        while True:
+            fd = _any_free(files)
+            if fd is None:
+                fd = next(filter(None, map(self._take_over, files)), None)
+            if fd is not None:
+                return fd
+            if time.monotonic() >= until:
+                raise CacheError(
+                    f"waited {self.wait:g} s for one of the node's {self.n} request slots "
+                    f"({self.directory}); every one is held"
+                )
+            beat()
+            time.sleep(pause)
+            pause = min(2 * pause, _SLOT_POLL)
+
+    def _take_over(self, path: str) -> int | None:
+        """Replace the lock file ``path`` if its holder has held it past the lease, and
+        lock the fresh one; None if it is not stale (or someone else took it over)."""
+        try:
+            age = time.time() - os.stat(path).st_mtime
+        except FileNotFoundError:
+            return None
+        if age < self.lease:
+            return None
+        fresh = f"{path}.new-{os.getpid()}-{threading.get_ident()}"
+        os.close(os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+        os.replace(fresh, path)
+        fd = try_lock(path)
+        if fd is None:
+            return None
+        if os.fstat(fd).st_ino != os.stat(path).st_ino:  # replaced again meanwhile
+            unlock(fd)
+            return None
+        log.warning("took over %s: held for %.0f s (its holder is stopped or hung)", path, age)
+        return fd
+
+
+def _touch(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.utime(fd)
 
 
 def _any_free(paths: list[str]) -> int | None:

@@ -106,7 +106,15 @@ class CachingOpener:
         self.store = CacheStore(cfg.cache_dir, cfg.cache_limit)
         root = self.store.root
         reserve = cfg.piece_parallel  # slots the background leaves for waiting readers
-        self.slots = NodeSlots(os.path.join(root, "slots"), cfg.node_requests, reserve)
+        # a slot held past twice the read timeout: its holder is stopped (or its request
+        # far slower than any other); a request waits at most cache_wait for one
+        self.slots = NodeSlots(
+            os.path.join(root, "slots"),
+            cfg.node_requests,
+            reserve,
+            wait=cfg.cache_wait,
+            lease=2 * cfg.read_timeout,
+        )
         self._local_state: _Local | None = None
 
     def __getstate__(self) -> dict[str, Any]:
