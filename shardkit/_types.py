@@ -1,4 +1,4 @@
-"""Types every layer may name: the opener protocol (how bytes are asked for).
+"""Types every layer may name: a sample, and the opener protocol (how bytes are asked for).
 
 The io layer implements it (local, http, s3), the cache wraps it; the layers below io
 (verify, build) take an opener as an argument and never make one.
@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import BinaryIO, Protocol, Union
+from typing import Any, BinaryIO, Protocol, Union
 
-__all__ = ["Hint", "ObjectRef", "Opener", "PieceChecksums"]
+__all__ = ["Hint", "ObjectRef", "Opener", "PieceChecksums", "Sample"]
+
+# One sample of a shard set, as WebDataset has it: ``__key__`` (and ``__url__`` once read)
+# and one value per field (``bytes`` as stored, until decoded).
+Sample = dict[str, Any]
 
 
 class PieceChecksums(Protocol):

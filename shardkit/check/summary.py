@@ -83,7 +83,7 @@ def _scan_tar(f: BinaryIO, url: str, size: int | None, nkeys: int) -> tuple[Any,
         for fld, data in sample.items():
             st = stats.setdefault(fld, {"count": 0, "bytes": 0})
             st["count"] += 1
-            st["bytes"] += data  # type: ignore[operator]
+            st["bytes"] += data
     end = reader.end_offset if reader.end_offset is not None else reader.offset
     return offsets, end, stats, keys, sigs
 

@@ -12,11 +12,11 @@ cache, :func:`piece_verified` reads a remote shard's pieces whole and checks eac
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import numpy as np
 
-from shardkit._types import Hint, Opener, PieceChecksums
+from shardkit._types import Hint, Opener, PieceChecksums, Sample
 from shardkit.errors import ConfigError
 from shardkit.io.remote import RemoteOpener
 from shardkit.read.catalog import Catalog
@@ -24,8 +24,6 @@ from shardkit.read.stream import read_stream
 from shardkit.urls import REMOTE_SCHEMES, url_scheme
 
 __all__ = ["Locator", "PieceVerified", "piece_verified", "read_sample"]
-
-Sample = dict[str, Any]
 
 
 class Locator:

@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Generator, Iterator, Sequence
 from typing import Any, BinaryIO
 
+from shardkit._types import Sample
 from shardkit.errors import ShardFormatError
 from shardkit.format.compression import compressed_name, open_tar
 from shardkit.format.tario.index import sample_signature
@@ -22,7 +23,6 @@ from shardkit.read.policy import DATA_ERRORS, count_error, report
 
 __all__ = ["read_stream"]
 
-Sample = dict[str, Any]
 RangeRow = tuple[int, int, int, int]
 _LOOKAHEAD = 8
 

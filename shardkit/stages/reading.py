@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Generator, Iterator
 from typing import Any
 
-from shardkit._types import Opener
+from shardkit._types import Opener, Sample
 from shardkit.plan.assign import Ranges, ResampledStream
 from shardkit.plan.order import Window, iter_order, nth_output, resume_window
 from shardkit.read.catalog import Catalog
-from shardkit.read.stream import Sample, read_stream
+from shardkit.read.stream import read_stream
 from shardkit.stages.base import Context, Cursor
 
 __all__ = ["SourceCursor", "Stream", "last_of", "stream_length"]

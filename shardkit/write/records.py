@@ -19,12 +19,13 @@ from typing import Any
 
 import numpy as np
 
+from shardkit._types import Sample
 from shardkit.errors import ShardFormatError, WriterError
 from shardkit.format.codecs import encode_field, zstd_reader
 from shardkit.format.images import IMAGE_EXTS, reencode_image
 from shardkit.format.tario.reader import read_shard
 from shardkit.format.tario.writer import check_key
-from shardkit.write.sources import BadRecord, Sample, SourceError, SourceOptions, Unit
+from shardkit.write.sources import BadRecord, SourceError, SourceOptions, Unit
 
 __all__ = ["read_units"]
 

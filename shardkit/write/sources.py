@@ -62,7 +62,6 @@ _JSONL_EXTS = (
     ".ndjson.gz",
     ".json.gz",
 )
-Sample = dict[str, Any]
 
 
 class SourceError(WriterError):

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from shardkit._types import Sample
 from shardkit.errors import ConfigError, WriterError
 from shardkit.format.codecs import encode_field
 from shardkit.format.tario.writer import check_field, check_key
@@ -37,7 +38,6 @@ from shardkit.write.table_meta import is_parquet, one_line, pyarrow_module
 __all__ = ["read_table"]
 
 _BATCH_ROWS = 1024
-Sample = dict[str, Any]
 
 
 @dataclass(frozen=True)

@@ -204,7 +204,7 @@ def test_a_size_with_digits_8_or_9_is_a_format_error() -> None:
 def _sized(data: bytes, *, direct: bool, keep: bool = True) -> Outcome:
     """The fast loop over a seekable stream of known size, with small buffered reads (so
     that members run past the buffer) and members read directly (or never so)."""
-    names = ("_CHUNK", "_DIRECT", "_SHORT_GAP", "_AFTER_DIRECT")
+    names = ("_CHUNK", "_UNBUFFERED", "_SHORT_GAP", "_AFTER_UNBUFFERED")
     saved = [getattr(buffer, name) for name in names]
     small = (1024, 1 if direct else 1 << 40, 2048, 512)
     for name, value in zip(names, small, strict=True):

@@ -1,4 +1,4 @@
-"""The buffered byte layer under the tar reader: large reads, slices, direct reads, skips.
+"""The buffered byte layer under the tar reader: large reads, slices, unbuffered reads, skips.
 
 Headers are parsed straight out of large buffered reads; small members are sliced out of
 the same buffer; a large member of a plain file is read straight into its own ``bytes`` (no
@@ -26,9 +26,9 @@ _CHUNK = 1 << 19
 _PIECE = 64 << 20  # large members are read in pieces of this size
 # a member at least this large whose data is not all in the buffer is read straight into
 # its own bytes object (one copy, the kernel's), when the stream can seek and has a size
-_DIRECT = 1 << 16
-_SHORT_GAP = 1 << 16  # the longest run between two directly read members read as one
-_AFTER_DIRECT = 8 << 10  # the buffered read after one, when that run was longer
+_UNBUFFERED = 1 << 16
+_SHORT_GAP = 1 << 16  # the longest run between two members read unbuffered read as one
+_AFTER_UNBUFFERED = 8 << 10  # the buffered read after one, when that run was longer
 _DISCARD = 8 << 20  # the largest read when passing over data that is not kept
 DEFAULT_MAX_MEMBER = 1 << 30  # the largest member a reader holds in memory, by default
 
@@ -61,9 +61,9 @@ class Buffered:
         self._buf = b""
         self._pos = 0
         self._base = start  # absolute offset of _buf[0]
-        self._chunk = _CHUNK  # the next buffered read's size (smaller after a direct read)
-        self._direct: bool | None = None  # whether direct reads work here (found on first use)
-        self._direct_end = -1  # where the last directly read member ended
+        self._chunk = _CHUNK  # the next buffered read's size (smaller after an unbuffered read)
+        self._seeks: bool | None = None  # whether unbuffered reads work here (found on first use)
+        self._unbuffered_end = -1  # where the last member read unbuffered ended
         self.member_offset = start  # where the last member (with its pax headers) began
         self.end_offset: int | None = None  # the end-of-archive marker (or ``end``), once met
 
@@ -113,8 +113,8 @@ class Buffered:
     def _take(self, n: int, what: str, at: int) -> bytes:
         """Return the next ``n`` bytes; raise naming header offset ``at`` if they run out."""
         if n <= _PIECE:
-            if n >= _DIRECT and len(self._buf) - self._pos < n and self._can_seek():
-                return self._take_direct(n, what, at)
+            if n >= _UNBUFFERED and len(self._buf) - self._pos < n and self._can_seek():
+                return self._take_unbuffered(n, what, at)
             if not self._fill(n):
                 raise self._truncated(what, n, at)
             p = self._pos
@@ -123,18 +123,18 @@ class Buffered:
         return self._take_large(n, what, at)
 
     def _can_seek(self) -> bool:
-        if self._direct is None:
+        if self._seeks is None:
             seekable = getattr(self.f, "seekable", None)
-            self._direct = self.size is not None and seekable is not None and bool(seekable())
-        return self._direct
+            self._seeks = self.size is not None and seekable is not None and bool(seekable())
+        return self._seeks
 
-    def _take_direct(self, n: int, what: str, at: int) -> bytes:
+    def _take_unbuffered(self, n: int, what: str, at: int) -> bytes:
         """``n`` bytes read into their own object: the kernel copies them once, where
         joining the buffer with the rest would copy them twice more.
 
         The stream steps back over what the buffer holds of them. So that it rarely has
         to, the buffered read that follows is short: as long as the run from the end of
-        the last directly read member to the start of this one, when that is short
+        the last member read unbuffered to the start of this one, when that is short
         (samples tend to repeat their layout, so it ends where the next large member
         begins), else 8 KiB.
         """
@@ -145,7 +145,7 @@ class Buffered:
         except OSError as exc:
             raise ShardFormatError(f"seek failed: {exc}", url=self.url, offset=at) from exc
         self._base += self._pos
-        gap = self._base - self._direct_end
+        gap = self._base - self._unbuffered_end
         self._buf, self._pos = b"", 0
         data = self._read(n, self._base)
         self._base += len(data)
@@ -155,8 +155,8 @@ class Buffered:
                 raise self._truncated(what, n, at)
             self._base += len(more)
             data += more
-        self._direct_end = self._base
-        self._chunk = gap if BLOCK <= gap <= _SHORT_GAP else _AFTER_DIRECT
+        self._unbuffered_end = self._base
+        self._chunk = gap if BLOCK <= gap <= _SHORT_GAP else _AFTER_UNBUFFERED
         return data
 
     def _take_large(self, n: int, what: str, at: int) -> bytes:

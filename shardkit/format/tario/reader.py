@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator
 from typing import BinaryIO, NamedTuple, cast
 
+from shardkit._types import Sample
 from shardkit.errors import ShardFormatError
 from shardkit.format.compression import open_tar
 from shardkit.format.tario.buffer import DEFAULT_MAX_MEMBER, skip_bytes, stream_size
@@ -34,8 +35,6 @@ __all__ = [
 _FAST_META = 4 * BLOCK  # larger extended headers take the general path
 # pax records that change nothing about a member as the reader hands it out
 _PAX_IGNORED = frozenset((b"mtime", b"atime", b"ctime", b"uid", b"gid", b"uname", b"gname"))
-
-Sample = dict[str, object]
 
 
 class TarReader(MemberReader):
