@@ -25,6 +25,7 @@ from shardkit.errors import ConfigError, FetchError
 from shardkit.io.config import IoConfig
 from shardkit.io.http import CHUNK, Gate, policy_of
 from shardkit.io.retry import Retryable, resuming_chunks
+from shardkit.per_process import PerProcess
 
 __all__ = ["AzSource", "BlobSource", "GsSource", "az_client", "gs_client", "split_blob_url"]
 
@@ -74,21 +75,12 @@ class BlobSource:
     def __init__(self, cfg: IoConfig, counters: Counters) -> None:
         self.cfg = cfg
         self.counters = counters
-        self._client: Any = None
-        self._pid = 0
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_client"] = None
-        return state
+        self._client: PerProcess[Any] = PerProcess(self._make_client)
 
     @property
     def client(self) -> Any:
         """This process's SDK client."""
-        if self._client is None or self._pid != os.getpid():
-            self._client = self._make_client()
-            self._pid = os.getpid()
-        return self._client
+        return self._client.get()
 
     def _make_client(self) -> Any:
         raise NotImplementedError

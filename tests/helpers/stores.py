@@ -100,18 +100,12 @@ def gcs_emulator(bucket: str = "shardkit-test") -> Iterator[Store]:
     server = create_server("127.0.0.1", port, in_memory=True, default_bucket=bucket)
     server.start()
     env = {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}"}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     try:
-        _wait_port(port, None, "the GCS emulator")
-        client = storage.Client(project="shardkit", credentials=AnonymousCredentials())
-        yield Store("gs", bucket, env, client)
+        with _env(env):
+            _wait_port(port, None, "the GCS emulator")
+            client = storage.Client(project="shardkit", credentials=AnonymousCredentials())
+            yield Store("gs", bucket, env, client)
     finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         server.stop()
 
 
@@ -141,19 +135,13 @@ def azurite(container: str = "shardkit-test") -> Iterator[Store]:
         f"AccountKey={AZURITE_KEY};BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1;"
     )
     env = {"AZURE_STORAGE_CONNECTION_STRING": conn}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     try:
-        _wait_port(port, proc, "azurite")
-        client = BlobServiceClient.from_connection_string(conn)
-        client.create_container(container)
-        yield Store("az", container, env, client)
+        with _env(env):
+            _wait_port(port, proc, "azurite")
+            client = BlobServiceClient.from_connection_string(conn)
+            client.create_container(container)
+            yield Store("az", container, env, client)
     finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         proc.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(10)
