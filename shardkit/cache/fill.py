@@ -295,6 +295,8 @@ class ShardFill:
         except (FetchError, ChecksumError, CacheError) as exc:
             log.warning("%s: the cache fill stops: %s", self.url, exc)
             self._stop(exc)
+        except OSError as exc:  # the cache dir: read-only, full, gone; readers go on
+            self._stop(self._cache_error(exc))
         except BaseException as exc:  # a bug: let the readers see it rather than hang
             self._stop(exc)
             raise
@@ -312,9 +314,19 @@ class ShardFill:
         except CacheError as exc:
             log.warning("%s: not cached: %s", self.url, exc)
             self._stop(exc)
+        except OSError as exc:
+            self._stop(self._cache_error(exc))
         finally:
             self._close()
             self.done.set()
+
+    def _cache_error(self, exc: OSError) -> WriteError:
+        """An OS error on the cache dir in a fill thread: a warning and a count, never a
+        thread's traceback; its readers read on uncached."""
+        self.host.counters.add("cache_errors")
+        error = WriteError(f"cache dir {self.host.store.root}: {exc}")
+        log.warning("%s: the cache fill stops: %s (reading on uncached)", self.url, error)
+        return error
 
     def _stop(self, exc: BaseException) -> None:
         self.error = exc
@@ -385,8 +397,12 @@ class ShardFill:
                 raise WriteError(f"cache dir {store.root}: cannot publish: {exc}") from exc
             if own:
                 self._close()  # before the publish: once visible, only its readers hold it
-            if store.publish(key, self.layout):
-                self.host.counters.add("cache_fills")
+            try:
+                if store.publish(key, self.layout):
+                    self.host.counters.add("cache_fills")
+            except OSError as exc:  # verified all the same: its readers go on reading it
+                self.host.counters.add("cache_errors")
+                log.warning("%s: cache dir %s: cannot publish: %s", self.url, store.root, exc)
         finally:
             unlock(lock)
 

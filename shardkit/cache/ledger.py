@@ -148,7 +148,20 @@ class Ledger:
             header = False
         if pending is not None:  # under the lock: whoever began it is gone
             raise Stale("a ledger transaction that never ended: a process died in it")
+        if self._pos == 0:
+            self._check_sizes()
         self._pos = st.st_size
+
+    def _check_sizes(self) -> None:
+        """A ledger read whole is checked against the files (a stat each): one edited,
+        its checksums valid, must not let the cache grow past its limit."""
+        for rel, (size, _) in self.entries.items():
+            try:
+                real = os.stat(os.path.join(self.root, rel)).st_size
+            except FileNotFoundError:
+                raise Stale(f"a shard it lists is gone ({rel})") from None
+            if real != size:
+                raise Stale(f"a shard's size differs from the ledger's ({rel})")
 
     def _apply(self, rec: dict[str, Any]) -> None:
         for rel in rec.get("del", ()):
@@ -220,9 +233,10 @@ class Ledger:
         self._fd = None
 
     # -- least recently used ----------------------------------------------------------
-    def oldest(self, mtime_of: Callable[[str], int | None]) -> Iterator[Entry]:
-        """Listed files, least recently used first, by their mtime now (``mtime_of``; None:
-        the file is gone, and :class:`Stale` is raised)."""
+    def oldest(self, stat_of: Callable[[str], tuple[int, int] | None]) -> Iterator[Entry]:
+        """Listed files, least recently used first, by their mtime now (``stat_of``: size
+        and mtime; None: the file is gone). :class:`Stale` if one is gone or its size is
+        not the one listed."""
         if len(self._heap) > 2 * len(self.entries) + 64:
             self._heap = [(m, rel) for rel, (_, m) in self.entries.items()]
             heapq.heapify(self._heap)
@@ -233,9 +247,12 @@ class Ledger:
                 entry = self.entries.get(rel)
                 if entry is None or entry[1] != mtime:
                     continue  # removed, or pushed again with a later use
-                now = mtime_of(rel)
-                if now is None:
+                seen_now = stat_of(rel)
+                if seen_now is None:
                     raise Stale(f"a shard it lists is gone ({rel})")
+                size, now = seen_now
+                if size != entry[0]:
+                    raise Stale(f"a shard's size differs from the ledger's ({rel})")
                 if now != mtime:  # used since it was logged: its place is later
                     self.entries[rel] = (entry[0], now)
                     heapq.heappush(self._heap, (now, rel))

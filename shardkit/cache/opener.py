@@ -167,12 +167,7 @@ class CachingOpener:
             return self._direct(ref, start, stop)
         if published:
             if os.fstat(fd).st_size != ref.size:
-                os.close(fd)
-                raise ChecksumError(
-                    "the cached shard with this checksum has another size",
-                    url=ref.url,
-                    expected=f"{ref.size} bytes",
-                )
+                return self._other_size(key, ref, start, stop, fd)
             with contextlib.suppress(OSError):
                 os.utime(fd)  # least recently used goes first
             self.counters.add("cache_hits")
@@ -309,6 +304,29 @@ class CachingOpener:
             return self.store.open_part(key, layout)
         except OSError as exc:
             raise CacheError(f"cache dir {self.store.root}: cannot reserve: {exc}") from exc
+
+    def _other_size(
+        self, key: CacheKey, ref: ObjectRef, start: int, stop: int, fd: int
+    ) -> BinaryIO:
+        """A cached shard whose size is not the manifest's: if its bytes still match the
+        checksum it is cached under, the manifest is wrong (a ChecksumError, the shard
+        stays); else the copy changed on disk: evicted, reported, fetched again."""
+        try:
+            size = os.fstat(fd).st_size
+            intact = whole_matches(fd, CacheKey(key.algo, key.digest, size))
+        finally:
+            os.close(fd)
+        if intact:
+            raise ChecksumError(
+                f"the manifest says {ref.size} bytes but the shard with this checksum has "
+                f"{size}",
+                url=ref.url,
+                expected=f"{ref.size} bytes",
+                actual=f"{size} bytes",
+            )
+        self.store.evict_rotten(key)
+        report_rot(self.counters, ref.url, f"{size} bytes instead of {ref.size}")
+        return self._open_ref(ref, start, stop)
 
     def _rechecked(
         self, key: CacheKey, ref: ObjectRef, start: int, stop: int, layout: Layout, fd: int

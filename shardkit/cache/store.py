@@ -279,11 +279,12 @@ class CacheStore:
                 st = os.stat(s.path)
                 yield os.path.relpath(s.path, self.root), st.st_size, st.st_mtime_ns
 
-    def _mtime(self, rel: str) -> int | None:
+    def _stat(self, rel: str) -> tuple[int, int] | None:
         try:
-            return os.stat(os.path.join(self.root, rel)).st_mtime_ns
+            st = os.stat(os.path.join(self.root, rel))
         except FileNotFoundError:
             return None
+        return st.st_size, st.st_mtime_ns
 
     def shards(self) -> Iterator[CachedShard]:
         """Every verified shard in the cache (a scan of ``data/``)."""
@@ -344,7 +345,7 @@ class CacheStore:
         ledger = self.ledger()
         listed = (
             CachedShard(os.path.join(self.root, rel), size, mtime / 1e9)
-            for rel, size, mtime in ledger.oldest(self._mtime)
+            for rel, size, mtime in ledger.oldest(self._stat)
         )
         dead = sorted(self._dead_parts(), key=lambda s: s.mtime)
         try:
