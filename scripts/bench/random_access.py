@@ -13,7 +13,14 @@ process (what a map-style Dataset under a RandomSampler does per worker):
   first lookups in a shard fetch and verify the pieces they need, the shard then fills)
   and without a cache (each lookup a ranged read of the ``--piece-size`` pieces holding
   its sample, each checked). mosaic and litdata read no http(s) remote (object stores
-  only: s3, gs, azure, ...), so they have no remote row here.
+  only: s3, gs, azure, ...), so they have no http row.
+- s3 (``--moto-python PY``: a Python with ``moto[server]``, e.g. the project's ``.venv``):
+  the three formats uploaded to a local moto S3 server, each library reading its own with
+  an empty local cache every repetition (``--remote-lookups`` lookups): shardkit through
+  the node cache (pieces the lookup needs first, the shard filled behind), mosaic
+  (``remote=s3://..., local=...``: a whole shard downloaded on its first lookup), litdata
+  (whole chunks). moto answers every request in Python: its per-request cost weighs on
+  the library that sends the most requests.
 
 Prints lookups/s medians and the share of the raw limit; writes the JSON to ``--out``.
 """
@@ -106,6 +113,100 @@ def contenders_remote(url: str, ids: list[int], few: list[int]) -> list[tuple[st
     return [("shardkit http, node cache", cached), ("shardkit http, no cache", uncached)]
 
 
+class Moto:
+    """moto's S3 server in a process of its own (``python -m moto.server``)."""
+
+    def __init__(self, python: str) -> None:
+        import socket
+        import subprocess
+        import time
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        cmd = [python, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.url = f"http://127.0.0.1:{port}"
+        until = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > until:
+                    raise RuntimeError("moto server did not start") from None
+                time.sleep(0.1)  # polling a port that is not open yet
+        for name, value in {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": self.url,
+            "S3_ENDPOINT_URL": self.url,  # mosaic's name for it
+        }.items():
+            os.environ[name] = value
+
+    def upload(self, root: str, bucket: str) -> None:
+        import boto3
+
+        client = boto3.client("s3", endpoint_url=self.url)
+        client.create_bucket(Bucket=bucket)
+        for fmt_dir in ("shardkit", "mosaic", "litdata"):
+            for dirpath, _, files in os.walk(os.path.join(root, fmt_dir)):
+                for f in files:
+                    path = os.path.join(dirpath, f)
+                    client.upload_file(path, bucket, os.path.relpath(path, root))
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def contenders_s3(bucket: str, ids: list[int]) -> list[tuple[str, Any]]:
+    import shardkit
+
+    mosaic = _peers.streaming()
+    from litdata import StreamingDataset as LitDataset
+
+    def fresh(make: Any) -> Any:
+        def run() -> dict[str, Any]:
+            with tempfile.TemporaryDirectory() as cache:
+                return lookups(make(cache).__getitem__, ids)
+
+        return run
+
+    return [
+        (
+            "shardkit s3, node cache",
+            fresh(
+                lambda d: shardkit.IndexedShards(
+                    f"s3://{bucket}/shardkit/manifest.json", cache_dir=d
+                )
+            ),
+        ),
+        (
+            "mosaic s3",
+            fresh(
+                lambda d: mosaic.StreamingDataset(
+                    remote=f"s3://{bucket}/mosaic", local=d, shuffle=False, batch_size=1
+                )
+            ),
+        ),
+        ("litdata s3", fresh(lambda d: LitDataset(f"s3://{bucket}/litdata", cache_dir=d))),
+    ]
+
+
+def part_s3(root: str, profile: str, ids: list[int], args: Any) -> tuple[str, Any]:
+    moto = Moto(args.moto_python)
+    try:
+        bucket = f"bench-{profile}"
+        moto.upload(root, bucket)
+        s3 = contenders_s3(bucket, ids)
+        series = _common.interleave(args.repeats, s3, before=_common.before_runs(False))
+        return report(series, {name: len(ids) for name, _ in s3})
+    finally:
+        moto.close()
+
+
 def report(series: dict[str, Any], counts: dict[str, int]) -> tuple[str, list[dict[str, Any]]]:
     raw = series.get("raw pread")
     raw_rate = counts["raw pread"] / raw.median if raw else None
@@ -144,6 +245,9 @@ def run_profile(profile: str, args: Any) -> tuple[list[str], dict[str, Any]]:
         text, out["remote"] = report(series, counts)
     finally:
         server.close()
+    if args.moto_python:
+        text_s3, out["s3"] = part_s3(root, profile, ids[: args.remote_lookups], args)
+        texts.append(f"### random access, s3 (moto), {describe(ds)}\n\n{text_s3}\n")
     texts.append(
         f"### random access, http with {args.latency * 1000:.0f} ms per request, "
         f"{describe(ds)}, pieces of {args.piece_size}\n\n{text}\n"
@@ -157,6 +261,8 @@ def main() -> None:
     p.add_argument("--uncached-lookups", type=int, default=200)
     p.add_argument("--latency", type=float, default=0.005, help="seconds per http request")
     p.add_argument("--piece-size", default="1MB", help="shardkit's piece checksums")
+    p.add_argument("--moto-python", default=None, help="a python with moto[server]: s3 part")
+    p.add_argument("--remote-lookups", type=int, default=200, help="lookups of the s3 part")
     args = p.parse_args()
     _common.parse_common(args)
     args.piece = parse_size(args.piece_size)

@@ -10,16 +10,19 @@ themselves:
   ``world``-th batch (accelerate's ``IterableDatasetShard``).
 
 A data set that also splits by node then gives rank 0 (or every rank) only its own share,
-and the framework splits that share again: data is repeated across epochs or lost. And
-with ``drop_last`` off, both wrappers complete the last step with samples from the epoch's
-start: repeated data. Neither is ever silent: :func:`check_framework` finds such a wrapper
-among the callers of ``len()``, ``set_epoch()`` or ``iter()`` (a few frames up: the
-framework calls these in the main process of every rank before an epoch) and raises
-:class:`ConfigError` saying what to change.
+and the framework splits that share again: data is repeated across epochs or lost:
+:func:`check_framework` finds such a wrapper among the callers of ``len()``,
+``set_epoch()`` or ``iter()`` (a few frames up: the framework calls these in the main
+process of every rank before an epoch) and raises :class:`ConfigError` saying what to
+change. And with ``drop_last`` off, both wrappers complete a last, partial step with
+samples from the epoch's start: trained twice, while an evaluation loop's
+``gather_for_metrics`` drops them again. The wrapper cannot tell which it serves, so that
+case is a warning (once per process) naming the count and the fix, not a refusal.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable
 from types import FrameType
@@ -29,7 +32,9 @@ from shardkit.errors import ConfigError
 
 __all__ = ["check_framework", "framework_loader"]
 
+log = logging.getLogger(__name__)
 _DEPTH = 12
+_warned: set[tuple[int, int]] = set()
 _WRAPPERS = {"DataLoaderDispatcher": "dispatch", "IterableDatasetShard": "shard"}
 
 
@@ -88,11 +93,13 @@ def check_framework(splits_by_node: bool, length: Callable[[], int | None]) -> N
         return
     batch, drop_last, ranks = _layout(kind, wrapper)
     step = batch * ranks
-    if not drop_last and total % step:
-        raise ConfigError(
+    if not drop_last and total % step and (total, step) not in _warned:
+        _warned.add((total, step))
+        log.warning(
             f"the data set has {total} items, not a multiple of the {step} a step takes "
             f"({ranks} ranks x batch {batch}): accelerate would fill the last step with "
             f"{step - total % step} items from the epoch's start, training them twice. "
             "Set drop_last (TrainingArguments(dataloader_drop_last=True), or "
-            "DataLoader(drop_last=True)), or choose a batch size that divides it"
+            "DataLoader(drop_last=True)), or choose a batch size that divides it "
+            "(an evaluation's gather_for_metrics drops them: nothing to do there)"
         )
