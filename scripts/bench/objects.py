@@ -61,6 +61,15 @@ def _count(client: Any, stats: dict[str, int]) -> None:
     client.meta.events.register("before-send.s3", before_send)
 
 
+def _peak_rss() -> int:
+    """This process's peak RSS (VmHWM: getrusage's ru_maxrss keeps the parent's across exec)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def run_one(
     kind: str, endpoint: str, size: int, sample: int, shard: str, run: int
 ) -> dict[str, Any]:
@@ -116,7 +125,7 @@ def run_one(
     else:
         raise SystemExit(f"unknown contender {kind}")
     secs = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = _peak_rss()
     return {"kind": kind, "secs": secs, "samples": len(samples), "peak_rss": peak, **stats}
 
 
