@@ -318,8 +318,7 @@ class CachingOpener:
             os.close(fd)
         if intact:
             raise ChecksumError(
-                f"the manifest says {ref.size} bytes but the shard with this checksum has "
-                f"{size}",
+                f"the manifest says {ref.size} bytes but the shard with this checksum has {size}",
                 url=ref.url,
                 expected=f"{ref.size} bytes",
                 actual=f"{size} bytes",

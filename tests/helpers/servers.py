@@ -14,6 +14,9 @@ Faults are queued per path pattern and each hits ``times`` requests:
 - ``long``: answer a Range with a 206 whose Content-Range and body run ``after`` bytes past
   the range asked for (the file's next bytes, each flipped unless ``honest``).
 
+- ``full``: answer a Range with 200 and the whole object;
+- ``swap``: serve the bytes of ``other`` (a path of the same size) under this name.
+
 ``start``, when set, limits a fault to requests whose range starts at that offset.
 
 ``per_connection`` caps the bytes per second of each connection on its own (as object
@@ -72,7 +75,7 @@ class Fault:
     """A fault served to the next ``times`` requests whose path matches ``pattern``."""
 
     pattern: str
-    kind: str  # "drop" | "status" | "stall" | "corrupt" | "trickle" | "long"
+    kind: str  # "drop" | "status" | "stall" | "corrupt" | "trickle" | "long" | "full" | "swap"
     times: int = 1
     after: int = 0
     at: int = 0
@@ -82,6 +85,7 @@ class Fault:
     step: int = 20
     start: int | None = None
     honest: bool = False
+    other: str | None = None
 
 
 class _Throttle:
@@ -266,6 +270,12 @@ class _Handler(BaseHTTPRequestHandler):
             return self._empty(rec, 416, {"Content-Range": f"bytes */{size}"})
         if fault is not None and fault.kind == "long" and status == 206:
             return self._long(rec, target, lo, hi, size, fault)
+        if fault is not None and fault.kind == "full":
+            status, lo, hi = 200, 0, size  # a server that ignores Range
+        if fault is not None and fault.kind == "swap" and fault.other:
+            swapped = (self.srv.root / fault.other.lstrip("/")).resolve()
+            if swapped.is_file() and swapped.stat().st_size == size:
+                target = swapped  # another object's bytes under this name
         rec.status = status
         self.send_response(status)
         self.send_header("Content-Length", str(hi - lo))
