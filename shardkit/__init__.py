@@ -21,6 +21,7 @@ from shardkit.errors import (
 from shardkit.format.manifest.model import Manifest, ShardEntry
 from shardkit.format.tario.reader import read_shard
 from shardkit.io.config import IoConfig
+from shardkit.plan.schedule import Schedule
 
 # ``sk.build(fn, inputs, out)``: the function shadows the submodule's name on purpose
 # (``from shardkit.write.build import ...`` still reaches the module through sys.modules)
@@ -60,6 +61,7 @@ __all__ = [
     "IoConfig",
     "Manifest",
     "ManifestError",
+    "Schedule",
     "ShardDataset",
     "ShardEntry",
     "ShardError",

@@ -11,6 +11,7 @@ from shardkit import errors
 
 FOUNDATION = {
     "Manifest",
+    "Schedule",
     "ShardEntry",
     "ShardWriter",
     "read_shard",

@@ -65,7 +65,8 @@ ORDER: dict[str, list[list[str]]] = {
         ["policy", "indexes", "remote_compact", "catalog", "stream", "lookup", "keys"]
     ],
     "shardkit.stages": [
-        ["base", "collate", "packing", "basic", "decode", "reading", "source", "epoch", "tokens"]
+        ["base", "collate", "packing", "basic", "decode", "reading", "source", "epoch"],
+        ["mixture", "nominal", "tokens"],
     ],
     "shardkit.metrics": [["schema", "job", "alert", "export"]],
     "shardkit.streaming": [

@@ -200,6 +200,16 @@ class Stage:
         known up front)."""
         return self._up().lengths(ctx, state)
 
+    def carry(self, state: Mapping[str, Any] | None, epoch: int) -> dict[str, Any] | None:
+        """The state epoch ``epoch`` starts from when the epoch before ended (or was left) at
+        ``state``: None, a fresh start, unless a stage keeps something across epochs (a
+        mixture's exposure and progress, an endless mixture's cursors). A stage whose state
+        is its upstream's passes it on; one with a state of its own and nothing to keep
+        starts fresh."""
+        if state is None or self.upstream is None or state.get("stage") == self.name:
+            return None
+        return self.upstream.carry(state, epoch)
+
     def spec(self) -> list[Any]:
         """The pipeline up to this stage, each stage's name and parameters in order: the
         fingerprint a state must match."""

@@ -197,6 +197,12 @@ class Decode(Stage):
     def lengths(self, ctx: Context, state: Mapping[str, Any] | None = None) -> list[int] | None:
         return self._up().lengths(ctx, None if state is None else state["source"])
 
+    def carry(self, state: Mapping[str, Any] | None, epoch: int) -> dict[str, Any] | None:
+        source = None if state is None else self._up().carry(state["source"], epoch)
+        if source is None:
+            return None
+        return {"stage": self.name, "version": self.version, "bad_urls": [], "source": source}
+
 
 class _DecodeCursor(Cursor):
     """Decodes its upstream's samples; skips those of shards given up on."""

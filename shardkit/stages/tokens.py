@@ -34,6 +34,7 @@ import numpy as np
 
 from shardkit.errors import ConfigError, DecodeError
 from shardkit.stages.base import Context, Cursor, Grid, Stage, check_int, check_state
+from shardkit.stages.mixture import find_mix
 from shardkit.stages.packing import Segment, best_fit, pieces, segments_boundaries
 
 __all__ = ["STRATEGIES", "PackTokens"]
@@ -89,6 +90,9 @@ class PackTokens(Stage):
         self.buffer = buffer
         self.boundaries = boundaries
         self.pad = pad
+        mixture = find_mix(upstream)
+        if mixture is not None and mixture.tokens_field is None:
+            mixture.tokens_field = field  # a mixture before counts its sources' tokens by it
 
     def _tokens(self, sample: Any) -> np.ndarray:
         try:
@@ -169,6 +173,15 @@ class PackTokens(Stage):
 
     def lengths(self, ctx: Context, state: Mapping[str, Any] | None = None) -> list[int] | None:
         return None
+
+    def carry(self, state: Mapping[str, Any] | None, epoch: int) -> dict[str, Any] | None:
+        """The upstream's carried state, after the document or group being cut."""
+        if state is None:
+            return None
+        source = self._up().carry(state.get("after", state["source"]), epoch)
+        if source is None:
+            return None
+        return {"stage": self.name, "version": self.version, "skip": 0, "source": source}
 
 
 class _PackCursor(Cursor):

@@ -185,7 +185,10 @@ class ShardDataset(Recipe, IterableDataset[Any]):
         ctx = self.context(info.id, info.num_workers) if info is not None else self.context()
         loaded, self._loaded = self._loaded, None
         if loaded is None or loaded.epoch != ctx.epoch:  # none, or one that ended epoch - 1
-            return self.iterate(ctx)
+            before = self._cursor.state() if self._cursor is not None else None
+            if loaded is not None:
+                before = loaded.state
+            return self.iterate(ctx, self._tail.carry(before, ctx.epoch))
         cursor = self.iterate(ctx, loaded.state)
         if loaded.complete:  # the epoch had ended: nothing is left
             cursor.complete = True

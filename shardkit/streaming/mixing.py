@@ -1,222 +1,95 @@
-"""mix: a seeded, resumable weighted mixture of several shard sets.
+"""mix: a seeded, resumable mixture of several shard sets, weighted by a schedule.
 
 (The module is ``mixing``, not ``mix``: a submodule named like the function would shadow
-``shardkit.mix`` once imported.)
-
-``mix([ds_a, ds_b], weights=[0.7, 0.3])`` draws, for every item, which data set it comes
-from, with a counter-based generator seeded by ``(seed, epoch, generation, rank,
-worker)``: draw ``t`` is a pure function of ``t``, so the state is the draw count plus each
-data set's own cursor. By default the mixture ends when any data set runs out (as
-WebDataset's ``RandomMix``); ``longest=True`` goes on with the others, re-weighted.
+``shardkit.mix`` once imported.) The stage itself, its draws, per-source epochs and
+exposure, is :class:`shardkit.stages.mixture.Mix`; this module builds it from data sets.
 """
 
 from __future__ import annotations
 
-import bisect
-import copy
-import itertools
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
-import numpy as np
-
-from shardkit.errors import ConfigError, StateDictError
-from shardkit.plan.order import stream_seed, uniforms
-from shardkit.stages import Context, Stage, check_state
-from shardkit.stages.base import Cursor, Grid, check_int
+from shardkit.errors import ConfigError
+from shardkit.plan.schedule import Schedule
+from shardkit.stages.mixture import STOPS, Mix
 from shardkit.streaming.dataset import ShardDataset
 
 __all__ = ["Mix", "mix"]
 
-_BLOCK = 1024
-_END = object()
+Weights = Sequence[float] | Mapping[str, float] | Schedule
 
 
-class Mix(Stage):
-    """Interleave ``stages`` by seeded weighted draws.
-
-    Args:
-        stages: the pipelines to mix (each ends in per-sample items).
-        weights: relative weights (default: equal).
-        seed: the draw seed.
-        longest: go on until every pipeline is exhausted (else stop at the first).
-    """
-
-    name = "mix"
-    version = 1
-
-    def __init__(
-        self,
-        stages: Sequence[Stage],
-        weights: Sequence[float] | None = None,
-        *,
-        seed: int = 0,
-        longest: bool = False,
-    ) -> None:
-        super().__init__(None)
-        if not stages:
-            raise ConfigError("mix needs at least one data set")
-        w = np.ones(len(stages)) if weights is None else np.asarray(weights, dtype=np.float64)
-        if w.shape != (len(stages),) or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
-            raise ConfigError(f"mix: need one non-negative weight per data set, got {weights!r}")
-        self.stages = list(stages)
-        self.weights = w / w.sum()
-        self.seed = seed
-        self.longest = longest
-
-    def children(self) -> list[Stage]:
-        return list(self.stages)
-
-    def clone(self) -> Mix:
-        new = copy.copy(self)
-        new.stages = [s.clone() for s in self.stages]
-        return new
-
-    def iterate(self, ctx: Context, state: Mapping[str, Any] | None = None) -> Cursor:
-        if state is None:
-            return _MixCursor(self, ctx, [s.iterate(ctx) for s in self.stages])
-        st = check_state(
-            state, self.name, self.version, ("draws", "generation", "exhausted", "sources")
-        )
-        draws = check_int(st, self.name, "draws")
-        generation = check_int(st, self.name, "generation")
-        subs = st["sources"]
-        if not isinstance(subs, list) or len(subs) != len(self.stages):
-            raise StateDictError(
-                f"mix: the state has {len(subs) if isinstance(subs, list) else '?'} sources, "
-                f"this mixture {len(self.stages)}"
-            )
-        flags = st["exhausted"]
-        if not isinstance(flags, list) or len(flags) != len(self.stages):
-            raise StateDictError("mix: key 'exhausted' needs one flag per source")
-        if not all(isinstance(f, bool) for f in flags):
-            raise StateDictError("mix: key 'exhausted' must hold true/false flags")
-        # a source nothing was read from in a merged state (None) starts fresh
-        ups = [s.iterate(ctx, sub) for s, sub in zip(self.stages, subs, strict=True)]
-        return _MixCursor(self, ctx, ups, draws, generation, list(flags))
-
-    def params(self) -> dict[str, Any]:
-        return {
-            "weights": self.weights.tolist(),
-            "seed": self.seed,
-            "longest": self.longest,
-            "sources": [s.spec() for s in self.stages],
-        }
-
-    def merge(self, grid: Grid) -> dict[str, Any] | None:
-        """Each source merged on its own; a new draw sequence (a new generation)."""
-        subs = [
-            s.merge([[None if st is None else st["sources"][i] for st in row] for row in grid])
-            for i, s in enumerate(self.stages)
-        ]
-        found = [st for row in grid for st in row if st is not None]
-        if not found or all(sub is None for sub in subs):
-            return None
-        return {
-            "stage": self.name,
-            "version": self.version,
-            "draws": 0,
-            "generation": max(int(st["generation"]) for st in found) + 1,
-            "exhausted": [False] * len(self.stages),
-            "sources": subs,
-        }
-
-    def lengths(self, ctx: Context, state: Mapping[str, Any] | None = None) -> list[int] | None:
-        if not self.longest:
-            return None
-        subs = [None] * len(self.stages) if state is None else state["sources"]
-        total: list[int] | None = None
-        for s, sub_state in zip(self.stages, subs, strict=True):
-            sub = s.lengths(ctx, sub_state)
-            if sub is None:
-                return None
-            total = sub if total is None else [a + b for a, b in zip(total, sub, strict=True)]
-        return total
+def _names(
+    datasets: Sequence[ShardDataset] | Mapping[str, ShardDataset], names: Sequence[str] | None
+) -> tuple[list[str], list[ShardDataset]]:
+    if isinstance(datasets, Mapping):
+        if names is not None:
+            raise ConfigError("mix: the data sets come by name: leave names= out")
+        return [str(k) for k in datasets], list(datasets.values())
+    sets = list(datasets)
+    if names is None:
+        return [f"source{i}" for i in range(len(sets))], sets
+    return [str(n) for n in names], sets
 
 
-class _MixCursor(Cursor):
-    """Draws which upstream cursor gives the next item; its state is the draw count, the
-    generation and which upstreams ran out, with each upstream's own state."""
-
-    def __init__(
-        self,
-        stage: Mix,
-        ctx: Context,
-        ups: list[Cursor],
-        draws: int = 0,
-        generation: int = 0,
-        exhausted: list[bool] | None = None,
-    ) -> None:
-        super().__init__(*ups)
-        self.stage = stage
-        self.ctx = ctx
-        self.draws = draws
-        self.generation = generation
-        self.exhausted = exhausted or [False] * len(ups)
-        self.items = self._mix()
-
-    def state(self) -> dict[str, Any]:
-        return {
-            "stage": self.stage.name,
-            "version": self.stage.version,
-            "draws": self.draws,
-            "generation": self.generation,
-            "exhausted": list(self.exhausted),
-            "sources": [up.state() for up in self.upstreams],
-        }
-
-    def _choices(self, first: int) -> np.ndarray:
-        """Uniforms for draws ``first ..``: draw ``t`` depends on ``t`` only (resumable)."""
-        ctx = self.ctx
-        seed = stream_seed(self.stage.seed, ctx.epoch, self.generation, ctx.rank, ctx.worker, 0x313)
-        return uniforms(seed, np.arange(first, first + _BLOCK, dtype=np.int64))
-
-    def _mix(self) -> Iterator[Any]:
-        its, n, longest = self.upstreams, len(self.upstreams), self.stage.longest
-        if not longest and any(self.exhausted):  # resumed after the mixture ended
-            return
-        while not all(self.exhausted):
-            weights = [
-                0.0 if gone else float(w)
-                for gone, w in zip(self.exhausted, self.stage.weights, strict=True)
-            ]
-            total = sum(weights)
-            if total <= 0:
-                return
-            cum = list(itertools.accumulate(weights))
-            active = True
-            while active:  # until a data set runs out and the weights change
-                for u in self._choices(self.draws).tolist():
-                    c = min(bisect.bisect_right(cum, u * total), n - 1)
-                    self.draws += 1
-                    item = next(its[c], _END)
-                    if item is _END:
-                        self.exhausted[c] = True
-                        if not longest:
-                            return
-                        active = False
-                        break
-                    yield item
+def _stop(stop: str | None, longest: bool | None) -> str:
+    if longest is None:
+        return stop or "first"
+    if stop is not None and stop != ("longest" if longest else "first"):
+        raise ConfigError(f"mix: stop={stop!r} and longest={longest} disagree: give stop= only")
+    return "longest" if longest else "first"
 
 
 def mix(
-    datasets: Sequence[ShardDataset],
-    weights: Sequence[float] | None = None,
+    datasets: Sequence[ShardDataset] | Mapping[str, ShardDataset],
+    weights: Weights | None = None,
     *,
     seed: int = 0,
-    longest: bool = False,
+    stop: str | None = None,
+    names: Sequence[str] | None = None,
+    tokens_field: str | None = None,
+    longest: bool | None = None,
 ) -> ShardDataset:
-    """A data set drawing from ``datasets`` with ``weights`` (seeded and resumable).
+    """A data set drawing from ``datasets`` by ``weights`` (seeded and resumable).
+
+    Args:
+        datasets: the data sets, a list or a dict name -> data set (the names then come
+            from its keys; else from ``names=``, else ``source0``, ``source1``...).
+        weights: a list (one per data set), a dict name -> weight, or a
+            :class:`~shardkit.Schedule` of weights over the job's progress (default:
+            equal weights). The progress is the samples (or tokens) the whole job drew:
+            each worker counts its own draws times ``world * workers``, so it is the same
+            on every rank and for any worker count, up to a batch per worker.
+        seed: the draw seed; the draws are a pure function of seed, progress and the grid.
+        stop: ``"first"`` (default: end when a data set runs out), ``"longest"`` (go on
+            with the others until all ran out) or ``"never"`` (a data set that runs out
+            starts its own next epoch: its own shuffle and split; use ``with_epoch``).
+        names: the data sets' names (exposure in ``loader.stats()["sources"]``).
+        tokens_field: count each sample's tokens by this field's length (exposure, and
+            schedules in tokens); ``pack_tokens`` after the mix sets it.
+        longest: the older spelling of ``stop="longest"``.
 
     Configure each data set's source (``split_by_node``, ``shuffle``, ``decode``...) before
-    mixing; the result takes ``batched``, ``map``, ``pack_tokens`` and a loader.
+    mixing; the result takes ``batched``, ``map``, ``pack_tokens``, ``with_epoch`` and a
+    loader.
     """
-    if not datasets:
+    labels, sets = _names(datasets, names)
+    if not sets:
         raise ConfigError("mix needs at least one data set")
-    for d in datasets:
+    for d in sets:
         if not isinstance(d, ShardDataset):
             raise ConfigError(f"mix takes ShardDatasets, not {type(d).__name__}")
         if d.grouped:
             raise ConfigError("mix samples, not batches: call batched()/pack_tokens() after mix()")
-    stage = Mix([d.pipeline().clone() for d in datasets], weights, seed=seed, longest=longest)
-    return ShardDataset.over(stage, datasets[0], seed=seed)
+    how = _stop(stop, longest)
+    if how not in STOPS:
+        raise ConfigError(f"mix: stop must be one of {STOPS}, got {stop!r}")
+    if weights is None:
+        schedule = Schedule.constant([1.0] * len(sets))
+    elif isinstance(weights, Schedule):
+        schedule = weights
+    else:
+        schedule = Schedule.constant(weights)
+    stages = [d.pipeline().clone() for d in sets]
+    stage = Mix(stages, schedule, names=labels, seed=seed, stop=how, tokens_field=tokens_field)
+    return ShardDataset.over(stage, sets[0], seed=seed)

@@ -31,6 +31,8 @@ from shardkit.stages import (
     ToTuple,
     sources_of,
 )
+from shardkit.stages.mixture import find_mix
+from shardkit.stages.nominal import WithEpoch
 from shardkit.stages.packing import collate_packed
 
 __all__ = ["DEFAULT_BUFSIZE", "Recipe", "io_config"]
@@ -122,8 +124,12 @@ class Recipe:
         return new
 
     def with_epoch(self: R, n: int) -> R:
-        """Make a resampled stream's epoch ``n`` samples per rank."""
-        self._before_grouping("with_epoch()")
+        """Make an epoch ``n`` items per rank: samples of a resampled stream, or (after
+        ``mix`` or ``batched``) the items there, batches after ``batched``: with an endless
+        mixture (``stop="never"``) every rank yields ``n`` per epoch, split over its
+        workers (see :mod:`shardkit.stages.nominal`)."""
+        if self._grouped or find_mix(self._tail) is not None:
+            return self._then(lambda up: WithEpoch(up, n))
         if not all(s.config.resampled for s in self._sources):
             raise ConfigError(
                 "with_epoch() needs resampled=True: otherwise an epoch is the whole data set"

@@ -1,0 +1,152 @@
+"""with_epoch: a nominal epoch of ``n`` items per rank over an endless (or long) pipeline.
+
+The rank's ``n`` items are split over its workers (worker ``w`` of ``W`` yields
+``n // W``, one more for ``w < n % W``), so every rank yields the same number of items
+whatever the pipeline does, and the loader knows the epoch's length up front (the DDP
+contract without a vote). After ``batched`` the items are batches. WebDataset's name.
+
+State: the items this worker gave this epoch, with the upstream's state under
+``"source"``. An elastic merge keeps what the ranks gave (the least of the ranks'
+totals: they are equal in a job that kept the contract) and the new workers split the rest.
+At the end of an epoch the upstream's state is carried into the next one (an endless
+mixture goes on where it was).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from shardkit.errors import ConfigError, StateDictError
+from shardkit.stages.base import Context, Cursor, Grid, Stage, check_int, check_state
+from shardkit.stages.mixture import Mix
+from shardkit.stages.source import ShardSource
+
+__all__ = ["WithEpoch", "endless", "share"]
+
+_END = object()
+
+
+def share(n: int, workers: int, worker: int) -> int:
+    """Worker ``worker``'s part of ``n`` items split over ``workers``."""
+    return n // workers + (1 if worker < n % workers else 0)
+
+
+def endless(stage: Stage | None) -> bool:
+    """Whether a pipeline ending in ``stage`` never runs out (an endless mixture or an
+    endless resampled source, under stages that only pass items on or filter them)."""
+    while stage is not None:
+        if isinstance(stage, Mix):
+            return stage.stop == "never"
+        if isinstance(stage, ShardSource):
+            return stage.config.resampled and stage.config.epoch_length is None
+        stage = stage.upstream
+    return False
+
+
+class WithEpoch(Stage):
+    """Yield ``n`` items per rank and epoch from ``upstream``.
+
+    Args:
+        upstream: the stage before.
+        n: items per rank and epoch.
+    """
+
+    name = "with_epoch"
+    version = 1
+
+    def __init__(self, upstream: Stage, n: int) -> None:
+        super().__init__(upstream)
+        if type(n) is not int or n < 1:
+            raise ConfigError(f"with_epoch: n must be an int >= 1, got {n!r}")
+        self.n = n
+
+    def params(self) -> dict[str, Any]:
+        return {"n": self.n}
+
+    def _quota(self, ctx: Context, st: Mapping[str, Any] | None) -> int:
+        done = 0 if st is None or st.get("done") is None else int(st["done"])
+        return share(max(self.n - done, 0), ctx.workers, ctx.worker)
+
+    def iterate(self, ctx: Context, state: Mapping[str, Any] | None = None) -> Cursor:
+        if state is None:
+            return _EpochCursor(self, self._up().iterate(ctx), self._quota(ctx, None), 0, None)
+        st = check_state(state, self.name, self.version, ("count", "source"))
+        count = check_int(st, self.name, "count")
+        done = st.get("done")
+        if done is not None:
+            check_int(st, self.name, "done")
+        quota = self._quota(ctx, st)
+        if count > quota:
+            raise StateDictError(f"with_epoch: the state gave {count} items, the quota is {quota}")
+        return _EpochCursor(self, self._up().iterate(ctx, st["source"]), quota, count, done)
+
+    def merge(self, grid: Grid) -> dict[str, Any] | None:
+        """The upstream merged; the items every rank gave so far (the least of them)."""
+        source = self._up().merge(
+            [[None if s is None else s["source"] for s in row] for row in grid]
+        )
+        given = [
+            max((int(s.get("done") or 0) for s in row if s is not None), default=0)
+            + sum(int(s["count"]) for s in row if s is not None)
+            for row in grid
+        ]
+        if source is None:
+            return None
+        return {
+            "stage": self.name,
+            "version": self.version,
+            "count": 0,
+            "done": min(given, default=0),
+            "source": source,
+        }
+
+    def carry(self, state: Mapping[str, Any] | None, epoch: int) -> dict[str, Any] | None:
+        if state is None:
+            return None
+        source = self._up().carry(state["source"], epoch)
+        if source is None:
+            return None
+        return {
+            "stage": self.name,
+            "version": self.version,
+            "count": 0,
+            "done": None,
+            "source": source,
+        }
+
+    def lengths(self, ctx: Context, state: Mapping[str, Any] | None = None) -> list[int] | None:
+        if not endless(self.upstream):
+            return None  # the upstream may end first: the loader's vote ends the epoch
+        done = None if state is None else state.get("done")
+        left = self.n - int(done or 0)
+        return [share(max(left, 0), ctx.workers, w) for w in range(ctx.workers)]
+
+
+class _EpochCursor(Cursor):
+    def __init__(
+        self, stage: WithEpoch, up: Cursor, quota: int, count: int, done: int | None
+    ) -> None:
+        super().__init__(up)
+        self.stage = stage
+        self.quota = quota
+        self.count = count
+        self.done = done
+        self.items = self._run()
+
+    def _run(self) -> Iterator[Any]:
+        while self.count < self.quota:
+            item = next(self.upstream, _END)
+            if item is _END:
+                return
+            self.count += 1
+            yield item
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage.name,
+            "version": self.stage.version,
+            "count": self.count,
+            "done": self.done,
+            "source": self.upstream.state(),
+        }
