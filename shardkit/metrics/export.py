@@ -10,7 +10,9 @@ TensorBoard tags are ``data/<key>`` for the whole run, ``data/epoch/<key>`` for 
 latest epoch and ``data/worker<i>/<key>`` per worker. Prometheus names are
 ``shardkit_loader_<key>`` (counts of the whole run as counters, ``..._total``),
 ``shardkit_loader_epoch_<key>`` for the latest epoch, per-worker rates with a ``worker``
-label, and every sample labelled with ``rank`` when given. The text is the Prometheus
+label, a mixture's exposure per source (``shardkit_loader_source_samples`` ...) with a
+``source`` label (TensorBoard: ``data/source/<name>/<key>``), and every sample labelled
+with ``rank`` when given. The text is the Prometheus
 exposition format (version 0.0.4): a node exporter's textfile collector reads the file;
 ``serve_prometheus`` (``pip install 'shardkit[metrics]'``) serves it over HTTP.
 """
@@ -37,6 +39,7 @@ __all__ = [
 ]
 
 _WORKER_KEYS = ("batches", "samples", "bytes", "samples_per_s", "mb_per_s")
+_SOURCE_KEYS = ("samples", "tokens", "epochs", "share", "weight")
 
 
 def tensorboard(writer: Any, stats: Mapping[str, Any], step: int, *, prefix: str = "data") -> None:
@@ -50,6 +53,9 @@ def tensorboard(writer: Any, stats: Mapping[str, Any], step: int, *, prefix: str
     for w in stats.get("per_worker", ()):
         for key in _WORKER_KEYS:
             writer.add_scalar(f"{prefix}/worker{w['worker']}/{key}", float(w[key]), step)
+    for name, row in (stats.get("sources") or {}).items():
+        for key in _SOURCE_KEYS:
+            writer.add_scalar(f"{prefix}/source/{name}/{key}", float(row[key]), step)
 
 
 class Metric(NamedTuple):
@@ -82,6 +88,11 @@ def metrics(
     for key in _WORKER_KEYS if workers else ():
         samples = [({**base, "worker": str(w["worker"])}, float(w[key])) for w in workers]
         out.append(Metric(f"{prefix}_worker_{key}", "gauge", f"{key} per worker", samples))
+    sources = dict(stats.get("sources") or {})
+    for key in _SOURCE_KEYS if sources else ():
+        kind = "counter" if key in ("samples", "tokens") else "gauge"
+        rows = [({**base, "source": str(n)}, float(r[key])) for n, r in sources.items()]
+        out.append(Metric(f"{prefix}_source_{key}", kind, f"{key} per mixture source", rows))
     return out
 
 

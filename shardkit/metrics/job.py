@@ -30,15 +30,18 @@ def job_summary(summary: Mapping[str, Any], *, group: Any = None) -> dict[str, A
     Returns, on every rank, ``{"world_size", "sum", "min", "max", "mean"}``, each over
     the top-level numbers of the schema: ``sum["samples_per_s"]`` is the job's
     throughput, ``max["wait_fraction"]`` the idlest rank's share, ``sum["errors"]`` the
-    job's errors. Counts stay ``int``. Without an initialised process group it is the
+    job's errors. Counts stay ``int``. With a mixture also ``sources``: per source name the
+    job's ``samples`` and ``tokens`` (summed), ``epochs`` and ``weight`` (the largest of the
+    ranks') and the realized ``share``. Without an initialised process group it is the
     view of a job of one rank. Under NCCL the numbers travel on the current CUDA device.
     """
     import torch
     import torch.distributed as dist
 
-    local = scalars(summary)
+    flat = _flat_sources(summary)
+    local = {**scalars(summary), **flat}
     keys = list(local)
-    ints = {k for k in keys if isinstance(summary[k], int)}
+    ints = {k for k in keys if isinstance({**summary, **flat}[k], int)}
     shape = [float(len(keys)), float(zlib.crc32("\n".join(keys).encode()))]
     values = torch.tensor(list(local.values()), dtype=torch.float64)
     if not (dist.is_available() and dist.is_initialized()):
@@ -80,10 +83,43 @@ def _view(
             k: (round(v) if keep_int and k in ints else v) for k, v in zip(keys, row, strict=True)
         }
 
-    return {
+    view = {
         "world_size": world,
         "sum": pack(total),
         "min": pack(low),
         "max": pack(high),
         "mean": pack([v / world for v in total], keep_int=False),
+    }
+    sources = _job_sources(view)
+    return {**view, "sources": sources} if sources else view
+
+
+_SOURCE = "sources."  # a source's numbers in the flat view: sources.<name>.<key>
+
+
+def _flat_sources(summary: Mapping[str, Any]) -> dict[str, int | float]:
+    """The per-source exposure of a loader's stats as flat numbers (share left out: the
+    job's is recomputed from the summed samples)."""
+    out: dict[str, int | float] = {}
+    for name, row in (summary.get("sources") or {}).items():
+        for key in ("samples", "tokens", "epochs", "weight"):
+            out[f"{_SOURCE}{name}.{key}"] = row[key]
+    return out
+
+
+def _job_sources(view: Mapping[str, Any]) -> dict[str, dict[str, float | int]]:
+    """The job's exposure per source: samples and tokens summed over the ranks, the
+    latest epoch and the scheduled weight (the largest of the ranks'), the realized share."""
+    total, high = view["sum"], view["max"]
+    names = sorted({k[len(_SOURCE) :].rsplit(".", 1)[0] for k in total if k.startswith(_SOURCE)})
+    every = sum(total[f"{_SOURCE}{n}.samples"] for n in names)
+    return {
+        n: {
+            "samples": total[f"{_SOURCE}{n}.samples"],
+            "tokens": total[f"{_SOURCE}{n}.tokens"],
+            "epochs": high[f"{_SOURCE}{n}.epochs"],
+            "share": total[f"{_SOURCE}{n}.samples"] / every if every else 0.0,
+            "weight": high[f"{_SOURCE}{n}.weight"],
+        }
+        for n in names
     }

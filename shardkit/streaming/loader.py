@@ -31,6 +31,7 @@ from shardkit.errors import ConfigError, StateDictError
 from shardkit.metrics import LoaderStats
 from shardkit.stages import Context
 from shardkit.stages.base import state_epoch
+from shardkit.stages.mixture import find_mix, reweighted
 from shardkit.streaming.dataset import ShardDataset
 from shardkit.streaming.resume import (
     STAGE,
@@ -201,6 +202,8 @@ class WebLoader:
         loaded, self._loaded = self._loaded, None
         st = None if loaded is None else loaded.state
         plan = resume_plan(st, self.dataset.pipeline(), where)
+        if plan.states is None and not plan.done:
+            plan = dataclasses.replace(plan, states=self._carried(loaded, where))
         self._batches = plan.batches
         self._begun = self._epoch
         self._states = list(plan.states) if plan.states else [None] * self._logical
@@ -211,6 +214,21 @@ class WebLoader:
         box = {"epoch": where.epoch, "rank": where.rank, "world": where.world}
         box["rotation"] = plan.rotation
         return {**box, "states": plan.states}
+
+    def _carried(self, loaded: Loaded | None, where: Context) -> list[dict[str, Any] | None] | None:
+        """A fresh epoch's worker states: what the pipeline keeps from the epoch before (a
+        mixture's exposure and progress, an endless mixture's cursors), else None."""
+        if loaded is not None:  # a state that ended the epoch before
+            st = {**loaded.state, "complete": False}
+            before = resume_plan(
+                st, self.dataset.pipeline(), dataclasses.replace(where, epoch=loaded.epoch)
+            )
+            last = before.states or []
+        else:
+            last = self._states
+        pipeline = self.dataset.pipeline()
+        carried = [pipeline.carry(s, where.epoch) for s in last]
+        return carried if any(c is not None for c in carried) else None
 
     def _iterate(self, it: Iterator[Any], synced: bool) -> Iterator[Any]:
         stats = self._stats
@@ -298,7 +316,9 @@ class WebLoader:
             }
         )
 
-    def load_state_dict(self, state: Mapping[str, Any], *, epoch_mismatch: str = "raise") -> None:
+    def load_state_dict(
+        self, state: Mapping[str, Any], *, epoch_mismatch: str = "raise", reweight: bool = False
+    ) -> None:
         """Resume from the job state ``state`` at the next ``iter()``: exactly when it was
         saved by a run of this world size and worker count, else elastically re-planned.
 
@@ -306,6 +326,10 @@ class WebLoader:
             state: from :meth:`state_dict` (or :meth:`merge_states`).
             epoch_mismatch: ``"raise"`` (default): a later :meth:`set_epoch` for an epoch
                 the state does not fit raises; ``"discard"``: the state is dropped then.
+            reweight: accept a state saved with other mixture weights or another schedule
+                (the same sources, in the same order or by the same names): every source
+                keeps its cursor and epoch, the mixture goes on from the saved progress
+                with the weights of this pipeline.
 
         Raises :class:`StateDictError` naming the stage and field when the state does not
         fit: another pipeline (stages, seed, shuffle buffer, batch size...), manifest
@@ -313,7 +337,11 @@ class WebLoader:
         """
         discard = Loaded.discards(epoch_mismatch)
         st = check_job_state(state)
-        check_fingerprint(st["pipeline"], self._fingerprint)
+        if reweight:
+            check_fingerprint(reweighted(st["pipeline"]), reweighted(self._fingerprint))
+            st["pipeline"] = self._fingerprint  # saved again, it fits this pipeline
+        else:
+            check_fingerprint(st["pipeline"], self._fingerprint)
         for entry in st["ranks"]:
             for w in entry["workers"]:
                 if w is not None and state_epoch(w) != st["epoch"]:
@@ -354,4 +382,18 @@ class WebLoader:
         out = self._stats.summary()
         if self._job_skips is not None:
             out.update({f"job_{k}": v for k, v in self._job_skips.items()})
+        mixture = find_mix(self.dataset.pipeline())
+        if mixture is not None:  # exposure: what each source gave, as of the latest batch
+            out["sources"] = mixture.exposure(*self._exposed())
         return out
+
+    def _exposed(self) -> tuple[list[dict[str, Any] | None], Context]:
+        """The worker states the exposure is read from: a loaded state's for this rank
+        before its first batch, else the latest batches'."""
+        if self._loaded is None:
+            return self._states, self._where
+        where = self.dataset.context(0, self._logical, self._loaded.epoch)
+        plan = resume_plan(
+            {**self._loaded.state, "complete": False}, self.dataset.pipeline(), where
+        )
+        return list(plan.states or []), where
