@@ -26,6 +26,7 @@ trap 'rm -f "$PIN"' EXIT
 echo "torch==2.13.0" >"$PIN"
 $PIP install -q -c "$PIN" -e ".[s3,gcs,azure]" webdataset xxhash py-spy moto[server] obstore
 $PIP install -q -c "$PIN" "mosaicml-streaming==0.13.0" "litdata==0.2.76"
+$PIP install -q -c "$PIN" "grain==0.2.18"  # packing.py's peer (Grain's first/best-fit packers)
 $PIP uninstall -q -y torchvision || true
 "$VENV/bin/python" - <<'PY'
 import sys, types
