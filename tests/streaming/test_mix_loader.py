@@ -131,8 +131,12 @@ def test_reweight_goes_on_with_new_weights_and_replays_nothing(sets: dict[str, s
     assert [i for b in by_name for i in idents(b)] == tail
 
 
-def test_elastic_resume_with_a_schedule_reads_nothing_twice(sets: dict[str, str]) -> None:
+@pytest.mark.parametrize("reweight", [False, True])
+def test_elastic_resume_with_a_schedule_reads_nothing_twice(
+    sets: dict[str, str], reweight: bool
+) -> None:
     schedule = Schedule([(0, [1, 1, 0.1]), (20, [1, 2, 3])], interpolate="linear")
+    later = Schedule([(0, [1, 1, 1]), (40, [3, 1, 1])]) if reweight else schedule
     lo = loader(sets, schedule, workers=2)
     it = iter(lo)
     head = [i for _ in range(5) for i in idents(next(it))]
@@ -140,8 +144,8 @@ def test_elastic_resume_with_a_schedule_reads_nothing_twice(sets: dict[str, str]
     del it
     tails, exposure = [], Counter[str]()
     for rank in range(2):
-        again = loader(sets, schedule, workers=1, rank=rank, world=2)
-        again.load_state_dict(state)
+        again = loader(sets, later, workers=1, rank=rank, world=2)
+        again.load_state_dict(state, reweight=reweight)
         tails += [i for b in again for i in idents(b)]
         exposure.update({n: again.stats()["sources"][n]["samples"] for n in NAMES})
     both = head + tails
