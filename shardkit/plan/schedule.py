@@ -94,6 +94,7 @@ class Schedule:
         self._raw = [p[1] for p in pts]
         self._at = ats
         self._weights: list[tuple[float, ...]] = []
+        self._points: list[tuple[float, tuple[float, ...]]] | None = None
         if not any(isinstance(w, Mapping) for w in self._raw):
             self._weights = self._resolved(None)
 
@@ -118,6 +119,7 @@ class Schedule:
             self._at,
         )
         new._weights = self._resolved(names)
+        new._points = None
         if len(new._weights[0]) != len(names):
             raise ConfigError(
                 f"Schedule: {len(new._weights[0])} weights per point for {len(names)} sources"
@@ -129,9 +131,12 @@ class Schedule:
         """The points, weights normalised to sum 1 (after :meth:`bind` for named weights)."""
         if not self._weights:
             raise ConfigError("Schedule: weights by name: bind() it to the sources' names")
-        return [
-            (a, tuple(x / sum(w) for x in w)) for a, w in zip(self._at, self._weights, strict=True)
-        ]
+        if self._points is None:  # computed once: weights_at runs for every draw
+            self._points = [
+                (a, tuple(x / sum(w) for x in w))
+                for a, w in zip(self._at, self._weights, strict=True)
+            ]
+        return self._points
 
     def __len__(self) -> int:
         """The number of sources."""

@@ -386,7 +386,10 @@ class _MixCursor(Cursor):
             yield item
 
     def state(self) -> dict[str, Any]:
-        st = copy.deepcopy({k: v for k, v in self.st.items() if k != "sources"})
+        st = dict(self.st)  # its values are ints, names, or lists of ints: copied one deep
+        for key in ("taken", "base", "exhausted", "epochs", "names"):
+            st[key] = list(st[key])
+        st["counts"] = [list(c) for c in st["counts"]]
         st["sources"] = [up.state() for up in self.upstreams]
         st["scale"] = self.scale
         return st
