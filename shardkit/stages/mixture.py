@@ -248,9 +248,9 @@ class Mix(Stage):
             "draws": 0,
             "taken": [0, 0],
             "base": [first["base"][i] + total[i] for i in (0, 1)],
-            "exhausted": [
-                self.stop == "first" and any(st["exhausted"][k] for st in found) for k in range(n)
-            ],
+            # a source one worker's share of ran out may hold more in the others': the new
+            # workers draw from what is left of each (as before the merge, per worker)
+            "exhausted": [False] * n,
             "epochs": epochs,
             "counts": [[sum(st["counts"][k][i] for st in found) for i in (0, 1)] for k in range(n)],
             "shared": True,
