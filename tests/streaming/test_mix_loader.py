@@ -215,3 +215,23 @@ def test_exposure_is_exported_with_a_source_label(sets: dict[str, str]) -> None:
     assert 'shardkit_loader_source_weight{rank="0",source="web"}' in text
     job = job_summary(lo.stats())["sources"]  # without a process group: a job of one rank
     assert {n: job[n]["samples"] for n in NAMES} == counts(got)
+
+
+def test_exposure_reads_back_from_tensorboard(sets: dict[str, str], tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    from shardkit.metrics.export import tensorboard
+
+    lo = loader(sets, [1, 1, 1], workers=0)
+    got = [i for b in lo for i in idents(b)]
+    writer = SummaryWriter(str(tmp_path / "tb"))
+    tensorboard(writer, lo.stats(), 7)
+    writer.close()
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    for name, n in counts(got).items():
+        assert [e.value for e in acc.Scalars(f"data/source/{name}/samples")] == [n]
+    assert {f"data/source/web/{k}" for k in ("tokens", "epochs", "share", "weight")} <= set(
+        acc.Tags()["scalars"]
+    )
