@@ -40,7 +40,7 @@ from shardkit.write.writer import (
     DEFAULT_CHECKSUM,
     DEFAULT_PREFIX,
     ShardWriter,
-    WriterOptions,
+    WriterKeywords,
     shard_name,
 )
 
@@ -64,7 +64,7 @@ class ShardDatasink(Datasink[dict[str, Any]]):  # type: ignore[misc, unused-igno
             :class:`ShardWriter` names them.
     """
 
-    def __init__(self, out_dir: str | os.PathLike[str], **options: Unpack[WriterOptions]) -> None:
+    def __init__(self, out_dir: str | os.PathLike[str], **options: Unpack[WriterKeywords]) -> None:
         self.remote = is_object_url(out_dir)
         if self.remote:
             self.out_dir = str(out_dir).rstrip("/") + "/"

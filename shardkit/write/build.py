@@ -17,6 +17,9 @@ holds; :func:`run_build` writes the shards; :func:`build` does both.
   inputs or options is refused, and whether the build finished (a manifest of a build
   that did not finish fails ``verify`` and is refused by readers). ``overwrite=True``
   starts over.
+- One build per output at a time: a build locks its manifest name and shard prefix in
+  the output directory (:mod:`shardkit.write.lock`); a second one fails at once naming
+  the first's pid and host.
 - ``on_error="skip"`` leaves bad records out and names them in
   ``manifest.errors.jsonl``; the default stops at the first.
 - ``build(fn, inputs, out)`` builds from a function of your own (see :func:`build`).
@@ -39,7 +42,13 @@ from shardkit.errors import ConfigError, ManifestError, ShardkitError, WriterErr
 from shardkit.format.manifest.compact import save_manifest
 from shardkit.format.manifest.model import Manifest, creation_info
 from shardkit.write.config import BuildConfig, BuildPlan, BuildResult
-from shardkit.write.prepare import clear_output, plan_build, split_contiguous
+from shardkit.write.prepare import (
+    check_unchanged,
+    clear_output,
+    output_lock,
+    plan_build,
+    split_contiguous,
+)
 from shardkit.write.workers import (
     Progress,
     Reporter,
@@ -74,7 +83,9 @@ def run_build(plan: BuildPlan, *, progress: Progress | None = None) -> BuildResu
     fails (a full disk) is a :class:`WriterError`.
     """
     try:
-        return _run_build(plan, progress)
+        with output_lock(plan):
+            check_unchanged(plan)
+            return _run_build(plan, progress)
     except ShardkitError:
         raise
     except OSError as exc:  # the work dir, a move or the final manifest: disk full

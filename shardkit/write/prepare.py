@@ -19,15 +19,24 @@ import shutil
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, WriterError
 from shardkit.format.manifest.model import Manifest
 from shardkit.units import parse_size
 from shardkit.write.config import BuildConfig, BuildPlan, check_config
+from shardkit.write.lock import OutputLock
 from shardkit.write.outputs import local_target
 from shardkit.write.sources import DiscoverOptions, Unit, discover
 from shardkit.write.workers import build_info
 
-__all__ = ["auto_workers", "clear_output", "part_range", "plan_build", "split_contiguous"]
+__all__ = [
+    "auto_workers",
+    "check_unchanged",
+    "clear_output",
+    "output_lock",
+    "part_range",
+    "plan_build",
+    "split_contiguous",
+]
 
 log = logging.getLogger(__name__)
 
@@ -203,10 +212,32 @@ def plan_build(
     plan = BuildPlan(
         out, c, tuple(units), groups, _fingerprint(units, options), None, options, tuple(notes)
     )
-    if c.overwrite:
-        _check_overwrite(plan)
-    done = _previous(plan)
+    with output_lock(plan):  # another build writing here now: refused at once, named
+        if c.overwrite:
+            _check_overwrite(plan)
+        done = _previous(plan)
     return dataclasses.replace(plan, done=done) if done is not None else plan
+
+
+def output_lock(plan: BuildPlan) -> OutputLock:
+    """The lock a build holds on its output: its manifest name and its shard prefix."""
+    return OutputLock(plan.out_dir, (plan.manifest_name, f"{plan.shard_prefix}-shards"))
+
+
+def check_unchanged(plan: BuildPlan) -> None:
+    """Under the output lock, before writing: the output is still what ``plan`` saw (no
+    other build finished or started here in between); else a WriterError."""
+    if plan.config.overwrite:
+        return
+    try:
+        done = _previous(plan)
+    except ConfigError as exc:
+        raise WriterError(f"the output changed since this build was planned: {exc}") from None
+    if (done is None) != (plan.done is None):
+        raise WriterError(
+            f"{plan.out_dir} changed since this build was planned (another build wrote it): "
+            "run the build again"
+        )
 
 
 def _check_picklable(fn: Callable[..., Any]) -> None:

@@ -32,7 +32,7 @@ from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
 from shardkit.units import parse_size
 from shardkit.write.records import read_units
 from shardkit.write.sources import BadRecord, SourceOptions, Unit
-from shardkit.write.writer import ShardWriter, shard_name
+from shardkit.write.writer import ShardWriter, WriterOptions, shard_name
 
 if TYPE_CHECKING:
     from shardkit.write.config import BuildConfig, BuildPlan
@@ -166,18 +166,15 @@ def write_job(job: Job, report: Reporter) -> tuple[int, int]:
     written = 0
     os.makedirs(job.out_dir, exist_ok=True)
     errors = ErrorLog(os.path.join(job.out_dir, errors_name(job.manifest)))
-    with ShardWriter(
-        job.out_dir,
+    opts = WriterOptions(
         job.prefix,
         c.maxsize,
         c.maxcount,
         c.checksum,
         c.compress,
-        manifest=job.manifest,
-        resume=c.resume,
-        part=job.part,
         image_quality=c.image.quality if c.image is not None else 90,
-    ) as w:
+    )
+    with ShardWriter(job.out_dir, opts, manifest=job.manifest, resume=c.resume, part=job.part) as w:
         info: dict[str, Any] = {**job.meta, "config": job.fingerprint, "complete": False}
         w.manifest.created["build"] = info
         try:

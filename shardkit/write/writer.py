@@ -20,14 +20,13 @@ import logging
 import os
 from collections.abc import Iterator, Mapping
 from types import TracebackType
-from typing import Any, BinaryIO, TypedDict
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from shardkit.errors import ConfigError, ManifestError, WriterError
 from shardkit.format.checksum import new_hasher
 from shardkit.format.codecs import encode_field, zstd_writer
 from shardkit.format.digest import Digest, HashingWriter
 from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
-from shardkit.format.pieces import DEFAULT_PIECE_SIZE
 from shardkit.format.tario.index import sample_signature, write_index
 from shardkit.format.tario.writer import (
     END_OF_ARCHIVE,
@@ -36,14 +35,28 @@ from shardkit.format.tario.writer import (
     member_header,
     padding,
 )
-from shardkit.units import parse_size
-from shardkit.write.outputs import make_output
+from shardkit.write.existing import refuse_existing, remove_existing
+from shardkit.write.lock import OutputLock
+from shardkit.write.options import (
+    COMPRESSIONS,
+    DEFAULT_CHECKSUM,
+    DEFAULT_PREFIX,
+    WriterKeywords,
+    WriterOptions,
+    shard_name,
+    shard_suffix,
+)
+from shardkit.write.outputs import LocalOutput, make_output
 
-__all__ = [
+if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11; only annotations use it
+
+__all__ = [  # the options' names are re-exported: their home was this module
     "COMPRESSIONS",
     "DEFAULT_CHECKSUM",
     "DEFAULT_PREFIX",
     "ShardWriter",
+    "WriterKeywords",
     "WriterOptions",
     "shard_name",
     "shard_suffix",
@@ -51,32 +64,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 _FLUSH = 4 << 20
-COMPRESSIONS = (None, "zstd", "gzip")
-_SUFFIX = {None: ".tar", "zstd": ".tar.zst", "gzip": ".tar.gz"}
-DEFAULT_PREFIX = "data"
-DEFAULT_CHECKSUM = "sha256"
-
-
-class WriterOptions(TypedDict, total=False):
-    """The shard options of :class:`ShardWriter`, as keywords (for those that pass them on)."""
-
-    prefix: str
-    maxsize: int | str
-    maxcount: int | None
-    checksum: str
-    compress: str | None
-    piece_size: int | str | None
-    image_quality: int
-
-
-def shard_suffix(compress: str | None) -> str:
-    """The shard file suffix for a compression: ``.tar``, ``.tar.zst`` or ``.tar.gz``."""
-    return _SUFFIX[compress]
-
-
-def shard_name(prefix: str, index: int, compress: str | None) -> str:
-    """The file name of shard ``index``: ``{prefix}-{index:06d}`` and its suffix."""
-    return f"{prefix}-{index:06d}{_SUFFIX[compress]}"
 
 
 def _gzip_writer(f: Any) -> gzip.GzipFile:
@@ -89,49 +76,42 @@ class ShardWriter:
 
     Args:
         out_dir: directory for shards and ``manifest.json`` / ``manifest.csv``.
-        prefix: shard names are ``{prefix}-{index:06d}.tar`` (``.tar.zst`` compressed).
-        maxsize: roll over before a shard's tar would exceed this many bytes (headers,
-            padding and end-of-archive included; a single larger sample gets a shard of
-            its own). A number or a string like ``"1GB"``. It counts the uncompressed tar:
-            a compressed shard is smaller on disk (and its sample index, in tar offsets,
-            stays the same).
-        maxcount: roll over after this many samples (None: no count limit).
-        checksum: ``sha256`` (default) or another algorithm of :mod:`shardkit.format.checksum`.
-        compress: None, ``"zstd"`` (``.tar.zst``) or ``"gzip"`` (``.tar.gz``, which
-            webdataset and Hugging Face ``datasets`` read too): whole-shard compression.
+        options: how shards are cut, named and checked (:class:`WriterOptions`: prefix,
+            maxsize, maxcount, checksum, compress, piece_size, image_quality).
         manifest: the manifest file name inside ``out_dir``.
         start_index: the number of the first shard.
         resume: keep the shards an existing manifest in ``out_dir`` lists and continue
             after them (see :attr:`resumed_samples` for how many samples to skip).
+        overwrite: replace the data set a local ``out_dir`` holds (its manifest, the shards
+            it lists and this prefix's shards are deleted first). Without it, or ``resume``,
+            a local directory holding a manifest of this name is refused.
         part: ``(i, n)`` marks the manifest as part ``i`` of ``n`` for a later merge.
-        piece_size: bytes per piece of the per-piece checksums (:mod:`shardkit.format.pieces`);
-            None: none.
-        image_quality: JPEG/WebP quality for PIL images and uint8 arrays written to
-            ``jpg``/``webp`` fields (``png`` is lossless).
+        keywords: :class:`WriterOptions` fields given one by one (``maxcount=100``), as
+            before there was an options object; they replace those of ``options``.
         endpoint_url: the S3-compatible endpoint for an ``s3://`` ``out_dir``.
 
     ``out_dir`` may be an object-store url (``s3://bucket/prefix/``, ``gs://...``,
     ``az://container/...``): shards are streamed up as they are written, each appears only
     when whole, the manifest goes last and ``resume=True`` goes on from what is verifiably
     there (:mod:`shardkit.write.outputs`). Any other ``scheme://`` is an error.
+
+    One writer per local output: the writer locks its manifest name and shard prefix in
+    ``out_dir`` (:mod:`shardkit.write.lock`) until it is closed; a second writer (or build)
+    there is a :class:`WriterError` naming the holder's pid and host.
     """
 
     def __init__(
         self,
         out_dir: str | os.PathLike[str],
-        prefix: str = DEFAULT_PREFIX,
-        maxsize: int | str = "1GB",
-        maxcount: int | None = None,
-        checksum: str = DEFAULT_CHECKSUM,
-        compress: str | None = None,
+        options: WriterOptions | None = None,
         *,
         manifest: str = "manifest.json",
         start_index: int = 0,
         resume: bool = False,
+        overwrite: bool = False,
         part: tuple[int, int] | None = None,
-        piece_size: int | str | None = DEFAULT_PIECE_SIZE,
-        image_quality: int = 90,
         endpoint_url: str | None = None,
+        **keywords: Unpack[WriterKeywords],
     ) -> None:
         self.out_dir = os.fspath(out_dir)
         if "%" in os.path.basename(self.out_dir) and ".tar" in os.path.basename(self.out_dir):
@@ -139,30 +119,52 @@ class ShardWriter:
                 f"{self.out_dir!r} looks like a webdataset shard pattern: ShardWriter takes "
                 "the output directory and a prefix (ShardWriter(out_dir, prefix='data'))"
             )
-        if not prefix or "/" in prefix or prefix.startswith("."):
-            raise ConfigError(f"bad shard prefix {prefix!r}")
-        self.prefix = prefix
-        self.maxsize = parse_size(maxsize)
-        if self.maxsize < 4096:
-            raise ConfigError(f"maxsize {self.maxsize} is too small (at least 4 KB)")
-        if maxcount is not None and maxcount < 1:
-            raise ConfigError(f"maxcount must be at least 1, got {maxcount}")
-        self.maxcount = maxcount
-        new_hasher(checksum)  # validates the name now, not at the first shard
-        self.algo = checksum
-        if compress not in COMPRESSIONS:
-            raise ConfigError(f"compress must be None, 'zstd' or 'gzip', got {compress!r}")
-        self.compress = compress
-        self.piece_size = parse_size(piece_size) if piece_size is not None else None
-        if self.piece_size is not None and self.piece_size < 4096:
-            raise ConfigError(f"piece_size {self.piece_size} is too small (at least 4 KB)")
-        if not 1 <= image_quality <= 100:
-            raise ConfigError(f"image_quality must be in 1..100, got {image_quality}")
-        self.image_quality = image_quality
+        if options is not None and not isinstance(options, WriterOptions):
+            raise ConfigError(
+                f"ShardWriter's second argument is a WriterOptions, got {options!r}: "
+                "give the prefix and the other options by keyword (prefix='data')"
+            )
+        if resume and overwrite:
+            raise ConfigError("resume and overwrite exclude each other: pick one")
+        opts = (options or WriterOptions()).with_keywords(dict(keywords))
+        self.options = opts
+        self.prefix = opts.prefix
+        self.maxsize = opts.max_bytes
+        self.maxcount = opts.maxcount
+        self.algo = opts.checksum
+        self.compress = opts.compress
+        self.piece_size = opts.piece_bytes
+        self.image_quality = opts.image_quality
         self.output = make_output(self.out_dir, manifest, endpoint_url=endpoint_url)
         self.manifest_path = self.output.manifest_path
+        self._lock: OutputLock | None = None
+        if isinstance(self.output, LocalOutput):
+            names = (manifest, f"{self.prefix}-shards")
+            self._lock = OutputLock(self.out_dir, names).acquire()
+        try:
+            self._start(start_index, resume, overwrite, part)
+        except BaseException:
+            self._unlock()
+            raise
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def _start(
+        self, start_index: int, resume: bool, overwrite: bool, part: tuple[int, int] | None
+    ) -> None:
+        """Under the lock: check what the output holds, then set up the first shard."""
+        local = isinstance(self.output, LocalOutput)
+        if overwrite and not local:
+            raise ConfigError("overwrite=True is for local directories: use another prefix")
+        if overwrite:
+            remove_existing(self.manifest_path, self.prefix)
+        elif not resume and local:
+            refuse_existing(self.manifest_path)
         self.manifest = Manifest(
-            checksum_algorithm=checksum,
+            checksum_algorithm=self.algo,
             created=creation_info(),
             part={"index": part[0], "count": part[1]} if part else None,
             base=self.output.base,
@@ -274,6 +276,7 @@ class ShardWriter:
                     self._finish_shard()
                 self._write_manifest()
             self._closed = True
+            self._unlock()
         return self.manifest
 
     @contextlib.contextmanager
@@ -299,11 +302,14 @@ class ShardWriter:
         self._pending_size = 0
         if not self._closed:
             self._closed = True
-            if self.manifest.shards or not self.output.has_manifest():
-                try:
+            try:
+                if self.manifest.shards or not self.output.has_manifest():
                     self._write_manifest()
-                except OSError as exc:  # the disk is still full: the last manifest stands
-                    log.info("%s: cannot rewrite the manifest: %r", self.out_dir, exc)
+            except OSError as exc:  # the disk is still full: the last manifest stands
+                log.info("%s: cannot rewrite the manifest: %r", self.out_dir, exc)
+                self._drop_unfolded()
+            finally:
+                self._unlock()
 
     def __enter__(self) -> ShardWriter:
         return self
@@ -373,18 +379,45 @@ class ShardWriter:
             index_checksum=f"{self.algo}:{index_hash.hexdigest()}",
             pieces=self._hashing.digest.pieces.result() if self._hashing.digest.pieces else None,
         )
+        line = {"shard": entry.to_dict(), "fields": self._shard_fields}
+        self._journal_or_undo(name, json.dumps(line, separators=(",", ":")).encode() + b"\n")
         self.manifest.shards.append(entry)
         for field, st in self._shard_fields.items():
             acc = self.manifest.fields.setdefault(field, {"count": 0, "bytes": 0})
             acc["count"] += st["count"]
             acc["bytes"] += st["bytes"]
-        line = {"shard": entry.to_dict(), "fields": self._shard_fields}
         self._shard_fields = {}
         self.next_index += 1
-        self.output.append_journal(name, json.dumps(line, separators=(",", ":")).encode() + b"\n")
         if len(self.manifest.shards) >= 2 * self._folded:
             self._write_manifest()
         log.debug("finished shard %s: %d samples, %d bytes", name, entry.nsamples, entry.size)
+
+    def _journal_or_undo(self, name: str, line: bytes) -> None:
+        """Journal a finished shard; if that fails (a full disk), a local shard and its
+        index go again, so no shard lies there that no manifest or journal lists."""
+        try:
+            self.output.append_journal(name, line)
+        except OSError:
+            if isinstance(self.output, LocalOutput):
+                for path in (name, name + ".idx"):
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(self.out_dir, path))
+            raise
+
+    def _drop_unfolded(self) -> None:
+        """The manifest on a local disk is the last word (it could not be rewritten): the
+        shards only the journal lists go, and the journal, so every shard there is listed
+        (a resume writes them again)."""
+        if not isinstance(self.output, LocalOutput):
+            return
+        for entry in self.manifest.shards[self._folded :]:
+            for url in (entry.url, entry.index):
+                if url:
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(self.out_dir, url))
+        del self.manifest.shards[self._folded :]
+        with contextlib.suppress(OSError):
+            self.output.forget_journal()
 
     def _write_manifest(self) -> None:
         """Fold the journal into the manifest: write it whole, then drop the journal."""
@@ -401,6 +434,7 @@ class ShardWriter:
         else:
             old = Manifest(checksum_algorithm=self.algo, base=self.manifest.base)
         listed = {e.url for e in old.shards}
+        self._folded = len(old.shards)  # what the manifest there lists
         for entry, fields in journal:
             if entry.url in listed:  # folded already: a kill came before the journal went
                 continue

@@ -278,7 +278,7 @@ def test_merge_partial_manifests(tmp_path: Path) -> None:
 
 def test_merge_refuses_mixtures(tmp_path: Path) -> None:
     p0 = _part(tmp_path / "a", 0, 2, 0, 2)
-    p0b = _part(tmp_path / "a", 0, 2, 5, 2)
+    p0b = _part(tmp_path / "a", 0, 2, 5, 2, overwrite=True)  # the same part again, replaced
     p1x = _part(tmp_path / "b", 1, 2, 0, 2, checksum="xxh3_128")
     p1of3 = _part(tmp_path / "c", 1, 3, 0, 2)
     with pytest.raises(ManifestError, match="repeat"):

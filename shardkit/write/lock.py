@@ -1,0 +1,151 @@
+"""One writer per output: a lock on an output directory's manifest and shard prefix.
+
+Two builds (or :class:`~shardkit.write.writer.ShardWriter` s) into one directory with the
+same manifest name or the same shard prefix would overwrite each other's shards and
+manifest: the second is refused at once with a :class:`WriterError` naming the holder's pid
+and host. The lock is an ``flock`` on a hidden file beside the output
+(``.lock-{name}``), so it dies with its process (no stale lock after a kill) and works
+across hosts where the shared filesystem passes ``flock`` on (NFSv4, Lustre, GPFS do).
+The file is removed as the lock is let go (a locker checks that the file it locked is
+still the one on disk), so a finished output holds no lock file.
+
+Inside one thread the lock is re-entrant: a build holds it and its own writer takes it
+again; another thread of the process is refused as another process is. A forked child
+does not inherit it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import threading
+from collections.abc import Iterable
+
+from shardkit.errors import WriterError
+
+__all__ = ["OutputLock"]
+
+_HELD: dict[str, tuple[int, int, int]] = {}  # real path -> (fd, holders, holding thread)
+_GUARD = threading.Lock()
+_HOOKED: list[bool] = []
+
+
+def _forget_in_child() -> None:
+    for fd, _, _ in _HELD.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+def _holder(fd: int) -> str:
+    """What the lock file says about its holder: ``pid N on host H``."""
+    try:
+        text = os.pread(fd, 512, 0).decode("utf-8", "replace").split()
+    except OSError:
+        text = []
+    if len(text) >= 2:
+        return f"pid {text[0]} on host {text[1]}"
+    return "a process that has not written its pid yet"
+
+
+def _try(path: str, what: str) -> int:
+    """An fd holding the lock of ``path``, or a WriterError naming who holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _holder(fd)
+        os.close(fd)
+        raise WriterError(
+            f"{what} is being written by another build ({holder}): wait for it to end, "
+            "or write to another -o"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _acquire(path: str, what: str) -> None:
+    with _GUARD:
+        held = _HELD.get(path)
+        me = threading.get_ident()
+        if held is not None and held[2] == me:
+            _HELD[path] = (held[0], held[1] + 1, me)
+            return
+        if held is not None:
+            raise WriterError(
+                f"{what} is being written by another thread of this process "
+                f"(pid {os.getpid()}): one writer per output"
+            )
+        if not _HOOKED:
+            os.register_at_fork(after_in_child=_forget_in_child)
+            _HOOKED.append(True)
+        while True:
+            fd = _try(path, what)
+            if _same_file(fd, path):
+                break
+            os.close(fd)  # its holder removed it as it let go: lock the one there now
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        _HELD[path] = (fd, 1, me)
+
+
+def _release(path: str) -> None:
+    with _GUARD:
+        fd, count, thread = _HELD[path]
+        if count > 1:
+            _HELD[path] = (fd, count - 1, thread)
+            return
+        del _HELD[path]
+        # removed while still held (a later locker checks it locked the file on disk),
+        # so an output is left without lock files
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(fd)  # the only description of this open: its flock goes with it
+
+
+class OutputLock:
+    """The locks of one output: ``names`` (a manifest name, a shard prefix) in ``out_dir``.
+
+    ``acquire()`` takes them all or none, without waiting; ``release()`` lets them go.
+    Also a context manager.
+    """
+
+    def __init__(self, out_dir: str, names: Iterable[str]) -> None:
+        self.out_dir = out_dir
+        self.paths = sorted({os.path.join(out_dir, f".lock-{n}") for n in names})
+        self._taken: list[str] = []
+
+    def acquire(self) -> OutputLock:
+        os.makedirs(self.out_dir, exist_ok=True)
+        try:
+            for path in self.paths:
+                real = os.path.realpath(path)
+                _acquire(real, self.out_dir)
+                self._taken.append(real)
+        except BaseException:
+            self.release()
+            raise
+        return self
+
+    def release(self) -> None:
+        while self._taken:
+            _release(self._taken.pop())
+
+    def __enter__(self) -> OutputLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

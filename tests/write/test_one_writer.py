@@ -1,0 +1,147 @@
+"""Builds never lose or mix data: one writer per output (a lock naming its holder), and a
+ShardWriter never replaces a finished data set by accident."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import shardkit as sk
+from shardkit.errors import ConfigError, WriterError
+from shardkit.write.build import build
+from shardkit.write.writer import WriterOptions
+from tests.helpers.data import make_samples
+from tests.helpers.readback import assert_whole, keys_of, read_samples, shardkit
+
+pytestmark = pytest.mark.integration
+
+
+def _start(*args: str | os.PathLike[str]) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "shardkit", *map(str, args)]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_second_build_into_one_output_fails_at_once_naming_the_first(tmp_path: Path) -> None:
+    """Two real ``shardkit build`` processes into one ``-o``: the first holds the output
+    (it waits on a FIFO input the test feeds), the second exits 1 at once naming the
+    first's pid and host; the first then finishes whole (they both exited 0, mixing data)."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    fifo = raw / "a.jsonl"
+    os.mkfifo(fifo)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "b.jsonl").write_text("".join(f'{{"b": {i}}}\n' for i in range(50)))
+    out = tmp_path / "out"
+    first = _start("build", raw, "-o", out, "--maxcount", "10")
+    try:
+        with open(fifo, "w") as feed:  # returns once the first build reads its input
+            second = shardkit("build", other, "-o", out, "--maxcount", "10")
+            api: list[BaseException] = []
+            try:
+                build([str(other)], out, progress=False)
+            except WriterError as exc:
+                api.append(exc)
+            feed.write("".join(f'{{"a": {i}}}\n' for i in range(35)))
+    finally:
+        _, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    assert second.returncode == 1, second.stderr
+    line = second.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line, second.stderr
+    assert f"pid {first.pid} on host {socket.gethostname()}" in line, line
+    assert str(out) in line and "another build" in line, line
+    assert api and f"pid {first.pid}" in str(api[0])
+    m = assert_whole(out / "manifest.json")
+    assert m.total_samples == 35
+    assert keys_of(read_samples(m)) == [f"a/{i + 1:09d}" for i in range(35)]
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no lock file left
+    again = shardkit("build", other, "-o", tmp_path / "out2")  # a free output: no lock
+    assert again.returncode == 0, again.stderr
+
+
+def test_a_writer_holds_its_output_against_builds_and_threads(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"x": 1}\n')
+    with sk.ShardWriter(out, maxcount=5) as w:
+        w.write({"__key__": "k", "txt": "held"})
+        r = shardkit("build", src, "-o", out)
+        assert r.returncode == 1 and f"pid {os.getpid()} on host" in r.stderr, r.stderr
+        errors: list[BaseException] = []
+
+        def other_thread() -> None:
+            try:
+                sk.ShardWriter(out, prefix="other", manifest="manifest.json")
+            except WriterError as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=other_thread)
+        t.start()
+        t.join()
+        assert errors and "another thread of this process" in str(errors[0])
+    assert assert_whole(out / "manifest.json").total_samples == 1
+    # a part of another prefix beside it is another output: allowed while one is open
+    with (
+        sk.ShardWriter(out, resume=True) as w1,
+        sk.ShardWriter(out, prefix="p1", manifest="manifest.part-0001-of-0002.json") as w2,
+    ):
+        w1.write({"__key__": "k2", "txt": "a"})
+        w2.write({"__key__": "k3", "txt": "b"})
+
+
+def test_shard_writer_refuses_a_finished_data_set(tmp_path: Path) -> None:
+    """300 samples became 1 and the old shard stayed as a stray file: now a ConfigError,
+    unless ``overwrite=True`` (the old shards go) or ``resume=True`` (appended)."""
+    out = tmp_path / "out"
+    with sk.ShardWriter(out, WriterOptions(maxcount=100)) as w:
+        for s in make_samples(300):
+            w.write(s)
+    before = read_samples(out / "manifest.json")
+    with pytest.raises(ConfigError, match=r"already holds a data set .*3 shards, 300 samples"):
+        sk.ShardWriter(out)
+    assert read_samples(out / "manifest.json") == before  # untouched
+    with sk.ShardWriter(out, resume=True, maxcount=100) as w:
+        w.write({"__key__": "extra", "txt": "one more"})
+    assert assert_whole(out / "manifest.json").total_samples == 301
+    with sk.ShardWriter(out, overwrite=True, maxcount=100) as w:
+        w.write({"__key__": "only", "txt": "one"})
+    m = assert_whole(out / "manifest.json")
+    assert m.total_samples == 1
+    tars = sorted(p.name for p in out.glob("*.tar"))
+    assert tars == [s.url for s in m.shards]  # no stray shard of the old set
+    with pytest.raises(ConfigError, match="exclude each other"):
+        sk.ShardWriter(out, resume=True, overwrite=True)
+
+
+def test_writer_options_in_one_object_and_old_keywords(tmp_path: Path) -> None:
+    opts = WriterOptions(prefix="x", maxsize="8KB", maxcount=3, compress="gzip")
+    assert opts.maxsize == 8000 and opts.max_bytes == 8000
+    with sk.ShardWriter(tmp_path / "a", opts) as w:
+        for s in make_samples(7):
+            w.write(s)
+    with sk.ShardWriter(
+        tmp_path / "b", prefix="x", maxsize="8KB", maxcount=3, compress="gzip"
+    ) as w:
+        for s in make_samples(7):
+            w.write(s)
+    a = [s.url for s in sk.Manifest.load(tmp_path / "a" / "manifest.json").shards]
+    b = sk.Manifest.load(tmp_path / "b" / "manifest.json")
+    assert a == [s.url for s in b.shards] == [f"x-{i:06d}.tar.gz" for i in range(3)]
+    assert read_samples(tmp_path / "a" / "manifest.json") == read_samples(b)
+    with sk.ShardWriter(tmp_path / "c", opts, maxcount=7, maxsize="1MB") as w:  # replaced
+        for s in make_samples(7):
+            w.write(s)
+    assert len(sk.Manifest.load(tmp_path / "c" / "manifest.json")) == 1
+    with pytest.raises(ConfigError, match="unknown ShardWriter option maxcnt"):
+        sk.ShardWriter(tmp_path / "d", maxcnt=3)  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match="second argument is a WriterOptions"):
+        sk.ShardWriter(tmp_path / "d", "data")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="too small"):
+        WriterOptions(maxsize=100)
