@@ -172,6 +172,10 @@ def merge(parts: tuple[str, ...], out_path: str, allow_incomplete: bool, as_json
             raise click.BadParameter(f"File {p!r} does not exist.", param_hint="PARTS...")
     m = merge_parts(list(parts), out_path, allow_incomplete=allow_incomplete)
     _echo_manifest(m, os.path.abspath(out_path), as_json, "merged")
+    info = m.created.get("build") or {}
+    if info.get("skipped_records") and not as_json:
+        report = os.path.join(os.path.dirname(os.path.abspath(out_path)), info["errors"])
+        click.echo(f"the parts skipped {info['skipped_records']:,} bad records: named in {report}")
 
 
 @command.command("to-csv")

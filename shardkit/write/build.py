@@ -30,14 +30,16 @@ The options and plan are in :mod:`shardkit.write.config`, planning in
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from shardkit.durable import atomic_write
 from shardkit.errors import ConfigError, ManifestError, ShardkitError, WriterError
 from shardkit.format.manifest.compact import save_manifest
 from shardkit.format.manifest.model import Manifest, creation_info
@@ -53,6 +55,7 @@ from shardkit.write.workers import (
     Progress,
     Reporter,
     build_info,
+    errors_name,
     finalize,
     make_jobs,
     run_workers,
@@ -217,5 +220,44 @@ def merge_parts(
     merged.created = creation_info(merged_parts=len(parts))
     if incomplete:
         merged.created["incomplete"] = incomplete
+    skipped = _merge_error_logs(paths, parts, out)
+    if skipped:
+        report = os.path.basename(errors_name(out))
+        merged.created["build"] = {"complete": True, "skipped_records": skipped, "errors": report}
     save_manifest(merged, out)
     return merged
+
+
+def _merge_error_logs(
+    paths: Sequence[str | os.PathLike[str]], parts: Sequence[Manifest], out: str
+) -> int:
+    """The parts' skipped-record reports joined, in part order, beside the merged manifest;
+    the number of records they name (what the parts' manifests count)."""
+    logs: list[tuple[int, str]] = []
+    skipped = 0
+    for path, m in zip(paths, parts, strict=True):
+        info = build_info(m)
+        count = int(info.get("skipped_records") or 0)
+        if not count:
+            continue
+        report = os.path.join(os.path.dirname(os.path.abspath(path)), str(info.get("errors")))
+        if not os.path.exists(report):
+            raise ManifestError(
+                f"this part skipped {count} records but its report {report} is missing",
+                path=str(path),
+            )
+        skipped += count
+        logs.append(((m.part or {}).get("index", 0), report))
+    target = errors_name(out)
+    if not logs:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(target)
+        return 0
+
+    def chunks() -> Iterator[bytes]:
+        for _, report in sorted(logs):
+            with open(report, "rb") as f:
+                yield from iter(lambda: f.read(1 << 20), b"")
+
+    atomic_write(target, chunks())
+    return skipped

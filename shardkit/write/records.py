@@ -160,6 +160,9 @@ def _read_tree(unit: Unit, opts: SourceOptions) -> Sample:
 def _tree_sample(
     unit: Unit, opts: SourceOptions, skip: _Skip
 ) -> Iterator[tuple[Sample | BadRecord | None, int]]:
+    if unit.payload is not None:  # left out by discovery (--require-fields): reported
+        yield BadRecord(unit.path, "sample", unit.name, str(unit.payload)), unit.size
+        return
     # with on_error="skip" a bad sample is no sample: a resume must read to count samples
     if opts.on_error == "raise" and skip.take():
         yield None, unit.size

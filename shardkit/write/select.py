@@ -116,12 +116,14 @@ def group_samples(
     reencode: str | None = None,
     skip_bad: bool = False,
     notes: list[str] | None = None,
+    skipped: list[tuple[str, tuple[tuple[str, str], ...], str]] | None = None,
 ) -> list[tuple[str, tuple[tuple[str, str], ...]]]:
     """Group ``(key, field, rel)`` files into samples ``(key, ((field, rel), ...))``.
 
     Field names are stored lower case (``IMG.JPG`` is field ``jpg``, with a note), two
     files of one sample with the same stored field are refused, and samples missing a
-    required field are refused (or left out with a note when ``skip_bad``).
+    required field are refused (or left out with a note when ``skip_bad``; each left-out
+    sample is appended to ``skipped`` as ``(key, members, reason)``).
     """
     groups: dict[str, dict[str, str]] = {}
     upper: list[str] = []
@@ -156,6 +158,11 @@ def group_samples(
                     "narrow the input with --include/--exclude, or pass --on-error skip "
                     "to leave them out"
                 )
+            if skipped is not None:
+                for k, m in samples:
+                    if k in bad:
+                        has = ", ".join(f for f, _ in m)
+                        skipped.append((k, m, f"lacks a required field ({want}); has {has}"))
             samples = [s for s in samples if s[0] not in bad]
             if notes is not None:
                 notes.append(f"{root}: left out {len(bad):,} samples without {want}: {shown}")

@@ -128,7 +128,8 @@ class Unit:
 
     ``kind`` is ``files`` (one sample of a tree: ``name`` is its key, ``members`` its
     ``(field, path)`` pairs), ``jsonl`` (``name`` is the key prefix of its lines), ``tar``
-    (an existing shard), ``call`` (``payload`` is one input of a build function;
+    (an existing shard; ``payload`` the reason when it is left out, named in the build's
+    error report), ``call`` (``payload`` is one input of a build function;
     ``path`` its repr) or ``table`` (a Parquet row group ``group``, or an Arrow file; see
     :mod:`shardkit.write.tables`). ``size`` is the bytes it occupies on disk (1 for a
     call).
@@ -214,6 +215,47 @@ def _is_tar_companion(rel: str) -> bool:
     )
 
 
+def _without_shard_sets(root: str, files: list[str], notes: list[str] | None) -> list[str]:
+    """The files of a tree less the shard sets inside it (a folder with a manifest.json:
+    its shards, indexes and manifests), which would be packed as samples; a note each."""
+    sets = {
+        rel.rpartition("/")[0]
+        for rel in files
+        if rel.rsplit("/", 1)[-1] == "manifest.json"
+        and _is_shard_set(os.path.join(root, rel.rpartition("/")[0]))
+    }
+    if not sets:
+        return files
+    kept, dropped = [], dict.fromkeys(sorted(sets), 0)
+    for rel in files:
+        folder = rel.rpartition("/")[0]
+        base = rel.rsplit("/", 1)[-1]
+        if folder in sets and (_has_ext(base, SHARD_SUFFIXES) or _is_tar_companion(base)):
+            dropped[folder] += 1
+        else:
+            kept.append(rel)
+    for folder, n in dropped.items():
+        where = os.path.join(root, folder) if folder else root
+        msg = (
+            f"left out {where}: a shard set ({n} files: manifest.json, its shards and indexes) "
+            "inside the input; give it as a source of its own to re-shard it"
+        )
+        log.warning("%s", msg)
+        if notes is not None:
+            notes.append(msg)
+    return kept
+
+
+def _is_shard_set(folder: str) -> bool:
+    """Whether ``folder``'s manifest.json is a shardkit manifest (not a user's json file)."""
+    try:
+        with open(os.path.join(folder, "manifest.json"), "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return b'"shardkit.manifest"' in head
+
+
 def _detect(files: list[str]) -> Kind:
     if files and all(_has_ext(f, _JSONL_EXTS) for f in files):
         return "jsonl"
@@ -237,13 +279,22 @@ def _tree_units(root: str, files: list[str], d: DiscoverOptions) -> list[Unit]:
     if skipped:
         log.warning("%s: skipped %d files without an extension (no field name)", root, skipped)
     reencode = d.image.reencode if d.image is not None else None
+    left_out: list[tuple[str, tuple[tuple[str, str], ...], str]] = []
     samples = group_samples(
-        root, keyed, d.tree, reencode=reencode, skip_bad=d.on_error == "skip", notes=d.notes
+        root,
+        keyed,
+        d.tree,
+        reencode=reencode,
+        skip_bad=d.on_error == "skip",
+        notes=d.notes,
+        skipped=left_out,
     )
+    # a sample left out stays a unit, in key order, so the build's error report names it
+    every = [(k, m, None) for k, m in samples] + left_out
     units = []
-    for key, members in samples:
+    for key, members, reason in sorted(every, key=lambda s: s[0]):
         size = sum(os.path.getsize(os.path.join(root, rel)) for _, rel in members)
-        units.append(Unit("files", root, size, key, members))
+        units.append(Unit("files", root, size, key, members, payload=reason))
     return units
 
 
@@ -251,7 +302,7 @@ def _dir_units(root: str, d: DiscoverOptions) -> list[Unit]:
     files = _walk(root, d.exclude)
     kind: str = _detect(files) if d.source_type == "auto" else d.source_type
     if kind == "files":
-        return _tree_units(root, files, d)
+        return _tree_units(root, _without_shard_sets(root, files, d.notes), d)
     if kind == "table":
         return [
             u

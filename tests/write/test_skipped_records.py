@@ -1,0 +1,102 @@
+"""Every record a build leaves out is named in ``manifest.errors.jsonl``: samples without
+a required field, bad lines of each part after a merge; a shard set inside an input tree
+is left out with a note instead of being packed as samples."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from shardkit.format.manifest.model import Manifest
+from shardkit.write.build import build, merge_parts
+from shardkit.write.select import TreeOptions
+from tests.helpers.data import make_shards
+from tests.helpers.readback import assert_whole, keys_of, read_samples, shardkit
+
+pytestmark = pytest.mark.integration
+
+
+def _tree(root: Path, n: int = 12) -> Path:
+    """``n`` samples ``s00..``: every third lacks its json."""
+    root.mkdir(parents=True)
+    for i in range(n):
+        (root / f"s{i:02d}.txt").write_text(f"text {i}")
+        if i % 3:
+            (root / f"s{i:02d}.json").write_text(json.dumps({"i": i}))
+    return root
+
+
+def _report(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_require_fields_skip_names_each_left_out_sample(tmp_path: Path, workers: str) -> None:
+    src = _tree(tmp_path / "raw")
+    out = tmp_path / "out"
+    args = ["--require-fields", "txt,json", "--on-error", "skip", "--workers", workers]
+    r = shardkit("build", src, "-o", out, *args)
+    assert r.returncode == 0, r.stderr
+    assert "skipped 4 bad records" in r.stdout and "manifest.errors.jsonl" in r.stdout
+    report = _report(out / "manifest.errors.jsonl")
+    assert [e["sample"] for e in report] == ["s00", "s03", "s06", "s09"]
+    assert all("lacks a required field (txt, json)" in str(e["reason"]) for e in report)
+    m = assert_whole(out / "manifest.json")
+    assert m.total_samples == 8 and m.created["build"]["skipped_records"] == 4
+    assert keys_of(read_samples(m)) == [f"s{i:02d}" for i in range(12) if i % 3]
+    api = build(
+        [str(src)],
+        tmp_path / "api",
+        tree=TreeOptions(require=(("txt",), ("json",))),
+        on_error="skip",
+        workers=int(workers),
+        progress=False,
+    )
+    assert api.manifest.created["build"]["skipped_records"] == 4
+    assert _report(tmp_path / "api" / "manifest.errors.jsonl") == report
+
+
+def test_merge_carries_the_parts_error_reports_and_counts(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    for f in range(2):
+        lines = [json.dumps({"f": f, "i": i}) for i in range(20)]
+        lines[5 + f] = "{not json"
+        (raw / f"f{f}.jsonl").parent.mkdir(exist_ok=True)
+        (raw / f"f{f}.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    for i in range(2):
+        r = shardkit("build", raw, "-o", out, "--part", f"{i}/2", "--on-error", "skip")
+        assert r.returncode == 0, r.stderr
+    parts = sorted(str(p) for p in out.glob("manifest.part-*.json"))
+    r = shardkit("manifest", "merge", *parts, "-o", out / "manifest.json")
+    assert r.returncode == 0, r.stderr
+    assert "the parts skipped 2 bad records" in r.stdout
+    m = Manifest.load(out / "manifest.json")
+    assert m.total_samples == 38 and m.created["build"]["skipped_records"] == 2
+    report = _report(out / "manifest.errors.jsonl")
+    assert [(Path(str(e["source"])).name, e["line"]) for e in report] == [
+        ("f0.jsonl", 6),
+        ("f1.jsonl", 7),
+    ]
+    inspect = shardkit("inspect", out / "manifest.json")
+    assert "skipped 2 bad records" in inspect.stdout, inspect.stdout
+    again = merge_parts(parts, tmp_path / "out" / "again.json")
+    assert again.created["build"]["skipped_records"] == 2
+    assert _report(out / "again.errors.jsonl") == report
+
+
+def test_a_shard_set_inside_an_input_tree_is_left_out_with_a_note(tmp_path: Path) -> None:
+    src = _tree(tmp_path / "raw", n=6)
+    make_shards(src / "old_shards", [10, 10, 10])  # a manifest + 3 shards
+    r = shardkit("build", src, "-o", tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    assert "left out" in r.stderr and "old_shards: a shard set" in r.stderr, r.stderr
+    m = assert_whole(tmp_path / "out" / "manifest.json")
+    assert keys_of(read_samples(m)) == [f"s{i:02d}" for i in range(6)]
+    res = build([str(src)], tmp_path / "api", progress=False)
+    assert res.manifest.total_samples == 6
+    # given as a source of its own, the shard set is re-sharded
+    whole = build([str(src / "old_shards")], tmp_path / "re", progress=False)
+    assert whole.manifest.total_samples == 30
