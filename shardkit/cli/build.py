@@ -142,6 +142,14 @@ def _report(result: BuildResult) -> None:
     callback=parse_size_option,
     help="Tar inputs: the largest member held in memory; a larger one stops the build.",
 )
+@click.option(
+    "--max-record",
+    default="256MiB",
+    show_default=True,
+    callback=parse_size_option,
+    help="JSONL/Parquet: the largest line or row, checked as it is read; a longer one is "
+    "a bad record (left out and reported with --on-error skip).",
+)
 @click.option("--prefix", default="data", show_default=True, help="Shard names: PREFIX-000000.tar.")
 @click.option("--checksum", type=click.Choice(ALGORITHMS), default="sha256", show_default=True)
 @click.option(
@@ -236,6 +244,7 @@ def command(
     maxsize: int,
     maxcount: int | None,
     max_member: int,
+    max_record: int,
     prefix: str,
     checksum: str,
     compress: str | None,
@@ -272,6 +281,7 @@ def command(
         maxsize=maxsize,
         maxcount=maxcount,
         max_member=max_member,
+        max_record=max_record,
         checksum=checksum,
         compress=compress,
         workers=workers,

@@ -16,7 +16,7 @@ from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.reader import DEFAULT_MAX_MEMBER
 from shardkit.units import parse_size
 from shardkit.write.select import TreeOptions
-from shardkit.write.sources import ON_ERROR, FieldMap, Unit
+from shardkit.write.sources import DEFAULT_MAX_RECORD, ON_ERROR, FieldMap, Unit
 from shardkit.write.writer import COMPRESSIONS
 
 __all__ = ["BuildConfig", "BuildPlan", "BuildResult", "check_config"]
@@ -48,6 +48,9 @@ class BuildConfig:
         image: resize / re-encode the images of folder sources.
         fn: a build function: ``fn(input)`` yields the samples of one input (see
             :func:`build`); the sources are then its inputs.
+        max_record: the largest JSONL line or Parquet/Arrow row (bytes, 256 MiB by
+            default), checked while it is read: a longer one is a bad record (skipped
+            and reported with ``on_error="skip"``), never held whole.
         max_member: the largest member (bytes) of a tar input held in memory when
             re-sharding (1 GiB by default); a larger one is a ``ShardFormatError``.
     """
@@ -69,6 +72,7 @@ class BuildConfig:
     image: ImageOptions | None = None
     fn: Callable[[Any], Iterable[Mapping[str, Any]]] | None = None
     max_member: int | str = DEFAULT_MAX_MEMBER
+    max_record: int | str = DEFAULT_MAX_RECORD
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,8 @@ def check_config(c: BuildConfig) -> None:
         raise ConfigError(f"maxsize {c.maxsize!r} is too small (at least 4 KB)")
     if parse_size(c.max_member) < 1:
         raise ConfigError(f"max_member must be at least 1 byte, got {c.max_member!r}")
+    if parse_size(c.max_record) < 1:
+        raise ConfigError(f"max_record must be at least 1 byte, got {c.max_record!r}")
     if c.maxcount is not None and c.maxcount < 1:
         raise ConfigError(f"maxcount must be at least 1, got {c.maxcount}")
     new_hasher(c.checksum)

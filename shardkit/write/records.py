@@ -13,6 +13,7 @@ import gzip
 import io
 import json
 import os
+import sys
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -99,13 +100,46 @@ def _read_jsonl(
     lineno = 0
     try:
         with f:
-            for lineno, line in enumerate(f, start=1):
-                yield from _jsonl_line(unit, opts, skip, line, lineno)
+            for lineno, line in enumerate(_bounded_lines(f, opts.max_record), start=1):
+                if isinstance(line, int):
+                    yield from _too_long(unit, opts, lineno, line)
+                else:
+                    yield from _jsonl_line(unit, opts, skip, line, lineno)
     except (OSError, EOFError, zlib.error, ShardFormatError) as exc:
         # a truncated or corrupt .gz/.zst stream: name the file and the last good line
         raise SourceError(
             f"corrupt or truncated after line {lineno}: {exc}", path=unit.path
         ) from exc
+
+
+def _bounded_lines(f: io.BufferedIOBase, limit: int) -> Iterator[bytes | int]:
+    """The lines of ``f``; a line longer than ``limit`` bytes comes as its length, read
+    through in 1 MiB steps and never held whole (a 600 MB line took 2.46 GB)."""
+    while True:
+        line = f.readline(limit + 1)
+        if not line:
+            return
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line
+            continue
+        n = len(line)
+        del line
+        while chunk := f.readline(1 << 20):
+            n += len(chunk)
+            if chunk.endswith(b"\n"):
+                break
+        yield n
+
+
+def _too_long(
+    unit: Unit, opts: SourceOptions, lineno: int, n: int
+) -> Iterator[tuple[Sample | BadRecord | None, int]]:
+    reason = (
+        f"the line is {n} bytes, more than the record limit of {opts.max_record} (--max-record)"
+    )
+    if opts.on_error == "raise":
+        raise SourceError(reason, path=unit.path, line=lineno)
+    yield BadRecord(unit.path, "line", lineno, reason), n
 
 
 def _jsonl_line(
@@ -117,7 +151,7 @@ def _jsonl_line(
         yield None, len(line)
         return
     try:
-        rec = json.loads(raw)
+        rec = _loads(raw)
         if (opts.fields or opts.key_field is not None) and not isinstance(rec, dict):
             raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
         key = _jsonl_key(rec, unit, lineno, opts)
@@ -128,6 +162,17 @@ def _jsonl_line(
         yield BadRecord(unit.path, "line", lineno, _describe(exc)), len(line)
         return
     yield (None if skip.take() else sample), len(line)
+
+
+def _loads(raw: bytes) -> Any:
+    """``json.loads``, with nesting too deep for the parser a ValueError saying so (it was
+    a RecursionError, which ``on_error="skip"`` could not skip)."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError(
+            f"JSON nested too deeply (past about {sys.getrecursionlimit()} levels)"
+        ) from None
 
 
 def _describe(exc: Exception) -> str:

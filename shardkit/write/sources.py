@@ -35,6 +35,7 @@ from shardkit.write.select import TreeOptions, group_samples, select_files
 from shardkit.write.table_meta import TABLE_EXTS, table_parts
 
 __all__ = [
+    "DEFAULT_MAX_RECORD",
     "ON_ERROR",
     "SOURCE_TYPES",
     "BadRecord",
@@ -62,6 +63,7 @@ _JSONL_EXTS = (
     ".ndjson.gz",
     ".json.gz",
 )
+DEFAULT_MAX_RECORD = 256 << 20  # a JSONL line or table row: more is a bad record
 
 
 class SourceError(WriterError):
@@ -99,7 +101,8 @@ class SourceOptions:
     in its place and goes on (JSONL lines, unreadable tree samples, failing ``fn``
     inputs); ``image`` re-encodes the image files of trees; ``fn(input)`` yields the
     samples of a ``call`` unit (:func:`shardkit.write.build.build` with a function);
-    ``max_member`` is the largest member of a tar input held in memory (bytes)."""
+    ``max_member`` is the largest member of a tar input held in memory (bytes);
+    ``max_record`` the largest JSONL line or table row (bytes), checked as it is read."""
 
     fields: tuple[FieldMap, ...] = ()
     key_field: str | None = None
@@ -107,6 +110,7 @@ class SourceOptions:
     image: ImageOptions | None = None
     fn: Callable[[Any], Iterable[Mapping[str, Any]]] | None = None
     max_member: int = DEFAULT_MAX_MEMBER
+    max_record: int = DEFAULT_MAX_RECORD
 
 
 @dataclass(frozen=True)

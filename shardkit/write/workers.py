@@ -229,7 +229,15 @@ def _portable(exc: ShardkitError) -> ShardkitError:
 def make_jobs(plan: BuildPlan) -> list[Job]:
     """One job writing the final shards directly, or one per worker into the work dir."""
     c = plan.config
-    opts = SourceOptions(c.fields, c.key_field, c.on_error, c.image, c.fn, parse_size(c.max_member))
+    opts = SourceOptions(
+        c.fields,
+        c.key_field,
+        c.on_error,
+        c.image,
+        c.fn,
+        parse_size(c.max_member),
+        parse_size(c.max_record),
+    )
     common: dict[str, Any] = {
         "config": c,
         "fingerprint": plan.fingerprint,

@@ -3,6 +3,7 @@ record-size limits, nesting depth, Parquet batches and member-name collisions.""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from shardkit.format.manifest.model import Manifest
 from shardkit.write.build import build
 from shardkit.write.prepare import part_range, split_contiguous
 from tests.helpers.hostile import run_cli_measured
-from tests.helpers.readback import shardkit, write_jsonl
+from tests.helpers.readback import read_samples, shardkit, write_jsonl
 
 pytestmark = pytest.mark.integration
 
@@ -79,3 +80,53 @@ def test_a_damaged_parquet_exits_1_with_one_line(tmp_path: Path, damage: str) ->
         assert "\n" not in line and "Usage" not in line and "bad.parquet" in line, r.stderr
     with pytest.raises(WriterError, match=r"bad\.parquet.*cannot read"):
         build([str(bad)], tmp_path / "api", progress=False)
+
+
+def _huge_line_zst(path: Path, size: int = 600 << 20) -> Path:
+    """A ``.jsonl.zst`` of a good line, one ``size``-byte line, a good line (~19 KB)."""
+    import zstandard
+
+    with open(path, "wb") as f, zstandard.ZstdCompressor(level=3).stream_writer(f) as z:
+        z.write(b'{"i": 0}\n{"t": "')
+        block = b"a" * (8 << 20)
+        for _ in range(size // len(block)):
+            z.write(block)
+        z.write(b'"}\n{"i": 2}\n')
+    return path
+
+
+def test_a_huge_line_is_a_bad_record_with_bounded_memory(tmp_path: Path) -> None:
+    """A 600 MB line in a small .jsonl.zst reached 2.46 GB RSS; now the line is read
+    through, never held: exit 1 naming file and line, or skipped and reported."""
+    (tmp_path / "in").mkdir()
+    src = _huge_line_zst(tmp_path / "in" / "big.jsonl.zst")
+    assert src.stat().st_size < 100_000
+    rc, err, peak = run_cli_measured("build", src, "-o", tmp_path / "raise")
+    assert rc == 1, err
+    assert "big.jsonl.zst line 2" in err and "more than the record limit" in err, err
+    assert "\n" not in err.strip(), err
+    assert peak < _RSS_LIMIT + (256 << 20), peak  # at most the default limit is held
+    out = tmp_path / "skip"
+    rc, err, peak = run_cli_measured(
+        "build", src, "-o", out, "--on-error", "skip", "--max-record", "1MB"
+    )
+    assert rc == 0, err
+    assert peak < _RSS_LIMIT, peak
+    report = [json.loads(x) for x in (out / "manifest.errors.jsonl").read_text().splitlines()]
+    assert [
+        (r["line"], "more than the record limit of 1000000" in r["reason"]) for r in report
+    ] == [(2, True)]
+    assert [s["json"] for s in read_samples(out / "manifest.json")] == [b'{"i": 0}', b'{"i": 2}']
+
+
+def test_deep_nesting_is_a_named_skippable_error(tmp_path: Path) -> None:
+    depth = 100_000
+    src = tmp_path / "deep.jsonl"
+    src.write_text('{"i": 0}\n' + "[" * depth + "]" * depth + '\n{"i": 2}\n')
+    raised = shardkit("build", src, "-o", tmp_path / "a")
+    assert raised.returncode == 1 and "RecursionError" not in raised.stderr, raised.stderr
+    assert "deep.jsonl line 2: JSON nested too deeply" in raised.stderr, raised.stderr
+    res = build([str(src)], tmp_path / "b", on_error="skip", progress=False)
+    assert res.manifest.total_samples == 2
+    report = (tmp_path / "b" / "manifest.errors.jsonl").read_text()
+    assert '"line": 2' in report and "nested too deeply" in report
