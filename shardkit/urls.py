@@ -36,6 +36,7 @@ __all__ = [
     "is_absolute",
     "join",
     "local_path",
+    "names_host",
     "resolve_url",
     "url_scheme",
 ]
@@ -128,8 +129,18 @@ def resolve_url(
     return full
 
 
+def names_host(origin: str) -> bool:
+    """Whether a remote prefix names a host (or bucket): ``http://`` alone names none."""
+    try:
+        return bool(urlsplit(origin).hostname)
+    except ValueError:
+        return False
+
+
 def _inside(full: str, origin: str) -> bool:
     """``full`` lies under the remote prefix ``origin``, also once a server decodes it."""
+    if not names_host(origin):
+        return False
     prefix = origin.rstrip("/") + "/"
     if not full.startswith(prefix):
         return False

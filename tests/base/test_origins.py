@@ -69,3 +69,32 @@ def test_origins_round_trip_and_only_remote_prefixes_load(tmp_path: Path) -> Non
     )
     with pytest.raises(ManifestError):
         served.resolve(entry.url)
+
+
+@pytest.mark.parametrize("origin", ["http://", "https://", "s3://", "https:///sets/a/", "s3:///"])
+def test_an_origin_must_name_a_host(tmp_path: Path, origin: str) -> None:
+    """``"http://"`` alone passed the schema and granted every host (issue 20)."""
+    from tests.helpers.readback import shardkit
+
+    doc = {
+        "format": "shardkit.manifest",
+        "version": 1,
+        "origins": [origin],
+        "shards": [
+            {
+                "url": "https://evil.example/x.tar",
+                "size": 1,
+                "nsamples": 1,
+                "checksum": "sha256:" + "0" * 64,
+            }
+        ],
+    }
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ManifestError, match="names no host"):
+        Manifest.load(path)
+    r = shardkit("verify", path)
+    assert r.returncode == 2 and "names no host" in r.stderr, r.stderr  # verify: unreadable
+    assert "Traceback" not in r.stderr
+    with pytest.raises(ManifestError):
+        resolve_url("/home/me", "https://evil.example/x.tar", origins=(origin,))

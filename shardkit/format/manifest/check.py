@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from shardkit.errors import ConfigError, ManifestError
 from shardkit.format.checksum import ALGORITHMS, split_checksum
 from shardkit.format.pieces import Pieces
-from shardkit.urls import REMOTE_PREFIXES
+from shardkit.urls import REMOTE_PREFIXES, names_host
 
 __all__ = [
     "CSV_HEADER",
@@ -205,6 +205,14 @@ def check_top(raw: dict[str, Any], path: str | None) -> None:
     ):
         raise ManifestError(
             "must be a list of http(s):// or s3:// url prefixes", path=path, field="origins"
+        )
+    hostless = next((o for o in origins if not names_host(o)), None)
+    if hostless is not None:  # "http://" alone would grant every host
+        raise ManifestError(
+            f"origin {hostless!r} names no host (or bucket): give the whole prefix, "
+            "e.g. https://data.example.org/shards/",
+            path=path,
+            field="origins",
         )
     part = raw.get("part")
     if part is not None and not (
