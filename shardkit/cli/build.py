@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import sys
 import time
 
 import click
@@ -88,6 +90,16 @@ def _run(plan: BuildPlan, show: bool) -> BuildResult:
             bar.update(nbytes)
 
         return run_build(plan, progress=progress)
+
+
+def _how_to_resume(plan: BuildPlan) -> str:
+    """What a Ctrl-C'd build says: what it kept and the command that finishes it."""
+    args = [a for a in sys.argv[1:] if a not in ("--overwrite", "--resume")]
+    again = shlex.join(["shardkit", *args, "--resume"])
+    return (
+        f"the whole shards written so far are kept in {plan.out_dir}; "
+        f"finish the build with: {again}"
+    )
 
 
 def _report(result: BuildResult) -> None:
@@ -301,7 +313,11 @@ def command(
         raise click.UsageError(str(exc)) from None
     for note in plan.notes:
         click.echo(f"note: {note}", err=True)
-    result = _run(plan, progress)
+    try:
+        result = _run(plan, progress)
+    except KeyboardInterrupt:
+        click.echo(f"\ninterrupted: {_how_to_resume(plan)}", err=True)
+        sys.exit(130)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
     else:

@@ -8,6 +8,7 @@ directory: every refusal names the way out (``--resume``, ``--overwrite``, anoth
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -212,7 +213,8 @@ def plan_build(
     plan = BuildPlan(
         out, c, tuple(units), groups, _fingerprint(units, options), None, options, tuple(notes)
     )
-    with output_lock(plan):  # another build writing here now: refused at once, named
+    # another build writing here now: refused at once, named (a missing dir has none)
+    with output_lock(plan) if os.path.isdir(out) else contextlib.nullcontext():
         if c.overwrite:
             _check_overwrite(plan)
         done = _previous(plan)

@@ -4,6 +4,8 @@ ShardWriter never replaces a finished data set by accident."""
 from __future__ import annotations
 
 import os
+import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -145,3 +147,30 @@ def test_writer_options_in_one_object_and_old_keywords(tmp_path: Path) -> None:
         sk.ShardWriter(tmp_path / "d", "data")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="too small"):
         WriterOptions(maxsize=100)
+
+
+def test_ctrl_c_says_how_to_resume(tmp_path: Path) -> None:
+    """SIGINT to a real build process: exit 130 and one message naming the command that
+    finishes it; that command does."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    fifo = raw / "a.jsonl"
+    os.mkfifo(fifo)
+    out = tmp_path / "out"
+    proc = _start("build", raw, "-o", out, "--maxcount", "10")
+    with open(fifo, "w") as feed:  # the build reads its input: it is inside run_build
+        feed.write("".join(f'{{"a": {i}}}\n' for i in range(5)))
+        feed.flush()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err, err
+    assert "interrupted: the whole shards written so far are kept" in err, err
+    command = err.rsplit("finish the build with: ", 1)[1].strip()
+    assert command == f"shardkit build {raw} -o {out} --maxcount 10 --resume", command
+    again = _start(*shlex.split(command)[1:])
+    with open(fifo, "w") as feed:
+        feed.write("".join(f'{{"a": {i}}}\n' for i in range(35)))
+    _, err = again.communicate(timeout=60)
+    assert again.returncode == 0, err
+    assert assert_whole(out / "manifest.json").total_samples == 35
