@@ -14,7 +14,9 @@ Rows become samples as data sets on the Hugging Face Hub lay them out:
 A null leaves its member out of that sample. Keys are ``{file stem}/{row:09d}`` (the row
 in the whole file) unless ``--key-field`` names a column. A Parquet file is one unit per
 row group, so ``--workers`` and ``--part`` split a big file; an Arrow file is one unit.
-Memory stays bounded by one record batch. pyarrow is the optional extra
+Memory stays bounded: batches of about 64 MB (rows per batch from the row group's size),
+dictionary-encoded text kept as one dictionary, rows turned into Python objects 64 MB at a
+time, and a row over ``max_record`` bytes a bad record. pyarrow is the optional extra
 ``shardkit[parquet]``.
 """
 
@@ -32,12 +34,36 @@ from shardkit._types import Sample
 from shardkit.errors import ConfigError, WriterError
 from shardkit.format.codecs import encode_field
 from shardkit.format.tario.writer import check_field, check_key
-from shardkit.write.sources import SourceError, SourceOptions, Unit
-from shardkit.write.table_meta import is_parquet, one_line, pyarrow_module
+from shardkit.write.sources import BadRecord, SourceError, SourceOptions, Unit
+from shardkit.write.table_meta import (
+    byte_slices,
+    is_parquet,
+    one_line,
+    pyarrow_module,
+    row_sizes,
+)
 
 __all__ = ["read_table"]
 
 _BATCH_ROWS = 1024
+_BATCH_BYTES = 64 << 20  # rows turned into Python objects at once: at most this many bytes
+
+
+def _text_columns(path: str, pa: Any) -> list[str]:
+    """The top-level string and binary columns (read as dictionaries where encoded so)."""
+    schema = pa.parquet.read_schema(path)
+    kinds = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary)
+    return [f.name for f in schema if any(k(f.type) for k in kinds)]
+
+
+def _batch_rows(meta: Any, group: int, rows: int) -> int:
+    """Rows per batch so that one batch holds about ``_BATCH_BYTES`` (from the row
+    group's uncompressed size), at most ``_BATCH_ROWS``."""
+    if group < 0 or rows <= 0:
+        return _BATCH_ROWS
+    per_row = max(1, int(meta.row_group(group).total_byte_size) // rows)
+    return max(1, min(_BATCH_ROWS, _BATCH_BYTES // per_row))
+
 
 
 @dataclass(frozen=True)
@@ -52,6 +78,8 @@ def _layout(schema: Any, pa: Any) -> _Layout:
     blobs, binary = [], []
     for f in schema:
         t = f.type
+        if pa.types.is_dictionary(t):  # text read as a dictionary is still text
+            t = t.value_type
         if pa.types.is_struct(t):
             names = {t.field(i).name: t.field(i).type for i in range(t.num_fields)}
             if "bytes" in names and "path" in names and _is_binary(names["bytes"], pa):
@@ -78,17 +106,26 @@ def _ipc_batches(source: Any, pa: Any) -> tuple[Any, Iterator[Any]]:
         return stream.schema, iter(stream)
 
 
-def read_table(unit: Unit, opts: SourceOptions, skip: Any) -> Iterator[tuple[Sample | None, int]]:
+def read_table(
+    unit: Unit, opts: SourceOptions, skip: Any
+) -> Iterator[tuple[Sample | BadRecord | None, int]]:
     """Yield ``(sample, input_bytes)`` for every row of a table unit (``skip`` as JSONL)."""
     pa = pyarrow_module()
     try:
         if is_parquet(unit.path):
-            with pa.parquet.ParquetFile(unit.path) as pf:
+            # dictionary-encoded text stays one dictionary, not a copy per row (1,500 rows
+            # of one 1 MB string in a 523-byte file took 1.13 GB)
+            text = _text_columns(unit.path, pa)
+            with pa.parquet.ParquetFile(unit.path, read_dictionary=text) as pf:
                 meta = pf.metadata
                 groups = [unit.group] if meta.num_row_groups else []
                 first = sum(meta.row_group(i).num_rows for i in range(max(unit.group, 0)))
                 rows = meta.row_group(unit.group).num_rows if groups else 0
-                batches = pf.iter_batches(batch_size=_BATCH_ROWS, row_groups=groups)
+                batches = pf.iter_batches(
+                    batch_size=_batch_rows(meta, unit.group, rows),
+                    row_groups=groups,
+                    use_threads=False,
+                )
                 yield from _rows(unit, opts, skip, pf.schema_arrow, batches, first, rows)
         else:
             with pa.memory_map(unit.path) as source:
@@ -107,22 +144,33 @@ def _rows(
     batches: Iterator[Any],
     row: int,
     rows_total: int,
-) -> Iterator[tuple[Sample | None, int]]:
+) -> Iterator[tuple[Sample | BadRecord | None, int]]:
     layout = _layout(schema, pyarrow_module())
     _check_options(schema, opts, unit.path)
     for batch in batches:
         # an Arrow file's row count is not known up front: its batches' bytes stand in
         per_row = batch.nbytes // max(batch.num_rows, 1)
         step = unit.size // rows_total if rows_total else per_row
-        for rec in batch.to_pylist():
-            if skip.take():
-                yield None, step
-            else:
-                try:
-                    yield _row_sample(rec, row, unit, opts, layout), step
-                except (ValueError, TypeError, WriterError) as exc:
-                    raise SourceError(f"row {row}: {exc}", path=unit.path) from exc
-            row += 1
+        sizes = row_sizes(batch)
+        for start, stop in byte_slices(sizes, _BATCH_BYTES):
+            for i, rec in enumerate(batch.slice(start, stop - start).to_pylist(), start):
+                if sizes[i] > opts.max_record:
+                    yield _too_big(unit, opts, row, int(sizes[i])), step
+                elif skip.take():
+                    yield None, step
+                else:
+                    try:
+                        yield _row_sample(rec, row, unit, opts, layout), step
+                    except (ValueError, TypeError, WriterError) as exc:
+                        raise SourceError(f"row {row}: {exc}", path=unit.path) from exc
+                row += 1
+
+
+def _too_big(unit: Unit, opts: SourceOptions, row: int, size: int) -> BadRecord:
+    reason = f"row {row} holds {size} bytes, more than the record limit of {opts.max_record}"
+    if opts.on_error == "raise":
+        raise SourceError(reason + " (--max-record)", path=unit.path)
+    return BadRecord(unit.path, "row", row, reason)
 
 
 def _check_options(schema: Any, opts: SourceOptions, path: str) -> None:
@@ -143,6 +191,7 @@ def _row_sample(
 ) -> Sample:
     key = _key(rec, row, unit, opts)
     sample: Sample = {"__key__": key}
+    owners: dict[str, str] = {}  # member -> the column it came from, for a collision
     mapped = {fm.name: fm for fm in opts.fields}
     rest: dict[str, Any] = {}
     for col, value in rec.items():
@@ -153,18 +202,30 @@ def _row_sample(
             if value is not None:
                 if fm.dtype is not None:
                     value = np.asarray(value, dtype=fm.dtype)
-                sample[fm.field] = encode_field(key, fm.field, value)
+                _put(sample, fm.field, encode_field(key, fm.field, value), col, owners)
         elif col in layout.blobs:
-            _add_blob(sample, col, value)
+            _add_blob(sample, col, value, owners)
         elif col in layout.binary:
             if value is not None:
                 check_field(key, col)
-                sample[col] = bytes(value)
+                _put(sample, col, bytes(value), col, owners)
         else:
             rest[col] = value
     if rest:
-        sample["json"] = json.dumps(rest, ensure_ascii=False, default=str).encode()
+        data = json.dumps(rest, ensure_ascii=False, default=str).encode()
+        _put(sample, "json", data, f"the other columns ({', '.join(rest)})", owners)
     return sample
+
+
+def _put(sample: Sample, field: str, data: bytes, source: str, owners: dict[str, str]) -> None:
+    """Set a member, refusing a second column that names the same one (one was dropped)."""
+    if field in sample:
+        raise WriterError(
+            f"member {field!r} comes from both {owners[field]} and {source}: rename a column, "
+            "or map it with --field"
+        )
+    sample[field] = data
+    owners[field] = source if source.startswith("the other") else f"column {source!r}"
 
 
 def _key(rec: dict[str, Any], row: int, unit: Unit, opts: SourceOptions) -> str:
@@ -178,7 +239,7 @@ def _key(rec: dict[str, Any], row: int, unit: Unit, opts: SourceOptions) -> str:
     return str(value)
 
 
-def _add_blob(sample: Sample, col: str, value: Any) -> None:
+def _add_blob(sample: Sample, col: str, value: Any, owners: dict[str, str]) -> None:
     """An Image/Audio struct: its bytes as ``{col}.{ext}``, ext from its path."""
     if value is None:
         return
@@ -191,7 +252,7 @@ def _add_blob(sample: Sample, col: str, value: Any) -> None:
     ext = base.rsplit(".", 1)[-1].lower() if "." in base else _sniff(data)
     field = f"{col}.{ext}"
     check_field(str(sample["__key__"]), field)
-    sample[field] = bytes(data)
+    _put(sample, field, bytes(data), col, owners)
 
 
 _MAGIC = (

@@ -130,3 +130,72 @@ def test_deep_nesting_is_a_named_skippable_error(tmp_path: Path) -> None:
     assert res.manifest.total_samples == 2
     report = (tmp_path / "b" / "manifest.errors.jsonl").read_text()
     assert '"line": 2' in report and "nested too deeply" in report
+
+
+def _dict_parquet(path: Path, rows: int, value: str) -> Path:
+    """``rows`` rows of one dictionary-encoded string: a file of a few hundred bytes (made
+    without ever holding ``rows`` copies, so the measured child inherits no large RSS)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    col = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array([value]))
+    pq.write_table(pa.table({"text": col}), path, compression="zstd")
+    return path
+
+
+def test_parquet_is_read_in_batches_bounded_by_bytes(tmp_path: Path) -> None:
+    """1,500 rows of one dictionary-encoded 1 MB string (a 523-byte file) took 1.13 GB,
+    growing with rows x row size; now rows are built 64 MB at a time and a row over
+    --max-record is a bad record found from the dictionary, never built."""
+    big = "x" * (1 << 20)
+    src = _dict_parquet(tmp_path / "dict.parquet", 1500, big)
+    assert src.stat().st_size < 10_000
+    skip = tmp_path / "skip"
+    args = ("--max-record", "512KB", "--on-error", "skip")
+    rc, err, peak = run_cli_measured("build", src, "-o", skip, *args)
+    assert rc == 0, err
+    assert peak < _RSS_LIMIT, peak
+    m = Manifest.load(skip / "manifest.json")
+    assert m.total_samples == 0 and m.created["build"]["skipped_records"] == 1500
+    rc, err, _ = run_cli_measured("build", src, "-o", tmp_path / "raise", "--max-record", "512KB")
+    assert rc == 1 and "row 0 holds 1048576 bytes, more than the record limit" in err, err
+
+    some = _dict_parquet(tmp_path / "some.parquet", 200, big)
+    rc, err, peak = run_cli_measured("build", some, "-o", tmp_path / "ok", "--maxsize", "64MB")
+    assert rc == 0, err
+    assert peak < _RSS_LIMIT, peak
+    samples = read_samples(tmp_path / "ok" / "manifest.json")
+    assert len(samples) == 200 and json.loads(samples[-1]["json"]) == {"text": big}
+    res = build([str(src)], tmp_path / "api", max_record="512KB", on_error="skip", progress=False)
+    assert res.manifest.created["build"]["skipped_records"] == 1500
+
+
+@pytest.mark.parametrize(
+    ("columns", "member"),
+    [
+        ({"json": [b"raw"], "text": ["t"]}, "json"),  # binary 'json' vs the other columns
+        (
+            {
+                "image": [{"bytes": b"\xff\xd8\xffjpg", "path": "a.jpg"}],
+                "image.jpg": [b"another"],
+            },
+            "image.jpg",
+        ),
+    ],
+)
+def test_parquet_member_name_collisions_are_refused(
+    tmp_path: Path, columns: dict[str, list[object]], member: str
+) -> None:
+    """Two columns naming one member: one value was silently dropped, exit 0."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "clash.parquet"
+    pq.write_table(pa.table(columns), src)
+    r = shardkit("build", src, "-o", tmp_path / "out")
+    assert r.returncode == 1, r.stdout + r.stderr
+    line = r.stderr.strip()
+    assert "\n" not in line and "clash.parquet" in line and "row 0" in line, line
+    assert f"member {member!r} comes from both" in line, line
+    with pytest.raises(WriterError, match=f"member {member!r} comes from both"):
+        build([str(src)], tmp_path / "api", progress=False)

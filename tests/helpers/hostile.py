@@ -293,10 +293,19 @@ def one_shard_set(directory: Path, name: str, data: bytes, nsamples: int = 1) ->
     return path
 
 
+# ru_maxrss of a process keeps the high-water mark of the process it was forked from
+# across exec (Linux carries the old mm's peak over): a big pytest process would be
+# measured, not the child. VmHWM is the child's own memory's peak.
 _PEAK = (
     "import atexit, resource, sys\n"
+    "def _hwm():\n"
+    "    try:\n"
+    "        with open('/proc/self/status') as f:\n"
+    "            return next(int(l.split()[1]) for l in f if l.startswith('VmHWM:'))\n"
+    "    except (OSError, StopIteration):\n"
+    "        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
     "def _peak():\n"
-    "    me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+    "    me = _hwm()\n"
     "    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
     "    sys.stderr.write(f'\\nPEAK_KB {max(me, kids)}\\n')\n"
     "atexit.register(_peak)\n"
