@@ -65,7 +65,6 @@ def _batch_rows(meta: Any, group: int, rows: int) -> int:
     return max(1, min(_BATCH_ROWS, _BATCH_BYTES // per_row))
 
 
-
 @dataclass(frozen=True)
 class _Layout:
     """What each column becomes: a blob struct's member, a binary member, or json."""
