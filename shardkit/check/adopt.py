@@ -98,7 +98,10 @@ def adopt_remote(
             scan = scan_stream(f, url, algo=algo, nkeys=0, progress=count, piece_size=piece_size)
         idx = idx_sum = None
         if index:
-            data = write_index(scan.offsets, scan.end)
+            # the current, bound form (SKIDX002): readers warned on the old one every epoch
+            data = write_index(
+                scan.offsets, scan.end, signatures=scan.signatures, shard_checksum=scan.checksum
+            )
             path = os.path.join(out, *rel.split("/")) + ".idx"
             os.makedirs(os.path.dirname(path), exist_ok=True)
             atomic_write(path, data)
