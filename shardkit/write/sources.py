@@ -28,7 +28,7 @@ import numpy as np
 from shardkit.errors import ConfigError, WriterError
 from shardkit.format.compression import SHARD_SUFFIXES
 from shardkit.format.images import ImageOptions
-from shardkit.format.manifest.model import expand_braces
+from shardkit.format.manifest.model import Manifest, expand_braces, incomplete_reason
 from shardkit.format.tario.reader import DEFAULT_MAX_MEMBER, split_key
 from shardkit.format.tario.writer import check_field
 from shardkit.write.select import TreeOptions, group_samples, select_files
@@ -45,6 +45,7 @@ __all__ = [
     "SourceOptions",
     "Unit",
     "discover",
+    "manifest_units",
     "parse_field_spec",
 ]
 
@@ -250,10 +251,11 @@ def _without_shard_sets(root: str, files: list[str], notes: list[str] | None) ->
     return kept
 
 
-def _is_shard_set(folder: str) -> bool:
-    """Whether ``folder``'s manifest.json is a shardkit manifest (not a user's json file)."""
+def _is_shard_set(folder: str, *, manifest: str | None = None) -> bool:
+    """Whether ``folder``'s manifest.json (or the file ``manifest``) is a shardkit
+    manifest (not a user's json file)."""
     try:
-        with open(os.path.join(folder, "manifest.json"), "rb") as f:
+        with open(manifest or os.path.join(folder, "manifest.json"), "rb") as f:
             head = f.read(4096)
     except OSError:
         return False
@@ -324,6 +326,30 @@ def _dir_units(root: str, d: DiscoverOptions) -> list[Unit]:
     return units
 
 
+def _is_manifest_file(path: str) -> bool:
+    return path.lower().endswith(".json") and _is_shard_set(path, manifest=path)
+
+
+def manifest_units(path: str) -> list[Unit]:
+    """The shards a manifest lists, as tar units: ``build old/manifest.json -o new/``
+    re-shards a data set. Refuses an incomplete manifest and shards that are not local."""
+    m = Manifest.load(path)
+    why = incomplete_reason(m)
+    if why is not None:
+        raise ConfigError(f"{path}: cannot re-shard it: {why}")
+    units = []
+    for s in m.shards:
+        url = m.resolve(s.url)
+        if "://" in url:
+            raise ConfigError(
+                f"{path}: shard {s.url} is not a local file: re-shard from a local copy "
+                "(shardkit cache warm, or a download)"
+            )
+        base = os.path.basename(url)
+        units.append(Unit("tar", url, s.size, _strip_ext(base, SHARD_SUFFIXES)))
+    return units
+
+
 def _file_unit(path: str, source_type: str) -> Unit:
     base = os.path.basename(path)
     size = os.path.getsize(path)
@@ -381,6 +407,8 @@ def discover(
             elif os.path.isfile(path) and _is_table(path, d.source_type):
                 base = os.path.basename(path)
                 units.extend(table_units(path, _strip_ext(base, TABLE_EXTS)))
+            elif os.path.isfile(path) and _is_manifest_file(path):
+                units.extend(manifest_units(path))
             elif os.path.isfile(path):
                 units.append(_file_unit(path, d.source_type))
             else:

@@ -100,3 +100,23 @@ def test_a_shard_set_inside_an_input_tree_is_left_out_with_a_note(tmp_path: Path
     # given as a source of its own, the shard set is re-sharded
     whole = build([str(src / "old_shards")], tmp_path / "re", progress=False)
     assert whole.manifest.total_samples == 30
+
+
+def test_a_manifest_is_a_reshard_source(tmp_path: Path) -> None:
+    """``shardkit build old/manifest.json -o new/`` re-shards the set it lists."""
+    old = make_shards(tmp_path / "old", [10, 10, 10])
+    src = tmp_path / "old" / "manifest.json"
+    r = shardkit("build", src, "-o", tmp_path / "new", "--maxcount", "7")
+    assert r.returncode == 0, r.stderr
+    new = assert_whole(tmp_path / "new" / "manifest.json")
+    assert [s.nsamples for s in new.shards] == [7, 7, 7, 7, 2]
+    assert read_samples(new) == read_samples(old)
+    res = build([str(src)], tmp_path / "api", maxcount=15, progress=False)
+    assert read_samples(res.manifest) == read_samples(old)
+    m = Manifest.load(src)
+    m.created["build"] = {"complete": False, "stopped": "killed"}
+    half = tmp_path / "half.json"
+    m.base = str(tmp_path / "old")
+    half.write_text(m.dumps())
+    bad = shardkit("build", half, "-o", tmp_path / "x")
+    assert bad.returncode == 2 and "cannot re-shard it" in bad.stderr, bad.stderr
