@@ -72,6 +72,9 @@ ORDER: dict[str, list[list[str]]] = {
             "remote",
         ]
     ],
+    "shardkit.cache": [
+        ["locks", "ledger", "layout", "store", "upkeep", "manifests", "fill", "stream", "opener"]
+    ],
     "shardkit.read": [
         ["policy", "indexes", "remote_compact", "catalog", "stream", "lookup", "keys"]
     ],

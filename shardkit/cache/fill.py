@@ -42,12 +42,11 @@ from shardkit.counters import Counters
 from shardkit.errors import CacheError, ChecksumError, FetchError
 from shardkit.format.checksum import new_hasher
 from shardkit.io.config import IoConfig
-from shardkit.io.verified import PieceCheck
+from shardkit.io.verified import PieceCheck, file_digest
 
 __all__ = ["FillHost", "ShardFill", "WriteError"]
 
 log = logging.getLogger(__name__)
-_HASH_CHUNK = 8 << 20
 _MIN_SPLIT = 1 << 20  # a piece a reader waits for is fetched as ranges of at least this
 # the verdict on the whole shard, in the map's first byte (1 there: not checked yet)
 _UNCHECKED, _BAD, _GOOD = b"\1", b"\2", b"\3"
@@ -108,6 +107,7 @@ class ShardFill:
             # now and let the fill's lease go, so the next reservation can evict the shard
             # as soon as its readers are done; the whole is checked by one of them, or here
             self.start(k)
+            self.done.wait(self.host.cfg.cache_wait)  # its own threads decide, lease closed
             self.judge(fd)
 
     def judge(self, fd: int) -> None:
@@ -248,7 +248,7 @@ class ShardFill:
             raise errors[0]
         if sum(got) != hi - lo:
             return f"{sum(got)} of {hi - lo} bytes"
-        return _hash(fd, hi, algo, start=lo)
+        return file_digest(fd, hi, algo, start=lo)
 
     # -- the background ------------------------------------------------------------
     def start(self, k: int = 0) -> None:
@@ -335,8 +335,8 @@ class ShardFill:
     def _close(self) -> None:
         with self._lock:
             fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
+        if fd is not None:  # a temp file given up meanwhile is removed once let go
+            self.host.store.let_go(fd, self.key, self.layout)
 
     def _finish(self) -> None:
         """Every piece is verified: check the whole and publish it (one process does)."""
@@ -364,7 +364,7 @@ class ShardFill:
             store, key = self.host.store, self.key
             actual = key.digest
             if self.layout.digests is not None:  # else the one piece was checked whole
-                actual = _hash(claim, key.size, key.algo)
+                actual = file_digest(claim, key.size, key.algo)
             if actual != key.digest:
                 self.host.counters.add("checksum_failures")
                 _write_at(claim, _BAD, key.size, store)
@@ -405,19 +405,6 @@ class ShardFill:
                 log.warning("%s: cache dir %s: cannot publish: %s", self.url, store.root, exc)
         finally:
             unlock(lock)
-
-
-def _hash(fd: int, size: int, algo: str, *, start: int = 0) -> str:
-    """The digest of the bytes ``[start, size)`` of the file ``fd``."""
-    h = new_hasher(algo)
-    pos = start
-    while pos < size:
-        data = os.pread(fd, min(_HASH_CHUNK, size - pos), pos)
-        if not data:
-            break
-        h.update(data)
-        pos += len(data)
-    return h.hexdigest()
 
 
 def _write_at(fd: int, data: bytes, pos: int, store: CacheStore) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import os
 import re
@@ -27,7 +26,6 @@ __all__ = [
     "listdir",
     "scan_data",
     "scan_tmp",
-    "try_lock_existing",
 ]
 
 _HEX = re.compile(r"[0-9a-f]{16,128}")
@@ -130,20 +128,6 @@ class CacheStat:
     downloading_bytes: int
     dead_temp_files: int
     oldest_use: float | None
-
-
-def try_lock_existing(path: str) -> int | None:
-    """An exclusive lock on an existing file without waiting (None: busy or gone)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
 
 
 def inode_of(path: str) -> int | None:

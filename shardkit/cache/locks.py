@@ -26,7 +26,9 @@ __all__ = [
     "claim_byte",
     "is_locked",
     "lock_file",
+    "open_shared",
     "try_lock",
+    "try_lock_existing",
     "unlock",
     "wait_claim",
 ]
@@ -84,6 +86,34 @@ def lock_file(path: str, *, exclusive: bool = True) -> int:
         os.close(fd)
         raise
     return _held(fd)
+
+
+def try_lock_existing(path: str) -> int | None:
+    """An exclusive lock on an existing file without waiting (None: busy or gone)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def open_shared(path: str, flags: int) -> int | None:
+    """Open ``path`` and take a shared lock on it (a lease); None if it is not there."""
+    try:
+        fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def unlock(fd: int) -> None:

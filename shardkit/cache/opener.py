@@ -30,13 +30,13 @@ from shardkit.cache.fill import ShardFill
 from shardkit.cache.layout import Layout
 from shardkit.cache.locks import NodeSlots
 from shardkit.cache.manifests import fetch_manifest_once
-from shardkit.cache.recheck import report_rot, whole_matches
 from shardkit.cache.store import CacheKey, CacheStore
 from shardkit.cache.stream import CacheStream
+from shardkit.counters import Counters
 from shardkit.errors import CacheError, ChecksumError, ConfigError
 from shardkit.io.config import IoConfig
 from shardkit.io.remote import RangeSource, RemoteOpener, buffered
-from shardkit.io.verified import VerifiedFile
+from shardkit.io.verified import VerifiedFile, file_digest
 from shardkit.urls import REMOTE_SCHEMES, url_scheme
 
 __all__ = ["CachingOpener"]
@@ -271,7 +271,7 @@ class CachingOpener:
         """This process's counters: requests, bytes fetched, retries, cache hits/misses."""
         return self.counters.snapshot()
 
-    # -- the StreamHost and FillHost protocols --------------------------------------
+    # -- what a fill and a stream ask of their opener ----------------------------
     def fetch(self, url: str, start: int, end: int, *, urgent: bool = False) -> Iterator[bytes]:
         """The remote bytes ``[start, end)``, each request under the node's request cap
         (``urgent``: a reader waits for them, see :class:`NodeSlots`)."""
@@ -330,8 +330,10 @@ class CachingOpener:
     def _rechecked(
         self, key: CacheKey, ref: ObjectRef, start: int, stop: int, layout: Layout, fd: int
     ) -> BinaryIO:
-        """A cache hit hashed again as it is read (``cache_verify="open"``, see
-        :mod:`shardkit.cache.recheck`); a rotten copy is evicted and fetched again."""
+        """A cache hit hashed again as it is read (``cache_verify="open"``): each piece a
+        reader comes to before any of its bytes (:class:`VerifiedFile`), or without pieces
+        the whole shard at open; a rotten copy is evicted, named in a warning and the
+        ``cache_rotten`` counter, and the reader goes on from a fresh copy."""
 
         def rotten(what: str) -> None:
             self.store.evict_rotten(key)
@@ -429,3 +431,14 @@ class CachingOpener:
 
     def __repr__(self) -> str:
         return f"CachingOpener(cache_dir={self.store.root!r}, limit={self.store.limit})"
+
+
+def whole_matches(fd: int, key: CacheKey) -> bool:
+    """Whether the cached file ``fd`` still matches the checksum it is cached under."""
+    return file_digest(fd, key.size, key.algo) == key.digest
+
+
+def report_rot(counters: Counters, url: str, what: str) -> None:
+    """A cached copy that no longer matches: counted, named, evicted, fetched again."""
+    counters.add("cache_rotten")
+    log.warning("%s: the cached copy rotted on disk (%s); evicted, fetched again", url, what)

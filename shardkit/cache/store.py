@@ -45,14 +45,12 @@ reader lets go.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import heapq
 import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from shardkit.cache import upkeep
 from shardkit.cache.layout import (
     CachedShard,
     CacheKey,
@@ -62,10 +60,9 @@ from shardkit.cache.layout import (
     inode_of,
     scan_data,
     scan_tmp,
-    try_lock_existing,
 )
 from shardkit.cache.ledger import Entry, Ledger, Stale
-from shardkit.cache.locks import locked
+from shardkit.cache.locks import locked, open_shared, try_lock_existing
 from shardkit.durable import fsync_dir
 from shardkit.errors import CacheError
 
@@ -140,16 +137,7 @@ class CacheStore:
         """
         self.ensure()
         with self._lock(self.evict_lock_path(), exclusive=False):
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                return None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH)  # never waits long: see the module docstring
-            except BaseException:
-                os.close(fd)
-                raise
-            return fd
+            return open_shared(path, os.O_RDONLY)  # never waits long: see the docstring
 
     def open_published(self, key: CacheKey) -> int | None:
         """Open a verified shard with a lease (shared lock), or None if it is not cached."""
@@ -180,12 +168,12 @@ class CacheStore:
         nbytes = key.size + layout.count
         with self._lock(self.evict_lock_path()):
             ledger = self.ledger()
-            fd = _open_leased(self.path(key), os.O_RDONLY)
+            fd = open_shared(self.path(key), os.O_RDONLY)
             if (fd is not None) != (self._rel(key) in ledger.entries):
                 ledger.rescan("a shard opened is not in the ledger, or one in it is gone")
             if fd is not None:
                 return fd, True
-            fd = _open_leased(part, os.O_RDWR)
+            fd = open_shared(part, os.O_RDWR)
             if fd is not None:
                 if os.fstat(fd).st_size in (nbytes, key.size):  # whole, or cut: published
                     return fd, False
@@ -198,7 +186,7 @@ class CacheStore:
                 used -= self._evict(used + nbytes - self.limit)
                 if used + nbytes > self.limit:
                     return None, False
-            fd = _open_leased(part, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+            fd = open_shared(part, os.O_RDWR | os.O_CREAT | os.O_EXCL)
             assert fd is not None
             try:
                 os.ftruncate(fd, nbytes)  # sparse: the map reads as "nothing verified"
@@ -238,8 +226,24 @@ class CacheStore:
             self._retire(self.part_path(key, layout))
 
     def evict_rotten(self, key: CacheKey) -> None:
-        """Take a cached shard that rotted out of ``data/`` (:func:`upkeep.evict_rotten`)."""
-        upkeep.evict_rotten(self, key)
+        """Take a cached shard whose bytes no longer match out of ``data/``: removed, or
+        (another process reads it) renamed aside into ``tmp/``, counted until let go."""
+        self.ensure()
+        with self._lock(self.evict_lock_path()):
+            path = self.path(key)
+            fd = try_lock_existing(path)
+            if fd is not None:
+                self._unlink([(fd, CachedShard(path, key.size, 0.0))])
+                return
+            ino = inode_of(path)
+            if ino is None:
+                return  # evicted meanwhile
+            ledger = self.ledger()
+            ledger.begin(dels=[self._rel(key)])
+            try:
+                os.replace(path, f"{self.part_path(key)}.gone-{ino}")
+            finally:
+                ledger.end()
 
     def let_go(self, fd: int, key: CacheKey, layout: Layout | None) -> None:
         """Close a reader's ``fd``; a temp file given up while it was read is removed now."""
@@ -257,10 +261,6 @@ class CacheStore:
         self.ensure()
         with self._lock(self.evict_lock_path()):
             self._sweep()
-
-    def scrub(self, progress: Callable[[int], object] | None = None) -> list[tuple[str, str]]:
-        """Hash every cached shard again; evict what rotted (:func:`upkeep.scrub`)."""
-        return upkeep.scrub(self, progress)
 
     # -- accounting and eviction ---------------------------------------------------
     def ledger(self) -> Ledger:
@@ -404,25 +404,3 @@ class CacheStore:
         self.ensure()
         with self._lock(self.evict_lock_path()):
             return sum(p.size for p in self.parts()) + self.ledger().total
-
-    def stat(self) -> CacheStat:
-        """What the cache holds: shards, bytes, shards being read, downloads, dead files."""
-        return upkeep.stat(self)
-
-    def clean(self, *, keep: int = 0) -> tuple[int, int]:
-        """Evict shards nobody reads down to ``keep`` bytes (:func:`upkeep.clean`)."""
-        return upkeep.clean(self, keep)
-
-
-def _open_leased(path: str, flags: int) -> int | None:
-    """Open ``path`` with a lease (under the eviction lock); None if it is not there."""
-    try:
-        fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
-    except FileNotFoundError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd

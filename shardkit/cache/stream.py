@@ -17,31 +17,17 @@ from __future__ import annotations
 import io
 import logging
 import os
-from collections.abc import Iterator
-from typing import Protocol
 
 from shardkit._types import ObjectRef
-from shardkit.cache.fill import ShardFill, WriteError
-from shardkit.cache.store import CacheKey, CacheStore
-from shardkit.counters import Counters
+from shardkit.cache.fill import FillHost, ShardFill, WriteError
+from shardkit.cache.store import CacheKey
 from shardkit.errors import CacheError, ChecksumError
-from shardkit.io.config import IoConfig
 from shardkit.io.remote import ChunkStream
 from shardkit.io.verified import PieceStream
 
-__all__ = ["CacheStream", "StreamHost"]
+__all__ = ["CacheStream"]
 
 log = logging.getLogger(__name__)
-
-
-class StreamHost(Protocol):
-    """What a stream needs from its opener."""
-
-    store: CacheStore
-    counters: Counters
-    cfg: IoConfig
-
-    def fetch(self, url: str, start: int, end: int) -> Iterator[bytes]: ...
 
 
 class CacheStream(io.RawIOBase):
@@ -52,7 +38,7 @@ class CacheStream(io.RawIOBase):
 
     def __init__(
         self,
-        host: StreamHost,
+        host: FillHost,
         key: CacheKey,
         url: str,
         start: int,

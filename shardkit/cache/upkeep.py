@@ -8,15 +8,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from shardkit.cache.layout import CachedShard, CacheKey, CacheStat, inode_of, try_lock_existing
-from shardkit.format.checksum import new_hasher
+from shardkit.cache.layout import CachedShard, CacheStat
+from shardkit.cache.locks import try_lock_existing
+from shardkit.cache.store import CacheStore
+from shardkit.io.verified import file_digest
 
-if TYPE_CHECKING:
-    from shardkit.cache.store import CacheStore
-
-__all__ = ["clean", "evict_rotten", "reconcile", "scrub", "stat"]
+__all__ = ["clean", "reconcile", "scrub", "stat"]
 
 log = logging.getLogger(__name__)
 
@@ -32,16 +30,14 @@ def scrub(
     for shard in list(store.shards()):
         algo = os.path.basename(os.path.dirname(os.path.dirname(shard.path)))
         want = os.path.basename(shard.path)
-        h = new_hasher(algo)
         try:
             with open(shard.path, "rb") as f:
-                while chunk := f.read(1 << 22):
-                    h.update(chunk)
-                    if progress is not None:
-                        progress(len(chunk))
+                got = file_digest(f.fileno(), shard.size, algo)
         except FileNotFoundError:
             continue  # evicted meanwhile
-        if h.hexdigest() == want:
+        if progress is not None:
+            progress(shard.size)
+        if got == want:
             continue
         with store._lock(store.evict_lock_path()):
             fd = try_lock_existing(shard.path)
@@ -112,25 +108,3 @@ def reconcile(store: CacheStore, on_disk: list[CachedShard]) -> None:
     listed = {os.path.join(store.root, rel): size for rel, (size, _) in ledger.entries.items()}
     if listed != {s.path: s.size for s in on_disk}:
         ledger.rescan("the ledger disagrees with a scan of data/")
-
-
-def evict_rotten(store: CacheStore, key: CacheKey) -> None:
-    """Take a cached shard whose bytes no longer match out of ``data/``: removed, or
-    (another process reads it) renamed aside into ``tmp/``, counted until it is let go.
-    """
-    store.ensure()
-    with store._lock(store.evict_lock_path()):
-        path = store.path(key)
-        fd = try_lock_existing(path)
-        if fd is not None:
-            store._unlink([(fd, CachedShard(path, key.size, 0.0))])
-            return
-        ino = inode_of(path)
-        if ino is None:
-            return  # evicted meanwhile
-        ledger = store.ledger()
-        ledger.begin(dels=[os.path.relpath(path, store.root)])
-        try:
-            os.replace(path, f"{store.part_path(key)}.gone-{ino}")
-        finally:
-            ledger.end()

@@ -17,7 +17,7 @@ from typing import Any
 import click
 from tqdm import tqdm
 
-from shardkit.cache import CacheStore, CachingOpener
+from shardkit.cache import CacheStore, CachingOpener, upkeep
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.index import INDEX_MAGIC
 from shardkit.io import IoConfig, load_manifest
@@ -73,7 +73,7 @@ def stat(cache_dir: str, limit: str | None, as_json: bool) -> None:
     """What the cache holds: shards, sample indexes, bytes against the limit, shards in
     use, downloads in progress."""
     store = CacheStore(cache_dir)
-    st = store.stat()
+    st = upkeep.stat(store)
     d: dict[str, Any] = dataclasses.asdict(st)
     d["objects"] = d.pop("shards")  # every cached file; "shards" counts tar shards only
     kinds = _kinds(store)
@@ -207,7 +207,7 @@ def verify_cache(cache_dir: str, as_json: bool) -> None:
     store = CacheStore(cache_dir)
     total = sum(s.size for s in store.shards())
     with tqdm(total=total, unit="B", unit_scale=True, disable=as_json, desc="verify") as bar:
-        bad = store.scrub(progress=bar.update)
+        bad = upkeep.scrub(store, progress=bar.update)
     if as_json:
         click.echo(json.dumps({"bad": [{"path": p, "what": w} for p, w in bad]}, indent=1))
     else:
@@ -228,8 +228,8 @@ def clean(cache_dir: str, keep: str | None, everything: bool, as_json: bool) -> 
     if (keep is None) == (not everything):
         raise click.UsageError("give one of --keep SIZE or --all")
     store = CacheStore(cache_dir)
-    n, freed = store.clean(keep=0 if everything else parse_size(str(keep)))
-    left = store.stat()
+    n, freed = upkeep.clean(store, keep=0 if everything else parse_size(str(keep)))
+    left = upkeep.stat(store)
     if as_json:
         out = {"evicted": n, "freed": freed, "left": dataclasses.asdict(left)}
         click.echo(json.dumps(out, indent=1))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
@@ -34,11 +35,27 @@ from shardkit.errors import ChecksumError, ConfigError
 from shardkit.format.checksum import Hasher, new_hasher, split_checksum
 from shardkit.format.pieces import PIECE_ALGORITHM, piece_count
 
-__all__ = ["PieceCheck", "PieceStream", "VerifiedFile"]
+__all__ = ["PieceCheck", "PieceStream", "VerifiedFile", "file_digest"]
 
 log = logging.getLogger(__name__)
 
 Fetch = Callable[[int, int], Iterator[bytes]]
+_CHUNK = 1 << 20
+
+
+def file_digest(fd: int, end: int, algo: str, *, start: int = 0) -> str:
+    """The digest of the bytes ``[start, end)`` of the file ``fd``, read through one small
+    buffer (a fresh large one per read costs more in page faults than the hash itself)."""
+    h = new_hasher(algo)
+    view = memoryview(bytearray(_CHUNK))
+    pos = start
+    while pos < end:
+        n = os.preadv(fd, [view[: min(_CHUNK, end - pos)]], pos)
+        if n == 0:
+            break
+        h.update(view[:n])
+        pos += n
+    return h.hexdigest()
 
 
 class PieceCheck:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from shardkit.cache import CacheKey, CacheStore, make_opener
-from shardkit.cache.layout import try_lock_existing
+from shardkit.cache.locks import try_lock_existing
 from shardkit.errors import ChecksumError
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.index import read_index

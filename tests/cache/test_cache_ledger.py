@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from shardkit.cache import upkeep
 from shardkit.cache.layout import Layout
 from shardkit.cache.ledger import Ledger
 from shardkit.cache.store import CacheKey, CacheStore
@@ -194,12 +195,12 @@ def test_stat_clean_and_verify_agree_with_the_disk(tmp_path: Path) -> None:
     Path(store.path(key(7))).parent.mkdir(parents=True, exist_ok=True)
     Path(store.path(key(7))).write_bytes(content(7))  # not in the ledger
     os.unlink(store.path(key(0)))  # in the ledger, gone
-    st = store.stat()
+    st = upkeep.stat(store)
     assert st.shards == 4 and st.bytes == 4 * SIZE
     assert listed(store) == on_disk(store)
-    assert store.clean(keep=2 * SIZE) == (2, 2 * SIZE)
+    assert upkeep.clean(store, keep=2 * SIZE) == (2, 2 * SIZE)
     assert listed(store) == on_disk(store) and store.usage() == 2 * SIZE
-    assert store.scrub() == []
+    assert upkeep.scrub(store) == []
     assert listed(store) == on_disk(store)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from shardkit.cache import CacheKey, CacheStore, make_opener
+from shardkit.cache import CacheKey, CacheStore, make_opener, upkeep
 from shardkit.cache.layout import Layout
 from shardkit.format.manifest.model import Manifest, ShardEntry
 from shardkit.format.tario.index import read_index
@@ -323,4 +323,4 @@ def test_full_disk_reads_on_uncached_or_raises(
     stats = out["stats"]
     assert stats["cache_errors"] == len(shards)  # every shard failed to cache, clearly
     assert stats["uncached_reads"] == len(shards)  # and was read on without the cache
-    assert CacheStore(cache).stat().shards == 0 and list(CacheStore(cache).parts()) == []
+    assert upkeep.stat(CacheStore(cache)).shards == 0 and list(CacheStore(cache).parts()) == []

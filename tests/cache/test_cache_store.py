@@ -20,9 +20,18 @@ from typing import Any
 import pytest
 
 from shardkit._types import ObjectRef
+from shardkit.cache import upkeep
 from shardkit.cache.fill import ShardFill
-from shardkit.cache.layout import Layout, try_lock_existing
-from shardkit.cache.locks import NodeSlots, claim_byte, is_locked, locked, try_lock, unlock
+from shardkit.cache.layout import Layout
+from shardkit.cache.locks import (
+    NodeSlots,
+    claim_byte,
+    is_locked,
+    locked,
+    try_lock,
+    try_lock_existing,
+    unlock,
+)
 from shardkit.cache.store import CacheKey, CacheStore
 from shardkit.errors import ChecksumError, ConfigError, FetchError
 from shardkit.format.pieces import PieceHasher, Pieces, piece_digest
@@ -269,7 +278,7 @@ def test_dead_parts_are_kept_and_evicted_like_shards_live_ones_counted(tmp_path:
         os.close(fd)  # its fill died: the file stays, resumable
     held = store.lease(store.part_path(live))  # a fill or reader holds this one
     assert held is not None
-    assert store.usage() == 800 and store.stat().dead_temp_files == 1
+    assert store.usage() == 800 and upkeep.stat(store).dead_temp_files == 1
     fd = open_part(store, mine)  # 400 (live) + 500 fits once the dead 400 is evicted
     assert fd is not None
     assert not os.path.exists(store.part_path(dead))
@@ -596,7 +605,7 @@ def test_a_given_up_temp_file_stays_counted_while_it_is_read(tmp_path: Path) -> 
     assert not reserve(store, put_key(2, 199))
     store.sweep()
     assert [(p.size, p.retired) for p in store.parts()] == [(100, True)]
-    assert store.stat().dead_temp_files == 1
+    assert upkeep.stat(store).dead_temp_files == 1
     again = open_part(store, key)  # the next try of the same shard fits beside it
     assert again is not None
     store.let_go(along, key, Layout(99))  # the reader lets go: the given-up file goes
@@ -611,7 +620,7 @@ def test_clean_keeps_leased_shards(tmp_path: Path) -> None:
     store.ensure()
     keys = [put(store, i, 10, 100.0 + i) for i in range(4)]
     lease = store.open_published(keys[0])
-    assert store.clean(keep=0) == (3, 30)
+    assert upkeep.clean(store, keep=0) == (3, 30)
     assert [s.size for s in store.shards()] == [10]
     assert lease is not None
     os.close(lease)

@@ -248,7 +248,7 @@ def test_workers_release_their_prefetch_leases_at_the_end_of_an_epoch(
     reading one source mid-way), so eviction is free to take those shards."""
     from shardkit import mix
     from shardkit.cache import CacheStore
-    from shardkit.cache.layout import try_lock_existing
+    from shardkit.cache.locks import try_lock_existing
 
     small = make_shards([10, 10], subdir="a", seed=7)
     large = make_shards([10] * 8, subdir="b")
