@@ -95,7 +95,12 @@ ORDER: dict[str, list[list[str]]] = {
             "mixing",
             "workers",
             "loader",
+            "measure",
         ]
+    ],
+    "shardkit.cli": [
+        ["_fields", "_plot", "_tune", "build", "bench"],
+        ["cache", "demo", "inspect", "manifest", "plan", "verify"],
     ],
 }
 LAYERS = ORDER["shardkit"]

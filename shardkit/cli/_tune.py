@@ -50,7 +50,7 @@ def run_tune(
     target: float | None,
 ) -> dict[str, Any]:
     """Measure every setting; the rows, the target and the choice."""
-    from shardkit.cli.bench import measure
+    from shardkit.streaming.measure import measure
 
     workers = (
         default_workers() if workers_text is None else _ints(workers_text, "--tune-workers", 0)

@@ -85,7 +85,7 @@ def _steps(out: str, samples: int, kind: str, workers: int, maxsize: str) -> dic
     report = verify(
         result.manifest, level="deep", jobs=2, opener=opener, source=result.manifest_path
     )
-    from shardkit.cli.bench import measure  # imports torch: only when streaming
+    from shardkit.streaming.measure import measure  # imports torch: only when streaming
 
     stream = measure(result.manifest_path, workers=workers, seconds=60, max_epochs=1, decode=True)
     return {

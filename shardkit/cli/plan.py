@@ -224,7 +224,7 @@ def command(**o: Any) -> None:
     n.update(info)
     stats = _measured(o["measured"]) if o["measured"] is not None else None
     if stats is None and manifest is not None:
-        from shardkit.cli.bench import measure
+        from shardkit.streaming.measure import measure
 
         stats = measure(
             manifest,
