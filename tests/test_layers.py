@@ -59,8 +59,8 @@ ORDER: dict[str, list[list[str]]] = {
     "shardkit.plan": [["world", "order", "schedule", "ranges", "assign"]],
     "shardkit.io": [
         [
-            "config",
             "retry",
+            "config",
             "local",
             "pipe",
             "http",

@@ -6,7 +6,8 @@
 with ranged requests, retries and resume, through the node-local cache
 (:mod:`shardkit.cache`) when ``cache_dir`` is given. ``pipe:CMD`` runs a command and is
 refused unless the caller passes ``allow_pipe=True`` in code (a manifest can never turn it
-on). Every option is a field of :class:`IoConfig`.
+on). Every option is one of :class:`IoConfig`'s, grouped by concern (:class:`RetryPolicy`,
+:class:`CacheConfig`, :class:`ReaderLimits`) and also accepted by its flat name.
 
 Choice on a full disk (or any cache write failure): a :class:`CacheError` is logged and
 counted (``stats()["cache_errors"]``) and the read goes on without the cache; pass
@@ -17,15 +18,18 @@ from __future__ import annotations
 
 from shardkit._types import Opener
 from shardkit.format.manifest.model import Manifest
-from shardkit.io.config import IoConfig
+from shardkit.io.config import CacheConfig, IoConfig, ReaderLimits, RetryPolicy
 from shardkit.io.local import open_local
 from shardkit.io.remote import RemoteOpener
 from shardkit.urls import local_path, url_scheme
 
 __all__ = [
+    "CacheConfig",
     "IoConfig",
     "Opener",
+    "ReaderLimits",
     "RemoteOpener",
+    "RetryPolicy",
     "load_manifest",
     "open_local",
 ]

@@ -1,17 +1,35 @@
-"""The options of every remote read and of the node-local cache, in one frozen dataclass."""
+"""The options of every remote read and of the node-local cache: one frozen
+:class:`IoConfig` made of one frozen config per concern - the retry policy
+(:class:`~shardkit.io.retry.RetryPolicy`), the cache (:class:`CacheConfig`) and the
+reader's limits (:class:`ReaderLimits`) - beside the transport's own options.
+
+Every option keeps its old flat name: ``IoConfig(cache_dir=..., max_attempts=...)``,
+``IoConfig.make(...)``, ``dataclasses.replace(cfg, cache_limit=...)`` and reading
+``cfg.deadline`` work as before; ``IoConfig(retry=RetryPolicy(...), cache=CacheConfig(...))``
+says the same by concern (a flat keyword given with its concern's config overrides it).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from shardkit.errors import ConfigError
 from shardkit.format.tario.reader import DEFAULT_MAX_MEMBER
+from shardkit.io.retry import DEFAULT_MIN_RATE, DEFAULT_RATE_WINDOW, RetryPolicy
 from shardkit.units import parse_size
 
-__all__ = ["DEFAULT_MIN_RATE", "DEFAULT_RANGE_SIZE", "DEFAULT_RATE_WINDOW", "IoConfig"]
+__all__ = [
+    "DEFAULT_MIN_RATE",
+    "DEFAULT_RANGE_SIZE",
+    "DEFAULT_RATE_WINDOW",
+    "CacheConfig",
+    "IoConfig",
+    "ReaderLimits",
+    "RetryPolicy",
+]
 
 # One ranged GET per 64 MiB. Measured against the test Range server on 127.0.0.1 with
 # 20 ms added per request and a 100 MB/s cap, one 96 MiB object read through the uncached
@@ -19,39 +37,14 @@ __all__ = ["DEFAULT_MIN_RATE", "DEFAULT_RANGE_SIZE", "DEFAULT_RATE_WINDOW", "IoC
 # 88. Larger ranges buy nothing and a dropped connection resumes at its last byte anyway.
 DEFAULT_RANGE_SIZE = 64 << 20
 
-# The minimum rate of a remote body, as curl's --speed-limit 1024 --speed-time 30: a store
-# under load is slow but keeps well above 1 KiB/s; a trickle below it for 30 s of waiting is
-# a failure (retried from the last byte, and bounded by the deadline).
-DEFAULT_MIN_RATE = 1024.0
-DEFAULT_RATE_WINDOW = 30.0
-
 
 @dataclass(frozen=True)
-class IoConfig:
-    """How shardkit reads remote bytes and caches them.
+class CacheConfig:
+    """The node-local cache.
 
     Args:
         cache_dir: the node-local cache directory (None: no cache, remote reads stream).
-        cache_limit: bytes the cache may hold ("500GB"); None: no limit.
-        allow_pipe: allow ``pipe:CMD`` urls (only ever set in code, never by a manifest).
-        connect_timeout: seconds to open a connection.
-        read_timeout: seconds without a byte before a read is abandoned and retried.
-        range_size: bytes per ranged GET.
-        max_attempts: tries of one request without progress before :class:`FetchError`.
-        backoff_base: first backoff in seconds; it doubles per failure, with jitter.
-        backoff_max: cap of one backoff.
-        retry_after_max: cap on how long a server's ``Retry-After`` is honoured.
-        deadline: seconds a remote read may spend in trouble - failing, stalled or below
-            ``min_rate`` - before :class:`FetchError` (from when the trouble began until a
-            request delivers all it asked for); a wait that would end past it is not
-            begun, a ``Retry-After`` past it fails at once. Keep it below a DDP
-            collective's timeout.
-        min_rate: bytes per second a remote body must deliver over ``rate_window``
-            seconds of waiting on the server, else the request is given up and asked
-            again from its last byte (curl's ``--speed-limit``); 0: no minimum.
-        rate_window: seconds of ``min_rate`` (curl's ``--speed-time``); never longer than
-            ``deadline``.
-        endpoint_url: S3-compatible endpoint (default: ``AWS_ENDPOINT_URL`` or AWS).
+        cache_limit: bytes the cache may hold; None: no limit.
         prefetch_depth: how many of the next shards of a plan are fetched ahead.
         prefetch_threads: background download threads per process.
         node_requests: concurrent remote requests per node for cache fills (0: no cap).
@@ -63,24 +56,10 @@ class IoConfig:
         cache_verify: ``"fill"`` (a shard is verified once, piece by piece as it is fetched)
             or ``"open"`` (a cached shard is hashed again at every open, piece by piece
             before each piece is read; one that rotted on disk is evicted and fetched again).
-        max_member: the largest tar member (bytes, or "2GiB") a reader holds in memory;
-            a larger one is a :class:`ShardFormatError` before any of it is read.
     """
 
     cache_dir: str | None = None
     cache_limit: int | None = None
-    allow_pipe: bool = False
-    connect_timeout: float = 10.0
-    read_timeout: float = 60.0
-    range_size: int = DEFAULT_RANGE_SIZE
-    max_attempts: int = 8
-    backoff_base: float = 0.25
-    backoff_max: float = 30.0
-    retry_after_max: float = 120.0
-    deadline: float = 300.0
-    min_rate: float = DEFAULT_MIN_RATE
-    rate_window: float = DEFAULT_RATE_WINDOW
-    endpoint_url: str | None = None
     prefetch_depth: int = 2
     prefetch_threads: int = 2
     node_requests: int = 16
@@ -89,41 +68,111 @@ class IoConfig:
     manifest_ttl: float = 300.0
     on_cache_error: str = "bypass"
     cache_verify: str = "fill"
-    max_member: int = DEFAULT_MAX_MEMBER
 
     def __post_init__(self) -> None:
-        for name in (
-            "connect_timeout",
-            "read_timeout",
-            "backoff_base",
-            "backoff_max",
-            "cache_wait",
-            "deadline",
-            "rate_window",
-        ):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in (
-            "prefetch_depth",
-            "node_requests",
-            "retry_after_max",
-            "manifest_ttl",
-            "min_rate",
-        ):
+        if not self.cache_wait > 0:
+            raise ConfigError(f"cache_wait must be > 0, got {self.cache_wait!r}")
+        for name in ("prefetch_depth", "node_requests", "manifest_ttl"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        least = (self.max_attempts, self.prefetch_threads, self.range_size, self.max_member)
-        if min(*least, self.piece_parallel) < 1:
-            raise ConfigError(
-                "max_attempts, prefetch_threads, range_size, max_member and piece_parallel "
-                "must be >= 1"
-            )
+        if min(self.prefetch_threads, self.piece_parallel) < 1:
+            raise ConfigError("prefetch_threads and piece_parallel must be >= 1")
         if self.cache_verify not in ("fill", "open"):
             raise ConfigError(f"cache_verify must be 'fill' or 'open', got {self.cache_verify!r}")
         if self.on_cache_error not in ("bypass", "raise"):
             raise ConfigError(
                 f"on_cache_error must be 'bypass' or 'raise', got {self.on_cache_error!r}"
             )
+
+
+@dataclass(frozen=True)
+class ReaderLimits:
+    """What a tar reader holds at most.
+
+    Args:
+        max_member: the largest tar member (bytes) a reader holds in memory; a larger one
+            is a :class:`ShardFormatError` before any of it is read.
+    """
+
+    max_member: int = DEFAULT_MAX_MEMBER
+
+    def __post_init__(self) -> None:
+        if self.max_member < 1:
+            raise ConfigError(f"max_member must be >= 1, got {self.max_member!r}")
+
+
+_CONCERNS: dict[str, type[Any]] = {
+    "retry": RetryPolicy,
+    "cache": CacheConfig,
+    "limits": ReaderLimits,
+}
+FLAT: dict[str, str] = {  # an old flat option -> the concern that holds it
+    f.name: concern for concern, cls in _CONCERNS.items() for f in dataclasses.fields(cls)
+}
+
+
+@dataclass(frozen=True, init=False)
+class IoConfig:
+    """How shardkit reads remote bytes and caches them.
+
+    Args:
+        retry: the retry policy and the clock of every read (:class:`RetryPolicy`:
+            ``max_attempts``, ``backoff_base``, ``backoff_max``, ``retry_after_max``,
+            ``deadline``, ``min_rate``, ``rate_window``).
+        cache: the node-local cache (:class:`CacheConfig`: ``cache_dir``, ``cache_limit``,
+            ``prefetch_depth``, ``prefetch_threads``, ``node_requests``,
+            ``piece_parallel``, ``cache_wait``, ``manifest_ttl``, ``on_cache_error``,
+            ``cache_verify``).
+        limits: what a reader holds at most (:class:`ReaderLimits`: ``max_member``).
+        allow_pipe: allow ``pipe:CMD`` urls (only ever set in code, never by a manifest).
+        connect_timeout: seconds to open a connection.
+        read_timeout: seconds without a byte before a read is abandoned and retried.
+        range_size: bytes per ranged GET.
+        endpoint_url: S3-compatible endpoint (default: ``AWS_ENDPOINT_URL`` or AWS).
+        flat: any option of the three concerns by its own name (``cache_dir="/nvme"``,
+            ``deadline=60``), applied over ``retry``/``cache``/``limits``.
+    """
+
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    limits: ReaderLimits = field(default_factory=ReaderLimits)
+    allow_pipe: bool = False
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
+    range_size: int = DEFAULT_RANGE_SIZE
+    endpoint_url: str | None = None
+
+    def __init__(
+        self,
+        *,
+        retry: RetryPolicy | None = None,
+        cache: CacheConfig | None = None,
+        limits: ReaderLimits | None = None,
+        allow_pipe: bool = False,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 60.0,
+        range_size: int = DEFAULT_RANGE_SIZE,
+        endpoint_url: str | None = None,
+        **flat: Any,
+    ) -> None:
+        unknown = sorted(set(flat) - set(FLAT))
+        if unknown:
+            raise TypeError(f"IoConfig got unknown options {unknown}")
+        given = {"retry": retry, "cache": cache, "limits": limits}
+        for concern, cls in _CONCERNS.items():
+            own = {k: v for k, v in flat.items() if FLAT[k] == concern}
+            base = given[concern] or cls()
+            object.__setattr__(self, concern, dataclasses.replace(base, **own) if own else base)
+        object.__setattr__(self, "allow_pipe", allow_pipe)
+        object.__setattr__(self, "connect_timeout", connect_timeout)
+        object.__setattr__(self, "read_timeout", read_timeout)
+        object.__setattr__(self, "range_size", range_size)
+        object.__setattr__(self, "endpoint_url", endpoint_url)
+        for name in ("connect_timeout", "read_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.range_size < 1:
+            raise ConfigError(f"range_size must be >= 1, got {self.range_size!r}")
 
     @classmethod
     def make(
@@ -134,17 +183,108 @@ class IoConfig:
         allow_pipe: bool = False,
         **options: Any,
     ) -> IoConfig:
-        """Build a config from keyword options, parsing sizes ("64MiB") and paths."""
-        known = {f.name for f in dataclasses.fields(cls)}
+        """Build a config from keyword options (flat or by concern), parsing sizes
+        ("64MiB") and paths."""
+        known = {f.name for f in dataclasses.fields(cls)} | set(FLAT)
         unknown = sorted(set(options) - known)
         if unknown:
             raise ConfigError(f"unknown io options {unknown}; known: {sorted(known)}")
         for name in ("range_size", "max_member"):
             if name in options and isinstance(options[name], str):
                 options[name] = parse_size(options[name])
-        return cls(
-            cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
-            cache_limit=parse_size(cache_limit) if cache_limit is not None else None,
-            allow_pipe=allow_pipe,
-            **options,
-        )
+        if cache_dir is not None:
+            options["cache_dir"] = os.fspath(cache_dir)
+        if cache_limit is not None:
+            options["cache_limit"] = parse_size(cache_limit)
+        return cls(allow_pipe=allow_pipe, **options)
+
+    # -- the old flat names, read through their concern ------------------------------
+    @property
+    def cache_dir(self) -> str | None:
+        """``cache.cache_dir``."""
+        return self.cache.cache_dir
+
+    @property
+    def cache_limit(self) -> int | None:
+        """``cache.cache_limit``."""
+        return self.cache.cache_limit
+
+    @property
+    def max_attempts(self) -> int:
+        """``retry.max_attempts``."""
+        return self.retry.max_attempts
+
+    @property
+    def backoff_base(self) -> float:
+        """``retry.backoff_base``."""
+        return self.retry.backoff_base
+
+    @property
+    def backoff_max(self) -> float:
+        """``retry.backoff_max``."""
+        return self.retry.backoff_max
+
+    @property
+    def retry_after_max(self) -> float:
+        """``retry.retry_after_max``."""
+        return self.retry.retry_after_max
+
+    @property
+    def deadline(self) -> float:
+        """``retry.deadline``."""
+        return self.retry.deadline
+
+    @property
+    def min_rate(self) -> float:
+        """``retry.min_rate``."""
+        return self.retry.min_rate
+
+    @property
+    def rate_window(self) -> float:
+        """``retry.rate_window``."""
+        return self.retry.rate_window
+
+    @property
+    def prefetch_depth(self) -> int:
+        """``cache.prefetch_depth``."""
+        return self.cache.prefetch_depth
+
+    @property
+    def prefetch_threads(self) -> int:
+        """``cache.prefetch_threads``."""
+        return self.cache.prefetch_threads
+
+    @property
+    def node_requests(self) -> int:
+        """``cache.node_requests``."""
+        return self.cache.node_requests
+
+    @property
+    def piece_parallel(self) -> int:
+        """``cache.piece_parallel``."""
+        return self.cache.piece_parallel
+
+    @property
+    def cache_wait(self) -> float:
+        """``cache.cache_wait``."""
+        return self.cache.cache_wait
+
+    @property
+    def manifest_ttl(self) -> float:
+        """``cache.manifest_ttl``."""
+        return self.cache.manifest_ttl
+
+    @property
+    def on_cache_error(self) -> str:
+        """``cache.on_cache_error``."""
+        return self.cache.on_cache_error
+
+    @property
+    def cache_verify(self) -> str:
+        """``cache.cache_verify``."""
+        return self.cache.cache_verify
+
+    @property
+    def max_member(self) -> int:
+        """``limits.max_member``."""
+        return self.limits.max_member

@@ -43,15 +43,7 @@ Gate = Callable[[], AbstractContextManager[object]]
 
 def policy_of(cfg: IoConfig) -> RetryPolicy:
     """The retry policy an :class:`IoConfig` describes."""
-    return RetryPolicy(
-        cfg.max_attempts,
-        cfg.backoff_base,
-        cfg.backoff_max,
-        cfg.retry_after_max,
-        cfg.deadline,
-        cfg.min_rate,
-        cfg.rate_window,
-    )
+    return cfg.retry
 
 
 def http_location(url: str) -> str:

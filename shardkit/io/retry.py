@@ -37,10 +37,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from shardkit.counters import Counters
-from shardkit.errors import FetchError
-from shardkit.io.config import DEFAULT_MIN_RATE, DEFAULT_RATE_WINDOW
+from shardkit.errors import ConfigError, FetchError
 
 __all__ = [
+    "DEFAULT_MIN_RATE",
+    "DEFAULT_RATE_WINDOW",
     "RangeResponse",
     "RetryPolicy",
     "Retryable",
@@ -49,6 +50,12 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# The minimum rate of a remote body, as curl's --speed-limit 1024 --speed-time 30: a store
+# under load is slow but keeps well above 1 KiB/s; a trickle below it for 30 s of waiting is
+# a failure (retried from the last byte, and bounded by the deadline).
+DEFAULT_MIN_RATE = 1024.0
+DEFAULT_RATE_WINDOW = 30.0
 
 
 def retry_kind(status: int | None) -> str:
@@ -111,6 +118,16 @@ class RetryPolicy:
     deadline: float = 300.0
     min_rate: float = DEFAULT_MIN_RATE
     rate_window: float = DEFAULT_RATE_WINDOW
+
+    def __post_init__(self) -> None:
+        for name in ("backoff_base", "backoff_max", "deadline", "rate_window"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("retry_after_max", "min_rate"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.max_attempts < 1:
+            raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts!r}")
 
     def window(self) -> float:
         """The seconds of waiting over which the minimum rate is measured."""

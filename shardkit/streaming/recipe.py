@@ -53,7 +53,10 @@ def io_config(
     if io is not None and (io.cache_dir, io.cache_limit) != (None, None):
         raise ConfigError("give the cache in io= or in cache_dir=/cache_limit=, not both")
     shortcut = IoConfig.make(cache_dir=cache_dir, cache_limit=cache_limit)
-    return dataclasses.replace(base, cache_dir=shortcut.cache_dir, cache_limit=shortcut.cache_limit)
+    cache = dataclasses.replace(
+        base.cache, cache_dir=shortcut.cache_dir, cache_limit=shortcut.cache_limit
+    )
+    return dataclasses.replace(base, cache=cache)
 
 
 def _boundaries(tail: Stage) -> bool:
