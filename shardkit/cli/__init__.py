@@ -16,7 +16,7 @@ import click
 from shardkit._version import __version__
 from shardkit.errors import ShardkitError
 
-__all__ = ["cli", "main"]
+__all__ = ["cli", "main", "one_line"]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -38,6 +38,18 @@ def _register() -> None:
 _register()
 
 
+def one_line(exc: ShardkitError) -> str:
+    """The error's own message: a DataLoader worker's error comes wrapped in the worker's
+    whole traceback ("Caught X in DataLoader worker process 0. Original Traceback ..."),
+    whose last line is the message that names the shard and offset."""
+    text = str(exc)
+    if "Original Traceback" not in text:
+        return text
+    last = text.rstrip().rsplit("\n", 1)[-1]
+    _, sep, rest = last.partition(f"{type(exc).__name__}: ")
+    return rest if sep else last
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI, mapping shardkit errors to exit 1 with one line."""
     try:
@@ -52,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except ShardkitError as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {one_line(exc)}", err=True)
         sys.exit(1)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)

@@ -96,6 +96,14 @@ def render(stats: dict[str, Any]) -> str:
     callback=parse_size_option,
     help="The largest tar member a reader holds in memory; a larger one is an error.",
 )
+@click.option(
+    "--handler",
+    type=click.Choice(["raise", "warn", "skip_shard"]),
+    default="raise",
+    show_default=True,
+    help="Bad data: stop with one line naming shard and offset, or warn / skip the shard "
+    "and count it (as ShardDataset's handler).",
+)
 @click.option("--plot", "plot_path", default=None, help="Draw the run into this PNG.")
 @click.option("--tune", is_flag=True, help="Sweep workers x prefetch factor; name the best.")
 @click.option("--tune-workers", default=None, help="Worker counts to try (default 1,2,4..).")

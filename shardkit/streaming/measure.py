@@ -38,13 +38,15 @@ def stream(
     prefetch_factor: int | None = None,
     on_batch: Callable[[], object] | None = None,
     max_epochs: int | None = None,
+    handler: str = "raise",
     **io_options: Any,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Stream ``source`` for about ``seconds`` (or ``max_epochs`` epochs, whichever ends
     first); ``(stats and setup, timeline)`` (see :meth:`LoaderStats.timeline`).
-    ``on_batch()`` is called after every batch (a progress bar's update)."""
+    ``on_batch()`` is called after every batch (a progress bar's update); ``handler`` is
+    the data set's bad-data policy."""
 
-    ds = ShardDataset(source, io=IoConfig.make(**io_options))
+    ds = ShardDataset(source, io=IoConfig.make(**io_options), handler=handler)
     if shuffle > 1:
         ds = ds.shuffle(shuffle)
     if decode:

@@ -104,3 +104,22 @@ def test_demo_streams_what_it_built() -> None:
     stream = json.loads(res.output)["stream"]
     assert stream["samples"] == 120 and stream["epochs"] == 1 and stream["decode"] is True
     assert stream["samples_per_s"] > 0 and stream["skipped_shards"] == 0
+
+
+def test_bench_on_bad_data_one_line_or_a_handler(tmp_path: Path) -> None:
+    """A bad shard read in a DataLoader worker printed the worker's 40-line traceback
+    naming no shard; now one line naming shard and byte offset, and --handler decides."""
+    from tests.helpers.hostile import EOA, good, one_shard_set
+    from tests.helpers.readback import shardkit
+
+    data = good(3)[:-1024] + b"x" * 512 + EOA  # a damaged header after 3 good samples
+    manifest = one_shard_set(tmp_path / "set", "bad.tar", data, nsamples=3)
+    args = ("bench", manifest, "--workers", "1", "--seconds", "2")
+    r = shardkit(*args)
+    assert r.returncode == 1, r.stdout + r.stderr
+    line = r.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line, r.stderr
+    assert "bad.tar at byte" in line and "bad header checksum" in line, line
+    skip = shardkit(*args, "--handler", "skip_shard", "--json")
+    assert skip.returncode == 0, skip.stderr
+    assert json.loads(skip.stdout)["skipped_shards"] >= 1
