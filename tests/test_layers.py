@@ -55,7 +55,7 @@ ORDER: dict[str, list[list[str]]] = {
             "remote_merge",
         ],
     ],
-    "shardkit.check": [["summary", "verify", "adopt"]],
+    "shardkit.check": [["summary", "decoded", "verify", "adopt"]],
     "shardkit.plan": [["world", "order", "schedule", "ranges", "assign"]],
     "shardkit.io": [
         [

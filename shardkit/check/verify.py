@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from shardkit.check.decoded import bad_fields
 from shardkit.errors import ConfigError, FetchError, ShardFormatError, ShardkitError
 from shardkit.format.checksum import split_checksum
 from shardkit.format.compression import SHARD_SUFFIXES, open_tar
@@ -37,7 +38,7 @@ __all__ = ["LEVELS", "Problem", "VerifyReport", "extra_files", "verify", "verify
 
 log = logging.getLogger(__name__)
 
-LEVELS = ("quick", "checksum", "deep")
+LEVELS = ("quick", "checksum", "deep", "decode")
 CHUNK = 8 << 20  # hashlib releases the GIL on big buffers; 8 MB amortises each call
 Progress = Callable[[int], object]
 
@@ -212,6 +213,15 @@ def _check_deep(
     return tee.digest.size, tee.digest.checksum(), problems
 
 
+def _check_decoded(entry: ShardEntry, url: str, opener: Opener) -> list[Problem]:
+    """``decode``: every image, npy, json and text field decodes (a second read)."""
+    with opener.open(url) as f:
+        return [
+            Problem(entry.url, "decode", f"sample {key!r} field {name!r}: {why}", offset=off)
+            for off, key, name, why in bad_fields(f, entry.url, stream_size(f))
+        ]
+
+
 def _scan(f: BinaryIO, url: str, size: int | None) -> tuple[list[tuple[int, int]], int | None]:
     """Read every sample of a tar stream: each one's ``(offset, signature)``, and the end."""
     reader = TarReader(f, url=url, size=size, keep_data=False)
@@ -308,8 +318,10 @@ def verify_shard(
         if level == "quick":
             size: int | str = _check_quick(entry, url, opener, progress)
             checksum = None
-        elif level == "deep":
+        elif level in ("deep", "decode"):
             size, checksum, problems = _check_deep(manifest, entry, url, opener, progress)
+            if level == "decode" and not problems and checksum == entry.checksum.lower():
+                problems = _check_decoded(entry, url, opener)
         else:
             size, checksum, problems = _check_bytes(entry, url, opener, progress)
     except (OSError, ShardkitError) as exc:  # FetchError, or a CacheError of the io below
@@ -369,7 +381,8 @@ def verify(
 
     Args:
         manifest: a loaded manifest (its ``base`` resolves relative urls).
-        level: ``quick``, ``checksum`` (default) or ``deep``.
+        level: ``quick``, ``checksum`` (default), ``deep`` or ``decode`` (``deep`` and
+            every image, npy, json and text field decoded: :mod:`shardkit.check.decoded`).
         jobs: shards checked at once (threads: hashing releases the GIL).
         opener: where bytes come from (e.g. :func:`shardkit.cache.make_opener`).
         progress: called with byte counts as they are checked (thread-safe callers only).

@@ -45,6 +45,12 @@ def _summary(report: VerifyReport) -> str:
     help="Also parse every shard: sample count, sample index, hostile members.",
 )
 @click.option(
+    "--decode",
+    "level",
+    flag_value="decode",
+    help="--deep, and decode every image, npy, json and text field (names the bad sample).",
+)
+@click.option(
     "--jobs",
     "-j",
     type=click.IntRange(1, 256),

@@ -368,3 +368,43 @@ def test_a_manifest_with_pieces_that_do_not_add_up_is_refused(tmp_path: Path) ->
     result = run(str(manifest))
     assert result.exit_code == 2
     assert "entry 0" in result.output and "pieces" in result.output and "digests" in result.output
+
+
+def test_verify_decode_names_the_sample_whose_field_does_not_decode(tmp_path: Path) -> None:
+    """A truncated JPEG and text named .jpg pass the checksum and --deep; --decode names
+    shard, key and field (issue 20)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    import shardkit as sk
+    from tests.helpers.readback import shardkit
+
+    buf = io.BytesIO()
+    Image.fromarray(np.full((64, 64, 3), 120, np.uint8)).save(buf, format="JPEG")
+    jpg = buf.getvalue()
+    out = tmp_path / "set"
+    with sk.ShardWriter(out, maxcount=10) as w:
+        w.write({"__key__": "good", "jpg": jpg, "json": b'{"a": 1}', "txt": b"hi"})
+        w.write({"__key__": "cut", "jpg": jpg[: len(jpg) // 2]})
+        w.write({"__key__": "text", "jpg": b"this is not an image"})
+        w.write({"__key__": "arr", "npy": b"\x93NUMPY broken", "json": b"{nope"})
+    manifest = out / "manifest.json"
+    assert shardkit("verify", manifest, "--deep").returncode == 0
+    r = shardkit("verify", manifest, "--decode")
+    assert r.returncode == 1, r.stdout + r.stderr
+    fails = [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL ")]
+    assert len(fails) == 4, r.stdout
+    for key, field in (("cut", "jpg"), ("text", "jpg"), ("arr", "npy"), ("arr", "json")):
+        assert any(
+            "data-000000.tar" in f and f"sample '{key}' field '{field}'" in f for f in fails
+        ), (key, field, r.stdout)
+    from shardkit.cache import make_opener
+    from shardkit.check.verify import verify
+
+    report = verify(sk.Manifest.load(manifest), level="decode", opener=make_opener())
+    assert sorted((p.kind, p.message.split(":")[0]) for p in report.problems) == sorted(
+        ("decode", f"sample '{k}' field '{f}'")
+        for k, f in (("cut", "jpg"), ("text", "jpg"), ("arr", "npy"), ("arr", "json"))
+    )
