@@ -162,6 +162,15 @@ def _report(result: BuildResult) -> None:
     help="JSONL/Parquet: the largest line or row, checked as it is read; a longer one is "
     "a bad record (left out and reported with --on-error skip).",
 )
+@click.option(
+    "--check-images",
+    type=click.Choice(["header", "decode", "off"]),
+    default="header",
+    show_default=True,
+    help="Check image fields as they are read (header, folders: readable and not truncated; "
+    "decode: decoded whole, folders and Parquet); a bad one stops the build (or is "
+    "skipped and reported with --on-error skip).",
+)
 @click.option("--prefix", default="data", show_default=True, help="Shard names: PREFIX-000000.tar.")
 @click.option("--checksum", type=click.Choice(ALGORITHMS), default="sha256", show_default=True)
 @click.option(
@@ -257,6 +266,7 @@ def command(
     maxcount: int | None,
     max_member: int,
     max_record: int,
+    check_images: str,
     prefix: str,
     checksum: str,
     compress: str | None,
@@ -294,6 +304,7 @@ def command(
         maxcount=maxcount,
         max_member=max_member,
         max_record=max_record,
+        check_images=check_images,
         checksum=checksum,
         compress=compress,
         workers=workers,

@@ -15,6 +15,7 @@ from shardkit.format.manifest.check import MAX_COUNT
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.reader import DEFAULT_MAX_MEMBER
 from shardkit.units import parse_size
+from shardkit.write.image_check import CHECK_IMAGES
 from shardkit.write.select import TreeOptions
 from shardkit.write.sources import DEFAULT_MAX_RECORD, ON_ERROR, FieldMap, Unit
 from shardkit.write.writer import COMPRESSIONS
@@ -51,6 +52,10 @@ class BuildConfig:
         max_record: the largest JSONL line or Parquet/Arrow row (bytes, 256 MiB by
             default), checked while it is read: a longer one is a bad record (skipped
             and reported with ``on_error="skip"``), never held whole.
+        check_images: image fields checked as they are read: ``header`` (default, folder
+            sources: readable header, not truncated), ``decode`` (decoded whole; folder
+            and Parquet/Arrow sources) or ``off``; a bad image is a bad record (skipped
+            and reported with ``on_error="skip"``).
         max_member: the largest member (bytes) of a tar input held in memory when
             re-sharding (1 GiB by default); a larger one is a ``ShardFormatError``.
     """
@@ -73,6 +78,7 @@ class BuildConfig:
     fn: Callable[[Any], Iterable[Mapping[str, Any]]] | None = None
     max_member: int | str = DEFAULT_MAX_MEMBER
     max_record: int | str = DEFAULT_MAX_RECORD
+    check_images: str = "header"
 
 
 @dataclass(frozen=True)
@@ -181,6 +187,8 @@ def check_config(c: BuildConfig) -> None:
         raise ConfigError(f"part count {c.part[1]} is more than a manifest holds ({MAX_COUNT})")
     if c.resume and c.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other: pick one")
+    if c.check_images not in CHECK_IMAGES:
+        raise ConfigError(f"check_images must be one of {', '.join(CHECK_IMAGES)}")
     if c.on_error not in ON_ERROR:
         raise ConfigError(f"on_error must be one of {', '.join(ON_ERROR)}, got {c.on_error!r}")
     if c.image is not None:

@@ -26,6 +26,7 @@ from shardkit.format.codecs import encode_field, zstd_reader
 from shardkit.format.images import IMAGE_EXTS, reencode_image
 from shardkit.format.tario.reader import read_shard
 from shardkit.format.tario.writer import check_key
+from shardkit.write.image_check import image_problem
 from shardkit.write.sources import BadRecord, SourceError, SourceOptions, Unit
 
 __all__ = ["read_units"]
@@ -193,6 +194,9 @@ def _read_tree(unit: Unit, opts: SourceOptions) -> Sample:
         except OSError as exc:
             raise SourceError(f"cannot read: {exc.strerror}", path=path) from exc
         ext = rel.rsplit(".", 1)[-1].lower()
+        bad = image_problem(ext, data, opts.check_images)
+        if bad is not None:
+            raise SourceError(bad, path=path)
         if opts.image is not None and ext in IMAGE_EXTS:
             try:
                 data = reencode_image(data, ext, opts.image)

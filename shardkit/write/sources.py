@@ -112,6 +112,7 @@ class SourceOptions:
     fn: Callable[[Any], Iterable[Mapping[str, Any]]] | None = None
     max_member: int = DEFAULT_MAX_MEMBER
     max_record: int = DEFAULT_MAX_RECORD
+    check_images: str = "header"
 
 
 @dataclass(frozen=True)

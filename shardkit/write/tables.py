@@ -34,6 +34,7 @@ from shardkit._types import Sample
 from shardkit.errors import ConfigError, WriterError
 from shardkit.format.codecs import encode_field
 from shardkit.format.tario.writer import check_field, check_key
+from shardkit.write.image_check import image_problem
 from shardkit.write.sources import BadRecord, SourceError, SourceOptions, Unit
 from shardkit.write.table_meta import (
     byte_slices,
@@ -161,8 +162,21 @@ def _rows(
                     try:
                         yield _row_sample(rec, row, unit, opts, layout), step
                     except (ValueError, TypeError, WriterError) as exc:
-                        raise SourceError(f"row {row}: {exc}", path=unit.path) from exc
+                        if opts.on_error == "raise" or not isinstance(exc, _BadImage):
+                            raise SourceError(f"row {row}: {exc}", path=unit.path) from exc
+                        yield BadRecord(unit.path, "row", row, str(exc)), step
                 row += 1
+
+
+def _table_check(opts: SourceOptions) -> str:
+    """Table image cells are checked on request (``check_images="decode"``); the default
+    ``header`` check applies to folders (data sets on the Hub carry placeholder bytes in
+    tests and examples, so a default check there waits for a decision)."""
+    return "decode" if opts.check_images == "decode" else "off"
+
+
+class _BadImage(ValueError):
+    """An image cell that does not pass ``check_images`` (skippable with on_error)."""
 
 
 def _too_big(unit: Unit, opts: SourceOptions, row: int, size: int) -> BadRecord:
@@ -203,10 +217,13 @@ def _row_sample(
                     value = np.asarray(value, dtype=fm.dtype)
                 _put(sample, fm.field, encode_field(key, fm.field, value), col, owners)
         elif col in layout.blobs:
-            _add_blob(sample, col, value, owners)
+            _add_blob(sample, col, value, owners, _table_check(opts))
         elif col in layout.binary:
             if value is not None:
                 check_field(key, col)
+                bad = image_problem(col, bytes(value), _table_check(opts))
+                if bad is not None:
+                    raise _BadImage(f"column {col!r}: {bad}")
                 _put(sample, col, bytes(value), col, owners)
         else:
             rest[col] = value
@@ -238,7 +255,9 @@ def _key(rec: dict[str, Any], row: int, unit: Unit, opts: SourceOptions) -> str:
     return str(value)
 
 
-def _add_blob(sample: Sample, col: str, value: Any, owners: dict[str, str]) -> None:
+def _add_blob(
+    sample: Sample, col: str, value: Any, owners: dict[str, str], check: str = "header"
+) -> None:
     """An Image/Audio struct: its bytes as ``{col}.{ext}``, ext from its path."""
     if value is None:
         return
@@ -251,6 +270,9 @@ def _add_blob(sample: Sample, col: str, value: Any, owners: dict[str, str]) -> N
     ext = base.rsplit(".", 1)[-1].lower() if "." in base else _sniff(data)
     field = f"{col}.{ext}"
     check_field(str(sample["__key__"]), field)
+    bad = image_problem(field, bytes(data), check)
+    if bad is not None:
+        raise _BadImage(f"column {col!r}: {bad}")
     _put(sample, field, bytes(data), col, owners)
 
 

@@ -237,6 +237,7 @@ def make_jobs(plan: BuildPlan) -> list[Job]:
         c.fn,
         parse_size(c.max_member),
         parse_size(c.max_record),
+        c.check_images,
     )
     common: dict[str, Any] = {
         "config": c,

@@ -173,15 +173,23 @@ def test_outputs_follow_the_umask(tmp_path: Path) -> None:
         assert stat.S_IMODE(os.stat(out / name).st_mode) == 0o644, name
 
 
+def _image(fmt: str, n: int) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4 + n, 4), (n, 2 * n, 3 * n)).save(buf, format=fmt)
+    return buf.getvalue()
+
+
 def _tree(root: Path) -> Path:
     for d in ("a", "b"):
         (root / d).mkdir(parents=True)
     (root / "README.md").write_text("# my images")
-    (root / "a" / "1.jpg").write_bytes(b"jpg-1")
+    (root / "a" / "1.jpg").write_bytes(_image("JPEG", 1))  # real images: build checks them
     (root / "a" / "1.json").write_text("{}")
-    (root / "a" / "2.JPG").write_bytes(b"jpg-2")
+    (root / "a" / "2.JPG").write_bytes(_image("JPEG", 2))
     (root / "a" / "2.json").write_text("{}")
-    (root / "b" / "3.png").write_bytes(b"png-3")
+    (root / "b" / "3.png").write_bytes(_image("PNG", 3))
     (root / "b" / "3.json").write_text("{}")
     (root / "b" / "4.json").write_text("{}")
     return root
@@ -209,7 +217,7 @@ def test_folder_include_exclude_require_and_case_insensitive_fields(tmp_path: Pa
     assert "left out 1 samples without jpg|png, json: b/4 has json" in r.stderr
     samples = read_samples(out / "manifest.json")
     assert keys_of(samples) == ["a/1", "a/2", "b/3"]
-    assert samples[1]["jpg"] == b"jpg-2"
+    assert samples[1]["jpg"] == _image("JPEG", 2)
 
     only = tmp_path / "only"
     r = shardkit("build", src, "-o", only, "--include", "*.JPG", "--include", "a/*.json")

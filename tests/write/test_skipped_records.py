@@ -120,3 +120,48 @@ def test_a_manifest_is_a_reshard_source(tmp_path: Path) -> None:
     half.write_text(m.dumps())
     bad = shardkit("build", half, "-o", tmp_path / "x")
     assert bad.returncode == 2 and "cannot re-shard it" in bad.stderr, bad.stderr
+
+
+def _jpeg() -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (32, 32), (10, 20, 30)).save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+def test_build_checks_image_fields_of_folders_and_tables(tmp_path: Path) -> None:
+    """A truncated JPEG and text named .jpg went into the shards and failed only in
+    training; a build checks image fields (header and end marker by default)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    good = _jpeg()
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "ok.jpg").write_bytes(good)
+    (raw / "cut.jpg").write_bytes(good[: len(good) // 2])
+    (raw / "text.jpg").write_text("this is not an image")
+    r = shardkit("build", raw, "-o", tmp_path / "a")
+    assert r.returncode == 1 and "cut.jpg" in r.stderr, r.stderr
+    assert "truncated" in r.stderr.lower(), r.stderr
+    r = shardkit("build", raw, "-o", tmp_path / "b", "--on-error", "skip")
+    assert r.returncode == 0, r.stderr
+    report = _report(tmp_path / "b" / "manifest.errors.jsonl")
+    assert sorted(str(e["sample"]) for e in report) == ["cut", "text"]
+    assert keys_of(read_samples(tmp_path / "b" / "manifest.json")) == ["ok"]
+    off = build([str(raw)], tmp_path / "c", check_images="off", progress=False)
+    assert off.manifest.total_samples == 3
+
+    table = pa.table(
+        {"image": [{"bytes": b, "path": "x.jpg"} for b in (good, good[:200], b"text")]}
+    )
+    src = tmp_path / "t.parquet"
+    pq.write_table(table, src)
+    r = shardkit("build", src, "-o", tmp_path / "d", "--check-images", "decode")
+    assert r.returncode == 1 and "row 1" in r.stderr and "column 'image'" in r.stderr, r.stderr
+    res = build([str(src)], tmp_path / "e", on_error="skip", check_images="decode", progress=False)
+    assert res.manifest.total_samples == 1
+    assert [e["row"] for e in _report(tmp_path / "e" / "manifest.errors.jsonl")] == [1, 2]
