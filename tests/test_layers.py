@@ -61,7 +61,6 @@ ORDER: dict[str, list[list[str]]] = {
         [
             "retry",
             "config",
-            "local",
             "pipe",
             "http",
             "hub",
@@ -69,6 +68,7 @@ ORDER: dict[str, list[list[str]]] = {
             "blobs",
             "stores",
             "verified",
+            "local",
             "remote",
         ]
     ],

@@ -66,11 +66,14 @@ def read_sk_shards(paths: list[str]) -> dict[str, int]:
     return {"samples": sum(_count(shardkit.read_shard(p)) for p in paths)}
 
 
-def read_sk_dataset(manifest: str) -> dict[str, int]:
-    """shardkit.ShardDataset over the manifest, in this process (no workers)."""
+def read_sk_dataset(manifest: str, verify: str = "on") -> dict[str, int]:
+    """shardkit.ShardDataset over the manifest, in this process (no workers); ``verify``
+    "off" reads the shards unverified (``IoConfig.verify``)."""
     import shardkit
+    from shardkit.io.config import IoConfig
 
-    return {"samples": _count(shardkit.ShardDataset(manifest))}
+    ds = shardkit.ShardDataset(manifest, io=IoConfig(verify=verify))
+    return {"samples": _count(ds)}
 
 
 def read_wds(urls: list[str]) -> dict[str, int]:
@@ -116,8 +119,10 @@ def _drain(loader: Iterable[Any]) -> dict[str, Any]:
 
 def loader_shardkit(spec: dict[str, Any]) -> Iterable[Any]:
     import shardkit
+    from shardkit.io.config import IoConfig
 
-    ds = shardkit.ShardDataset(spec["manifest"]).decode().batched(spec["batch"])
+    io = IoConfig(verify=spec.get("verify", "on"))
+    ds = shardkit.ShardDataset(spec["manifest"], io=io).decode().batched(spec["batch"])
     return shardkit.WebLoader(ds, num_workers=spec["workers"])
 
 
@@ -170,6 +175,7 @@ def _litdata_collate(samples: list[dict[str, Any]]) -> Any:
 
 LOADERS = {
     "shardkit": loader_shardkit,
+    "shardkit verify=off": loader_shardkit,
     "webdataset": loader_webdataset,
     "mosaic": loader_mosaic,
     "litdata": loader_litdata,

@@ -132,7 +132,8 @@ def part_inprocess(ds: Dataset, fm: Formats, args: Any) -> tuple[str, list[dict[
     ]
     if has_streaming_api():
         sk_ds = ("shardkit ShardDataset", lambda: _readers.read_sk_dataset(fm.manifest))
-        contenders.insert(2, sk_ds)
+        off = lambda: _readers.read_sk_dataset(fm.manifest, "off")  # noqa: E731
+        contenders[2:2] = [sk_ds, ("shardkit ShardDataset verify=off", off)]
     return _inprocess(ds, contenders, fm.sk_bytes, args, "1 process, no decode")
 
 
@@ -216,6 +217,8 @@ def loader_specs(fm: Formats, args: Any) -> list[dict[str, Any]]:
     ]
     if has_streaming_api():
         specs.insert(0, {**common, "impl": "shardkit", "manifest": fm.manifest})
+        off = {**common, "impl": "shardkit verify=off", "manifest": fm.manifest, "verify": "off"}
+        specs.insert(1, off)
     return specs
 
 

@@ -142,7 +142,9 @@ class CachingOpener:
         """Stream ``[start, end)`` of ``url``, through the cache when it can be cached."""
         ref = ObjectRef(url, size, checksum, pieces)
         if size is None or checksum is None or self.remote.source(url) is None:
-            return self.remote.open(url, start=start, end=end, size=size, checksum=checksum)
+            return self.remote.open(
+                url, start=start, end=end, size=size, checksum=checksum, pieces=pieces
+            )
         stop = size if end is None else min(end, size)
         return self._open_ref(ref, start, stop)
 

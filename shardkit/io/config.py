@@ -87,18 +87,24 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class ReaderLimits:
-    """What a tar reader holds at most.
+    """What a tar reader holds at most, and whether it checks what it reads.
 
     Args:
         max_member: the largest tar member (bytes) a reader holds in memory; a larger one
             is a :class:`ShardFormatError` before any of it is read.
+        verify: ``"on"`` (every byte of a shard whose manifest has a checksum is verified
+            before it is handed out, local or remote; see :mod:`shardkit.io.local`) or
+            ``"off"`` (shards are read as they are; a cache still verifies what it fills).
     """
 
     max_member: int = DEFAULT_MAX_MEMBER
+    verify: str = "on"
 
     def __post_init__(self) -> None:
         if self.max_member < 1:
             raise ConfigError(f"max_member must be >= 1, got {self.max_member!r}")
+        if self.verify not in ("on", "off"):
+            raise ConfigError(f"verify must be 'on' or 'off', got {self.verify!r}")
 
 
 _CONCERNS: dict[str, type[Any]] = {
@@ -123,7 +129,8 @@ class IoConfig:
             ``prefetch_depth``, ``prefetch_threads``, ``node_requests``,
             ``piece_parallel``, ``cache_wait``, ``manifest_ttl``, ``on_cache_error``,
             ``cache_verify``).
-        limits: what a reader holds at most (:class:`ReaderLimits`: ``max_member``).
+        limits: what a reader holds at most and checks (:class:`ReaderLimits`:
+            ``max_member``, ``verify``).
         allow_pipe: allow ``pipe:CMD`` urls (only ever set in code, never by a manifest).
         connect_timeout: seconds to open a connection.
         read_timeout: seconds without a byte before a read is abandoned and retried.
@@ -288,3 +295,8 @@ class IoConfig:
     def max_member(self) -> int:
         """``limits.max_member``."""
         return self.limits.max_member
+
+    @property
+    def verify(self) -> str:
+        """``limits.verify``."""
+        return self.limits.verify

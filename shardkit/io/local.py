@@ -1,36 +1,99 @@
-"""Local files and ``file://`` urls."""
+"""Local files and ``file://`` urls, verified before a byte is handed out.
+
+A local (or shared-filesystem) shard whose manifest gives its ``size`` and ``checksum`` is
+read through a :class:`SeekableVerified`: each piece is read whole into a reused buffer and
+checked (by :class:`~shardkit.io.verified.PieceCheck`, the one verifier) before any byte of
+it is handed out, as the node cache and :class:`~shardkit.io.verified.PieceStream` do for
+remote shards. Unlike :class:`~shardkit.io.verified.VerifiedFile` it seeks, reuses its
+piece buffers and hashes a piece as it reads it, which the tar reader's direct read of
+large members and the cost of verification need. A piece that does not
+match is a :class:`ChecksumError` naming the shard and the piece; a file of another size
+than the manifest's is one at open. The whole-shard checksum is not hashed again on a read
+that has manifest pieces (they are the manifest's promise; ``shardkit verify`` checks the
+whole): xxh3-128 runs at memory speed, sha256 would cost more than the read.
+
+Where the manifest lists no pieces, the first open of a shard in a process reads the file
+once whole, checks it against the manifest's ``checksum`` and computes xxh3-128 digests of
+16 MiB pieces as it goes (:func:`computed_pieces`); every read of it, that one included,
+is then verified piece by piece against them. So a byte changed on disk after that check
+is still caught before it is handed out. The computed digests are kept per process, keyed
+by the file's identity (device, inode, size, mtime, ctime) and the checksum: a file
+rewritten or replaced is hashed whole again.
+"""
 
 from __future__ import annotations
 
 import io
-from typing import BinaryIO
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import BinaryIO, cast
 
-from shardkit.errors import FetchError
+from shardkit._types import ObjectRef, PieceChecksums
+from shardkit.errors import ChecksumError, FetchError
+from shardkit.format.checksum import split_checksum
+from shardkit.format.digest import Digest
+from shardkit.format.pieces import DEFAULT_PIECE_SIZE, Pieces
+from shardkit.io.verified import PieceCheck
 from shardkit.urls import local_path
 
-__all__ = ["open_local"]
+__all__ = ["SeekableVerified", "computed_pieces", "open_local"]
+
+_READ = 8 << 20  # bytes per read of a whole-shard check
+_HASH_READ = 1 << 20  # bytes per read of a piece (hashed while in the CPU cache)
+_MEMO_SIZE = 4096  # files whose computed pieces a process keeps (~1 KB each per GB)
+_memo: OrderedDict[tuple[object, ...], Pieces] = OrderedDict()
+_memo_lock = threading.Lock()
 
 
 class _Bounded(io.RawIOBase):
-    """A raw stream over ``[start, end)`` of an open file."""
+    """``[start, end)`` of an open file: reads stop at ``end``; it seeks within the range
+    (positions are offsets in the file), so the tar reader reads large members directly."""
 
-    def __init__(self, f: BinaryIO, remaining: int | None) -> None:
+    def __init__(self, f: io.FileIO, start: int, end: int) -> None:
         self._f = f
-        self._remaining = remaining
+        self._start = start
+        self._end = end
+        self._pos = start
 
     def readable(self) -> bool:
         return True
 
+    def seekable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._f.fileno()
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._end}[whence]
+        pos = base + offset
+        if not self._start <= pos <= self._end:
+            raise OSError(f"seek to {pos} is outside the range {self._start}..{self._end}")
+        self._pos = self._f.seek(pos)
+        return self._pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        left = self._end - self._pos
+        n = left if size is None or size < 0 else min(size, left)
+        if n <= 0:
+            return b""
+        data = self._f.read(n) or b""
+        self._pos += len(data)
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
     def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
-        view = memoryview(b)
-        if self._remaining is not None:
-            if self._remaining <= 0:
-                return 0
-            view = view[: self._remaining]
-        n = self._f.readinto(view)  # type: ignore[attr-defined]
-        if self._remaining is not None:
-            self._remaining -= n
-        return int(n)
+        view = memoryview(b).cast("B")[: max(0, self._end - self._pos)]
+        n = self._f.readinto(view) if len(view) else 0
+        self._pos += n or 0
+        return n or 0
 
     def close(self) -> None:
         try:
@@ -39,9 +102,139 @@ class _Bounded(io.RawIOBase):
             super().close()
 
 
-def open_local(url: str, *, start: int = 0, end: int | None = None) -> BinaryIO:
-    """Open ``[start, end)`` of a local file as a binary stream."""
+class SeekableVerified(io.RawIOBase):
+    """``[start, end)`` of the local file ``fd`` (``size`` bytes), each piece checked against
+    its digest before a byte of it is handed out.
+
+    A piece is read whole into a buffer that is reused (so one piece of memory, and a
+    second for the piece before it: the tar reader steps back over its own buffer), hashed,
+    and only then read from. ``read(n)`` hands out one copy of verified bytes; the stream
+    seeks (positions are offsets in the file), so the tar reader reads large members
+    straight into their own objects. A piece that does not match its digest is a
+    :class:`ChecksumError` naming the shard and the piece, raised before any of it is read.
+    The file descriptor is closed with the stream.
+    """
+
+    def __init__(self, fd: int, check: PieceCheck, *, start: int, end: int) -> None:
+        self._fd = fd
+        self._check = check
+        self._start = start
+        self._end = min(end, check.size)
+        self._pos = start
+        # (piece number, its start, its end, its verified bytes): the current one, the last
+        self._cur: tuple[int, int, int, memoryview] = (-1, 0, 0, memoryview(b""))
+        self._last: tuple[int, int, int, memoryview] = self._cur
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._end}[whence]
+        pos = base + offset
+        if not self._start <= pos <= self._end:
+            raise OSError(f"seek to {pos} is outside the range {self._start}..{self._end}")
+        self._pos = pos
+        return pos
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        src = self._verified()
+        n = min(len(b), len(src))
+        memoryview(b).cast("B")[:n] = src[:n]
+        self._pos += n
+        return n
+
+    def read(self, size: int | None = -1) -> bytes:
+        left = self._end - self._pos
+        n = left if size is None or size < 0 else min(size, left)
+        if n <= 0:
+            return b""
+        src = self._verified()
+        if len(src) >= n:
+            self._pos += n
+            return bytes(src[:n])
+        parts = []
+        while n > 0:
+            src = self._verified()
+            take = min(n, len(src))
+            parts.append(bytes(src[:take]))  # the buffer is reused by the next piece
+            self._pos += take
+            n -= take
+        return b"".join(parts)
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def _verified(self) -> memoryview:
+        """The verified bytes from the current position to the end of its piece (or of
+        the range); empty at the end of the range."""
+        pos = self._pos
+        if pos >= self._end:
+            return memoryview(b"")
+        _, lo, hi, data = self._cur
+        if not lo <= pos < hi:
+            if self._last[1] <= pos < self._last[2]:
+                self._cur, self._last = self._last, self._cur
+            else:
+                self._cur, self._last = self._load(self._check.piece_of(pos)), self._cur
+            _, lo, hi, data = self._cur
+        return data[pos - lo : min(hi, self._end) - lo]
+
+    def _load(self, k: int) -> tuple[int, int, int, memoryview]:
+        """Read piece ``k`` whole (into the buffer of the piece before the last) and check
+        it; it is hashed a read at a time, while each read is still in the CPU cache."""
+        lo, hi = self._check.span(k)
+        old = self._last[3]
+        buf = old.obj if len(old) >= hi - lo else bytearray(self._check.piece_size or hi - lo)
+        view = memoryview(buf)[: hi - lo]
+        hasher = self._check.hasher(k)
+        got = 0
+        while got < hi - lo:
+            n = os.preadv(self._fd, [view[got : got + _HASH_READ]], lo + got)
+            if not n:
+                break
+            hasher.update(view[got : got + n])
+            got += n
+        actual = hasher.hexdigest()
+        if got != hi - lo or actual != self._check.expected(k)[1]:
+            short = f"{got} of {hi - lo} bytes"
+            raise self._check.piece_error(k, actual if got == hi - lo else short, why="on disk")
+        return k, lo, hi, view.toreadonly()
+
+    def close(self) -> None:
+        if not self.closed:
+            self._cur = self._last = (-1, 0, 0, memoryview(b""))
+            fd, self._fd = self._fd, -1
+            if fd >= 0:
+                os.close(fd)
+        super().close()
+
+
+def open_local(
+    url: str,
+    *,
+    start: int = 0,
+    end: int | None = None,
+    size: int | None = None,
+    checksum: str | None = None,
+    pieces: PieceChecksums | None = None,
+) -> BinaryIO:
+    """Open ``[start, end)`` of a local file as a binary stream.
+
+    With the manifest's ``size`` and ``checksum`` every byte is verified before it is
+    handed out (see the module docstring), piece by piece against ``pieces`` when given.
+    """
     path = local_path(url)
+    if size is not None and checksum is not None:
+        return _open_verified(url, path, start, end, size, checksum, pieces)
     try:
         f = open(path, "rb", buffering=0)  # noqa: SIM115 - returned to the caller
     except OSError as exc:
@@ -50,4 +243,80 @@ def open_local(url: str, *, start: int = 0, end: int | None = None) -> BinaryIO:
         f.seek(start)
     if end is None:
         return f
-    return io.BufferedReader(_Bounded(f, end - start), buffer_size=1 << 20)
+    return cast(BinaryIO, _Bounded(f, start, end))
+
+
+def _open_verified(
+    url: str,
+    path: str,
+    start: int,
+    end: int | None,
+    size: int,
+    checksum: str,
+    pieces: PieceChecksums | None,
+) -> BinaryIO:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise FetchError(f"cannot open: {exc.strerror}", url=url) from exc
+    try:
+        have = os.fstat(fd).st_size
+        if have != size:
+            raise ChecksumError(
+                "size differs from the manifest",
+                url=url,
+                expected=f"{size} bytes",
+                actual=f"{have} bytes",
+            )
+        if pieces is None:
+            pieces = computed_pieces(fd, url, size, checksum)
+        stop = size if end is None else min(end, size)
+        check = PieceCheck(ObjectRef(url, size, checksum, pieces))
+        raw = SeekableVerified(fd, check, start=start, end=stop)
+    except BaseException:
+        os.close(fd)
+        raise
+    return cast(BinaryIO, raw)
+
+
+def computed_pieces(fd: int, url: str, size: int, checksum: str) -> Pieces:
+    """Piece digests of the open file ``fd`` once its whole content matched ``checksum``
+    (kept per process for the same file, unchanged, and checksum); else
+    :class:`ChecksumError` naming ``url``."""
+    st = os.fstat(fd)
+    key = (st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns, checksum)
+    with _memo_lock:
+        got = _memo.get(key)
+        if got is not None:
+            _memo.move_to_end(key)
+            return got
+    algo, want = split_checksum(checksum)
+    digest = Digest(algo, DEFAULT_PIECE_SIZE)
+    for chunk in _pread_chunks(fd, 0, size):
+        digest.update(chunk)
+    actual = digest.hasher.hexdigest()
+    if digest.size != size or actual != want:
+        raise ChecksumError(
+            "checksum differs from the manifest",
+            url=url,
+            expected=checksum,
+            actual=f"{algo}:{actual}" if digest.size == size else f"{digest.size} bytes",
+        )
+    assert digest.pieces is not None
+    pieces = digest.pieces.result()
+    with _memo_lock:
+        _memo[key] = pieces
+        while len(_memo) > _MEMO_SIZE:
+            _memo.popitem(last=False)
+    return pieces
+
+
+def _pread_chunks(fd: int, lo: int, hi: int) -> Iterator[bytes]:
+    """The bytes ``[lo, hi)`` of ``fd`` in reads of up to 8 MiB (fewer at its end)."""
+    pos = lo
+    while pos < hi:
+        data = os.pread(fd, min(_READ, hi - pos), pos)
+        if not data:
+            return
+        pos += len(data)
+        yield data

@@ -3,8 +3,9 @@
 ``RemoteOpener`` dispatches on the url's scheme (local path / ``file://``, ``http(s)://``,
 ``s3://``, ``pipe:``). A whole-object read given the manifest's ``size`` and ``checksum``
 is verified on the fly: the last read raises :class:`ChecksumError` on a mismatch, so even
-without a cache a corrupt shard is never taken for a good one. Ranged reads (a sample
-range from the index) become ranged requests and are not verified here;
+without a cache a corrupt shard is never taken for a good one. A shard with piece checksums
+(and every local shard with a checksum, :mod:`shardkit.io.local`) is verified piece by piece
+before any byte is handed out; remote ranged reads without pieces are not verified here;
 :meth:`RemoteOpener.open_pieces` (what the node cache reads a shard it cannot hold with)
 verifies any read piece by piece (:mod:`shardkit.io.verified`).
 """
@@ -176,14 +177,24 @@ class RemoteOpener:
         checksum: str | None = None,
         pieces: PieceChecksums | None = None,
     ) -> BinaryIO:
-        """Stream ``[start, end)`` of ``url``; a whole-object read is verified."""
-        del pieces  # a stream is verified whole, at its end
+        """Stream ``[start, end)`` of ``url``, verified unless ``cfg.verify`` is off: a
+        local file and a remote shard with ``pieces`` piece by piece before any byte is
+        handed out; a remote whole-object read without pieces at its end."""
         if url_scheme(url) == "pipe":
             check_pipe_allowed(url, self.cfg.allow_pipe)
             return open_pipe(url, start=start, end=end)
+        if self.cfg.verify == "off":
+            checksum = pieces = None
         src = self.source(url)
         if src is None:
-            return open_local(url, start=start, end=end)
+            return open_local(
+                url, start=start, end=end, size=size, checksum=checksum, pieces=pieces
+            )
+        if pieces is not None and checksum is not None and size:
+            stop = size if end is None else min(end, size)
+            return self.open_pieces(
+                url, start=start, end=stop, size=size, checksum=checksum, pieces=pieces
+            )
         whole = start == 0 and (end is None or end == size)
         if end is None and size is not None:
             end = size
