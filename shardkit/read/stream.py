@@ -14,9 +14,9 @@ from typing import Any, BinaryIO
 
 from shardkit._types import Sample
 from shardkit.errors import ShardFormatError
-from shardkit.format.compression import compressed_name, open_tar
+from shardkit.format.compression import compressed_name
 from shardkit.format.tario.index import sample_signature
-from shardkit.format.tario.reader import DEFAULT_MAX_MEMBER, iter_samples, skip_bytes
+from shardkit.format.tario.reader import DEFAULT_MAX_MEMBER, iter_samples, open_range
 from shardkit.io import Opener
 from shardkit.read.catalog import ByteRange, Catalog, ShardInfo
 from shardkit.read.policy import DATA_ERRORS, count_error, report
@@ -28,7 +28,9 @@ _LOOKAHEAD = 8
 
 
 class _Counting:
-    """A read-only stream wrapper that counts the bytes it hands out."""
+    """A read-only stream wrapper that counts the bytes it hands out (a seek counts what it
+    steps over, back or forth); it can seek when the stream below can, so the tar reader's
+    direct read of large members is not lost to the count."""
 
     def __init__(self, f: BinaryIO, counts: dict[str, float]) -> None:
         self.f = f
@@ -40,7 +42,25 @@ class _Counting:
         return data
 
     def seekable(self) -> bool:
-        return False
+        return bool(self.f.seekable())
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        before = self.f.tell()
+        after = self.f.seek(offset, whence)
+        self.counts["bytes"] += after - before
+        return after
+
+    def close(self) -> None:
+        self.f.close()
+
+    def __enter__(self) -> _Counting:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.f.close()
 
 
 def read_stream(
@@ -112,37 +132,30 @@ def _read_range(
     where = catalog.byte_range(opener, shard, lo, hi)
     start, end = where.start, where.end
     packed = compressed_name(info.url)
-    f = opener.open(
-        catalog.check_within(info, info.url),
-        start=0 if packed else start,
-        end=None if packed else end,
-        size=info.size,
-        checksum=info.checksum,
-        pieces=info.pieces,
-    )
-    with f:
-        counted: Any = _Counting(f, counts)
-        if packed:  # offsets are in the decompressed tar: decompress from the start
-            with open_tar(counted, url=info.url) as (tar, _):
-                skip_bytes(tar, start)
-                samples = iter_samples(tar, url=info.url, start=start, end=end, max_member=limit)
-                yield from _take(samples, info, where, lo, hi)
-            return
-        if start == 0:
-            with open_tar(counted, url=info.url) as (tar, kind):
-                if kind is not None:
-                    raise ShardFormatError(
-                        f"the shard is {kind}-compressed, but its name does not say so: "
-                        "name it .tar.zst / .tar.gz (its index offsets are in the tar)",
-                        url=info.url,
-                        offset=0,
-                    )
-                samples = iter_samples(tar, url=info.url, end=end, size=info.size, max_member=limit)
-                yield from _take(samples, info, where, lo, hi)
-            return
-        samples = iter_samples(
-            counted, url=info.url, start=start, end=end, size=info.size, max_member=limit
+    url = catalog.check_within(info, info.url)
+
+    def open_at(pos: int) -> Any:
+        f = opener.open(
+            url,
+            start=pos,
+            end=None if packed else end,
+            size=info.size,
+            checksum=info.checksum,
+            pieces=info.pieces,
         )
+        return _Counting(f, counts)
+
+    # offsets are in the decompressed tar: a compressed shard is read from its start
+    with open_range(open_at, url=info.url, start=start, packed=packed) as (tar, kind):
+        if kind is not None and not packed:
+            raise ShardFormatError(
+                f"the shard is {kind}-compressed, but its name does not say so: "
+                "name it .tar.zst / .tar.gz (its index offsets are in the tar)",
+                url=info.url,
+                offset=0,
+            )
+        size = info.size if kind is None else None
+        samples = iter_samples(tar, url=info.url, start=start, end=end, size=size, max_member=limit)
         yield from _take(samples, info, where, lo, hi)
 
 

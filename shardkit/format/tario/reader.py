@@ -9,7 +9,8 @@ buffer. Anything unusual goes through the general path, which names the error.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import BinaryIO, NamedTuple, cast
 
 from shardkit._types import Sample
@@ -26,6 +27,7 @@ __all__ = [
     "TarReader",
     "iter_members",
     "iter_samples",
+    "open_range",
     "read_shard",
     "skip_bytes",
     "split_key",
@@ -274,20 +276,46 @@ def _read_stream(f: BinaryIO, url: str, end: int | None, opts: _Options) -> Iter
 def _read_path(
     path: str, url: str, start: int, end: int | None, opts: _Options
 ) -> Iterator[Sample]:
-    try:
-        f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by the generator
-    except OSError as exc:
-        raise ShardFormatError(f"cannot open shard: {exc.strerror}", url=url) from exc
-    with f, open_tar(f, url=url) as (tar, kind):
-        if start:
-            if kind is None:
-                f.seek(start)
-            else:
-                skip_bytes(tar, start)
+    def open_at(pos: int) -> BinaryIO:
+        try:
+            f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by open_range
+        except OSError as exc:
+            raise ShardFormatError(f"cannot open shard: {exc.strerror}", url=url) from exc
+        f.seek(pos)
+        return f
+
+    with open_range(open_at, url=url, start=start) as (tar, _):
         samples = iter_samples(
             tar, url=url, start=start, end=end, max_member=opts.max_member, policy=opts.policy
         )
         yield from (s for _, s in samples)
+
+
+@contextmanager
+def open_range(
+    open_at: Callable[[int], BinaryIO], *, url: str, start: int = 0, packed: bool | None = None
+) -> Iterator[tuple[BinaryIO, str | None]]:
+    """``(tar stream positioned at start, compression)`` of a maybe-compressed shard.
+
+    ``open_at(pos)`` opens the shard's bytes from byte ``pos``; ``start`` is an offset in
+    the tar (in the decompressed tar for a compressed shard). ``packed`` is what the
+    shard's name says: False opens a plain tar at ``start`` directly (a ranged read, told
+    nothing by its first bytes unless ``start`` is 0); True, or None (told by the first
+    bytes only), reads from byte 0 and decompresses up to ``start``, or seeks there in a
+    plain tar whose stream can seek. A stream that can seek stays the tar stream, so the
+    reader's direct reads of large members work on every path.
+    """
+    if packed is False and start:
+        with open_at(start) as f:
+            yield f, None
+        return
+    with open_at(0) as f, open_tar(f, url=url) as (tar, kind):
+        if start:
+            if kind is None and tar.seekable():
+                tar.seek(start)
+            else:
+                skip_bytes(tar, start)
+        yield tar, kind
 
 
 def _simple_pax(data: bytes) -> tuple[bytes | None, int | None] | None:
