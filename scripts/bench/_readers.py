@@ -194,7 +194,16 @@ def _maxrss_mb() -> float:
 
 
 def child_loader(spec: dict[str, Any]) -> dict[str, Any]:
-    out = _drain(LOADERS[spec["impl"]](spec))
+    """The first epoch of a fresh loader (``seconds``, ``first_batch_s``), then
+    ``spec['epochs'] - 1`` more over the same loader (``epoch_seconds``: steady state)."""
+    loader = LOADERS[spec["impl"]](spec)
+    out = _drain(loader)
+    out["epoch_seconds"] = []
+    for _ in range(spec.get("epochs", 1) - 1):
+        more = _drain(loader)
+        if more["samples"] != out["samples"]:
+            raise RuntimeError(f"epoch of {more['samples']} samples after {out['samples']}")
+        out["epoch_seconds"].append(more["seconds"])
     out["maxrss_mb"] = _maxrss_mb()
     return out
 
