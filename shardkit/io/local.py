@@ -5,7 +5,7 @@ read through a :class:`SeekableVerified`: each piece is read whole into a reused
 checked (by :class:`~shardkit.io.verified.PieceCheck`, the one verifier) before any byte of
 it is handed out, as the node cache and :class:`~shardkit.io.verified.PieceStream` do for
 remote shards. Unlike :class:`~shardkit.io.verified.VerifiedFile` it seeks, reuses its
-piece buffers and hashes a piece as it reads it, which the tar reader's direct read of
+piece buffers and hashes a piece as it reads it, which the tar reader's unbuffered read of
 large members and the cost of verification need. A piece that does not
 match is a :class:`ChecksumError` naming the shard and the piece; a file of another size
 than the manifest's is one at open. The whole-shard checksum is not hashed again on a read
@@ -49,7 +49,7 @@ _memo_lock = threading.Lock()
 
 class _Bounded(io.RawIOBase):
     """``[start, end)`` of an open file: reads stop at ``end``; it seeks within the range
-    (positions are offsets in the file), so the tar reader reads large members directly."""
+    (positions are offsets in the file), so the tar reader reads large members unbuffered."""
 
     def __init__(self, f: io.FileIO, start: int, end: int) -> None:
         self._f = f

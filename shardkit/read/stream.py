@@ -30,7 +30,7 @@ _LOOKAHEAD = 8
 class _Counting:
     """A read-only stream wrapper that counts the bytes it hands out (a seek counts what it
     steps over, back or forth); it can seek when the stream below can, so the tar reader's
-    direct read of large members is not lost to the count."""
+    unbuffered read of large members is not lost to the count."""
 
     def __init__(self, f: BinaryIO, counts: dict[str, float]) -> None:
         self.f = f

@@ -299,11 +299,11 @@ def open_range(
 
     ``open_at(pos)`` opens the shard's bytes from byte ``pos``; ``start`` is an offset in
     the tar (in the decompressed tar for a compressed shard). ``packed`` is what the
-    shard's name says: False opens a plain tar at ``start`` directly (a ranged read, told
+    shard's name says: False opens a plain tar at ``start`` (a ranged read, told
     nothing by its first bytes unless ``start`` is 0); True, or None (told by the first
     bytes only), reads from byte 0 and decompresses up to ``start``, or seeks there in a
     plain tar whose stream can seek. A stream that can seek stays the tar stream, so the
-    reader's direct reads of large members work on every path.
+    reader's unbuffered reads of large members work on every path.
     """
     if packed is False and start:
         with open_at(start) as f:

@@ -1,4 +1,4 @@
-"""The tar reader's direct read of large members runs on every path (issue 22).
+"""The tar reader's unbuffered read of large members runs on every path (issue 22).
 
 ``ShardDataset`` counts the bytes it reads; the count must not hide that the stream can
 seek, or the reader falls back to buffered reads and copies (the loader path read medium
@@ -19,7 +19,7 @@ from shardkit.format.tario.buffer import Buffered
 from shardkit.io.config import IoConfig
 from shardkit.write.writer import ShardWriter
 
-BIG = 100_000  # above the reader's direct-read threshold (64 KiB)
+BIG = 100_000  # above the reader's unbuffered-read threshold (64 KiB)
 
 
 def _write(out: Path, n: int, **kwargs: Any) -> Path:
@@ -30,42 +30,42 @@ def _write(out: Path, n: int, **kwargs: Any) -> Path:
 
 
 @pytest.fixture
-def direct_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The sizes of the direct reads the tar reader makes (the real method still runs)."""
+def unbuffered_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the unbuffered reads the tar reader makes (the real method still runs)."""
     calls: list[int] = []
-    real = Buffered._take_direct
+    real = Buffered._take_unbuffered
 
     def spy(self: Buffered, n: int, what: str, at: int) -> bytes:
         calls.append(n)
         return real(self, n, what, at)
 
-    monkeypatch.setattr(Buffered, "_take_direct", spy)
+    monkeypatch.setattr(Buffered, "_take_unbuffered", spy)
     return calls
 
 
 @pytest.mark.parametrize("verify", ["on", "off"])
-def test_the_dataset_reads_large_members_directly(
-    tmp_path: Path, direct_calls: list[int], verify: str
+def test_the_dataset_reads_large_members_unbuffered(
+    tmp_path: Path, unbuffered_calls: list[int], verify: str
 ) -> None:
     manifest = _write(tmp_path / "set", 30)
     ds = ShardDataset(str(manifest), shardshuffle=False, io=IoConfig(verify=verify))
     got = list(ds)
     assert [s["bin"] for s in got] == [bytes([i % 251]) * BIG for i in range(30)]
-    assert direct_calls.count(BIG) >= 20, direct_calls
+    assert unbuffered_calls.count(BIG) >= 20, unbuffered_calls
 
 
 @pytest.mark.parametrize("verify", ["on", "off"])
-def test_ranges_match_read_shard(tmp_path: Path, direct_calls: list[int], verify: str) -> None:
-    """Two ranks split one shard by sample range: each reads its half directly."""
+def test_ranges_match_read_shard(tmp_path: Path, unbuffered_calls: list[int], verify: str) -> None:
+    """Two ranks split one shard by sample range: each reads its half unbuffered."""
     manifest = _write(tmp_path / "set", 30)
     want = [s["__key__"] for s in read_shard(tmp_path / "set" / "data-000000.tar")]
-    direct_calls.clear()
+    unbuffered_calls.clear()
     keys = []
     for rank in (0, 1):
         ds = ShardDataset(str(manifest), shardshuffle=False, io=IoConfig(verify=verify))
         keys += [s["__key__"] for s in ds.split_by_node(rank=rank, world_size=2)]
     assert sorted(keys) == want
-    assert direct_calls.count(BIG) >= 15, direct_calls
+    assert unbuffered_calls.count(BIG) >= 15, unbuffered_calls
 
 
 def test_read_shard_opens_a_range_of_plain_and_compressed_shards_alike(tmp_path: Path) -> None:
