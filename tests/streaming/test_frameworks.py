@@ -102,6 +102,7 @@ def test_accelerates_own_split_refuses_split_by_node_and_warns_of_a_padded_step(
     """dispatch_batches=False wraps the data set in IterableDatasetShard: every rank reads
     it whole and keeps its own batches, so a split by node would lose half the data; and
     with drop_last off it pads the last step with the epoch's first samples."""
+
     path = _data(tmp_path, 36)
     split = sk.ShardDataset(path).split_by_node(rank=0, world_size=2)
     wrapped = IterableDatasetShard(split, batch_size=4, num_processes=2, process_index=0)
