@@ -19,9 +19,6 @@ import pytest
 import shardkit as sk
 from shardkit.errors import ConfigError
 
-pytest.importorskip("transformers")
-from accelerate.data_loader import IterableDatasetShard
-
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
 
@@ -103,6 +100,8 @@ def test_accelerates_own_split_refuses_split_by_node_and_warns_of_a_padded_step(
     it whole and keeps its own batches, so a split by node would lose half the data; and
     with drop_last off it pads the last step with the epoch's first samples."""
 
+    from accelerate.data_loader import IterableDatasetShard  # heavy: not at collection
+
     path = _data(tmp_path, 36)
     split = sk.ShardDataset(path).split_by_node(rank=0, world_size=2)
     wrapped = IterableDatasetShard(split, batch_size=4, num_processes=2, process_index=0)
@@ -119,14 +118,12 @@ def test_accelerates_own_split_refuses_split_by_node_and_warns_of_a_padded_step(
         whole, batch_size=4, num_processes=2, process_index=1, drop_last=True
     )
     assert len(dropped) == 16 and len(list(dropped)) == 16
+    even = _data(tmp_path / "even", 32)
     ids = [
         s["__key__"]
         for r in range(2)
         for s in IterableDatasetShard(
-            sk.ShardDataset(_data(tmp_path / "even", 32)),
-            batch_size=4,
-            num_processes=2,
-            process_index=r,
+            sk.ShardDataset(even), batch_size=4, num_processes=2, process_index=r
         )
     ]
     assert sorted(ids) == [f"s{i:04d}" for i in range(32)]
