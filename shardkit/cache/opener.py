@@ -256,6 +256,8 @@ class CachingOpener:
             ended = fill.done.wait(left) and ended
         with local.lock:
             leases, local.leases = list(local.leases.values()), {}
+            # a prefetch still running lets its lease go when it ends: nothing wants it now
+            local.queued.clear()
         for fd in leases:
             os.close(fd)
         return ended

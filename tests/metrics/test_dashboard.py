@@ -256,5 +256,6 @@ def test_errors_by_kind_and_skips_reach_the_stats(make_shards: MakeShards) -> No
     s = loader.stats()
     assert s["skipped_shards"] == 2 and s["skipped_samples"] == 20
     kinds = {k: v for k, v in s.items() if k.startswith("errors_") and v}
-    assert kinds == {"errors_fetch": 1, "errors_format": 1} and s["errors"] == 2
+    # the damaged shard is found by verification first (issue 20: local shards are verified)
+    assert kinds == {"errors_fetch": 1, "errors_checksum": 1} and s["errors"] == 2
     assert s["errors_decode"] == 0 and s["this_epoch"]["errors"] == 2

@@ -172,7 +172,9 @@ def test_every_pipeline_keeps_ranks_equal_and_resumes_exactly(tmp_path: Path) ->
     # the damaged shard was skipped on some rank; every rank reports the job's skips
     mine = [r["filter-skip"]["stats"]["skipped_shards"] for r in ranks]
     job = {r["filter-skip"]["stats"]["job_skipped_shards"] for r in ranks}
-    assert sum(mine) >= 1 and job == {sum(mine)}, (mine, job)
+    # every rank reports the same job count; a shard refused at open (verification,
+    # issue 20) is refused by each rank that reads a range of it, counted once per shard
+    assert sum(mine) >= 1 and len(job) == 1 and 1 <= min(job) <= sum(mine), (mine, job)
 
 
 def _elastic_rank(rank: int, world: int, port: int, root: str, phase: str, stop: int) -> None:
