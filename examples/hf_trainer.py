@@ -118,6 +118,11 @@ def main() -> None:
         callbacks=callbacks,
     )
     trainer.train(resume_from_checkpoint=True if a.resume else None)
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # gloo's threads end before the interpreter does
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
