@@ -52,6 +52,16 @@ _memo: OrderedDict[tuple[object, ...], Pieces] = OrderedDict()
 _memo_lock = threading.Lock()
 
 
+def _within(offset: int, whence: int, pos: int, start: int, end: int) -> int:
+    """The position a ``seek`` asks for in a window ``[start, end]`` of a file; outside it
+    is an ``OSError``."""
+    base = {io.SEEK_SET: 0, io.SEEK_CUR: pos, io.SEEK_END: end}[whence]
+    target = base + offset
+    if not start <= target <= end:
+        raise OSError(f"seek to {target} is outside the range {start}..{end}")
+    return target
+
+
 class _Bounded(io.RawIOBase):
     """``[start, end)`` of an open file: reads stop at ``end``; it seeks within the range
     (positions are offsets in the file), so the tar reader reads large members unbuffered."""
@@ -75,11 +85,7 @@ class _Bounded(io.RawIOBase):
         return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._end}[whence]
-        pos = base + offset
-        if not self._start <= pos <= self._end:
-            raise OSError(f"seek to {pos} is outside the range {self._start}..{self._end}")
-        self._pos = self._f.seek(pos)
+        self._pos = self._f.seek(_within(offset, whence, self._pos, self._start, self._end))
         return self._pos
 
     def read(self, size: int | None = -1) -> bytes:
@@ -143,12 +149,8 @@ class SeekableVerified(io.RawIOBase):
         return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._end}[whence]
-        pos = base + offset
-        if not self._start <= pos <= self._end:
-            raise OSError(f"seek to {pos} is outside the range {self._start}..{self._end}")
-        self._pos = pos
-        return pos
+        self._pos = _within(offset, whence, self._pos, self._start, self._end)
+        return self._pos
 
     def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
         src = self._verified()
