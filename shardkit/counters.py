@@ -30,7 +30,7 @@ class Counters:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a close() run by the GC may count while held
         self._values: dict[str, float] = {}
         self._pid = os.getpid()
 
@@ -42,7 +42,7 @@ class Counters:
 
     def _mine(self) -> dict[str, float]:
         if self._pid != os.getpid():
-            self._lock = threading.Lock()
+            self._lock = threading.RLock()
             self._values = {}
             self._pid = os.getpid()
         return self._values

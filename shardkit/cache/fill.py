@@ -83,7 +83,7 @@ class ShardFill:
         self.done = threading.Event()
         self.error: BaseException | None = None
         self._fd: int | None = fd
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant, as every lock a close() may take
         self._cursor = 0
         self._threads = 0
         self._ending = False  # its last thread is out: no thread starts again

@@ -39,7 +39,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _HELD: set[int] = set()
-_HELD_LOCK = threading.Lock()
+_HELD_LOCK = threading.RLock()  # reentrant: a close() run by the GC may take it
 _HOOKED: list[bool] = []
 
 

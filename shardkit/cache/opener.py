@@ -53,7 +53,9 @@ class _Local:
 
     def __init__(self, threads: int) -> None:
         self.pid = os.getpid()
-        self.lock = threading.Lock()
+        # reentrant: the GC may close an abandoned stream (and give back its lease) in the
+        # thread that holds it
+        self.lock = threading.RLock()
         self.fills: dict[str, ShardFill] = {}
         self.queued: set[str] = set()
         self.leases: dict[str, int] = {}  # prefetched shards, kept from eviction until read

@@ -47,9 +47,11 @@ _MEMO_SIZE = 4096  # files whose computed pieces a process keeps (~1 KB each per
 # zeroing and a page fault per 4 KiB, which measured more than the hashing)
 _SPARE_BUFFERS = 4
 _spare: list[bytearray] = []
-_spare_lock = threading.Lock()
+# reentrant, as every lock a close() takes: the garbage collector may close an abandoned
+# stream (an iterator dropped mid-shard) in the thread that holds it, while it allocates
+_spare_lock = threading.RLock()
 _memo: OrderedDict[tuple[object, ...], Pieces] = OrderedDict()
-_memo_lock = threading.Lock()
+_memo_lock = threading.RLock()
 
 
 def _within(offset: int, whence: int, pos: int, start: int, end: int) -> int:

@@ -70,3 +70,33 @@ def test_pieces_of_other_bytes_are_caught_by_the_whole_checksum(
         f.read()
     check = PieceCheck(liar)
     assert check.count == 5 and check.span(4) == (4 * PIECE, ref.size)
+
+
+def test_a_close_run_by_the_garbage_collector_under_a_held_lock_does_not_deadlock(
+    shard: tuple[ObjectRef, bytes],
+) -> None:
+    """The garbage collector closes an abandoned stream (an iterator dropped mid-shard) in
+    whatever thread allocates, and that thread may be inside the piece-buffer pool's or the
+    counters' lock: the close must not wait on it (CI hung 80 minutes on this once)."""
+    import threading
+
+    from shardkit.counters import Counters
+    from shardkit.io import local
+
+    ref, data = shard
+    counters = Counters()
+    for lock in (local._spare_lock, local._memo_lock, counters._lock):
+        f = local.open_local(ref.url, size=ref.size, checksum=ref.checksum, pieces=ref.pieces)
+        assert f.read(PIECE + 10) == data[: PIECE + 10]  # two piece buffers held
+
+        def finalizer_in_the_lock(f: object = f, lock: object = lock) -> None:
+            with lock:  # type: ignore[attr-defined]
+                f.close()  # type: ignore[attr-defined]
+                counters.add("closed")
+
+        t = threading.Thread(target=finalizer_in_the_lock, daemon=True)
+        t.start()
+        t.join(10)
+        assert not t.is_alive(), f"close() waited on {lock!r} held by its own thread"
+        assert f.closed
+    assert counters.snapshot()["closed"] == 3
