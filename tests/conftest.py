@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -47,3 +50,42 @@ def make_shards(tmp_path: Path) -> Callable[..., Manifest]:
         return _make_shards(out, sizes, **kwargs)
 
     return make
+
+
+# seconds past a test's pytest-timeout before the watchdog ends the run
+_GRACE = float(os.environ.get("SHARDKIT_TEST_GRACE", "90"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A bound on every test, its setup and teardown included, that holds where
+    pytest-timeout's signal cannot: a main thread blocked in C, or a teardown that hangs after
+    the timeout failed the test (pytest-timeout arms once). Past the test's timeout plus
+    ``_GRACE`` the watchdog writes every thread's stack to the real stderr and ends the run,
+    so CI fails at once, naming the test, instead of waiting out its own limit."""
+    marker = item.get_closest_marker("timeout")
+    limit = marker.args[0] if marker is not None and marker.args else item.config.getini("timeout")
+    done = threading.Event()
+
+    def watch() -> None:
+        if done.wait(float(limit or 300) + _GRACE):
+            return
+        fd = os.dup(2) if _REAL_STDERR is None else _REAL_STDERR
+        os.write(fd, f"\n\nwatchdog: {item.nodeid} ran past {limit} s + {_GRACE} s\n".encode())
+        faulthandler.dump_traceback(file=fd, all_threads=True)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="test-watchdog", daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+_REAL_STDERR: int | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Keep a descriptor of the terminal's stderr for the watchdog (fd 2 is captured)."""
+    global _REAL_STDERR
+    _REAL_STDERR = os.dup(sys.__stderr__.fileno()) if sys.__stderr__ is not None else None
