@@ -94,6 +94,7 @@ ORDER: dict[str, list[list[str]]] = {
             "indexed",
             "mixing",
             "workers",
+            "threads",
             "loader",
             "measure",
         ]

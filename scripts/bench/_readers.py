@@ -123,7 +123,8 @@ def loader_shardkit(spec: dict[str, Any]) -> Iterable[Any]:
 
     io = IoConfig(verify=spec.get("verify", "on"))
     ds = shardkit.ShardDataset(spec["manifest"], io=io).decode().batched(spec["batch"])
-    return shardkit.WebLoader(ds, num_workers=spec["workers"])
+    mode = spec.get("worker_mode", "process")
+    return shardkit.WebLoader(ds, num_workers=spec["workers"], worker_mode=mode)
 
 
 def loader_webdataset(spec: dict[str, Any]) -> Iterable[Any]:
@@ -176,6 +177,7 @@ def _litdata_collate(samples: list[dict[str, Any]]) -> Any:
 LOADERS = {
     "shardkit": loader_shardkit,
     "shardkit verify=off": loader_shardkit,
+    "shardkit threads": loader_shardkit,
     "webdataset": loader_webdataset,
     "mosaic": loader_mosaic,
     "litdata": loader_litdata,

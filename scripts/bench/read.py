@@ -223,6 +223,8 @@ def loader_specs(fm: Formats, args: Any) -> list[dict[str, Any]]:
         specs.insert(0, {**common, "impl": "shardkit", "manifest": fm.manifest})
         off = {**common, "impl": "shardkit verify=off", "manifest": fm.manifest, "verify": "off"}
         specs.insert(1, off)
+        threads = {**common, "impl": "shardkit threads", "manifest": fm.manifest}
+        specs.insert(2, {**threads, "worker_mode": "thread"})
     return specs
 
 

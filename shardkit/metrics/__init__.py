@@ -160,15 +160,18 @@ class LoaderStats:
         worker: int | None = None,
         counters: Mapping[str, float] | None = None,
         io: Mapping[str, float] | None = None,
+        *,
+        io_worker: int | None = None,
         **extra: float,
     ) -> None:
         """One batch arrived after ``wait`` seconds; ``worker``'s counters (since the
-        iteration began) came with it. ``extra`` keyword counters (this iteration's
+        iteration began) came with it, and the io counters of ``io_worker`` (default: the
+        worker; thread workers share their process's). ``extra`` keyword counters (this iteration's
         running totals, e.g. skips summed across ranks) appear as keys of both windows.
         """
         now = time.perf_counter()
         with self._lock:
-            self._record(now, wait, worker, counters, io, extra)
+            self._record(now, wait, worker, counters, io, extra, io_worker)
         if self.current.batches > 1:
             span = now - self._t_prev
             for alert in self.alerts:
@@ -182,6 +185,7 @@ class LoaderStats:
         counters: Mapping[str, float] | None,
         io: Mapping[str, float] | None,
         extra: Mapping[str, float],
+        io_worker: int | None = None,
     ) -> None:
         if self._t0 is None:  # recorded outside an iteration: start one
             self._start(self.epoch)
@@ -206,8 +210,9 @@ class LoaderStats:
             cur.worker(w)
             tot.worker(w)
         if io is not None:
-            _add_delta([cur.io, tot.io], io, self._prev_io.get(w, {}))
-            self._prev_io[w] = io
+            k = w if io_worker is None else io_worker
+            _add_delta([cur.io, tot.io], io, self._prev_io.get(k, {}))
+            self._prev_io[k] = io
         if extra:
             _add_delta([cur.extra, tot.extra], extra, self._prev_extra)
             self._prev_extra = {**self._prev_extra, **extra}

@@ -22,13 +22,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 from torch.utils.data import DataLoader
 
 from shardkit.errors import ConfigError, StateDictError
-from shardkit.metrics import LoaderStats
+from shardkit.metrics import LoaderStats, counter_delta
 from shardkit.stages import Context
 from shardkit.stages.base import state_epoch
 from shardkit.stages.mixture import find_mix, reweighted
@@ -44,6 +44,7 @@ from shardkit.streaming.resume import (
     resume_plan,
 )
 from shardkit.streaming.sync import EpochEnd
+from shardkit.streaming.threads import WORKER_MODES, ThreadWorkers
 from shardkit.streaming.transfer import Mailbox, PackedBytes, arrived
 from shardkit.streaming.workers import Collate, WorkerSide
 
@@ -64,6 +65,10 @@ class WebLoader:
         num_workers, pin_memory, prefetch_factor, persistent_workers,
         multiprocessing_context, collate_fn, drop_last, timeout, worker_init_fn:
             as for DataLoader (``in_order`` is always on: resume relies on it).
+        worker_mode: ``"process"`` (default: DataLoader worker processes) or ``"thread"``
+            (``num_workers`` threads of this process, in the same order, with the same
+            state and DDP contract; for pipelines whose work releases the GIL: see
+            :mod:`shardkit.streaming.threads`).
         dataloader_kwargs: more DataLoader options.
     """
 
@@ -76,8 +81,13 @@ class WebLoader:
         collate_fn: Callable[[list[Any]], Any] | None = None,
         drop_last: bool = False,
         sync: bool | None = None,
+        worker_mode: str = "process",
         **dataloader_kwargs: Any,
     ) -> None:
+        if worker_mode not in WORKER_MODES:
+            raise ConfigError(f"WebLoader: worker_mode={worker_mode!r}: use one of {WORKER_MODES}")
+        if worker_mode == "thread" and num_workers < 1:
+            raise ConfigError("WebLoader: worker_mode='thread' needs num_workers >= 1")
         if not isinstance(dataset, ShardDataset):
             raise ConfigError(f"WebLoader needs a ShardDataset, not {type(dataset).__name__}")
         for key in _REFUSED:
@@ -91,14 +101,22 @@ class WebLoader:
         self._logical = max(num_workers, 1)
         self._mailbox = Mailbox()
         side = WorkerSide(dataset, self._mailbox, batch_size or 1)
-        self._loader: DataLoader[Any] = DataLoader(
-            side,
-            batch_size=batch_size,
-            num_workers=num_workers,
-            collate_fn=Collate(collate_fn, batch_size is not None),
-            drop_last=drop_last,
-            **dataloader_kwargs,
-        )
+        self.worker_mode = worker_mode
+        self._loader: Iterable[Any]
+        if worker_mode == "thread":
+            self._loader = ThreadWorkers(
+                side, num_workers, batch_size, collate_fn, drop_last, dataloader_kwargs
+            )
+        else:
+            self._loader = DataLoader(
+                side,
+                batch_size=batch_size,
+                num_workers=num_workers,
+                collate_fn=Collate(collate_fn, batch_size is not None),
+                drop_last=drop_last,
+                **dataloader_kwargs,
+            )
+        self._io_base: dict[str, float] = {}
         self._epoch = dataset.epoch
         self._sync = sync
         self._end = EpochEnd()
@@ -179,6 +197,8 @@ class WebLoader:
             self._stats.stop()
             return iter(())
         self._mailbox.write(box)
+        if self.worker_mode == "thread":  # the workers share this process's io counters
+            self._io_base = self.dataset.io_stats()
         synced = self._job() and (self._sync is True or not self._lockstep())
         return self._iterate(iter(self._loader), synced)
 
@@ -273,13 +293,18 @@ class WebLoader:
     def _deliver(self, got: Any, t: float) -> Any:
         """Record a batch's meta (its worker's cursor, counters) as it is handed out."""
         batch, meta = cast(tuple[Any, dict[str, Any]], got)
-        if self.num_workers:
-            batch = arrived(batch)
         w = int(meta["w"])
         self._states[w] = meta["s"]
         self._batches += 1
         self._next_worker = (w + 1) % self._logical
-        self._stats.record(time.perf_counter() - t, w, meta["c"], meta["io"])
+        wait = time.perf_counter() - t
+        if self.worker_mode == "thread":  # counted once for the process, not per worker
+            io = counter_delta(self.dataset.io_stats(), self._io_base)
+            self._stats.record(wait, w, meta["c"], io, io_worker=-1)
+            return batch
+        if self.num_workers:
+            batch = arrived(batch)
+        self._stats.record(wait, w, meta["c"], meta["io"])
         return batch
 
     # -- state ---------------------------------------------------------------------

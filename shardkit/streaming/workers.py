@@ -42,7 +42,19 @@ class WorkerSide(IterableDataset[Any]):
 
     def __iter__(self) -> Iterator[tuple[Any, dict[str, Any] | None]]:
         info = get_worker_info()
-        phys, n = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is None:
+            return self.stream(0, 1)
+        return self.stream(info.id, info.num_workers, seed_rngs=True)
+
+    def stream(
+        self, phys: int, n: int, *, seed_rngs: bool = False, own_io: bool = True
+    ) -> Iterator[tuple[Any, dict[str, Any] | None]]:
+        """The items worker ``phys`` of ``n`` yields, each with its meta (or None).
+
+        ``seed_rngs``: seed user code's global RNGs (a worker process's own; never in the
+        training process). ``own_io``: the worker has the process's I/O counters to itself
+        (a worker process); thread workers share them, so the loader counts I/O instead.
+        """
         box = self.mailbox.read()
         logical = (int(box["rotation"]) + phys) % n
         ctx = Context(int(box["rank"]), int(box["world"]), logical, n, int(box["epoch"]))
@@ -50,10 +62,10 @@ class WorkerSide(IterableDataset[Any]):
         ds.set_epoch(ctx.epoch)
         states = box["states"]
         mine = None if states is None else states[logical % len(states)]
-        if info is not None:  # a worker process: seed user code's RNGs (never the trainer's)
+        if seed_rngs:
             _seed_everything(stream_seed(ds.seed, ctx.epoch, ctx.rank, logical, 0xBEEF))
-        base_io = ds.io_stats()
-        return self._run(ds.iterate(ctx, mine), logical, ds.io_stats, base_io)
+        io_stats = ds.io_stats if own_io else _no_io
+        return self._run(ds.iterate(ctx, mine), logical, io_stats, io_stats())
 
     def _run(
         self,
@@ -83,15 +95,25 @@ class WorkerSide(IterableDataset[Any]):
             item = nxt
 
 
-class Collate:
-    """Collate in the worker and keep the batch's meta (the last item's)."""
+def _no_io() -> dict[str, float]:
+    return {}
 
-    def __init__(self, fn: Callable[[list[Any]], Any] | None, batched: bool) -> None:
+
+class Collate:
+    """Collate in the worker and keep the batch's meta (the last item's).
+
+    ``shared``: the batch crosses to the training process (a worker process), so big
+    arrays and bytes go into shared memory; None: when run in a DataLoader worker."""
+
+    def __init__(
+        self, fn: Callable[[list[Any]], Any] | None, batched: bool, shared: bool | None = None
+    ) -> None:
         self.fn = fn or default_collate
         self.batched = batched
+        self.shared = shared
 
     def __call__(self, items: Any) -> tuple[Any, Any]:
-        in_worker = get_worker_info() is not None
+        in_worker = get_worker_info() is not None if self.shared is None else self.shared
         if not self.batched:
             item, meta = items
             return to_torch(item, in_worker), meta

@@ -1,0 +1,172 @@
+"""Thread workers for :class:`~shardkit.WebLoader` (``worker_mode="thread"``).
+
+``num_workers`` threads of the training process play the DataLoader's worker processes:
+each iterates the data set as the logical worker it plays, batches and collates, and the
+batches are handed out in the DataLoader's order (round-robin over the workers, an
+exhausted worker skipped), so state, exact resume and the DDP contract are the same as
+with processes. Nothing is pickled and no batch crosses a process: arrays and bytes stay
+where the worker made them. It pays where the pipeline's work releases the GIL (reading,
+verification, image and numpy decoding); pure-Python work shares one interpreter.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data._utils.pin_memory import pin_memory
+
+from shardkit.errors import ConfigError, FetchError
+from shardkit.streaming.workers import Collate, WorkerSide
+
+__all__ = ["WORKER_MODES", "ThreadWorkers"]
+
+WORKER_MODES = ("process", "thread")
+# DataLoader options that have a meaning for threads; the others concern processes
+_THREAD_OPTIONS = frozenset(
+    {"pin_memory", "pin_memory_device", "prefetch_factor", "timeout", "worker_init_fn"}
+)
+_IGNORED = frozenset({"persistent_workers", "multiprocessing_context"})
+_POLL = 0.1  # seconds between a blocked worker's looks at the stop flag
+
+
+class _Ended:
+    """A worker's end of the epoch, or the error that ended it."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.error = error
+
+
+class ThreadWorkers:
+    """Batches from ``workers`` threads in a DataLoader's order (see the module docstring).
+
+    Args:
+        side: what each worker runs (:class:`WorkerSide`).
+        workers: threads (at least 1).
+        batch_size: items per batch (None: the data set's items, one at a time).
+        collate_fn, drop_last: as for DataLoader.
+        options: DataLoader options: ``prefetch_factor`` (batches each worker makes
+            ahead, default 2), ``timeout`` (seconds to wait for a batch, 0: no limit),
+            ``pin_memory`` (and ``pin_memory_device``), ``worker_init_fn`` (called in each
+            thread with its worker id); process options are accepted and mean nothing.
+    """
+
+    def __init__(
+        self,
+        side: WorkerSide,
+        workers: int,
+        batch_size: int | None,
+        collate_fn: Callable[[list[Any]], Any] | None,
+        drop_last: bool,
+        options: dict[str, Any],
+    ) -> None:
+        unknown = set(options) - _THREAD_OPTIONS - _IGNORED
+        if unknown:
+            raise ConfigError(
+                f"WebLoader(worker_mode='thread'): {', '.join(sorted(unknown))} "
+                "not supported with thread workers"
+            )
+        self.side = side
+        self.workers = max(int(workers), 1)
+        self.batch_size = batch_size
+        self.collate = Collate(collate_fn, batch_size is not None, shared=False)
+        self.drop_last = drop_last
+        self.ahead = max(int(options.get("prefetch_factor") or 2), 1)
+        self.timeout = float(options.get("timeout") or 0)
+        self.pin = bool(options.get("pin_memory")) and torch.cuda.is_available()
+        self.pin_device = str(options.get("pin_memory_device") or "")
+        self.init_fn: Callable[[int], Any] | None = options.get("worker_init_fn")
+
+    def __iter__(self) -> Iterator[Any]:
+        stop = threading.Event()
+        queues: list[queue.Queue[Any]] = [queue.Queue(self.ahead) for _ in range(self.workers)]
+        threads = [
+            threading.Thread(
+                target=self._work,
+                args=(w, queues[w], stop),
+                name=f"shardkit-worker-{w}",
+                daemon=True,
+            )
+            for w in range(self.workers)
+        ]
+        for t in threads:
+            t.start()
+        return self._handed_out(queues, threads, stop)
+
+    def _handed_out(
+        self, queues: list[queue.Queue[Any]], threads: list[threading.Thread], stop: threading.Event
+    ) -> Iterator[Any]:
+        """Round-robin over the workers still going, as the DataLoader hands out batches."""
+        going = list(range(self.workers))
+        turn = 0
+        try:
+            while going:
+                w = going[turn % len(going)]
+                got = self._take(queues[w], w)
+                if isinstance(got, _Ended):
+                    if got.error is not None:
+                        raise got.error
+                    del going[turn % len(going)]
+                    continue  # the next worker takes this turn
+                turn = turn % len(going) + 1
+                yield pin_memory(got, self.pin_device or None) if self.pin else got  # type: ignore[no-untyped-call]
+        finally:
+            stop.set()
+            for q in queues:  # wake workers blocked on a full queue
+                while not q.empty():
+                    q.get_nowait()
+            for t in threads:
+                t.join(timeout=5 * _POLL)
+
+    def _take(self, q: queue.Queue[Any], w: int) -> Any:
+        if not self.timeout:
+            return q.get()
+        try:
+            return q.get(timeout=self.timeout)
+        except queue.Empty:
+            raise FetchError(
+                f"WebLoader: thread worker {w} gave no batch within timeout={self.timeout} s"
+            ) from None
+
+    def _work(self, w: int, q: queue.Queue[Any], stop: threading.Event) -> None:
+        def put(x: Any) -> bool:
+            while not stop.is_set():
+                try:
+                    q.put(x, timeout=_POLL)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        items = None
+        try:
+            if self.init_fn is not None:
+                self.init_fn(w)
+            items = self.side.stream(w, self.workers, own_io=False)
+            for batch in self._batches(items):
+                if not put(batch):
+                    return
+            put(_Ended())
+        except BaseException as e:  # noqa: BLE001 - handed to the training loop at its turn
+            put(_Ended(e))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()  # the epoch's end runs in the thread that read it
+
+    def _batches(self, items: Iterator[Any]) -> Iterator[Any]:
+        if self.batch_size is None:
+            for item in items:
+                yield self.collate(item)
+            return
+        batch: list[Any] = []
+        for item in items:
+            batch.append(item)
+            if len(batch) == self.batch_size:
+                yield self.collate(batch)
+                batch = []
+        if batch and not self.drop_last:
+            yield self.collate(batch)
