@@ -325,6 +325,14 @@ class WebLoader:
             "next_worker": self._next_worker,
             "workers": self._states,
         }
+        complete = self._complete
+        if self._begun is not None and self._begun != self._epoch:
+            # set_epoch moved on since the last iteration: the next iter() starts this
+            # epoch afresh (with what the pipeline carries over), and so does this state
+            where = self.dataset.context(0, self._logical, self._epoch)
+            carried = self._carried(None, where)
+            entry.update(batches=0, next_worker=0, workers=carried or [None] * self._logical)
+            complete = False
         ranks: list[dict[str, Any]] = [entry]
         if self._job():
             ranks = sorted(self._end.gather(entry), key=lambda e: int(e["rank"]))
@@ -333,7 +341,7 @@ class WebLoader:
                 "stage": STAGE,
                 "version": VERSION,
                 "epoch": self._epoch,
-                "complete": self._complete,
+                "complete": complete,
                 "world": self._where.world,
                 "num_workers": self._logical,
                 "pipeline": self._fingerprint,

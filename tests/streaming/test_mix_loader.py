@@ -235,3 +235,24 @@ def test_exposure_reads_back_from_tensorboard(sets: dict[str, str], tmp_path: Pa
     assert {f"data/source/web/{k}" for k in ("tokens", "epochs", "share", "weight")} <= set(
         acc.Tags()["scalars"]
     )
+
+
+@pytest.mark.parametrize(("stop", "epoch_len"), [("longest", None), ("never", 12)])
+def test_a_state_saved_after_set_epoch_starts_that_epoch(
+    sets: dict[str, str], stop: str, epoch_len: int | None
+) -> None:
+    """A checkpoint taken between epochs (after ``set_epoch(n + 1)``, before iterating) is
+    the start of epoch n + 1, what the pipeline carries over included: loaded into a new
+    loader it gives exactly what the first loader gives (it was refused as "a worker state
+    for epoch n in a state for epoch n + 1")."""
+    first = loader(sets, [0.5, 0.3, 0.2], stop=stop, epoch_len=epoch_len)
+    assert len([idents(b) for b in first]) > 0
+    first.set_epoch(1)
+    state = json.loads(json.dumps(first.state_dict()))
+    assert state["epoch"] == 1 and not state["complete"]
+    want = [idents(b) for b in first]
+    again = loader(sets, [0.5, 0.3, 0.2], stop=stop, epoch_len=epoch_len)
+    again.load_state_dict(state)
+    again.set_epoch(1)
+    assert [idents(b) for b in again] == want and want
+    assert again.stats()["sources"] == first.stats()["sources"]
