@@ -41,6 +41,12 @@ def render(stats: dict[str, Any]) -> str:
         f"  wait         p50 {_ms(s['wait_p50_s'])}, p99 {_ms(s['wait_p99_s'])}, "
         f"max {_ms(s['wait_max_s'])}; the loop waited {s['wait_fraction']:.1%} of wall time",
     ]
+    busy = s["time_worker_s"]
+    if busy > 0:
+        parts = [("read+verify", "time_read_s"), ("decode", "time_decode_s")]
+        parts.append(("parse, shuffle, maps, batch", "time_other_s"))
+        shares = ", ".join(f"{name} {s[k] / busy:.0%}" for name, k in parts)
+        lines.append(f"  worker time  {busy:.2f} s: {shares}")
     workers = s["per_worker"]
     if len(workers) > 1:
         rates = ", ".join(f"{w['samples_per_s']:,.0f}" for w in workers)

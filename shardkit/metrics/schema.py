@@ -29,6 +29,12 @@ dict with these keys, always all of them; counts are ``int``, rates and times ``
 ``per_worker``            per DataLoader worker: ``worker``, ``batches``, ``samples``,
                           ``bytes``, ``samples_per_s``, ``mb_per_s``
 ``io``                    the raw io counters (:data:`IO_KEYS`, ints), summed
+``time_worker_s``         where the time goes (:data:`TIME_KEYS`, seconds summed over
+                          workers): making items in the workers; of it ``time_read_s``
+                          (reading and verifying shard bytes), ``time_decode_s``
+                          (decoders) and ``time_other_s`` (the rest: tar parsing,
+                          shuffling, maps, batching); ``time_wait_s`` is the training
+                          loop's wait (the transfer from the workers included)
 ========================  =========================================================
 
 Cache hits and misses are counted per open of a cached object (a shard or its sample
@@ -52,6 +58,7 @@ __all__ = [
     "RATE_KEYS",
     "RETRY_KINDS",
     "SCHEMA_VERSION",
+    "TIME_KEYS",
     "WINDOW_KEYS",
     "window",
 ]
@@ -105,11 +112,23 @@ RATE_KEYS = (
     "wait_fraction",
     "cache_hit_ratio",
 )
-WINDOW_KEYS = (*COUNT_KEYS, *RATE_KEYS, "per_worker", "io")
+TIME_KEYS = ("time_worker_s", "time_read_s", "time_decode_s", "time_other_s", "time_wait_s")
+WINDOW_KEYS = (*COUNT_KEYS, *RATE_KEYS, *TIME_KEYS, "per_worker", "io")
 
 
 def _int(counts: Mapping[str, float], key: str) -> int:
     return round(float(counts.get(key, 0.0)))
+
+
+def _times(counts: Mapping[str, float], wait_total: float) -> dict[str, float]:
+    busy, read, decode = (float(counts.get(k, 0.0)) for k in ("worker_s", "read_s", "decode_s"))
+    return {
+        "time_worker_s": busy,
+        "time_read_s": read,
+        "time_decode_s": decode,
+        "time_other_s": max(busy - read - decode, 0.0),
+        "time_wait_s": float(wait_total),
+    }
 
 
 def window(
@@ -162,6 +181,7 @@ def window(
         "wait_total_s": float(wait_total),
         "wait_fraction": min(1.0, wait_total * per_s),
         "cache_hit_ratio": hits / opens if opens else 0.0,
+        **_times(counts, wait_total),
         "per_worker": [
             {
                 "worker": i,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Generator, Iterator, Sequence
+from time import perf_counter
 from typing import Any, BinaryIO
 
 from shardkit._types import Sample
@@ -29,7 +30,8 @@ _LOOKAHEAD = 8
 
 class _Counting:
     """A read-only stream wrapper that counts the bytes it hands out (a seek counts what it
-    steps over, back or forth); it can seek when the stream below can, so the tar reader's
+    steps over, back or forth) and the seconds its reads took (``read_s``: I/O and the
+    verification of the bytes); it can seek when the stream below can, so the tar reader's
     unbuffered read of large members is not lost to the count."""
 
     def __init__(self, f: BinaryIO, counts: dict[str, float]) -> None:
@@ -37,8 +39,11 @@ class _Counting:
         self.counts = counts
 
     def read(self, n: int = -1) -> bytes:
+        t = perf_counter()
         data = self.f.read(n)
-        self.counts["bytes"] += len(data)
+        counts = self.counts
+        counts["bytes"] += len(data)
+        counts["read_s"] = counts.get("read_s", 0.0) + (perf_counter() - t)
         return data
 
     def seekable(self) -> bool:

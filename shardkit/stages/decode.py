@@ -22,6 +22,7 @@ import io
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from functools import partial
+from time import perf_counter
 from typing import Any
 
 import numpy as np
@@ -211,7 +212,7 @@ class _DecodeCursor(Cursor):
         super().__init__(up)
         self.stage = stage
         self.bad = bad
-        self.skipped = {"skipped_samples": 0.0, "skipped_shards": 0.0}
+        self.skipped = {"skipped_samples": 0.0, "skipped_shards": 0.0, "decode_s": 0.0}
         self.items = self._decode_all()
 
     def state(self) -> dict[str, Any]:
@@ -230,9 +231,11 @@ class _DecodeCursor(Cursor):
             if bad_urls and sample.get("__url__") in bad_urls:
                 skipped["skipped_samples"] += 1
                 continue
+            t = perf_counter()
             try:
                 out = self.stage.decode_sample(sample)
             except DecodeError as exc:
+                skipped["decode_s"] += perf_counter() - t
                 if policy == "raise":
                     raise
                 skipped["skipped_samples"] += 1
@@ -242,6 +245,7 @@ class _DecodeCursor(Cursor):
                     skipped["skipped_shards"] += 1
                 report(policy, exc, f"sample {sample.get('__key__')!r}")
                 continue
+            skipped["decode_s"] += perf_counter() - t
             yield out
 
     def counters(self) -> dict[str, float]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator
+from time import perf_counter
 from typing import Any
 
 import numpy as np
@@ -74,21 +75,24 @@ class WorkerSide(IterableDataset[Any]):
         io_stats: Callable[[], dict[str, float]],
         base_io: dict[str, float],
     ) -> Iterator[tuple[Any, dict[str, Any] | None]]:
+        busy = 0.0  # seconds in the pipeline: what the worker spent making items
+
         def meta() -> dict[str, Any]:
-            return {
-                "w": logical,
-                "s": it.state(),
-                "c": it.counters(),
-                "io": counter_delta(io_stats(), base_io),
-            }
+            c = it.counters()
+            c["worker_s"] = busy
+            return {"w": logical, "s": it.state(), "c": c, "io": counter_delta(io_stats(), base_io)}
 
         every = self.every
         count = 0
+        t = perf_counter()
         item = next(it, _END)
+        busy += perf_counter() - t
         while item is not _END:
             count += 1
             m = meta() if count % every == 0 else None  # before the next item is read
+            t = perf_counter()
             nxt = next(it, _END)
+            busy += perf_counter() - t
             if m is None and nxt is _END:
                 m = meta()
             yield item, m

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import json
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -164,3 +165,24 @@ def test_thread_workers_keep_the_ddp_contract(manifest: str, tmp_path: Path) -> 
     assert len({r["steps"] for r in ranks} | {r["len"] for r in ranks}) == 1
     keys = [k for r in ranks for k in r["keys"]]
     assert len(keys) == len(set(keys)) and len(keys) > 81 - 4 * 2 * 2 * WORLD
+
+
+def _slow(sample: dict[str, Any]) -> dict[str, Any]:
+    time.sleep(0.004)
+    return sample
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_stats_say_where_the_time_goes(manifest: str, mode: str) -> None:
+    """Per-stage time in the stats: a map that sleeps 4 ms a sample shows up as the
+    workers' "other" time, not as reading or decoding; reading and decoding are counted."""
+    ds = sk.ShardDataset(manifest, seed=5).map(_slow).decode().to_tuple("__key__", "tokens.npy")
+    kwargs: dict[str, Any] = {"multiprocessing_context": "fork"} if mode == "process" else {}
+    loader = sk.WebLoader(ds.batched(4), num_workers=2, worker_mode=mode, **kwargs)
+    assert len(list(loader)) == len(loader)
+    st = loader.stats()
+    assert st["time_other_s"] >= 81 * 0.004
+    assert 0 < st["time_read_s"] < st["time_other_s"] and st["time_decode_s"] > 0
+    parts = st["time_read_s"] + st["time_decode_s"] + st["time_other_s"]
+    assert parts == pytest.approx(st["time_worker_s"])
+    assert st["time_wait_s"] == st["wait_total_s"]
