@@ -35,6 +35,7 @@ __all__ = ["OBJECT_SCHEMES", "ObjectInfo", "ObjectStore", "Upload", "is_object_u
 OBJECT_SCHEMES = ("s3", "gs", "az")
 DEFAULT_PART_SIZE = 8 << 20  # S3's smallest part is 5 MiB; GCS wants multiples of 256 KiB
 STALE_UPLOAD_AGE = 6 * 3600.0
+_GS_TIMEOUT = (30.0, 120.0)  # connect, read: seconds per request of a GCS upload
 
 
 def is_object_url(target: object) -> bool:
@@ -254,28 +255,54 @@ class S3Store(ObjectStore):
 
 # -- GCS ---------------------------------------------------------------------------------
 class _GsUpload(Upload):
+    """A GCS resumable session driven chunk by chunk (a PUT per part with its
+    ``Content-Range``). Not the SDK's ``BlobWriter``: that is an ``io`` object whose
+    finalizer closes it, so a writer dropped without ``complete`` (a crash caught, a test
+    that lets it go) made the partial shard appear when the garbage collector ran, and its
+    requests ran at whatever point the collector did (a single-threaded server then waited
+    on one half of an interrupted request: CI hung there)."""
+
     def __init__(self, store: GsStore, key: str) -> None:
-        # a resumable session; parts are multiples of 256 KiB
+        # parts are multiples of 256 KiB, as the resumable protocol asks
         super().__init__(max(256 << 10, store.part_size // (256 << 10) * (256 << 10)))
-        self._writer = (
-            store.client.bucket(store.bucket)
-            .blob(key)
-            .open("wb", chunk_size=self.part_size, ignore_flush=True)
-        )
+        blob = store.client.bucket(store.bucket).blob(key)
+        self._session: str = blob.create_resumable_upload_session()
+        self._http = store.client._http  # the client's authorised requests session
+        self._sent = 0
         self._store, self._key = store, key
 
+    def _put(self, data: bytes, *, last: bool) -> Any:
+        lo, hi = self._sent, self._sent + len(data)
+        total = str(hi) if last else "*"
+        span = f"bytes {lo}-{hi - 1}/{total}" if data else f"bytes */{total}"
+        resp = self._http.put(
+            self._session, data=data, headers={"Content-Range": span}, timeout=_GS_TIMEOUT
+        )
+        want = (200, 201) if last else (308,)
+        if resp.status_code not in want:
+            raise FetchError(
+                f"{self._store.url(self._key)}: the resumable upload answered HTTP "
+                f"{resp.status_code} to {span} (wanted {want}): {resp.text[:200]}"
+            )
+        self._sent = hi
+        return resp
+
     def _send(self, part: bytes) -> None:
-        self._writer.write(part)
+        self._put(part, last=False)
 
     def _finish(self, last: bytes) -> str:
-        if last:
-            self._writer.write(last)
-        self._writer.close()
+        resp = self._put(last, last=True)
+        with contextlib.suppress(ValueError):
+            etag = resp.json().get("etag")
+            if etag:
+                return str(etag)
         info = self._store.head(self._key)
         return info.etag if info else ""
 
     def _drop(self) -> None:
-        pass  # an unfinished session holds no object and expires on its own
+        # cancel the session (best effort: an unfinished session holds no object)
+        with contextlib.suppress(Exception):
+            self._http.delete(self._session, timeout=_GS_TIMEOUT)
 
 
 class GsStore(ObjectStore):
