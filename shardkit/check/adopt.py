@@ -67,6 +67,7 @@ def adopt_remote(
     workers: int = 8,
     progress: Callable[[int], object] | None = None,
     on_shard: Callable[[], object] | None = None,
+    tar_policy: str = "strict",
 ) -> tuple[Manifest, str]:
     """A manifest (unsaved) and sample indexes (written) in ``out_dir`` for remote shards.
 
@@ -76,6 +77,7 @@ def adopt_remote(
     as each shard is done. The first failure (a :class:`FetchError`, a
     :class:`ShardFormatError` naming the shard and byte) stops the rest; no manifest is
     written then. Returns the manifest and its path (``out_dir/manifest.json``).
+    ``tar_policy`` is the tar reader's (``"lenient"`` skips links, devices, FIFOs).
     """
     urls = expand_braces(pattern)
     if not all(is_remote_pattern(u) for u in urls):
@@ -95,7 +97,8 @@ def adopt_remote(
 
     def one(url: str, rel: str) -> tuple[ShardEntry, FieldStats]:
         with opener.open(url) as f:
-            scan = scan_stream(f, url, algo=algo, nkeys=0, progress=count, piece_size=piece_size)
+            scan = scan_stream(f, url, algo=algo, nkeys=0, progress=count,
+                               piece_size=piece_size, tar_policy=tar_policy)  # fmt: skip
         idx = idx_sum = None
         if index:
             # the current, bound form (SKIDX002): readers warned on the old one every epoch

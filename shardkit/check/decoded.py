@@ -54,10 +54,12 @@ def field_problem(field: str, data: bytes) -> str | None:
     return None
 
 
-def bad_fields(f: BinaryIO, url: str, size: int | None) -> Iterator[BadField]:
-    """Every field of the shard ``f`` that does not decode."""
+def bad_fields(
+    f: BinaryIO, url: str, size: int | None, *, tar_policy: str = "strict"
+) -> Iterator[BadField]:
+    """Every field of the shard ``f`` that does not decode (read under ``tar_policy``)."""
     with open_tar(f, url=url) as (tar, kind):
-        reader = TarReader(tar, url=url, size=size if kind is None else None)
+        reader = TarReader(tar, url=url, size=size if kind is None else None, policy=tar_policy)
         for off, sample in reader.samples():
             key = str(sample["__key__"])
             for name, value in sample.items():

@@ -62,14 +62,15 @@ class ShardScan:
     first_keys: list[str] = field(default_factory=list)
     pieces: Pieces | None = None
     signatures: list[int] = field(default_factory=list)  # per sample, for the index
+    skipped: dict[str, int] = field(default_factory=dict)  # members passed over, by kind
 
     @property
     def nsamples(self) -> int:
         return len(self.offsets)
 
 
-def _scan_tar(f: BinaryIO, url: str, size: int | None, nkeys: int) -> tuple[Any, ...]:
-    reader = TarReader(f, url=url, size=size, keep_data=False)  # sizes only: nothing held
+def _scan_tar(f: BinaryIO, url: str, size: int | None, nkeys: int, policy: str) -> tuple[Any, ...]:
+    reader = TarReader(f, url=url, size=size, keep_data=False, policy=policy)  # sizes only
     offsets: list[int] = []
     stats: FieldStats = {}
     keys: list[str] = []
@@ -85,7 +86,8 @@ def _scan_tar(f: BinaryIO, url: str, size: int | None, nkeys: int) -> tuple[Any,
             st["count"] += 1
             st["bytes"] += data
     end = reader.end_offset if reader.end_offset is not None else reader.offset
-    return offsets, end, stats, keys, sigs
+    skipped = {k: n for k, n in reader.skipped.items() if k != "directory"}
+    return offsets, end, stats, keys, sigs, skipped
 
 
 def scan_shard(
@@ -96,12 +98,15 @@ def scan_shard(
     url: str | None = None,
     progress: Callable[[int], object] | None = None,
     piece_size: int | None = None,
+    tar_policy: str = "strict",
 ) -> ShardScan:
     """Read the shard at ``path`` once: checksum, sample offsets, field stats, first keys
     (and with ``piece_size`` the checksums of its pieces, hashed in the same pass).
 
     Raises :class:`ShardFormatError` (naming the shard and byte offset) for a tar that is
     truncated, corrupt or hostile. ``progress(nbytes)`` is called as bytes are read.
+    ``tar_policy="lenient"`` skips links, devices, FIFOs and unknown member types
+    (counted in :attr:`ShardScan.skipped`, warned naming the shard).
     """
     name = url or path
     try:
@@ -111,7 +116,7 @@ def scan_shard(
     with raw:
         size = os.fstat(raw.fileno()).st_size
         scan = scan_stream(raw, name, algo=algo, nkeys=nkeys, progress=progress,
-                           piece_size=piece_size, size=size)  # fmt: skip
+                           piece_size=piece_size, size=size, tar_policy=tar_policy)  # fmt: skip
     scan.path = path
     return scan
 
@@ -125,17 +130,20 @@ def scan_stream(
     progress: Callable[[int], object] | None = None,
     piece_size: int | None = None,
     size: int | None = None,
+    tar_policy: str = "strict",
 ) -> ShardScan:
     """:func:`scan_shard` of a stream positioned at a shard's first byte (a remote shard);
     ``size`` is its size when known."""
     src = HashingReader(raw, Digest(algo, piece_size, progress))
     with open_tar(src, url=name) as (tar, kind):  # type: ignore[arg-type]
-        found = _scan_tar(tar, name, size if kind is None else None, nkeys)
+        found = _scan_tar(tar, name, size if kind is None else None, nkeys, tar_policy)
     src.drain()
-    offsets, end, stats, keys, sigs = found
+    offsets, end, stats, keys, sigs, skipped = found
     checksum = src.digest.checksum()
     found_pieces = src.digest.pieces.result() if src.digest.pieces is not None else None
-    return ShardScan(name, src.digest.size, checksum, offsets, end, stats, keys, found_pieces, sigs)
+    return ShardScan(
+        name, src.digest.size, checksum, offsets, end, stats, keys, found_pieces, sigs, skipped
+    )
 
 
 def add_fields(acc: FieldStats, more: FieldStats) -> None:
@@ -153,8 +161,13 @@ def manifest_from_shards(
     index: bool = True,
     progress: Callable[[int], object] | None = None,
     piece_size: int | None = DEFAULT_PIECE_SIZE,
+    tar_policy: str = "strict",
 ) -> tuple[Manifest, str]:
     """A manifest for existing shards: a directory (searched recursively) or a pattern.
+
+    ``tar_policy="lenient"`` skips links, devices, FIFOs and unknown member types (each
+    shard's count warned naming it; the manifest and indexes then describe the shards as a
+    lenient reader reads them: read them with ``IoConfig(tar_policy="lenient")``).
 
     Each shard is read once (its piece checksums, with ``piece_size``, in the same pass).
     With ``index`` a ``.idx`` sample index is written beside
@@ -188,7 +201,8 @@ def manifest_from_shards(
                 "readers would refuse it"
             )
         url = rel.replace(os.sep, "/")
-        scan = scan_shard(p, algo=algo, nkeys=0, url=url, progress=progress, piece_size=piece_size)
+        scan = scan_shard(p, algo=algo, nkeys=0, url=url, progress=progress,
+                          piece_size=piece_size, tar_policy=tar_policy)  # fmt: skip
         idx = idx_sum = None
         if index:
             data = write_index(
@@ -206,7 +220,9 @@ def manifest_from_shards(
     return Manifest(shards, algo, fields, created, base=base), manifest_path
 
 
-def first_keys(source: str | BinaryIO, n: int = 5, *, url: str | None = None) -> list[str]:
+def first_keys(
+    source: str | BinaryIO, n: int = 5, *, url: str | None = None, tar_policy: str = "strict"
+) -> list[str]:
     """The first ``n`` sample keys of a shard (a path or a stream, plain or compressed)."""
     if n <= 0:
         return []
@@ -217,15 +233,15 @@ def first_keys(source: str | BinaryIO, n: int = 5, *, url: str | None = None) ->
         except OSError as exc:
             raise ShardFormatError(f"cannot open shard: {exc.strerror}", url=name) from exc
         with raw:
-            return first_keys(raw, n, url=name)
+            return first_keys(raw, n, url=name, tar_policy=tar_policy)
     with open_tar(source, url=name) as (tar, _):
-        return _take_keys(tar, name, n)
+        return _take_keys(tar, name, n, tar_policy)
 
 
-def _take_keys(f: BinaryIO, url: str, n: int) -> list[str]:
+def _take_keys(f: BinaryIO, url: str, n: int, tar_policy: str) -> list[str]:
     """The first ``n`` keys, reading past member data without keeping it."""
     keys: list[str] = []
-    for _, s in TarReader(f, url=url, keep_data=False).samples():
+    for _, s in TarReader(f, url=url, keep_data=False, policy=tar_policy).samples():
         keys.append(str(s["__key__"]))
         if len(keys) >= n:
             break
@@ -291,4 +307,5 @@ def summarize_shard(scan: ShardScan) -> dict[str, Any]:
         "sample_bytes": _spread(sample_bytes),
         "fields": _field_rows(scan.fields, scan.nsamples),
         "first_keys": scan.first_keys,
+        "skipped_members": sum(scan.skipped.values()),
     }

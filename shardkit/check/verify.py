@@ -68,10 +68,13 @@ class Problem:
 
 @dataclass
 class VerifyReport:
-    """What :func:`verify` found: ``problems`` (errors) and ``warnings`` (extra files).
+    """What :func:`verify` found: ``problems`` (errors) and ``warnings`` (extra files,
+    members skipped).
 
     ``incomplete`` says why the manifest does not hold its whole data set (a build that
     did not finish, a merge of only some parts); such a report is not ok either.
+    ``skipped_members`` maps a shard's url to the members a lenient parse passed over by
+    kind (``{"symbolic link": 1, "FIFO": 2}``; deep levels only).
     """
 
     manifest: str
@@ -82,6 +85,7 @@ class VerifyReport:
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
     incomplete: str | None = None
+    skipped_members: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -105,6 +109,9 @@ class VerifyReport:
             "problems": [asdict(p) for p in self.problems],
             "warnings": list(self.warnings),
             "incomplete": self.incomplete,
+            "skipped_members": {
+                url: sum(kinds.values()) for url, kinds in self.skipped_members.items()
+            },
             "seconds": round(self.seconds, 3),
         }
 
@@ -187,7 +194,7 @@ def _check_bytes(
 
 
 def _check_deep(
-    manifest: Manifest, entry: ShardEntry, url: str, opener: Opener, progress: Progress | None
+    manifest: Manifest, entry: ShardEntry, url: str, opener: Opener, how: _How
 ) -> tuple[int, str, list[Problem]]:
     """Parse and hash in one pass; return ``(size, checksum, parse problems)``."""
     algo = split_checksum(entry.checksum)[0]
@@ -195,12 +202,12 @@ def _check_deep(
     buf = _buffer()
     with opener.open(url) as f:
         size = stream_size(f)
-        tee = HashingReader(f, _digest(algo, progress, entry))
+        tee = HashingReader(f, _digest(algo, how.progress, entry))
         offsets: list[tuple[int, int]] = []
         end: int | None = None
         try:
             with open_tar(tee, url=entry.url) as (tar, kind):  # type: ignore[arg-type]
-                offsets, end = _scan(tar, entry.url, size if kind is None else None)
+                offsets, end = _scan(tar, entry.url, size if kind is None else None, how)
         except ShardFormatError as exc:
             if isinstance(exc.__cause__, OSError):  # the bytes could not be read at all
                 raise exc.__cause__ from exc
@@ -213,22 +220,28 @@ def _check_deep(
     return tee.digest.size, tee.digest.checksum(), problems
 
 
-def _check_decoded(entry: ShardEntry, url: str, opener: Opener) -> list[Problem]:
+def _check_decoded(entry: ShardEntry, url: str, opener: Opener, how: _How) -> list[Problem]:
     """``decode``: every image, npy, json and text field decodes (a second read)."""
     with opener.open(url) as f:
+        bad = bad_fields(f, entry.url, stream_size(f), tar_policy=how.tar_policy)
         return [
             Problem(entry.url, "decode", f"sample {key!r} field {name!r}: {why}", offset=off)
-            for off, key, name, why in bad_fields(f, entry.url, stream_size(f))
+            for off, key, name, why in bad
         ]
 
 
-def _scan(f: BinaryIO, url: str, size: int | None) -> tuple[list[tuple[int, int]], int | None]:
-    """Read every sample of a tar stream: each one's ``(offset, signature)``, and the end."""
-    reader = TarReader(f, url=url, size=size, keep_data=False)
+def _scan(
+    f: BinaryIO, url: str, size: int | None, how: _How
+) -> tuple[list[tuple[int, int]], int | None]:
+    """Read every sample of a tar stream: each one's ``(offset, signature)``, and the end
+    (members the tar policy skips are noted in ``how.skipped``)."""
+    reader = TarReader(f, url=url, size=size, keep_data=False, policy=how.tar_policy)
     found = [
         (off, sample_signature(str(s["__key__"]), [k for k in s if k != "__key__"]))
         for off, s in reader.samples()
     ]
+    if reader.skipped_members:
+        how.skipped[url] = {k: n for k, n in reader.skipped.items() if k != "directory"}
     return found, reader.end_offset
 
 
@@ -291,6 +304,16 @@ def _check_bound(entry: ShardEntry, index: SampleIndex, sigs: Sequence[int]) -> 
     return None
 
 
+@dataclass
+class _How:
+    """How a shard is parsed: the progress callback, the tar policy, and where the
+    members it skips are noted (shard url -> kind -> count)."""
+
+    progress: Progress | None = None
+    tar_policy: str = "strict"
+    skipped: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
 def verify_shard(
     manifest: Manifest,
     entry: ShardEntry,
@@ -299,12 +322,18 @@ def verify_shard(
     opener: Opener,
     progress: Progress | None = None,
     within: Callable[[str], None] | None = None,
+    tar_policy: str = "strict",
+    skipped: dict[str, dict[str, int]] | None = None,
 ) -> list[Problem]:
     """Check one shard at ``level``; return its problems (empty when it is good).
 
     ``within`` checks that a local shard's real path lies in the manifest's base
     (default :func:`check_within`; :func:`verify` passes one that remembers directories).
+    ``tar_policy`` is the tar reader's (``"lenient"`` skips links, devices, FIFOs and
+    unknown member types); the members a deep parse skipped are noted in ``skipped``
+    (shard url -> kind -> count) when given.
     """
+    how = _How(progress, tar_policy, {} if skipped is None else skipped)
     try:
         url = manifest.resolve(entry.url)
         if within is None:
@@ -319,9 +348,9 @@ def verify_shard(
             size: int | str = _check_quick(entry, url, opener, progress)
             checksum = None
         elif level in ("deep", "decode"):
-            size, checksum, problems = _check_deep(manifest, entry, url, opener, progress)
+            size, checksum, problems = _check_deep(manifest, entry, url, opener, how)
             if level == "decode" and not problems and checksum == entry.checksum.lower():
-                problems = _check_decoded(entry, url, opener)
+                problems = _check_decoded(entry, url, opener, how)
         else:
             size, checksum, problems = _check_bytes(entry, url, opener, progress)
     except (OSError, ShardkitError) as exc:  # FetchError, or a CacheError of the io below
@@ -339,6 +368,13 @@ def verify_shard(
             Problem(entry.url, "checksum", "checksum differs", entry.checksum, checksum, offset)
         )
     return head + problems
+
+
+def _skip_note(url: str, kinds: dict[str, int], tar_policy: str) -> str:
+    what = ", ".join(f"{n} {k}" for k, n in kinds.items())
+    return (
+        f"{url}: skipped {sum(kinds.values())} members ({what}) under the {tar_policy} tar policy"
+    )
 
 
 def extra_files(manifest: Manifest) -> list[str]:
@@ -376,6 +412,7 @@ def verify(
     opener: Opener,
     progress: Progress | None = None,
     source: str | None = None,
+    tar_policy: str = "strict",
 ) -> VerifyReport:
     """Check every shard of ``manifest`` at ``level`` with ``jobs`` threads.
 
@@ -387,16 +424,27 @@ def verify(
         opener: where bytes come from (e.g. :func:`shardkit.cache.make_opener`).
         progress: called with byte counts as they are checked (thread-safe callers only).
         source: the manifest's name for the report.
+        tar_policy: the tar reader's policy for the deep levels: ``"strict"`` (default)
+            reports a link, device, FIFO or unknown member type as a ``format`` problem,
+            ``"lenient"`` skips it, counted in the report's ``skipped_members`` and warned.
     """
     if level not in LEVELS:
         raise ConfigError(f"level must be one of {LEVELS}, got {level!r}")
     t0 = time.perf_counter()
 
     within = WithinBase(manifest.base)
+    skipped: dict[str, dict[str, int]] = {}  # one key per shard: threads never share one
 
     def one(entry: ShardEntry) -> list[Problem]:
         return verify_shard(
-            manifest, entry, level=level, opener=opener, progress=progress, within=within
+            manifest,
+            entry,
+            level=level,
+            opener=opener,
+            progress=progress,
+            within=within,
+            tar_policy=tar_policy,
+            skipped=skipped,
         )
 
     results: Iterable[list[Problem]]
@@ -413,7 +461,11 @@ def verify(
         problems=[p for r in results for p in r],
         warnings=[f"extra file not in the manifest: {x}" for x in extra_files(manifest)],
         incomplete=incomplete_reason(manifest),
+        skipped_members={e.url: skipped[e.url] for e in manifest.shards if e.url in skipped},
     )
+    report.warnings += [
+        _skip_note(url, kinds, tar_policy) for url, kinds in report.skipped_members.items()
+    ]
     report.seconds = time.perf_counter() - t0
     log.info(
         "verified %d shards at level %s: %d problems", report.shards, level, len(report.problems)

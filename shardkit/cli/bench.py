@@ -18,7 +18,7 @@ from typing import Any
 import click
 from tqdm import tqdm
 
-from shardkit.cli.build import parse_size_option
+from shardkit.cli.build import parse_size_option, tar_policy_option
 from shardkit.units import format_bytes
 
 __all__ = ["command", "render"]
@@ -102,6 +102,7 @@ def render(stats: dict[str, Any]) -> str:
     callback=parse_size_option,
     help="The largest tar member a reader holds in memory; a larger one is an error.",
 )
+@tar_policy_option
 @click.option(
     "--handler",
     type=click.Choice(["raise", "warn", "skip_shard"]),

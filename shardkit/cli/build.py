@@ -19,7 +19,18 @@ from shardkit.write.build import BuildConfig, BuildPlan, BuildResult, plan_build
 from shardkit.write.select import TreeOptions, parse_require
 from shardkit.write.sources import ON_ERROR, SOURCE_TYPES, FieldMap, parse_field_spec
 
-__all__ = ["command", "parse_part", "parse_size_option"]
+__all__ = ["command", "parse_part", "parse_size_option", "tar_policy_option"]
+
+tar_policy_option = click.option(
+    "--tar-policy",
+    type=click.Choice(["strict", "lenient"]),
+    default="strict",
+    show_default=True,
+    help="Links, devices, FIFOs and unknown member types in tars: refuse the shard naming it "
+    "and the offset (strict), or skip the member, counted and warned naming the shard "
+    "(lenient).",
+)
+"""The ``--tar-policy`` option of every command that reads tars."""
 
 
 def parse_size_option(ctx: click.Context, param: click.Parameter, value: str) -> int:
@@ -171,6 +182,7 @@ def _report(result: BuildResult) -> None:
     "decode: decoded whole, folders and Parquet); a bad one stops the build (or is "
     "skipped and reported with --on-error skip).",
 )
+@tar_policy_option
 @click.option("--prefix", default="data", show_default=True, help="Shard names: PREFIX-000000.tar.")
 @click.option("--checksum", type=click.Choice(ALGORITHMS), default="sha256", show_default=True)
 @click.option(
@@ -267,6 +279,7 @@ def command(
     max_member: int,
     max_record: int,
     check_images: str,
+    tar_policy: str,
     prefix: str,
     checksum: str,
     compress: str | None,
@@ -305,6 +318,7 @@ def command(
         max_member=max_member,
         max_record=max_record,
         check_images=check_images,
+        tar_policy=tar_policy,
         checksum=checksum,
         compress=compress,
         workers=workers,

@@ -9,6 +9,7 @@ import click
 
 from shardkit.cache import make_opener
 from shardkit.check.summary import first_keys, scan_shard, summarize_manifest, summarize_shard
+from shardkit.cli.build import tar_policy_option
 from shardkit.format.compression import SHARD_SUFFIXES
 from shardkit.format.manifest.model import incomplete_reason
 from shardkit.io import load_manifest
@@ -18,7 +19,7 @@ from shardkit.urls import check_within
 __all__ = ["command"]
 
 
-def _manifest_summary(source: str, nkeys: int) -> dict[str, Any]:
+def _manifest_summary(source: str, nkeys: int, tar_policy: str) -> dict[str, Any]:
     m = load_manifest(source)
     keys: list[str] = []
     if m.shards and nkeys:
@@ -26,7 +27,7 @@ def _manifest_summary(source: str, nkeys: int) -> dict[str, Any]:
         url = m.resolve(first.url)
         check_within(url, m.base)
         with make_opener().open(url, size=first.size, checksum=first.checksum) as f:
-            keys = first_keys(f, nkeys, url=url)
+            keys = first_keys(f, nkeys, url=url, tar_policy=tar_policy)
     d = summarize_manifest(m, keys=keys)
     d["path"] = source
     d["incomplete"] = incomplete_reason(m)
@@ -108,16 +109,18 @@ def _plot(source: str, path: str, d: dict[str, Any]) -> None:
     show_default=True,
     help="How many of the first sample keys to show.",
 )
+@tar_policy_option
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--plot", "plot_path", default=None, help="Draw shard-size histograms into this PNG.")
-def command(target: str, nkeys: int, as_json: bool, plot_path: str | None) -> None:  # fmt: skip
+def command(target: str, nkeys: int, tar_policy: str, as_json: bool,
+            plot_path: str | None) -> None:  # fmt: skip
     """Show what a manifest (or one shard) holds: totals, sizes, fields, first keys."""
     if target.lower().endswith(SHARD_SUFFIXES):
         if plot_path is not None:
             raise click.UsageError("--plot draws a manifest's shards; give a manifest")
-        d = summarize_shard(scan_shard(target, nkeys=nkeys))
+        d = summarize_shard(scan_shard(target, nkeys=nkeys, tar_policy=tar_policy))
     else:
-        d = _manifest_summary(target, nkeys)
+        d = _manifest_summary(target, nkeys, tar_policy)
         if plot_path is not None:
             _plot(target, plot_path, d)
     if as_json:

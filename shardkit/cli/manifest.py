@@ -11,6 +11,7 @@ from tqdm import tqdm
 from shardkit.cache import make_opener
 from shardkit.check.adopt import adopt_remote, is_remote_pattern
 from shardkit.check.summary import manifest_from_shards
+from shardkit.cli.build import tar_policy_option
 from shardkit.errors import ConfigError
 from shardkit.format.checksum import ALGORITHMS
 from shardkit.format.manifest.compact import save_manifest
@@ -75,20 +76,24 @@ def _echo_manifest(m: Manifest, path: str, as_json: bool, what: str) -> None:
     show_default=True,
     help="Remote shards read at a time.",
 )
+@tar_policy_option
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar on a terminal.")
 def from_shards(source: str, out_path: str | None, checksum: str, index: bool, piece_size: str,
-                workers: int, as_json: bool, progress: bool) -> None:  # fmt: skip
+                workers: int, tar_policy: str, as_json: bool, progress: bool) -> None:  # fmt: skip
     """Write a manifest for shards someone else wrote (webdataset, GNU tar, ...).
 
     Each shard is read once: checksum, sample count and sample offsets in one pass.
     DIR_OR_PATTERN may be remote ('https://host/d/x-{000000..000999}.tar', s3://...):
     the shards stay there, and -o DIR gets the manifest and the sample indexes.
+    With --tar-policy lenient, links, devices, FIFOs and unknown member types are skipped
+    (each shard's count warned): read the shards with the same policy.
     """
     if out_path is not None:
         local_target(out_path, "manifest from-shards -o")
     if is_remote_pattern(source):
-        _adopt(source, out_path, checksum, index, piece_size, workers, as_json, progress)
+        _adopt(source, out_path, (checksum, index, piece_size, workers, tar_policy), as_json,
+               progress)  # fmt: skip
         return
     if out_path is not None and (os.path.isdir(out_path) or not out_path.endswith(_FILES)):
         out_path = os.path.join(out_path, "manifest.json")
@@ -107,13 +112,15 @@ def from_shards(source: str, out_path: str | None, checksum: str, index: bool, p
             index=index,
             progress=bar.update,
             piece_size=pieces or None,
+            tar_policy=tar_policy,
         )
     save_manifest(m, path)  # and its compact form beside it
     _echo_manifest(m, path, as_json, "wrote")
 
 
-def _adopt(source: str, out_path: str | None, checksum: str, index: bool, piece_size: str,
-           workers: int, as_json: bool, progress: bool) -> None:  # fmt: skip
+def _adopt(source: str, out_path: str | None, how: tuple[str, bool, str, int, str],
+           as_json: bool, progress: bool) -> None:  # fmt: skip
+    checksum, index, piece_size, workers, tar_policy = how
     if out_path is None:
         raise click.UsageError("remote shards need -o DIR for the manifest and indexes")
     out_dir = os.path.dirname(out_path) if out_path.endswith(_FILES) else out_path
@@ -133,7 +140,8 @@ def _adopt(source: str, out_path: str | None, checksum: str, index: bool, piece_
         try:
             m, path = adopt_remote(source, out_dir or ".", make_opener(), algo=checksum,
                                    index=index, piece_size=pieces or None, workers=workers,
-                                   progress=seen, on_shard=lambda: bar.update(1))  # fmt: skip
+                                   progress=seen, on_shard=lambda: bar.update(1),
+                                   tar_policy=tar_policy)  # fmt: skip
         except ConfigError as exc:
             raise click.UsageError(str(exc)) from None
     if out_path.endswith(_FILES):

@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from shardkit.cache import make_opener
 from shardkit.check.verify import VerifyReport, verify
+from shardkit.cli.build import tar_policy_option
 from shardkit.errors import ShardkitError
 from shardkit.io import load_manifest
 from shardkit.units import format_bytes
@@ -58,6 +59,7 @@ def _summary(report: VerifyReport) -> str:
     show_default=True,
     help="Shards checked in parallel.",
 )
+@tar_policy_option
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable JSON report.")
 @click.option(
     "--progress/--no-progress",
@@ -65,11 +67,18 @@ def _summary(report: VerifyReport) -> str:
     help="Show a progress bar on stderr (default: when stderr is a terminal).",
 )
 def command(
-    manifest: str, level: str | None, jobs: int, as_json: bool, progress: bool | None
+    manifest: str,
+    level: str | None,
+    jobs: int,
+    tar_policy: str,
+    as_json: bool,
+    progress: bool | None,
 ) -> None:
     """Check the shards MANIFEST lists: existence and size (--quick), checksums (default),
     or a full parse of every shard (--deep). Exit 0 when all is good, 1 when problems were
-    found, 2 when the manifest cannot be read.
+    found, 2 when the manifest cannot be read. With --tar-policy lenient a deep parse skips
+    links, devices, FIFOs and unknown member types, each shard's count warned (and in
+    --json's skipped_members).
     """
     ctx = click.get_current_context()
     opener = make_opener()
@@ -95,7 +104,15 @@ def command(
             bar.update(n)
 
     try:
-        report = verify(m, level=level, jobs=jobs, opener=opener, progress=advance, source=manifest)
+        report = verify(
+            m,
+            level=level,
+            jobs=jobs,
+            opener=opener,
+            progress=advance,
+            source=manifest,
+            tar_policy=tar_policy,
+        )
     finally:
         bar.close()
     if as_json:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardkit.errors import ConfigError
-from shardkit.format.tario.reader import DEFAULT_MAX_MEMBER
+from shardkit.format.tario.reader import DEFAULT_MAX_MEMBER, TAR_POLICIES
 from shardkit.io.retry import DEFAULT_MIN_RATE, DEFAULT_RATE_WINDOW, RetryPolicy
 from shardkit.units import parse_size
 
@@ -95,16 +95,23 @@ class ReaderLimits:
         verify: ``"on"`` (every byte of a shard whose manifest has a checksum is verified
             before it is handed out, local or remote; see :mod:`shardkit.io.local`) or
             ``"off"`` (shards are read as they are; a cache still verifies what it fills).
+        tar_policy: what the tar reader does with links, devices, FIFOs and unknown member
+            types: ``"strict"`` (default) refuses the shard (:class:`ShardFormatError`
+            naming it and the member's offset), ``"lenient"`` skips the member, counted
+            (``skipped_members`` in a reader's counters) and warned naming the shard.
     """
 
     max_member: int = DEFAULT_MAX_MEMBER
     verify: str = "on"
+    tar_policy: str = "strict"
 
     def __post_init__(self) -> None:
         if self.max_member < 1:
             raise ConfigError(f"max_member must be >= 1, got {self.max_member!r}")
         if self.verify not in ("on", "off"):
             raise ConfigError(f"verify must be 'on' or 'off', got {self.verify!r}")
+        if self.tar_policy not in TAR_POLICIES:
+            raise ConfigError(f"tar_policy must be one of {TAR_POLICIES}, got {self.tar_policy!r}")
 
 
 _CONCERNS: dict[str, type[Any]] = {
@@ -130,7 +137,7 @@ class IoConfig:
             ``piece_parallel``, ``cache_wait``, ``manifest_ttl``, ``on_cache_error``,
             ``cache_verify``).
         limits: what a reader holds at most and checks (:class:`ReaderLimits`:
-            ``max_member``, ``verify``).
+            ``max_member``, ``verify``, ``tar_policy``).
         allow_pipe: allow ``pipe:CMD`` urls (only ever set in code, never by a manifest).
         connect_timeout: seconds to open a connection.
         read_timeout: seconds without a byte before a read is abandoned and retried.
@@ -300,3 +307,8 @@ class IoConfig:
     def verify(self) -> str:
         """``limits.verify``."""
         return self.limits.verify
+
+    @property
+    def tar_policy(self) -> str:
+        """``limits.tar_policy``."""
+        return self.limits.tar_policy

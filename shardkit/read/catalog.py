@@ -86,12 +86,14 @@ def load_catalog(
     *,
     allow_unsafe_urls: bool = False,
     allow_incomplete: bool = False,
+    tar_policy: str = "strict",
 ) -> list[ShardInfo]:
     """The shards of ``source`` with resolved urls, in manifest (or list) order.
 
     A manifest whose build did not finish (or a merge of only some parts) is refused with
     :class:`ManifestError` saying why, unless ``allow_incomplete``: training on half a data
-    set must be a choice, never a surprise.
+    set must be a choice, never a surprise. A shard named by url alone, without a sample
+    index, is counted by a read under ``tar_policy``.
     """
     name = source if isinstance(source, str) else None
     if isinstance(source, str) and _is_manifest(source):
@@ -112,7 +114,7 @@ def load_catalog(
             )
         return out
     urls = expand_braces(source) if isinstance(source, str) else list(source)
-    return [_probe(url, opener) for url in urls]
+    return [_probe(url, opener, tar_policy) for url in urls]
 
 
 def _check_complete(why: str | None, name: str | None, allow_incomplete: bool) -> None:
@@ -122,7 +124,7 @@ def _check_complete(why: str | None, name: str | None, allow_incomplete: bool) -
         log.warning("%s: %s", name or "manifest", why)
 
 
-def _probe(url: str, opener: Opener) -> ShardInfo:
+def _probe(url: str, opener: Opener, tar_policy: str) -> ShardInfo:
     """A shard named by url alone: count its samples from its sidecar index or a scan."""
     index = url + ".idx"
     try:
@@ -133,7 +135,7 @@ def _probe(url: str, opener: Opener) -> ShardInfo:
         return ShardInfo(url, int(_HEAD.unpack(head)[1]), index_url=index)
     log.info("%s has no sample index: counting its samples by reading it", url)
     with opener.open(url) as f:
-        n = sum(1 for _ in iter_samples(f, url=url))
+        n = sum(1 for _ in iter_samples(f, url=url, policy=tar_policy))
     return ShardInfo(url, n)
 
 
@@ -350,6 +352,10 @@ def open_catalog(
             _check_complete(compact.header.get("incomplete"), src, allow_incomplete)
             return Catalog(CompactShards(compact, path, allow_unsafe_urls, remote=remote))
     shards = load_catalog(
-        source, opener, allow_unsafe_urls=allow_unsafe_urls, allow_incomplete=allow_incomplete
+        source,
+        opener,
+        allow_unsafe_urls=allow_unsafe_urls,
+        allow_incomplete=allow_incomplete,
+        tar_policy=(io or IoConfig()).tar_policy,
     )
     return Catalog(shards)

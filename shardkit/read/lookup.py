@@ -18,6 +18,7 @@ import numpy as np
 
 from shardkit._types import Hint, Opener, PieceChecksums, Sample
 from shardkit.errors import ConfigError
+from shardkit.io.config import ReaderLimits
 from shardkit.io.remote import RemoteOpener
 from shardkit.read.catalog import Catalog
 from shardkit.read.stream import read_stream
@@ -47,10 +48,18 @@ class Locator:
 
 
 def read_sample(
-    catalog: Catalog, opener: Opener, shard: int, j: int, counts: dict[str, float]
+    catalog: Catalog,
+    opener: Opener,
+    shard: int,
+    j: int,
+    counts: dict[str, float],
+    *,
+    limits: ReaderLimits | None = None,
 ) -> Sample:
-    """Sample ``j`` of ``shard``: one ranged read, its signature checked (raises on bad data)."""
-    for _, sample in read_stream(iter([(shard, j, j + 1, 0)]), catalog, opener, counts, "raise"):
+    """Sample ``j`` of ``shard``: one ranged read, its signature checked (raises on bad data);
+    ``limits``: the reader's (``max_member``, ``tar_policy``)."""
+    row = iter([(shard, j, j + 1, 0)])
+    for _, sample in read_stream(row, catalog, opener, counts, "raise", limits):
         return sample
     raise AssertionError("read_stream yields the sample or raises")  # pragma: no cover
 

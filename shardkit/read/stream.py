@@ -17,8 +17,9 @@ from shardkit._types import Sample
 from shardkit.errors import ShardFormatError
 from shardkit.format.compression import compressed_name
 from shardkit.format.tario.index import sample_signature
-from shardkit.format.tario.reader import DEFAULT_MAX_MEMBER, iter_samples, open_range
+from shardkit.format.tario.reader import TarReader, open_range
 from shardkit.io import Opener
+from shardkit.io.config import ReaderLimits
 from shardkit.read.catalog import ByteRange, Catalog, ShardInfo
 from shardkit.read.policy import DATA_ERRORS, count_error, report
 
@@ -74,19 +75,22 @@ def read_stream(
     opener: Opener,
     counts: dict[str, float],
     policy: str,
-    max_member: int = DEFAULT_MAX_MEMBER,
+    limits: ReaderLimits | None = None,
 ) -> Generator[tuple[int, Sample], None, None]:
     """Yield ``(stream position, sample)`` for ``(shard, lo, hi, position of lo)`` ranges.
 
-    ``max_member`` is the largest tar member a read holds in memory (bytes).
+    ``limits`` gives the largest tar member a read holds in memory (``max_member``) and
+    the tar policy (``tar_policy``: members a lenient read skips are counted in
+    ``counts["skipped_members"]`` and warned naming the shard).
 
     A range that fails (missing, truncated, hostile, bad checksum) raises under the
     ``raise`` policy; otherwise the rest of it is dropped, logged and counted.
     """
+    lim = limits or ReaderLimits()
     for shard, lo, hi, spos in _hinted(ranges, catalog.shards, opener):
         got = 0
         try:
-            for sample in _read_range(catalog, opener, counts, (shard, lo, hi), max_member):
+            for sample in _read_range(catalog, opener, counts, (shard, lo, hi), lim):
                 yield spos + got, sample
                 got += 1
         except DATA_ERRORS as exc:
@@ -130,7 +134,7 @@ def _read_range(
     opener: Opener,
     counts: dict[str, float],
     row: tuple[int, int, int],
-    limit: int,
+    limits: ReaderLimits,
 ) -> Iterator[Sample]:
     shard, lo, hi = row
     info = catalog.shards[shard]
@@ -160,8 +164,16 @@ def _read_range(
                 offset=0,
             )
         size = info.size if kind is None else None
-        samples = iter_samples(tar, url=info.url, start=start, end=end, size=size, max_member=limit)
-        yield from _take(samples, info, where, lo, hi)
+        reader = TarReader(
+            tar, url=info.url, start=start, end=end, size=size,
+            max_member=limits.max_member, policy=limits.tar_policy,
+        )  # fmt: skip
+        try:
+            yield from _take(reader.samples(), info, where, lo, hi)
+        finally:
+            if reader.skipped_members:  # a lenient read: counted, never silent
+                n = reader.skipped_members
+                counts["skipped_members"] = counts.get("skipped_members", 0) + n
 
 
 def _take(

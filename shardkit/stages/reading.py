@@ -12,6 +12,7 @@ from collections.abc import Generator, Iterator
 from typing import Any
 
 from shardkit._types import Opener, Sample
+from shardkit.io.config import ReaderLimits
 from shardkit.plan.assign import Ranges, ResampledStream
 from shardkit.plan.order import Window, iter_order, nth_output, resume_window
 from shardkit.read.catalog import Catalog
@@ -43,7 +44,8 @@ class SourceCursor(Cursor):
         state: the source's state without its position (stage, seed, manifest...).
         stream: the stream's sample ranges; window: its shuffle window (None: in order).
         pos: outputs already emitted.
-        read: ``(catalog, opener, policy, max_member)`` to read samples with.
+        read: ``(catalog, opener, policy, limits)`` to read samples with (``limits``: the
+            reader's :class:`~shardkit.io.config.ReaderLimits`).
     """
 
     def __init__(
@@ -53,7 +55,7 @@ class SourceCursor(Cursor):
         stream: Stream,
         window: Window | None,
         pos: int,
-        read: tuple[Catalog, Opener, str, int],
+        read: tuple[Catalog, Opener, str, ReaderLimits],
     ) -> None:
         super().__init__()
         self.where = where
@@ -89,9 +91,9 @@ class SourceCursor(Cursor):
 
     def _read(self, start: int) -> Generator[tuple[int, Sample], None, None]:
         """Yield ``(stream position, sample)`` from ``start`` on."""
-        catalog, opener, policy, max_member = self.read
+        catalog, opener, policy, limits = self.read
         ranges = self.stream.iter_ranges(start)
-        return read_stream(ranges, catalog, opener, self.counts, policy, max_member)
+        return read_stream(ranges, catalog, opener, self.counts, policy, limits)
 
     def _plain(self) -> Iterator[Sample]:
         counts = self.counts

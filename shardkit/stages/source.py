@@ -172,7 +172,7 @@ class ShardSource(Stage):
             "nsamples": catalog.total,
             "manifest": catalog.digest,
         }
-        read = (catalog, self.opener(), self.policy, self.io.max_member)
+        read = (catalog, self.opener(), self.policy, self.io.limits)
         return SourceCursor(where, base, stream, window, pos, read)
 
     # -- checks --------------------------------------------------------------------

@@ -145,7 +145,9 @@ class IndexedShards(Dataset[Any]):
 
     def _raw(self, pos: int) -> dict[str, Any]:
         shard, j = self._locate(pos)
-        sample = read_sample(self._catalog, self._open(), shard, j, self._counts)
+        sample = read_sample(
+            self._catalog, self._open(), shard, j, self._counts, limits=self._io.limits
+        )
         self._counts["samples"] += 1
         return sample
 
@@ -200,7 +202,7 @@ class IndexedShards(Dataset[Any]):
         cat = self._catalog
         ranges = ((s, 0, int(n), 0) for s, n in enumerate(cat.counts))
         counts: dict[str, float] = {"samples": 0, "bytes": 0}
-        for _, sample in read_stream(ranges, cat, self._open(), counts, "raise"):
+        for _, sample in read_stream(ranges, cat, self._open(), counts, "raise", self._io.limits):
             yield str(sample["__key__"])
 
     # -- the stage vocabulary (per sample) ---------------------------------------------

@@ -13,7 +13,7 @@ from shardkit.format.checksum import new_hasher
 from shardkit.format.images import REENCODE_FORMATS, ImageOptions
 from shardkit.format.manifest.check import MAX_COUNT
 from shardkit.format.manifest.model import Manifest
-from shardkit.format.tario.reader import DEFAULT_MAX_MEMBER
+from shardkit.format.tario.reader import DEFAULT_MAX_MEMBER, TAR_POLICIES
 from shardkit.units import parse_size
 from shardkit.write.image_check import CHECK_IMAGES
 from shardkit.write.select import TreeOptions
@@ -58,6 +58,9 @@ class BuildConfig:
             and reported with ``on_error="skip"``).
         max_member: the largest member (bytes) of a tar input held in memory when
             re-sharding (1 GiB by default); a larger one is a ``ShardFormatError``.
+        tar_policy: how tar inputs are read: ``"strict"`` (default) refuses a link,
+            device, FIFO or unknown member type naming the input and offset; ``"lenient"``
+            skips such members, counted and warned naming the input.
     """
 
     prefix: str = "data"
@@ -79,6 +82,7 @@ class BuildConfig:
     max_member: int | str = DEFAULT_MAX_MEMBER
     max_record: int | str = DEFAULT_MAX_RECORD
     check_images: str = "header"
+    tar_policy: str = "strict"
 
 
 @dataclass(frozen=True)
@@ -187,6 +191,8 @@ def check_config(c: BuildConfig) -> None:
         raise ConfigError(f"part count {c.part[1]} is more than a manifest holds ({MAX_COUNT})")
     if c.resume and c.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other: pick one")
+    if c.tar_policy not in TAR_POLICIES:
+        raise ConfigError(f"tar_policy must be one of {', '.join(TAR_POLICIES)}")
     if c.check_images not in CHECK_IMAGES:
         raise ConfigError(f"check_images must be one of {', '.join(CHECK_IMAGES)}")
     if c.on_error not in ON_ERROR:

@@ -65,6 +65,8 @@ def _options(c: BuildConfig, workers: int) -> dict[str, Any]:
     opts = dataclasses.asdict(plain)
     opts["maxsize"] = parse_size(c.maxsize)
     opts["fn"] = _fn_name(c.fn)
+    if opts["tar_policy"] == "strict":  # the default: builds made before it keep their print
+        del opts["tar_policy"]
     loaded: dict[str, Any] = json.loads(json.dumps(opts, sort_keys=True))
     return loaded
 

@@ -249,8 +249,8 @@ def _read_call(
         yield BadRecord(unit.path, "input", int(unit.name), reason), 0
 
 
-def _read_tar(unit: Unit, skip: _Skip, limit: int) -> Iterator[tuple[Sample | None, int]]:
-    for sample in read_shard(unit.path, max_member=limit):
+def _read_tar(unit: Unit, skip: _Skip, opts: SourceOptions) -> Iterator[tuple[Sample | None, int]]:
+    for sample in read_shard(unit.path, max_member=opts.max_member, policy=opts.tar_policy):
         nbytes = sum(len(v) for k, v in sample.items() if isinstance(v, bytes))
         yield (None if skip.take() else sample), nbytes
 
@@ -269,7 +269,7 @@ def _read_unit(
 
         yield from read_table(unit, opts, skip)
     else:
-        yield from _read_tar(unit, skip, opts.max_member)
+        yield from _read_tar(unit, skip, opts)
 
 
 def read_units(

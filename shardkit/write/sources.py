@@ -103,7 +103,8 @@ class SourceOptions:
     inputs); ``image`` re-encodes the image files of trees; ``fn(input)`` yields the
     samples of a ``call`` unit (:func:`shardkit.write.build.build` with a function);
     ``max_member`` is the largest member of a tar input held in memory (bytes);
-    ``max_record`` the largest JSONL line or table row (bytes), checked as it is read."""
+    ``max_record`` the largest JSONL line or table row (bytes), checked as it is read;
+    ``tar_policy`` how tar inputs are read (``"lenient"`` skips links, devices, FIFOs)."""
 
     fields: tuple[FieldMap, ...] = ()
     key_field: str | None = None
@@ -113,6 +114,7 @@ class SourceOptions:
     max_member: int = DEFAULT_MAX_MEMBER
     max_record: int = DEFAULT_MAX_RECORD
     check_images: str = "header"
+    tar_policy: str = "strict"
 
 
 @dataclass(frozen=True)

@@ -238,6 +238,7 @@ def make_jobs(plan: BuildPlan) -> list[Job]:
         parse_size(c.max_member),
         parse_size(c.max_record),
         c.check_images,
+        c.tar_policy,
     )
     common: dict[str, Any] = {
         "config": c,

@@ -194,7 +194,7 @@ def test_links_and_fifos_are_refused_by_default_and_skipped_when_lenient(
     data = device + data
     with pytest.raises(ShardFormatError, match="character device") as info:
         list(read_shard(io.BytesIO(data), url="special.tar"))
-    assert info.value.offset == 0 and "policy='lenient'" in str(info.value)
+    assert info.value.offset == 0 and "tar_policy='lenient'" in str(info.value)
     with caplog.at_level(logging.WARNING, logger="shardkit"):
         files = _conforms(data, "lenient")
     # GNU tar stores the first of two linked names (h.txt) and the other as a hard link

@@ -10,15 +10,18 @@ tarfile's pax output. GNU tar is part of every Debian system.
 
 from __future__ import annotations
 
+import gc
 import io
 import shutil
 import struct
 import subprocess
 import tarfile
+import warnings
 from pathlib import Path
+from typing import Any
 
 from shardkit.format.tario.names import normal_name, split_key
-from tests.helpers.hostile import with_fields
+from tests.helpers.hostile import header, pad, with_fields
 
 Files = list[tuple[str, bytes]]
 
@@ -179,3 +182,70 @@ def as_samples(files: Files) -> list[dict[str, object]]:
             out.append({"__key__": key})
         out[-1][field] = data
     return out
+
+
+SPECIAL_KINDS = {"symbolic link": 1, "FIFO": 1, "character device": 1, "type 'Q'": 1}
+
+
+def special_members_tar(path: Path, nsamples: int = 10) -> int:
+    """A foreign shard at ``path``: ``nsamples`` samples (``s000.json`` + ``s000.txt``, ...)
+    with a symbolic link (in sample 2), a FIFO (4) and a character device (6) written by
+    tarfile, and a hand-made member of the unknown type ``Q`` with 700 bytes of data (8)
+    between their members. Returns the offset of the first special member's header (the
+    link's), where a strict reader must refuse the shard."""
+    buf = io.BytesIO()
+    special = {
+        2: ("lnk", tarfile.SYMTYPE),
+        4: ("fifo", tarfile.FIFOTYPE),
+        6: ("dev", tarfile.CHRTYPE),
+    }
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        for i in range(nsamples):
+            key = f"s{i:03d}"
+            _add(tf, f"{key}.json", b'{"i": %d}' % i)
+            if i in special:
+                ext, kind = special[i]
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.type = kind
+                info.linkname = "s001.json" if kind == tarfile.SYMTYPE else ""
+                info.devmajor, info.devminor = (1, 3) if kind == tarfile.CHRTYPE else (0, 0)
+                tf.addfile(info)
+            _add(tf, f"{key}.txt", f"text {i}".encode() * (i + 1))
+    data = buf.getvalue()
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        offsets = {m.name: m.offset for m in tf}
+    at = offsets["s008.txt"]
+    unknown = header("s008.q", 700, typeflag=b"Q") + pad(b"q" * 700)
+    path.write_bytes(data[:at] + unknown + data[at:])
+    return offsets["s002.lnk"]
+
+
+def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tf.addfile(info, io.BytesIO(data))
+
+
+def plain_sample(sample: dict[str, Any]) -> dict[str, Any]:
+    """A sample without reader metadata (``__url__``...), its fields as ``bytes``."""
+    return {
+        k: v if isinstance(v, str) else bytes(v)
+        for k, v in sample.items()
+        if k not in ("__url__", "__local_path__")
+    }
+
+
+def sorted_samples(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Samples comparable across readers: plain, sorted by key."""
+    return sorted((plain_sample(s) for s in samples), key=lambda s: str(s["__key__"]))
+
+
+def webdataset_samples(path: Path) -> list[dict[str, Any]]:
+    """What webdataset (its own tarfile-based reader) reads from the shard at ``path``."""
+    import webdataset as wds
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)  # webdataset 1.0 leaves a file open
+        got = [plain_sample(s) for s in wds.WebDataset([str(path)], shardshuffle=False)]
+        gc.collect()
+    return got

@@ -114,6 +114,7 @@ class MemberReader(Buffered):
         )
         self.policy = policy
         self.skipped: dict[str, int] = {}
+        self._told = False
 
     def __iter__(self) -> Iterator[tuple[str, bytes | int]]:
         return self.members()
@@ -224,9 +225,11 @@ class MemberReader(Buffered):
             off = self._base + self._pos
             if self.end is not None and off >= self.end and first is None:
                 self.end_offset = off
+                self._finished()
                 return None
             hdr = self._header(off, first)
             if hdr is None:
+                self._finished()
                 return None
             size = self._size_of(hdr, off)
             if first is None:
@@ -286,11 +289,30 @@ class MemberReader(Buffered):
         if typeflag not in _METADATA and self.policy != "lenient":
             raise self._error(
                 f"member {name!r} is a {kind}; shards hold regular files "
-                "(policy='lenient' skips such members)",
+                "(a lenient tar policy skips such members: IoConfig(tar_policy='lenient'), "
+                "--tar-policy lenient)",
                 first,
             )
         self._member_data(data, first, f"<{kind}>", keep=False)
         self._count(kind, first, name)
+
+    @property
+    def skipped_members(self) -> int:
+        """Members passed over that were not directories (links, devices, FIFOs, unknown
+        types under the lenient policy; volume labels, ACLs, dump directories always)."""
+        return sum(n for kind, n in self.skipped.items() if kind != "directory")
+
+    def _finished(self) -> None:
+        """At the end of the read: one warning naming the shard and how many members it
+        skipped (the first of each kind was logged as it was met)."""
+        n = self.skipped_members
+        if n and not self._told:
+            self._told = True
+            kinds = ", ".join(f"{c} {k}" for k, c in self.skipped.items() if k != "directory")
+            logger.warning(
+                "%s: skipped %d members (%s) under the %s tar policy", self.url, n, kinds,
+                self.policy,
+            )  # fmt: skip
 
     def _count(self, kind: str, at: int, name: str) -> None:
         n = self.skipped.get(kind, 0)
