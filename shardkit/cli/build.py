@@ -178,8 +178,8 @@ def _report(result: BuildResult) -> None:
     type=click.Choice(["header", "decode", "off"]),
     default="header",
     show_default=True,
-    help="Check image fields as they are read (header, folders: readable and not truncated; "
-    "decode: decoded whole, folders and Parquet); a bad one stops the build (or is "
+    help="Check image fields of folders and Parquet as they are read (header: readable and "
+    "not truncated; decode: decoded whole); a bad one stops the build (or is "
     "skipped and reported with --on-error skip).",
 )
 @tar_policy_option

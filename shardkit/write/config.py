@@ -52,9 +52,9 @@ class BuildConfig:
         max_record: the largest JSONL line or Parquet/Arrow row (bytes, 256 MiB by
             default), checked while it is read: a longer one is a bad record (skipped
             and reported with ``on_error="skip"``), never held whole.
-        check_images: image fields checked as they are read: ``header`` (default, folder
-            sources: readable header, not truncated), ``decode`` (decoded whole; folder
-            and Parquet/Arrow sources) or ``off``; a bad image is a bad record (skipped
+        check_images: image fields checked as they are read, of folder and Parquet/Arrow
+            sources alike: ``header`` (default: readable header, not truncated),
+            ``decode`` (decoded whole) or ``off``; a bad image is a bad record (skipped
             and reported with ``on_error="skip"``).
         max_member: the largest member (bytes) of a tar input held in memory when
             re-sharding (1 GiB by default); a larger one is a ``ShardFormatError``.

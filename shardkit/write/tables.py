@@ -169,10 +169,9 @@ def _rows(
 
 
 def _table_check(opts: SourceOptions) -> str:
-    """Table image cells are checked on request (``check_images="decode"``); the default
-    ``header`` check applies to folders (data sets on the Hub carry placeholder bytes in
-    tests and examples, so a default check there waits for a decision)."""
-    return "decode" if opts.check_images == "decode" else "off"
+    """Table image cells (binary columns and Image structs named like an image) are
+    checked as folder files are: ``header`` by default, ``decode`` or ``off`` on request."""
+    return opts.check_images
 
 
 class _BadImage(ValueError):

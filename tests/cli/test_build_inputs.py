@@ -12,6 +12,7 @@ from shardkit.errors import ConfigError, WriterError
 from shardkit.format.manifest.model import Manifest
 from shardkit.write.build import build
 from shardkit.write.prepare import part_range, split_contiguous
+from tests.helpers.data import tiny_image
 from tests.helpers.hostile import run_cli_measured
 from tests.helpers.readback import read_samples, shardkit, write_jsonl
 
@@ -176,8 +177,8 @@ def test_parquet_is_read_in_batches_bounded_by_bytes(tmp_path: Path) -> None:
         ({"json": [b"raw"], "text": ["t"]}, "json"),  # binary 'json' vs the other columns
         (
             {
-                "image": [{"bytes": b"\xff\xd8\xffjpg", "path": "a.jpg"}],
-                "image.jpg": [b"another"],
+                "image": [{"bytes": tiny_image(1, "JPEG"), "path": "a.jpg"}],
+                "image.jpg": [tiny_image(2, "JPEG")],
             },
             "image.jpg",
         ),

@@ -45,3 +45,14 @@ def make_shards(
                 w.write(next(samples))
             w.next_shard()
     return Manifest.load(os.path.join(os.fspath(out_dir), "manifest.json"))
+
+
+def tiny_image(i: int, fmt: str = "PNG") -> bytes:
+    """A real 4x4 image (PNG or JPEG), a colour per ``i``: what an image column holds."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4), (i % 256, (7 * i) % 256, 90)).save(buf, format=fmt)
+    return buf.getvalue()

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from shardkit.format.manifest.model import Manifest
+from tests.helpers.data import tiny_image
 from tests.helpers.readback import assert_whole, keys_of, read_samples, shardkit
 from tests.write.test_sources_table import hub_table
 
@@ -39,7 +40,7 @@ def test_build_parquet_with_workers_reads_every_row_once(tmp_path: Path) -> None
     samples = read_samples(out / "manifest.json")
     assert sorted(keys_of(samples)) == [f"doc{i:04d}" for i in range(135)]
     s = next(s for s in samples if s["__key__"] == "doc0100")
-    assert s["image.png"] == b"png100" and s["text.txt"] == b"caption 100"
+    assert s["image.png"] == tiny_image(100) and s["text.txt"] == b"caption 100"
     assert s["audio.wav"] == b"RIFF"
 
 

@@ -16,6 +16,7 @@ from shardkit.errors import ConfigError, WriterError
 from shardkit.format.codecs import decode_field
 from shardkit.write.records import read_units
 from shardkit.write.sources import SourceError, SourceOptions, discover, parse_field_spec
+from tests.helpers.data import tiny_image
 
 _IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 
@@ -26,7 +27,7 @@ def hub_table(n: int, start: int = 0) -> pa.Table:
     return pa.table(
         {
             "image": pa.array(
-                [{"bytes": f"png{i}".encode(), "path": f"img_{i}.PNG"} for i in rows], _IMAGE
+                [{"bytes": tiny_image(i), "path": f"img_{i}.PNG"} for i in rows], _IMAGE
             ),
             "audio": pa.array(
                 [None if i % 3 == 0 else {"bytes": b"RIFF", "path": "a.wav"} for i in rows],
@@ -51,7 +52,7 @@ def test_parquet_rows_become_samples_the_hub_way(tmp_path: Path) -> None:
     got = _samples(discover([str(path)]))
     assert [s["__key__"] for s in got] == [f"train/{i:09d}" for i in range(7)]
     first = got[1]
-    assert first["image.png"] == b"png1"  # the path's extension, lower-cased
+    assert first["image.png"] == tiny_image(1)  # the path's extension, lower-cased
     assert first["audio.wav"] == b"RIFF"
     assert "audio.wav" not in got[0]  # a null leaves the member out
     assert first["npy"] == np.arange(1, dtype="<i4").tobytes()
