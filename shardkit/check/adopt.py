@@ -7,10 +7,15 @@ the common prefix). The manifest names that prefix in ``origins``; read from the
 disk, it may reach the shards there (see :mod:`shardkit.urls` for why a manifest from
 elsewhere still may not), so ``ShardDataset("DIR/manifest.json")`` streams the remote
 shards with splits, cache and exact resume, with no extra flag.
+
+``-o`` may be an object-store url (``s3://b/d/``): the indexes are put there, and where
+the shards lie under it the manifest lists them relative to itself (no ``origins``), so the
+data set in the store is whole and can be moved as one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import posixpath
 import threading
@@ -26,7 +31,9 @@ from shardkit.format.checksum import new_hasher
 from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
 from shardkit.format.pieces import DEFAULT_PIECE_SIZE
 from shardkit.format.tario.index import write_index
+from shardkit.io.stores import is_object_url
 from shardkit.urls import REMOTE_PREFIXES, expand_braces
+from shardkit.write.outputs import ObjectOutput
 
 __all__ = ["adopt_remote", "is_remote_pattern"]
 
@@ -86,8 +93,7 @@ def adopt_remote(
         raise ConfigError(f"workers must be at least 1, got {workers}")
     origin = _origin(urls)
     rels = [_relative(u, origin) for u in urls]
-    out = os.path.abspath(out_dir)
-    os.makedirs(out, exist_ok=True)
+    out, put = _index_sink(out_dir)
     lock = threading.Lock()
 
     def count(n: int) -> None:
@@ -105,9 +111,7 @@ def adopt_remote(
             data = write_index(
                 scan.offsets, scan.end, signatures=scan.signatures, shard_checksum=scan.checksum
             )
-            path = os.path.join(out, *rel.split("/")) + ".idx"
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            atomic_write(path, data)
+            put(rel + ".idx", data)
             h = new_hasher(algo)
             h.update(data)
             idx, idx_sum = rel + ".idx", f"{algo}:{h.hexdigest()}"
@@ -130,5 +134,28 @@ def adopt_remote(
     for _, f in results:
         add_fields(fields, f)
     created = creation_info(source=f"shardkit manifest from-shards {pattern}")
-    m = Manifest([e for e, _ in results], algo, fields, created, base=out, origins=(origin,))
-    return m, os.path.join(out, "manifest.json")
+    entries = [e for e, _ in results]
+    origins: tuple[str, ...] = (origin,)
+    if origin.startswith(out + "/"):  # in the store, above the shards: listed relative to it
+        sub = origin[len(out) + 1 :]
+        entries = [dataclasses.replace(e, url=sub + r) for e, r in zip(entries, rels, strict=True)]
+        origins = ()
+    m = Manifest(entries, algo, fields, created, base=out, origins=origins)
+    return m, (f"{out}/manifest.json" if is_object_url(out) else os.path.join(out, "manifest.json"))
+
+
+def _index_sink(out_dir: str) -> tuple[str, Callable[[str, bytes], object]]:
+    """Where the sample indexes go (``out_dir``: a local directory or an object-store url):
+    its normal form and a ``put(relative name, bytes)`` that writes one whole."""
+    if is_object_url(out_dir):
+        target = ObjectOutput(out_dir, "manifest.json")
+        return target.base, lambda rel, data: target.store.put(target.key(rel), data)
+    out = os.path.abspath(out_dir)
+    os.makedirs(out, exist_ok=True)
+
+    def put(rel: str, data: bytes) -> None:
+        path = os.path.join(out, *rel.split("/"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        atomic_write(path, data)
+
+    return out, put

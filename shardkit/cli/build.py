@@ -147,7 +147,9 @@ def _report(result: BuildResult) -> None:
     "out_dir",
     required=True,
     type=click.Path(file_okay=False),
-    help="Output directory for the shards and manifest.json.",
+    help="Output directory for the shards and manifest.json, or an object-store prefix "
+    "(s3://bucket/prefix/, gs://, az://): shards are streamed up as they are written, the "
+    "manifest last.",
 )
 @click.option(
     "--maxsize",
@@ -310,6 +312,13 @@ def command(
 
     A build that stops leaves a manifest marked incomplete (verify fails on it, readers
     refuse it): finish it with --resume, or start over with --overwrite.
+
+    -o s3://bucket/prefix/ (gs://, az://) builds in the store, with no local copy: each
+    shard appears only whole, --workers write their shards under names of their own
+    (PREFIX-w0001-000000.tar) and the manifest goes last, listing only whole objects;
+    --resume goes on from the shards whose size and ETag match what was recorded;
+    --overwrite deletes the old data set's manifest first, then its objects. No lock
+    guards an object-store output: run one build per prefix and --part at a time.
     """
     config = BuildConfig(
         prefix=prefix,

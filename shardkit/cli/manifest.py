@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 
 import click
 from tqdm import tqdm
@@ -21,7 +22,7 @@ from shardkit.io.stores import is_object_url
 from shardkit.units import format_bytes, parse_size
 from shardkit.urls import expand_braces
 from shardkit.write.build import merge_parts
-from shardkit.write.outputs import local_target
+from shardkit.write.outputs import ObjectOutput, local_target
 from shardkit.write.remote_merge import merge_object_parts
 from shardkit.write.sources import discover
 
@@ -54,7 +55,8 @@ def _echo_manifest(m: Manifest, path: str, as_json: bool, what: str) -> None:
     "out_path",
     type=click.Path(),
     help="Manifest to write, or a directory for it (default: manifest.json in DIR or the "
-    "shards' directory; required for remote shards).",
+    "shards' directory; required for remote shards). For shards in an object store it may "
+    "be an s3://, gs:// or az:// url: the manifest and indexes go there.",
 )
 @click.option("--checksum", type=click.Choice(ALGORITHMS), default="sha256", show_default=True)
 @click.option(
@@ -85,11 +87,17 @@ def from_shards(source: str, out_path: str | None, checksum: str, index: bool, p
 
     Each shard is read once: checksum, sample count and sample offsets in one pass.
     DIR_OR_PATTERN may be remote ('https://host/d/x-{000000..000999}.tar', s3://...):
-    the shards stay there, and -o DIR gets the manifest and the sample indexes.
-    With --tar-policy lenient, links, devices, FIFOs and unknown member types are skipped
-    (each shard's count warned): read the shards with the same policy.
+    the shards stay there, and -o DIR gets the manifest and the sample indexes; -o
+    s3://b/d/ (gs://, az://) puts them into the store, listing shards under it relative
+    to the manifest. With --tar-policy lenient, links, devices, FIFOs and unknown member
+    types are skipped (each shard's count warned): read the shards with the same policy.
     """
-    if out_path is not None:
+    if out_path is not None and is_object_url(out_path) and not is_remote_pattern(source):
+        raise click.UsageError(
+            f"{out_path}: a manifest in an object store is for shards there: upload the "
+            "shards first (or build them there: shardkit build ... -o URL)"
+        )
+    if out_path is not None and not is_object_url(out_path):
         local_target(out_path, "manifest from-shards -o")
     if is_remote_pattern(source):
         _adopt(source, out_path, (checksum, index, piece_size, workers, tar_policy), as_json,
@@ -123,7 +131,7 @@ def _adopt(source: str, out_path: str | None, how: tuple[str, bool, str, int, st
     checksum, index, piece_size, workers, tar_policy = how
     if out_path is None:
         raise click.UsageError("remote shards need -o DIR for the manifest and indexes")
-    out_dir = os.path.dirname(out_path) if out_path.endswith(_FILES) else out_path
+    out_dir = posixpath.dirname(out_path) if out_path.endswith(_FILES) else out_path
     try:
         pieces = parse_size(piece_size)
         n = len(expand_braces(source))
@@ -146,7 +154,11 @@ def _adopt(source: str, out_path: str | None, how: tuple[str, bool, str, int, st
             raise click.UsageError(str(exc)) from None
     if out_path.endswith(_FILES):
         path = out_path
-    save_manifest(m, path)  # and its compact form beside it
+    if is_object_url(path):  # its CSV beside it; each node builds the compact form itself
+        head, name = posixpath.split(path)
+        ObjectOutput(head + "/", name).write_manifest(m)
+    else:
+        save_manifest(m, path)  # and its compact form beside it
     _echo_manifest(m, path, as_json, "wrote")
 
 

@@ -43,6 +43,7 @@ from shardkit.durable import atomic_write
 from shardkit.errors import ConfigError, ManifestError, ShardkitError, WriterError
 from shardkit.format.manifest.compact import save_manifest
 from shardkit.format.manifest.model import Manifest, creation_info
+from shardkit.io.stores import is_object_url
 from shardkit.write.config import BuildConfig, BuildPlan, BuildResult
 from shardkit.write.prepare import (
     check_unchanged,
@@ -51,6 +52,8 @@ from shardkit.write.prepare import (
     plan_build,
     split_contiguous,
 )
+from shardkit.write.remote_build import finalize_remote
+from shardkit.write.targets import place_of, store_failures
 from shardkit.write.workers import (
     Progress,
     Reporter,
@@ -86,7 +89,7 @@ def run_build(plan: BuildPlan, *, progress: Progress | None = None) -> BuildResu
     fails (a full disk) is a :class:`WriterError`.
     """
     try:
-        with output_lock(plan):
+        with store_failures(plan.out_dir), output_lock(plan):
             check_unchanged(plan)
             return _run_build(plan, progress)
     except ShardkitError:
@@ -115,10 +118,13 @@ def _run_build(plan: BuildPlan, progress: Progress | None) -> BuildResult:
         written, kept, manifest = 0, plan.done.total_samples, plan.done
     elif len(plan.groups) == 1:
         written, kept = write_job(make_jobs(plan)[0], Reporter(count))
-        manifest = Manifest.load(plan.manifest_path)
+        found = place_of(plan).manifest()
+        if found is None:
+            raise WriterError(f"{plan.manifest_path} is missing after the build wrote it")
+        manifest = found
     else:
         written, _ = run_workers(plan, count)
-        manifest = finalize(plan)
+        manifest = finalize_remote(plan) if is_object_url(plan.out_dir) else finalize(plan)
         kept = manifest.total_samples - written
     secs = time.perf_counter() - t0
     log.info("built %d shards, %d samples in %.2f s", len(manifest), manifest.total_samples, secs)

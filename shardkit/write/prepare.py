@@ -22,12 +22,14 @@ from typing import Any
 
 from shardkit.errors import ConfigError, WriterError
 from shardkit.format.manifest.model import Manifest
+from shardkit.io.stores import is_object_url
 from shardkit.units import parse_size
 from shardkit.write.config import BuildConfig, BuildPlan, check_config
 from shardkit.write.lock import OutputLock
-from shardkit.write.outputs import local_target
+from shardkit.write.outputs import make_output
+from shardkit.write.remote_build import clear_remote
 from shardkit.write.sources import DiscoverOptions, Unit, discover
-from shardkit.write.workers import build_info
+from shardkit.write.targets import ObjectPlace, build_info, place_of, store_failures
 
 __all__ = [
     "auto_workers",
@@ -110,10 +112,12 @@ def _previous(plan: BuildPlan) -> Manifest | None:
     path, work, c = plan.manifest_path, plan.work_dir, plan.config
     if c.overwrite:
         return None
-    state = os.path.join(work, "build.json")
-    if os.path.exists(state):
-        with open(state, encoding="utf-8") as f:
-            old = json.load(f)
+    place = place_of(plan)
+    if is_object_url(plan.out_dir):
+        work = f"{plan.out_dir}/{ObjectPlace(plan).stem}*"
+    old = place.state()
+    busy = place.has_work()
+    if old is not None:
         if old.get("config") != plan.fingerprint:
             raise ConfigError(
                 f"{work} holds an interrupted build of other inputs or options "
@@ -124,11 +128,12 @@ def _previous(plan: BuildPlan) -> Manifest | None:
                 f"{work} holds an interrupted build of these inputs: pass --resume to finish "
                 "it, or --overwrite to start over"
             )
-    elif os.path.exists(work) and not c.resume:
+    elif busy and not c.resume:
         raise ConfigError(f"{work} holds an interrupted build: pass --resume or --overwrite")
-    if not os.path.exists(path):
+    m = place.manifest()
+    if m is None:
         return None
-    info = build_info(Manifest.load(path))
+    info = build_info(m)
     same = info.get("config") == plan.fingerprint
     if not same:
         raise ConfigError(
@@ -137,14 +142,13 @@ def _previous(plan: BuildPlan) -> Manifest | None:
             + (" (--resume needs the same inputs and options)" if c.resume else "")
         )
     if not c.resume:
-        if info.get("complete") and not os.path.exists(work):
-            return Manifest.load(path)  # nothing to do: run_build reports it as it is
+        if info.get("complete") and not busy:
+            return m  # nothing to do: run_build reports it as it is
         raise ConfigError(
             f"{path} is an unfinished build of these inputs: pass --resume to finish it, "
             "or --overwrite to start over"
         )
-    old = Manifest.load(path)
-    return old if info.get("complete") and not os.path.exists(work) else None
+    return m if info.get("complete") and not busy else None
 
 
 def _call_units(inputs: Iterable[Any]) -> list[Unit]:
@@ -166,13 +170,13 @@ def _workers_for(c: BuildConfig, units: Sequence[Unit], out: str) -> int:
 def _earlier_meta(c: BuildConfig, out: str) -> list[dict[str, Any]]:
     """The ``created.build`` facts an earlier build of this output left (work dir, manifest)."""
     found: list[dict[str, Any]] = []
-    plan = BuildPlan(out, c, (), (), "")
-    state = os.path.join(plan.work_dir, "build.json")
-    if os.path.exists(state):
-        with open(state, encoding="utf-8") as f:
-            found.append(json.load(f))
-    if os.path.exists(plan.manifest_path):
-        found.append(build_info(Manifest.load(plan.manifest_path)))
+    place = place_of(BuildPlan(out, c, (), (), ""))
+    state = place.state()
+    if state is not None:
+        found.append(state)
+    m = place.manifest()
+    if m is not None:
+        found.append(build_info(m))
     return found
 
 
@@ -188,7 +192,7 @@ def plan_build(
     """
     c = config or BuildConfig()
     check_config(c)
-    out = os.path.abspath(local_target(out_dir, "shardkit build"))
+    out = _output_of(out_dir)
     if not sources:
         raise ConfigError("no sources given" if c.fn is None else "no inputs given")
     notes: list[str] = []
@@ -202,7 +206,8 @@ def plan_build(
     if c.part is not None:
         r = part_range([u.size for u in units], c.part[1], c.part[0])
         units = units[r.start : r.stop]
-    workers = _workers_for(c, units, out)
+    with store_failures(out):
+        workers = _workers_for(c, units, out)
     if c.workers is None and workers > 1:
         notes.append(
             f"using {workers} workers for {sum(u.size for u in units) / 1e6:,.0f} MB of input "
@@ -216,15 +221,26 @@ def plan_build(
         out, c, tuple(units), groups, _fingerprint(units, options), None, options, tuple(notes)
     )
     # another build writing here now: refused at once, named (a missing dir has none)
-    with output_lock(plan) if os.path.isdir(out) else contextlib.nullcontext():
+    local = not is_object_url(out) and os.path.isdir(out)
+    with store_failures(out), output_lock(plan) if local else contextlib.nullcontext():
         if c.overwrite:
             _check_overwrite(plan)
         done = _previous(plan)
     return dataclasses.replace(plan, done=done) if done is not None else plan
 
 
-def output_lock(plan: BuildPlan) -> OutputLock:
-    """The lock a build holds on its output: its manifest name and its shard prefix."""
+def _output_of(out_dir: str | os.PathLike[str]) -> str:
+    """A build's output: an object-store url (no trailing ``/``) or an absolute path."""
+    if is_object_url(out_dir):
+        return str(out_dir).rstrip("/")
+    return os.path.abspath(make_output(out_dir, "manifest.json").base)
+
+
+def output_lock(plan: BuildPlan) -> contextlib.AbstractContextManager[Any]:
+    """The lock a build holds on its output: its manifest name and its shard prefix (a
+    local output only: see the README on concurrent builds into an object store)."""
+    if is_object_url(plan.out_dir):
+        return contextlib.nullcontext()
     return OutputLock(plan.out_dir, (plan.manifest_name, f"{plan.shard_prefix}-shards"))
 
 
@@ -280,6 +296,9 @@ def _check_overwrite(plan: BuildPlan) -> None:
 
 def clear_output(plan: BuildPlan) -> None:
     """``overwrite``: delete what an earlier build of this prefix and part left behind."""
+    if is_object_url(plan.out_dir):
+        clear_remote(plan)
+        return
     removed = 0
     for path in _earlier_outputs(plan):
         os.unlink(path)

@@ -29,9 +29,21 @@ from shardkit.durable import atomic_write
 from shardkit.errors import ShardkitError, WriterError
 from shardkit.format.manifest.compact import save_manifest
 from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
+from shardkit.io.stores import is_object_url
 from shardkit.units import parse_size
+from shardkit.write.outputs import ObjectOutput
 from shardkit.write.records import read_units
 from shardkit.write.sources import BadRecord, SourceOptions, Unit
+from shardkit.write.targets import (
+    ErrorLog,
+    ObjectErrorLog,
+    ObjectPlace,
+    build_info,
+    errors_name,
+    place_of,
+    read_manifest,
+    store_failures,
+)
 from shardkit.write.writer import ShardWriter, WriterOptions, shard_name
 
 if TYPE_CHECKING:
@@ -52,12 +64,6 @@ __all__ = [
 
 Progress = Callable[[int, int], object]
 """``progress(samples, input_bytes)``: increments since the last call, in the caller's process."""
-
-
-def build_info(m: Manifest) -> dict[str, Any]:
-    """The ``created.build`` block a build leaves in its manifest (config, complete)."""
-    info = m.created.get("build")
-    return info if isinstance(info, dict) else {}
 
 
 class _ParentGone(BaseException):
@@ -106,12 +112,21 @@ class Job:
     meta: dict[str, Any] = field(default_factory=dict)  # the build's facts for its manifest
 
 
-def _finished(path: str, fingerprint: str) -> Manifest | None:
-    if not os.path.exists(path):
+def _finished(job: Job) -> Manifest | None:
+    m = read_manifest(job.out_dir, job.manifest)
+    if m is None:
         return None
-    m = Manifest.load(path)
     info = build_info(m)
-    return m if info.get("config") == fingerprint and info.get("complete") else None
+    return m if info.get("config") == job.fingerprint and info.get("complete") else None
+
+
+def _error_log(job: Job) -> ErrorLog:
+    """The job's report of skipped records beside its manifest (locally or in the store)."""
+    name = errors_name(job.manifest)
+    if is_object_url(job.out_dir):
+        return ObjectErrorLog(ObjectOutput(job.out_dir, job.manifest), name)
+    os.makedirs(job.out_dir, exist_ok=True)
+    return ErrorLog(os.path.join(job.out_dir, name))
 
 
 def _stop_reason(exc: BaseException) -> str:
@@ -125,47 +140,15 @@ def _stop_reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-class ErrorLog:
-    """The report of skipped records: one JSON line each, created at the first one.
-
-    A stale report is removed when a run starts: a resumed run reports every bad record
-    again (it reads them again), so the report is always whole.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.count = 0
-        self._f: Any = None
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-
-    def add(self, bad: BadRecord) -> None:
-        if self._f is None:
-            self._f = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        self._f.write(json.dumps(bad.to_dict(), ensure_ascii=False) + "\n")
-        self.count += 1
-
-    def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
-
-
-def errors_name(manifest: str) -> str:
-    """The skipped-records report beside a manifest: ``manifest.errors.jsonl``."""
-    return os.path.splitext(manifest)[0] + ".errors.jsonl"
-
-
 def write_job(job: Job, report: Reporter) -> tuple[int, int]:
     """Write the job's samples into shards; return (samples written, samples kept)."""
     c = job.config
-    done = _finished(os.path.join(job.out_dir, job.manifest), job.fingerprint) if c.resume else None
+    done = _finished(job) if c.resume else None
     if done is not None:
         report.add(0, sum(u.size for u in job.units))
         return 0, done.total_samples
     written = 0
-    os.makedirs(job.out_dir, exist_ok=True)
-    errors = ErrorLog(os.path.join(job.out_dir, errors_name(job.manifest)))
+    errors = _error_log(job)
     opts = WriterOptions(
         job.prefix,
         c.maxsize,
@@ -205,7 +188,8 @@ def _worker_main(job: Job, q: Any) -> None:
     """Entry point of a worker process: messages go to the main process through ``q``."""
     report = Reporter(lambda s, b: q.put(("progress", job.index, s, b)), parent=job.parent)
     try:
-        written, kept = write_job(job, report)
+        with store_failures(job.out_dir):
+            written, kept = write_job(job, report)
         q.put(("done", job.index, written, kept))
     except (_ParentGone, KeyboardInterrupt):
         return
@@ -240,6 +224,7 @@ def make_jobs(plan: BuildPlan) -> list[Job]:
         c.check_images,
         c.tar_policy,
     )
+    n = range(len(plan.groups))
     common: dict[str, Any] = {
         "config": c,
         "fingerprint": plan.fingerprint,
@@ -257,16 +242,13 @@ def make_jobs(plan: BuildPlan) -> list[Job]:
                 **common,
             )
         ]
+    place = place_of(plan)
+    if isinstance(place, ObjectPlace):  # straight into the store under names of their own
+        where = [(plan.out_dir, place.worker_manifest(i), place.worker_prefix(i)) for i in n]
+    else:
+        where = [(os.path.join(plan.work_dir, f"w{i:04d}"), "manifest.json", c.prefix) for i in n]
     return [
-        Job(
-            plan.units[g.start : g.stop],
-            os.path.join(plan.work_dir, f"w{i:04d}"),
-            "manifest.json",
-            c.prefix,
-            index=i,
-            parent=os.getpid(),
-            **common,
-        )
+        Job(plan.units[g.start : g.stop], *where[i], index=i, parent=os.getpid(), **common)
         for i, g in enumerate(plan.groups)
         if len(g)
     ]
@@ -304,11 +286,8 @@ def _collect(procs: dict[int, Any], q: Any, progress: Progress | None) -> tuple[
 
 
 def run_workers(plan: BuildPlan, progress: Progress | None) -> tuple[int, int]:
-    os.makedirs(plan.work_dir, exist_ok=True)
-    state = os.path.join(plan.work_dir, "build.json")
-    if not os.path.exists(state):
-        atomic_write(state, json.dumps(plan.meta).encode())
-    if os.path.exists(os.path.join(plan.work_dir, "finalize.json")):
+    """Run one process per job; (samples written, samples kept from an earlier run)."""
+    if place_of(plan).begin():
         return 0, 0  # every worker had finished; only the renames were left
     ctx = mp.get_context("spawn")
     q = ctx.Queue()

@@ -167,25 +167,30 @@ def test_writers_that_write_locally_refuse_a_url_naming_the_way(
     url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """build -o, manifest merge -o, from-shards -o, Ray's sink and sk.build: never a local
-    directory named 's3:' (the bug: exit 0 having written one)."""
+    directory named 's3:' (the bug: exit 0 having written one). Object-store urls are served
+    by build -o and by adoption of shards in the store (tests/cli/test_build_objects.py);
+    what they cannot serve is refused, saying why."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.txt").write_text("x")
     with sk.ShardWriter(tmp_path / "p0", part=(0, 1)) as w:
         w.write({"__key__": "a", "txt": "x"})
     runner = CliRunner()
+    served = not url.startswith("hf://")
     # a merge into a bucket takes its parts from the bucket (test_parts_written_into...)
-    into_store = "takes parts there too" if not url.startswith("hf://") else None
-    for argv, why in (
-        (["build", "in", "-o", url], None),
-        (["manifest", "merge", "p0/manifest.json", "-o", url], into_store),
-        (["manifest", "from-shards", "in", "-o", url], None),
-    ):
+    checks = [(["manifest", "merge", "p0/manifest.json", "-o", url], "takes parts there too")]
+    if served:  # from-shards does not upload local shards
+        checks.append((["manifest", "from-shards", "in", "-o", url], "upload the shards first"))
+    else:
+        checks = [(argv, "writes to a local directory") for argv, _ in checks]
+        checks.append((["build", "in", "-o", url], "writes to a local directory"))
+        checks.append((["manifest", "from-shards", "in", "-o", url], "writes to a local directory"))
+        with pytest.raises(ConfigError, match="writes to a local directory"):
+            sk.build(["in"], url)
+    for argv, why in checks:
         res = runner.invoke(cli, argv)
         said = res.output + str(res.exception or "")  # the group's caller prints errors
-        assert res.exit_code != 0 and (why or "writes to a local directory") in said, (argv, said)
-    with pytest.raises(ConfigError, match="writes to a local directory"):
-        sk.build(["in"], url)
+        assert res.exit_code != 0 and why in said, (argv, said)
     if url.startswith("hf://"):  # the Ray sink writes into s3/gs/az (test_ray_objects.py)
         from shardkit.ray import ShardDatasink
 
