@@ -47,6 +47,7 @@ ORDER: dict[str, list[list[str]]] = {
             "options",
             "existing",
             "outputs",
+            "remote_lock",
             "writer",
             "config",
             "targets",

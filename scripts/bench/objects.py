@@ -10,6 +10,10 @@ interleaved.
 
     .venv/bin/python scripts/bench/objects.py --size 200MB --repeats 3
     (obstore, where installed: the bench venv; its column is left out otherwise)
+
+``--build-workers N`` adds ``shardkit build`` through the CLI (a process of its own, from a
+folder of one file per sample) with N workers, to a local directory and to ``s3://``,
+interleaved; its time is the build's own (``--json``: interpreter start left out).
 """
 
 from __future__ import annotations
@@ -129,6 +133,28 @@ def run_one(
     return {"kind": kind, "secs": secs, "samples": len(samples), "peak_rss": peak, **stats}
 
 
+def build_cli(endpoint: str, size: int, sample: int, shard: str, workers: int,
+              repeats: int) -> list[dict[str, Any]]:  # fmt: skip
+    """``shardkit build DIR -o OUT --workers N`` to local disk and to s3, interleaved."""
+    rows = []
+    with tempfile.TemporaryDirectory() as src, tempfile.TemporaryDirectory() as outs:
+        for s in _samples(size, sample):
+            with open(os.path.join(src, f"{s['__key__']}.bin"), "wb") as f:
+                f.write(s["bin"])
+        for rep in range(repeats):
+            for kind in ("build local", "build s3"):
+                out = (os.path.join(outs, f"b{rep}") if kind == "build local"
+                       else f"s3://{BUCKET}/build-{rep}/")  # fmt: skip
+                cmd = [sys.executable, "-m", "shardkit", "build", src, "-o", out, "--workers",
+                       str(workers), "--maxsize", shard, "--json", "--no-progress"]  # fmt: skip
+                env = {**os.environ, "AWS_ENDPOINT_URL": endpoint}
+                res = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+                d = json.loads(res.stdout)
+                rows.append({"kind": kind, "secs": d["seconds"], "samples": d["samples"],
+                             "bytes": d["bytes"], "rep": rep})  # fmt: skip
+    return rows
+
+
 def read_clients(endpoint: str, mb: int, repeats: int) -> list[dict[str, Any]]:
     """Ranged reads of one object in 8 MiB ranges: boto3 (shardkit's s3 source) vs obstore."""
     import boto3
@@ -170,6 +196,13 @@ def main() -> None:
     ap.add_argument("--sample", default="100KB", help="bytes per sample")
     ap.add_argument("--shard", default="32MB", help="shard size")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--build-workers",
+        type=int,
+        default=0,
+        help="also time `shardkit build --workers N` to local disk and to s3",
+    )
+    ap.add_argument("--only-build", action="store_true", help="only the --build-workers rows")
     ap.add_argument("--json", default=None, help="write the rows here")
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -197,17 +230,32 @@ def main() -> None:
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
     size, sample = parse_size(args.size), parse_size(args.sample)
     rows: list[dict[str, Any]] = []
+    builds: list[dict[str, Any]] = []
     try:
-        for rep in range(args.repeats):
+        if args.build_workers:
+            builds = build_cli(endpoint, size, sample, args.shard, args.build_workers,
+                               args.repeats)  # fmt: skip
+        for rep in range(0 if args.only_build else args.repeats):
             for kind in CONTENDERS:
                 cmd = [sys.executable, __file__, "--shard", args.shard, "--child", kind, endpoint,
                        str(size), str(sample), str(rep)]  # fmt: skip
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True)
                 rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        reads = read_clients(endpoint, 64, args.repeats)
+        reads = [] if args.only_build else read_clients(endpoint, 64, args.repeats)
     finally:
         server.stop()
     load = os.getloadavg()[0]
+    for kind in ("build local", "build s3"):
+        mine = [r for r in builds if r["kind"] == kind]
+        if mine:
+            secs = statistics.median(r["secs"] for r in mine)
+            each = sorted(round(r["secs"], 2) for r in mine)
+            rate, mbs = mine[0]["samples"] / secs, mine[0]["bytes"] / secs / 1e6
+            print(f"shardkit {kind} --workers {args.build_workers}: {rate:.0f} samples/s, "
+                  f"{mbs:.1f} MB/s (median of {len(mine)}: {each} s)")  # fmt: skip
+    if not rows:
+        print(f"load {load:.1f}")
+        return
     print(f"payload {args.size} in {args.sample} samples, {args.shard} shards, "
           f"medians of {args.repeats}, load {load:.1f}")  # fmt: skip
     print(f"{'contender':<14} {'samples/s':>10} {'MB/s':>8} {'x raw':>6} {'requests':>9} "
@@ -228,7 +276,7 @@ def main() -> None:
         print(f"read 64 MB in 8 MiB ranges, {client}: {64 / secs:.0f} MB/s (bytes right: {ok})")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"builds": rows, "reads": reads, "load": load}, f, indent=1)
+            json.dump({"builds": rows, "cli": builds, "reads": reads, "load": load}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -317,8 +317,8 @@ def command(
     shard appears only whole, --workers write their shards under names of their own
     (PREFIX-w0001-000000.tar) and the manifest goes last, listing only whole objects;
     --resume goes on from the shards whose size and ETag match what was recorded;
-    --overwrite deletes the old data set's manifest first, then its objects. No lock
-    guards an object-store output: run one build per prefix and --part at a time.
+    --overwrite deletes the old data set's manifest first, then its objects. Lock objects
+    created with a conditional put keep a second build of the same prefix and part out.
     """
     config = BuildConfig(
         prefix=prefix,

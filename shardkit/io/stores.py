@@ -121,6 +121,11 @@ class ObjectStore:
     def upload(self, key: str) -> Upload:
         raise NotImplementedError
 
+    def create(self, key: str, data: bytes) -> bool:
+        """Write a small object only where ``key`` is not there (a conditional put: S3
+        ``If-None-Match: *``, GCS generation 0, Azure no overwrite); False if it was."""
+        raise NotImplementedError
+
     def get(self, key: str) -> bytes | None:
         """The whole (small) object, or None if there is none."""
         raise NotImplementedError
@@ -207,6 +212,18 @@ class S3Store(ObjectStore):
     def put(self, key: str, data: bytes) -> str:
         out = self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
         return str(out.get("ETag", ""))
+
+    def create(self, key: str, data: bytes) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*")
+        except ClientError as exc:  # 409: another conditional put of it is under way
+            code = exc.response.get("Error", {}).get("Code")
+            if code in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return False
+            raise
+        return True
 
     def get(self, key: str) -> bytes | None:
         from botocore.exceptions import ClientError
@@ -324,6 +341,17 @@ class GsStore(ObjectStore):
         blob.upload_from_string(data)
         return str(blob.etag or "")
 
+    def create(self, key: str, data: bytes) -> bool:
+        from google.api_core.exceptions import PreconditionFailed
+
+        try:
+            self.client.bucket(self.bucket).blob(key).upload_from_string(
+                data, if_generation_match=0
+            )
+        except PreconditionFailed:
+            return False
+        return True
+
     def get(self, key: str) -> bytes | None:
         from google.api_core.exceptions import NotFound
 
@@ -389,6 +417,15 @@ class AzStore(ObjectStore):
         out = self.container.get_blob_client(key).upload_blob(data, overwrite=True)
         return str(out.get("etag", ""))
 
+    def create(self, key: str, data: bytes) -> bool:
+        from azure.core.exceptions import ResourceExistsError
+
+        try:
+            self.container.get_blob_client(key).upload_blob(data, overwrite=False)
+        except ResourceExistsError:
+            return False
+        return True
+
     def get(self, key: str) -> bytes | None:
         from azure.core.exceptions import ResourceNotFoundError
 
@@ -415,8 +452,3 @@ class AzStore(ObjectStore):
 
         with contextlib.suppress(ResourceNotFoundError):
             self.container.delete_blob(key)
-
-
-def store_error(url: str, exc: Exception) -> FetchError:
-    """A store's failure as a FetchError naming the object."""
-    return FetchError(f"{type(exc).__name__}: {exc}", url=url)

@@ -52,7 +52,7 @@ from shardkit.write.prepare import (
     plan_build,
     split_contiguous,
 )
-from shardkit.write.remote_build import finalize_remote
+from shardkit.write.remote_build import finalize_remote, finished_remote
 from shardkit.write.targets import place_of, store_failures
 from shardkit.write.workers import (
     Progress,
@@ -123,8 +123,7 @@ def _run_build(plan: BuildPlan, progress: Progress | None) -> BuildResult:
             raise WriterError(f"{plan.manifest_path} is missing after the build wrote it")
         manifest = found
     else:
-        written, _ = run_workers(plan, count)
-        manifest = finalize_remote(plan) if is_object_url(plan.out_dir) else finalize(plan)
+        written, manifest = _run_workers(plan, count)
         kept = manifest.total_samples - written
     secs = time.perf_counter() - t0
     log.info("built %d shards, %d samples in %.2f s", len(manifest), manifest.total_samples, secs)
@@ -132,6 +131,19 @@ def _run_build(plan: BuildPlan, progress: Progress | None) -> BuildResult:
     return BuildResult(
         manifest, plan.manifest_path, written, kept, nbytes, secs, len(plan.groups), unchanged
     )
+
+
+def _run_workers(plan: BuildPlan, count: Progress) -> tuple[int, Manifest]:
+    """The workers, then the one manifest (renames locally; over the workers' own shards in
+    an object store, unless a crash came after it was written)."""
+    if not is_object_url(plan.out_dir):
+        written, _ = run_workers(plan, count)
+        return written, finalize(plan)
+    finished = finished_remote(plan)
+    if finished is not None:
+        return 0, finished
+    written, _ = run_workers(plan, count)
+    return written, finalize_remote(plan)
 
 
 def build(

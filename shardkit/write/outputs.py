@@ -40,12 +40,13 @@ __all__ = [
     "Output",
     "local_target",
     "make_output",
+    "pid_alive",
 ]
 
 Existing = tuple[Manifest | None, list[tuple[ShardEntry, dict[str, dict[str, int]]]]]
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` still runs (a live writer's temp file is not ours to delete)."""
     try:
         os.kill(pid, 0)
@@ -116,7 +117,7 @@ class LocalOutput(Output):
         ours = re.compile(rf"^\.tmp-\w+-{stem}\.(?:json|json\.cols|csv)$")
         for name in os.listdir(self.out_dir):
             m = mine.match(name)
-            if (m is not None and not _alive(int(m.group(1)))) or ours.match(name):
+            if (m is not None and not pid_alive(int(m.group(1)))) or ours.match(name):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(self.out_dir, name))
 

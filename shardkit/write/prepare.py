@@ -28,6 +28,7 @@ from shardkit.write.config import BuildConfig, BuildPlan, check_config
 from shardkit.write.lock import OutputLock
 from shardkit.write.outputs import make_output
 from shardkit.write.remote_build import clear_remote
+from shardkit.write.remote_lock import ObjectLock
 from shardkit.write.sources import DiscoverOptions, Unit, discover
 from shardkit.write.targets import ObjectPlace, build_info, place_of, store_failures
 
@@ -237,11 +238,13 @@ def _output_of(out_dir: str | os.PathLike[str]) -> str:
 
 
 def output_lock(plan: BuildPlan) -> contextlib.AbstractContextManager[Any]:
-    """The lock a build holds on its output: its manifest name and its shard prefix (a
-    local output only: see the README on concurrent builds into an object store)."""
+    """The lock a build holds on its output: its manifest name and its shard prefix (in an
+    object store, lock objects: :mod:`shardkit.write.remote_lock`)."""
+    names = (plan.manifest_name, f"{plan.shard_prefix}-shards")
     if is_object_url(plan.out_dir):
-        return contextlib.nullcontext()
-    return OutputLock(plan.out_dir, (plan.manifest_name, f"{plan.shard_prefix}-shards"))
+        out = ObjectPlace(plan).out
+        return ObjectLock(out.store, [out.key(f".lock-{n}") for n in names], plan.out_dir)
+    return OutputLock(plan.out_dir, names)
 
 
 def check_unchanged(plan: BuildPlan) -> None:

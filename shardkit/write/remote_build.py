@@ -29,7 +29,7 @@ from shardkit.write.targets import ObjectPlace, build_info, errors_name, read_ma
 if TYPE_CHECKING:
     from shardkit.write.config import BuildPlan
 
-__all__ = ["clear_remote", "finalize_remote"]
+__all__ = ["clear_remote", "drop_work", "finalize_remote", "finished_remote"]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,18 @@ def finalize_remote(plan: BuildPlan) -> Manifest:
     final.write_manifest(manifest)
     drop_work(place)
     return manifest
+
+
+def finished_remote(plan: BuildPlan) -> Manifest | None:
+    """The finished manifest of this build if a crash came after it was written, while the
+    work objects were being deleted: the deletion is finished (no worker writes again)."""
+    place = ObjectPlace(plan)
+    m = place.manifest()
+    info = build_info(m) if m is not None else {}
+    if m is None or info.get("config") != plan.fingerprint or not info.get("complete"):
+        return None
+    drop_work(place)
+    return m
 
 
 def _join_reports(place: ObjectPlace, keys: list[str], target: str) -> None:
