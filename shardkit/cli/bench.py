@@ -60,6 +60,7 @@ def render(stats: dict[str, Any]) -> str:
     lines.append(
         f"  problems     {s['retries']} retries, {s['errors']} errors, "
         f"{s['skipped_shards']} shards / {s['skipped_samples']} samples skipped"
+        + (f", {s['skipped_members']} tar members skipped" if s["skipped_members"] else "")
     )
     if "cpu_cores" in s:
         lines.append(f"  CPU          {s['cpu_cores']:.2f} cores ({s['cpu_s']:.1f} s)")

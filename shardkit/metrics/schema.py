@@ -26,6 +26,8 @@ dict with these keys, always all of them; counts are ``int``, rates and times ``
                           ``errors_fetch``, ``errors_format``, ``errors_checksum``,
                           ``errors_decode``, ``errors_other``
 ``skipped_shards``        shards (or the rest of one) dropped; ``skipped_samples``
+``skipped_members``       tar members a lenient tar policy passed over (links,
+                          devices, FIFOs, unknown types; ``IoConfig(tar_policy=...)``)
 ``per_worker``            per DataLoader worker: ``worker``, ``batches``, ``samples``,
                           ``bytes``, ``samples_per_s``, ``mb_per_s``
 ``io``                    the raw io counters (:data:`IO_KEYS`, ints), summed
@@ -97,6 +99,7 @@ COUNT_KEYS = (
     *(f"errors_{k}" for k in ERROR_KINDS),
     "skipped_shards",
     "skipped_samples",
+    "skipped_members",
 )
 RATE_KEYS = (
     "seconds",
@@ -169,6 +172,7 @@ def window(
         **errors,
         "skipped_shards": _int(counts, "skipped_shards"),
         "skipped_samples": _int(counts, "skipped_samples"),
+        "skipped_members": _int(counts, "skipped_members"),
         "seconds": float(seconds),
         "first_batch_s": float(first_batch_s),
         "samples_per_s": float(counts.get("samples", 0.0)) * per_s,

@@ -168,12 +168,23 @@ def _read_range(
             tar, url=info.url, start=start, end=end, size=size,
             max_member=limits.max_member, policy=limits.tar_policy,
         )  # fmt: skip
+        told = [0]
         try:
-            yield from _take(reader.samples(), info, where, lo, hi)
+            for sample in _take(reader.samples(), info, where, lo, hi):
+                if reader.skipped:  # rare: a member passed over (counted before the sample)
+                    _count_skipped(reader, counts, told)
+                yield sample
         finally:
-            if reader.skipped_members:  # a lenient read: counted, never silent
-                n = reader.skipped_members
-                counts["skipped_members"] = counts.get("skipped_members", 0) + n
+            _count_skipped(reader, counts, told)
+
+
+def _count_skipped(reader: TarReader, counts: dict[str, float], told: list[int]) -> None:
+    """Add the members ``reader`` passed over since last told (a lenient read: counted,
+    as it goes, so a worker's counters sent with a batch hold them)."""
+    n = reader.skipped_members
+    if n != told[0]:
+        counts["skipped_members"] = counts.get("skipped_members", 0) + n - told[0]
+        told[0] = n
 
 
 def _take(

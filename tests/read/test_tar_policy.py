@@ -102,6 +102,7 @@ def test_the_policy_survives_pickling_into_two_spawned_loader_workers(
     ds = ShardDataset(str(manifest), shardshuffle=False, io=LENIENT)
     loader = WebLoader(ds, num_workers=2, multiprocessing_context="spawn")
     got = list(loader)
+    assert loader.stats()["skipped_members"] == sum(SPECIAL_KINDS.values())
     assert sorted_samples(got) == sorted_samples(webdataset_samples(shard))
     strict = WebLoader(
         ShardDataset(str(manifest), shardshuffle=False), num_workers=2,
