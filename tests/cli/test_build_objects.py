@@ -213,6 +213,25 @@ def test_a_build_locked_by_another_is_refused_and_a_stale_lock_taken_over(
     assert not [k for k in store.names() if ".lock-" in k]  # let go at the end
 
 
+def test_skipped_records_of_the_workers_are_reported_beside_the_manifest_in_s3(
+    store: Store, tmp_path: Path
+) -> None:
+    for f in range(2):
+        lines = [json.dumps({"id": f"f{f}-{i:03d}", "text": "y" * 3000}) for i in range(30)]
+        lines.insert(7 + f, "{not json")
+        (tmp_path / f"p{f}.jsonl").write_text("\n".join(lines) + "\n")
+    res = ok(build(tmp_path, store.url("bad/"), "--workers", "2", "--on-error", "skip"))
+    assert "skipped 2 bad records" in res and "s3://" in res
+    m = remote(store, "bad/manifest.json")
+    assert m.total_samples == 60 and m.created["build"]["skipped_records"] == 2
+    report = [json.loads(x) for x in store.get("bad/manifest.errors.jsonl").splitlines()]
+    assert [(r["source"].split("/")[-1], r["line"]) for r in report] == [
+        ("p0.jsonl", 8),
+        ("p1.jsonl", 9),
+    ]
+    assert not [k for k in store.names() if ".work-" in k]
+
+
 @pytest.mark.parametrize("scheme", ["gs", "az"])
 def test_build_into_gcs_and_azure(scheme: str, inputs: Path, local: Manifest) -> None:
     with object_store(scheme) as store:
