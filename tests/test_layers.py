@@ -69,6 +69,7 @@ ORDER: dict[str, list[list[str]]] = {
             "hub",
             "s3",
             "blobs",
+            "store_base",
             "stores",
             "verified",
             "local",

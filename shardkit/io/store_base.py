@@ -1,0 +1,135 @@
+"""What a writer needs of an object store (``s3://``, ``gs://``, ``az://``), whichever it is:
+an :class:`ObjectStore` puts small objects whole, streams big ones up through an
+:class:`Upload` (one part in memory; the object appears only at :meth:`Upload.complete`),
+gets, lists, deletes and creates an object only where there is none (a conditional put).
+The stores themselves are in :mod:`shardkit.io.stores`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+__all__ = [
+    "DEFAULT_PART_SIZE",
+    "OBJECT_SCHEMES",
+    "STALE_UPLOAD_AGE",
+    "ObjectInfo",
+    "ObjectStore",
+    "Upload",
+    "is_object_url",
+]
+
+OBJECT_SCHEMES = ("s3", "gs", "az")
+DEFAULT_PART_SIZE = 8 << 20  # S3's smallest part is 5 MiB; GCS wants multiples of 256 KiB
+STALE_UPLOAD_AGE = 6 * 3600.0
+
+
+def is_object_url(target: object) -> bool:
+    """True for ``s3://``, ``gs://`` and ``az://`` urls (a writer's object-store target)."""
+    return isinstance(target, str) and urlsplit(target).scheme in OBJECT_SCHEMES
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One object: its key, size and the store's tag of its content version (ETag)."""
+
+    key: str
+    size: int
+    etag: str
+
+
+class Upload:
+    """A streaming upload of one object: :meth:`write` as to a file, then :meth:`complete`
+    (the object appears whole) or :meth:`abort` (nothing appears)."""
+
+    def __init__(self, part_size: int) -> None:
+        self.part_size = part_size
+        self._buf = bytearray()
+        self.size = 0
+        self.done = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        if self.done:
+            raise ValueError("write to a finished upload")
+        self._buf += data
+        self.size += len(data)
+        while len(self._buf) >= self.part_size:
+            part = bytes(self._buf[: self.part_size])
+            del self._buf[: self.part_size]
+            self._send(part)
+        return len(data)
+
+    def flush(self) -> None:
+        pass  # parts go out when full; a flush cannot send a short part mid-object
+
+    def complete(self) -> str:
+        """Send what is left and make the object appear; its ETag."""
+        self.done = True
+        etag = self._finish(bytes(self._buf))
+        self._buf = bytearray()
+        return etag
+
+    def abort(self) -> None:
+        """Drop the upload: no object appears (idempotent)."""
+        if not self.done:
+            self.done = True
+            self._buf = bytearray()
+            self._drop()
+
+    def _send(self, part: bytes) -> None:
+        raise NotImplementedError
+
+    def _finish(self, last: bytes) -> str:
+        raise NotImplementedError
+
+    def _drop(self) -> None:
+        raise NotImplementedError
+
+
+class ObjectStore:
+    """One bucket (or container) of an object store, seen through a key prefix."""
+
+    scheme = ""
+
+    def __init__(self, bucket: str, *, part_size: int = DEFAULT_PART_SIZE) -> None:
+        self.bucket = bucket
+        self.part_size = part_size
+
+    def url(self, key: str) -> str:
+        return f"{self.scheme}://{self.bucket}/{key}"
+
+    def put(self, key: str, data: bytes) -> str:
+        """Write a small object whole; its ETag."""
+        up = self.upload(key)
+        up.write(data)
+        return up.complete()
+
+    def upload(self, key: str) -> Upload:
+        raise NotImplementedError
+
+    def create(self, key: str, data: bytes) -> bool:
+        """Write a small object only where ``key`` is not there (a conditional put: S3
+        ``If-None-Match: *``, GCS generation 0, Azure no overwrite); False if it was."""
+        raise NotImplementedError
+
+    def get(self, key: str) -> bytes | None:
+        """The whole (small) object, or None if there is none."""
+        raise NotImplementedError
+
+    def head(self, key: str) -> ObjectInfo | None:
+        raise NotImplementedError
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        raise NotImplementedError
+
+    def delete(self, key: str) -> None:
+        """Remove ``key`` (no error if it is not there)."""
+        raise NotImplementedError
+
+    def abort_stale(self, prefix: str, older_than: float = STALE_UPLOAD_AGE) -> int:
+        """Abort unfinished uploads under ``prefix`` started more than ``older_than``
+        seconds ago; how many. Only S3 keeps (and bills) them."""
+        del prefix, older_than
+        return 0
