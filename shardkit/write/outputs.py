@@ -257,6 +257,34 @@ class ObjectOutput(Output):
     def has_manifest(self) -> bool:
         return self.store.head(self.manifest_key) is not None
 
+    def remove_existing(self, prefix: str, *, worker_names: bool = False) -> int:
+        """``overwrite``: delete the data set here, its manifest first (so no manifest ever
+        lists a deleted object), its ETag record and CSV, then the shards and indexes it
+        lists under this prefix, the shards of ``prefix`` (with ``worker_names``, a
+        parallel build's ``{prefix}-wNNNN-...`` too), its journal and report; how many."""
+        name = posixpath.basename(self.manifest_key)
+        data = self.store.get(self.manifest_key)
+        stem = posixpath.splitext(name)[0]
+        for first in (name, f".{name}.etags.json", stem + ".csv"):
+            self.store.delete(self.key(first))
+        doomed: set[str] = set()
+        old = Manifest.loads(data, source=self.manifest_path) if data is not None else None
+        for s in old.shards if old is not None else []:
+            for url in (s.url, s.index):
+                if url and "://" not in url and ".." not in url.split("/"):
+                    doomed.add(self.key(url))
+        workers = r"(?:-w\d{4})?" if worker_names else ""
+        mine = re.compile(rf"^{re.escape(prefix)}{workers}-\d{{6,}}\.tar(?:\.zst|\.gz)?(?:\.idx)?$")
+        head = self.key(prefix)[: -len(prefix)]
+        doomed.update(
+            i.key for i in self.store.list(head + prefix) if mine.match(i.key[len(head) :])
+        )
+        doomed.update(i.key for i in self.store.list(self._journal_dir))
+        doomed.add(self.key(stem + ".errors.jsonl"))
+        for key in sorted(doomed):
+            self.store.delete(key)
+        return len(doomed)
+
     def check_shard(self, entry: ShardEntry, tag: str | None) -> str | None:
         info = self.store.head(self.key(entry.url))
         if info is None:

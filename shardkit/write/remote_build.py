@@ -17,8 +17,6 @@ prefix's shards, its ETag record, journal, report and work objects.
 from __future__ import annotations
 
 import logging
-import posixpath
-import re
 from typing import TYPE_CHECKING, Any
 
 from shardkit.errors import WriterError
@@ -110,26 +108,6 @@ def drop_work(place: ObjectPlace) -> None:
 def clear_remote(plan: BuildPlan) -> None:
     """``overwrite`` in an object store (module docstring); the manifest goes first."""
     place = ObjectPlace(plan)
-    out, store = place.out, place.out.store
-    old = read_manifest(plan.out_dir, plan.manifest_name)
-    stem = posixpath.splitext(plan.manifest_name)[0]
-    first = [plan.manifest_name, f".{plan.manifest_name}.etags.json", stem + ".csv"]
-    for name in first:
-        store.delete(out.key(name))
-    doomed: set[str] = set()
-    for s in old.shards if old is not None else []:
-        for url in (s.url, s.index):
-            if url and "://" not in url and ".." not in url.split("/"):
-                doomed.add(out.key(url))
-    mine = re.compile(
-        rf"^{re.escape(plan.shard_prefix)}(?:-w\d{{4}})?-\d{{6,}}\.tar(?:\.zst|\.gz)?(?:\.idx)?$"
-    )
-    under = out.key(plan.shard_prefix)
-    head = under[: len(under) - len(plan.shard_prefix)]
-    doomed.update(i.key for i in store.list(under) if mine.match(i.key[len(head) :]))
-    doomed.update(i.key for i in store.list(out.key(f".{plan.manifest_name}.journal.d/")))
-    doomed.add(out.key(errors_name(plan.manifest_name)))
-    for key in sorted(doomed):
-        store.delete(key)
+    removed = place.out.remove_existing(plan.shard_prefix, worker_names=True)
     drop_work(place)
-    log.info("overwrite: removed %d objects of the earlier build in %s", len(doomed), out.base)
+    log.info("overwrite: removed %d objects of the earlier build in %s", removed, place.out.base)

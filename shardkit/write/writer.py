@@ -46,7 +46,7 @@ from shardkit.write.options import (
     shard_name,
     shard_suffix,
 )
-from shardkit.write.outputs import LocalOutput, make_output
+from shardkit.write.outputs import LocalOutput, ObjectOutput, make_output
 
 if TYPE_CHECKING:
     from typing import Unpack  # Python 3.11; only annotations use it
@@ -82,9 +82,10 @@ class ShardWriter:
         start_index: the number of the first shard.
         resume: keep the shards an existing manifest in ``out_dir`` lists and continue
             after them (see :attr:`resumed_samples` for how many samples to skip).
-        overwrite: replace the data set a local ``out_dir`` holds (its manifest, the shards
-            it lists and this prefix's shards are deleted first). Without it, or ``resume``,
-            a local directory holding a manifest of this name is refused.
+        overwrite: replace the data set ``out_dir`` holds (its manifest, the shards it
+            lists and this prefix's shards are deleted first; in an object store the
+            manifest goes first). Without it, or ``resume``, a local directory holding a
+            manifest of this name is refused.
         part: ``(i, n)`` marks the manifest as part ``i`` of ``n`` for a later merge.
         keywords: :class:`WriterOptions` fields given one by one (``maxcount=100``), as
             before there was an options object; they replace those of ``options``.
@@ -157,9 +158,9 @@ class ShardWriter:
     ) -> None:
         """Under the lock: check what the output holds, then set up the first shard."""
         local = isinstance(self.output, LocalOutput)
-        if overwrite and not local:
-            raise ConfigError("overwrite=True is for local directories: use another prefix")
-        if overwrite:
+        if overwrite and isinstance(self.output, ObjectOutput):
+            self.output.remove_existing(self.prefix)
+        elif overwrite:
             remove_existing(self.manifest_path, self.prefix)
         elif not resume and local:
             refuse_existing(self.manifest_path)

@@ -138,6 +138,24 @@ def test_resume_refuses_a_shard_replaced_behind_its_back(clean: Store) -> None:
         sk.ShardWriter(store.url("swap"), maxcount=4, resume=True)
 
 
+def test_overwrite_replaces_the_data_set_in_the_store(clean: Store) -> None:
+    store = clean
+    with sk.ShardWriter(store.url("ow/"), maxcount=3) as w:
+        for s in samples(10):
+            w.write(s)
+    store.put("ow/other.txt", b"not ours")  # not the data set's: stays
+    with sk.ShardWriter(store.url("ow/"), maxcount=5, overwrite=True) as w:
+        for s in samples(5, start=50):
+            w.write(s)
+    m = _remote(store, "ow")
+    assert [s["__key__"] for s in read_samples(m, make_opener())] == [
+        f"doc-{i:05d}" for i in range(50, 55)
+    ]
+    names = ["data-000000.tar", "data-000000.tar.idx", "manifest.json", "manifest.csv"]
+    names += [".manifest.json.etags.json", "other.txt"]
+    assert store.names() == sorted(f"ow/{n}" for n in names)
+
+
 def test_stale_multipart_uploads_are_aborted(clean: Store) -> None:
     if clean.scheme != "s3":
         assert open_store(clean.url("p"))[0].abort_stale("p", older_than=0) == 0
