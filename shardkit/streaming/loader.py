@@ -55,6 +55,16 @@ _END = object()
 _REFUSED = ("sampler", "batch_sampler", "shuffle", "in_order")
 
 
+def _stop_workers(it: Iterator[Any]) -> None:
+    """Stop a DataLoader iterator's worker processes now, when an error ends the epoch: the
+    traceback keeps the iterator alive until the garbage collector runs, and torch's own
+    shutdown then waited 5 s per worker (a worker that had sent its error was never told to
+    stop), so a training job that failed on bad data hung on its way out."""
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if shutdown is not None and not getattr(it, "_persistent_workers", False):
+        shutdown()
+
+
 class WebLoader:
     """A ``torch.utils.data.DataLoader`` over a :class:`ShardDataset`, resumable exactly.
 
@@ -263,6 +273,9 @@ class WebLoader:
                     self._complete = True
                     return
                 yield self._deliver(got, t)
+        except BaseException:
+            _stop_workers(it)
+            raise
         finally:
             stats.stop()
 

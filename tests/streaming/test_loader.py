@@ -282,3 +282,35 @@ def test_workers_release_their_prefetch_leases_at_the_end_of_an_epoch(
         else:
             os.close(fd)
     assert len(list(store.shards())) == 10 and held == []
+
+
+def test_an_error_stops_the_worker_processes_at_once(make_shards: MakeShards) -> None:
+    """A loader that fails on bad data stops its workers when the error leaves it: the
+    traceback keeps torch's iterator alive, and its own shutdown at collection waited 5 s
+    per worker (a training job that failed on a corrupt shard hung on its way out)."""
+    import gc
+    import multiprocessing
+    import time
+
+    from shardkit.errors import ChecksumError
+
+    m = make_shards([6, 6, 6])
+    bad = Path(m.base or "") / m.shards[1].url
+    data = bytearray(bad.read_bytes())
+    data[700] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    ds = ShardDataset(str(Path(m.base or "") / "manifest.json")).batched(2)
+    loader = WebLoader(ds, num_workers=2, multiprocessing_context="fork")
+    gc.disable()  # what is measured is the loader's own shutdown, not a collection
+    try:
+        with pytest.raises(ChecksumError):
+            list(loader)
+        began = time.monotonic()
+        while multiprocessing.active_children() and time.monotonic() - began < 3:
+            time.sleep(0.05)
+        assert not multiprocessing.active_children()
+        start = time.monotonic()
+        gc.collect()
+        assert time.monotonic() - start < 2
+    finally:
+        gc.enable()
