@@ -59,7 +59,7 @@ def guess_token_field(m: Manifest) -> str | None:
     return npy[0] if len(npy) == 1 else None
 
 
-def _first_payload(m: Manifest, opener: Opener, field: str) -> bytes:
+def _first_payload(m: Manifest, opener: Opener, field: str, tar_policy: str) -> bytes:
     """The field's bytes in the first sample that has it (of the first shards)."""
     from shardkit.format.compression import open_tar
     from shardkit.format.tario.reader import iter_samples
@@ -71,7 +71,7 @@ def _first_payload(m: Manifest, opener: Opener, field: str) -> bytes:
                 opener.open(url, size=entry.size, checksum=entry.checksum)
             )
             f, _ = stack.enter_context(open_tar(raw, url=url))  # compression by magic bytes
-            for _, sample in iter_samples(f, url=url):
+            for _, sample in iter_samples(f, url=url, policy=tar_policy):
                 value = sample.get(field)
                 if isinstance(value, bytes | bytearray | memoryview):
                     return bytes(value)
@@ -92,10 +92,16 @@ def _npy_header(data: bytes, field: str) -> tuple[str, int]:
 
 
 def token_field(
-    m: Manifest, opener: Opener, field: str | None = None, dtype: str | None = None
+    m: Manifest,
+    opener: Opener,
+    field: str | None = None,
+    dtype: str | None = None,
+    *,
+    tar_policy: str = "strict",
 ) -> TokenField:
     """The token statistics of ``field`` (guessed when None). ``dtype`` skips the read of
-    one sample (the npy header is then taken to be 128 bytes, numpy's for 1-D arrays)."""
+    one sample (the npy header is then taken to be 128 bytes, numpy's for 1-D arrays),
+    read under ``tar_policy``."""
     name = field or guess_token_field(m)
     if name is None:
         raise ConfigError(
@@ -109,7 +115,7 @@ def token_field(
     if dtype is None:
         if not npy:
             raise ConfigError(f"field {name!r} is not npy: give --token-dtype")
-        dtype, header = _npy_header(_first_payload(m, opener, name), name)
+        dtype, header = _npy_header(_first_payload(m, opener, name, tar_policy), name)
     elif npy:
         header = 128
     try:

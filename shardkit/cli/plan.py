@@ -28,6 +28,7 @@ from typing import Any
 import click
 
 from shardkit.cache import make_opener
+from shardkit.cli.build import tar_policy_option
 from shardkit.errors import ConfigError
 from shardkit.io import load_manifest
 from shardkit.units import format_bytes
@@ -193,6 +194,7 @@ def _report(n: dict[str, Any]) -> list[str]:
 @click.option("--decode/--no-decode", default=False, help="Decode when measuring.")
 @click.option("--cache-dir", default=None, help="Node-local cache for remote shards.")
 @click.option("--seconds", type=click.FloatRange(0.1), default=5.0, show_default=True)
+@tar_policy_option
 @click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON.")
 def command(**o: Any) -> None:
     """Print the tokens/s, samples/s and bytes/s a training run needs; with --manifest or
@@ -207,7 +209,9 @@ def command(**o: Any) -> None:
         if o["seq_len"] and (o["token_field"] or o["bytes_per_token"] is None):
             from shardkit.cli._fields import token_field
 
-            tf = token_field(m, opener, o["token_field"], o["token_dtype"])
+            tf = token_field(
+                m, opener, o["token_field"], o["token_dtype"], tar_policy=o["tar_policy"]
+            )
             tokens = tf.tokens_per_sample
             info = {"token_field": tf.name, "token_dtype": tf.dtype}
     bpt = o["bytes_per_token"] or (None if tokens else 2.0)
@@ -233,6 +237,7 @@ def command(**o: Any) -> None:
             decode=o["decode"],
             seconds=o["seconds"],
             cache_dir=o["cache_dir"],
+            tar_policy=o["tar_policy"],
         )
     if stats is not None:
         verdict(n, stats)

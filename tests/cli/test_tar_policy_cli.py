@@ -122,3 +122,19 @@ def test_an_unknown_policy_is_a_usage_error(shard: tuple[Path, int]) -> None:
     path, _ = shard
     r = shardkit("inspect", path, "--tar-policy", "loose")
     assert r.returncode == 2 and "loose" in r.stderr, r.stderr
+
+
+@pytest.mark.timeout(120)
+def test_plan_measures_with_the_policy(shard: tuple[Path, int]) -> None:
+    path, at = shard
+    r = shardkit("manifest", "from-shards", path.parent, "--tar-policy", "lenient")
+    assert r.returncode == 0, r.stderr
+    args = ("plan", "--manifest", path.parent / "manifest.json", "--micro-batch", "2")
+    args += ("--step-time", "1", "--workers", "0", "--seconds", "1", "--json")
+    r = shardkit(*args)
+    assert r.returncode == 1, r.stdout + r.stderr
+    _refused(r.stderr, at)
+    r = shardkit(*args, "--tar-policy", "lenient")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["covered"] is True
+    _warned(r.stderr)
