@@ -23,6 +23,11 @@ holds; :func:`run_build` writes the shards; :func:`build` does both.
 - ``on_error="skip"`` leaves bad records out and names them in
   ``manifest.errors.jsonl``; the default stops at the first.
 - ``build(fn, inputs, out)`` builds from a function of your own (see :func:`build`).
+- The output may be an object-store prefix (``s3://bucket/set/``, ``gs://``, ``az://``):
+  shards are streamed into it with no local copy, workers write under names of their own
+  and the manifest goes last; the build's state, lock and report are objects there
+  (:mod:`shardkit.write.targets`, :mod:`shardkit.write.remote_build`,
+  :mod:`shardkit.write.remote_lock`).
 
 The options and plan are in :mod:`shardkit.write.config`, planning in
 :mod:`shardkit.write.prepare`, the processes in :mod:`shardkit.write.workers`.
