@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ray.data import Datasink  # the optional extra: importing shardkit.ray needs ray
 
 from shardkit.errors import ConfigError
+from shardkit.format.layout import INDEX_DIR, index_name
 from shardkit.format.manifest.compact import save_manifest
 from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
 from shardkit.io.stores import is_object_url
@@ -137,8 +138,10 @@ class ShardDatasink(Datasink[dict[str, Any]]):  # type: ignore[misc, unused-igno
                 os.replace(os.path.join(tdir, s.url), os.path.join(self.out_dir, name))
                 index = None
                 if s.index:
-                    index = name + ".idx"
-                    os.replace(os.path.join(tdir, s.index), os.path.join(self.out_dir, index))
+                    index = index_name(name)
+                    dst = os.path.join(self.out_dir, index)
+                    os.makedirs(os.path.dirname(dst), exist_ok=True)
+                    os.replace(os.path.join(tdir, s.index), dst)
                 shards.append(dataclasses.replace(s, url=name, index=index))
             for fname, st in m.fields.items():
                 acc = fields.setdefault(fname, {"count": 0, "bytes": 0})
@@ -180,7 +183,8 @@ class ShardDatasink(Datasink[dict[str, Any]]):  # type: ignore[misc, unused-igno
         stem = out.key(f"{_WORK}{self.run}-")
         names = [stem]
         if shards_too:
-            names.append(out.key(f"{self.options.get('prefix', DEFAULT_PREFIX)}-{self.run}-t"))
+            tasks = f"{self.options.get('prefix', DEFAULT_PREFIX)}-{self.run}-t"
+            names += [out.key(tasks), out.key(f"{INDEX_DIR}/{tasks}")]
         for start in names:
             for info in list(out.store.list(start)):
                 out.store.delete(info.key)

@@ -31,7 +31,7 @@ ORDER: dict[str, list[list[str]]] = {
         ["cli", "__main__"],
     ],
     "shardkit.format": [
-        ["checksum", "pieces", "digest", "images", "codecs", "compression"],
+        ["checksum", "pieces", "digest", "images", "codecs", "compression", "layout"],
         ["manifest", "tario"],
     ],
     "shardkit.format.manifest": [

@@ -60,7 +60,7 @@ def raw_lookup(root: str) -> Any:
     for e in m.shards:
         path = os.path.join(root, e.url)
         fds.append(os.open(path, os.O_RDONLY))
-        with open(path + ".idx", "rb") as f:
+        with open(os.path.join(root, e.index or ""), "rb") as f:
             offsets.append(read_index(f.read()))
         starts.append(starts[-1] + e.nsamples)
     starts_arr = np.array(starts)

@@ -2,11 +2,12 @@
 
 ``shardkit manifest from-shards 'https://host/d/x-{000000..000999}.tar' -o DIR`` reads each
 shard once (in parallel), and writes into DIR a manifest that lists the shards by their
-absolute urls, beside a sample index per shard (``DIR/x-000000.tar.idx``: the path under
-the common prefix). The manifest names that prefix in ``origins``; read from the local
-disk, it may reach the shards there (see :mod:`shardkit.urls` for why a manifest from
-elsewhere still may not), so ``ShardDataset("DIR/manifest.json")`` streams the remote
-shards with splits, cache and exact resume, with no extra flag.
+absolute urls, beside a sample index per shard (``DIR/.index/x-000000.tar.idx``: the path
+under the common prefix, as :func:`shardkit.format.layout.index_name` names it). The manifest
+names that prefix in ``origins``; read from the local disk, it may reach the shards there
+(see :mod:`shardkit.urls` for why a manifest from elsewhere still may not), so
+``ShardDataset("DIR/manifest.json")`` streams the remote shards with splits, cache and exact
+resume, with no extra flag.
 
 ``-o`` may be an object-store url (``s3://b/d/``): the indexes are put there, and where
 the shards lie under it the manifest lists them relative to itself (no ``origins``), so the
@@ -28,6 +29,7 @@ from shardkit.check.summary import FieldStats, add_fields, scan_stream
 from shardkit.durable import atomic_write
 from shardkit.errors import ConfigError
 from shardkit.format.checksum import new_hasher
+from shardkit.format.layout import index_name
 from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
 from shardkit.format.pieces import DEFAULT_PIECE_SIZE
 from shardkit.format.tario.index import write_index
@@ -111,10 +113,11 @@ def adopt_remote(
             data = write_index(
                 scan.offsets, scan.end, signatures=scan.signatures, shard_checksum=scan.checksum
             )
-            put(rel + ".idx", data)
+            idx = index_name(rel)
+            put(idx, data)
             h = new_hasher(algo)
             h.update(data)
-            idx, idx_sum = rel + ".idx", f"{algo}:{h.hexdigest()}"
+            idx_sum = f"{algo}:{h.hexdigest()}"
         if on_shard is not None:
             with lock:
                 on_shard()

@@ -22,6 +22,7 @@ from shardkit.errors import ConfigError, ShardFormatError
 from shardkit.format.checksum import new_hasher
 from shardkit.format.compression import open_tar
 from shardkit.format.digest import Digest, HashingReader
+from shardkit.format.layout import index_name
 from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
 from shardkit.format.pieces import DEFAULT_PIECE_SIZE, Pieces
 from shardkit.format.tario.index import sample_signature, write_index
@@ -170,8 +171,9 @@ def manifest_from_shards(
     lenient reader reads them: read them with ``IoConfig(tar_policy="lenient")``).
 
     Each shard is read once (its piece checksums, with ``piece_size``, in the same pass).
-    With ``index`` a ``.idx`` sample index is written beside
-    each shard. Returns the manifest and where it belongs (``manifest_path``, by default
+    With ``index`` a sample index is written for each shard (in ``.index/`` beside it:
+    :func:`shardkit.format.layout.index_name`). Returns the manifest and where it belongs
+    (``manifest_path``, by default
     ``manifest.json`` in the directory, or in the shards' common directory); the shards
     must lie under that directory since manifest urls are relative to it. The caller
     saves it.
@@ -208,10 +210,13 @@ def manifest_from_shards(
             data = write_index(
                 scan.offsets, scan.end, signatures=scan.signatures, shard_checksum=scan.checksum
             )
-            atomic_write(p + ".idx", data)
+            idx = index_name(url)
+            path = os.path.join(base, *idx.split("/"))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            atomic_write(path, data)
             h = new_hasher(algo)
             h.update(data)
-            idx, idx_sum = url + ".idx", f"{algo}:{h.hexdigest()}"
+            idx_sum = f"{algo}:{h.hexdigest()}"
         add_fields(fields, scan.fields)
         shards.append(
             ShardEntry(url, scan.size, scan.nsamples, scan.checksum, idx, idx_sum, scan.pieces)

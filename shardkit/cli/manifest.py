@@ -63,7 +63,7 @@ def _echo_manifest(m: Manifest, path: str, as_json: bool, what: str) -> None:
     "--index/--no-index",
     default=True,
     show_default=True,
-    help="Write a .idx sample index beside each shard.",
+    help="Write a sample index for each shard (.index/NAME.idx beside it).",
 )
 @click.option(
     "--piece-size",

@@ -2,7 +2,7 @@
 
 Everything goes through the io seam's opener, never ``open()``, so remote urls and the
 node-local cache work unchanged. A url list has no sample counts: they are read from each
-shard's ``.idx`` sidecar (one 16-byte read) or, without one, by scanning the shard.
+shard's sample index (one 16-byte read) or, without one, by scanning the shard.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy as np
 from shardkit.cache.locks import locked
 from shardkit.counters import Counters
 from shardkit.errors import FetchError, ManifestError, ShardFormatError
+from shardkit.format.layout import index_name, legacy_index_name
 from shardkit.format.manifest.compact import (
     Column,
     Compact,
@@ -125,14 +126,15 @@ def _check_complete(why: str | None, name: str | None, allow_incomplete: bool) -
 
 
 def _probe(url: str, opener: Opener, tar_policy: str) -> ShardInfo:
-    """A shard named by url alone: count its samples from its sidecar index or a scan."""
-    index = url + ".idx"
-    try:
-        head = opener.read(index, start=0, end=_HEAD.size)
-    except FetchError:
-        head = b""
-    if len(head) == _HEAD.size and head[:8] in (INDEX_MAGIC, INDEX_MAGIC_V1):
-        return ShardInfo(url, int(_HEAD.unpack(head)[1]), index_url=index)
+    """A shard named by url alone: count its samples from its sample index (in ``.index/``
+    beside it, or beside it as data sets written before that hold it) or a scan."""
+    for index in (index_name(url), legacy_index_name(url)):
+        try:
+            head = opener.read(index, start=0, end=_HEAD.size)
+        except FetchError:
+            continue
+        if len(head) == _HEAD.size and head[:8] in (INDEX_MAGIC, INDEX_MAGIC_V1):
+            return ShardInfo(url, int(_HEAD.unpack(head)[1]), index_url=index)
     log.info("%s has no sample index: counting its samples by reading it", url)
     with opener.open(url) as f:
         n = sum(1 for _ in iter_samples(f, url=url, policy=tar_policy))

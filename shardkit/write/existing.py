@@ -8,6 +8,7 @@ import os
 import re
 
 from shardkit.errors import ConfigError, ManifestError
+from shardkit.format.layout import INDEX_DIR
 from shardkit.format.manifest.compact import compact_path
 from shardkit.format.manifest.journal import journal_path
 from shardkit.format.manifest.model import Manifest
@@ -47,10 +48,12 @@ def remove_existing(manifest_path: str, prefix: str) -> None:
         for s in old.shards:
             for url in (s.url, s.index):
                 path = os.path.realpath(os.path.join(out_dir, url or ""))
-                if url and os.path.dirname(path) == real_dir:
+                if url and os.path.dirname(path) in (real_dir, os.path.join(real_dir, INDEX_DIR)):
                     doomed.add(path)
     mine = _shard_pattern(prefix)
-    doomed.update(os.path.join(out_dir, n) for n in os.listdir(out_dir) if mine.match(n))
+    for folder in (out_dir, os.path.join(out_dir, INDEX_DIR)):
+        if os.path.isdir(folder):
+            doomed.update(os.path.join(folder, n) for n in os.listdir(folder) if mine.match(n))
     stem = os.path.splitext(manifest_path)[0]
     doomed.update((manifest_path, stem + ".csv", compact_path(manifest_path)))
     doomed.add(journal_path(manifest_path))

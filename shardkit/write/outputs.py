@@ -133,7 +133,9 @@ class LocalOutput(Output):
             os.fsync(sink.fileno())
         finally:
             sink.close()
-        atomic_write(os.path.join(self.out_dir, index_name), index)
+        index_path = os.path.join(self.out_dir, index_name)
+        os.makedirs(os.path.dirname(index_path), exist_ok=True)  # the .index/ folder
+        atomic_write(index_path, index)
         os.replace(tmp, os.path.join(self.out_dir, name))
         return ""
 

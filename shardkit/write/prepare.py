@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from shardkit.errors import ConfigError, WriterError
+from shardkit.format.layout import INDEX_DIR
 from shardkit.format.manifest.model import Manifest
 from shardkit.io.stores import is_object_url
 from shardkit.units import parse_size
@@ -281,7 +282,11 @@ def _earlier_outputs(plan: BuildPlan) -> list[str]:
     shard = re.compile(rf"^{re.escape(plan.shard_prefix)}-\d{{6,}}\.tar(?:\.zst|\.gz)?(?:\.idx)?$")
     stem = os.path.splitext(plan.manifest_name)[0]
     mine = {plan.manifest_name, stem + ".csv", stem + ".errors.jsonl"}
-    return [os.path.join(out, n) for n in sorted(os.listdir(out)) if n in mine or shard.match(n)]
+    found = [os.path.join(out, n) for n in sorted(os.listdir(out)) if n in mine or shard.match(n)]
+    indexes = os.path.join(out, INDEX_DIR)
+    if os.path.isdir(indexes):
+        found += [os.path.join(indexes, n) for n in sorted(os.listdir(indexes)) if shard.match(n)]
+    return found
 
 
 def _check_overwrite(plan: BuildPlan) -> None:

@@ -28,6 +28,7 @@ import numpy as np
 from shardkit.errors import ConfigError, WriterError
 from shardkit.format.compression import SHARD_SUFFIXES
 from shardkit.format.images import ImageOptions
+from shardkit.format.layout import is_index_name
 from shardkit.format.manifest.model import Manifest, expand_braces, incomplete_reason
 from shardkit.format.tario.reader import DEFAULT_MAX_MEMBER, split_key
 from shardkit.format.tario.writer import check_field
@@ -218,7 +219,7 @@ def _walk(root: str, exclude: Sequence[str]) -> list[str]:
 
 def _is_tar_companion(rel: str) -> bool:
     base = rel.rsplit("/", 1)[-1]
-    return base.endswith(".idx") or (
+    return is_index_name(base) or (
         base.startswith("manifest") and base.endswith((".json", ".csv", ".json.cols"))
     )
 

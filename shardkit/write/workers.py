@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardkit.durable import atomic_write
 from shardkit.errors import ShardkitError, WriterError
+from shardkit.format.layout import index_name
 from shardkit.format.manifest.compact import save_manifest
 from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
 from shardkit.io.stores import is_object_url
@@ -325,13 +326,11 @@ def _gather(plan: BuildPlan) -> tuple[Manifest, list[tuple[str, str]]]:
         for s in m.shards:
             name = shard_name(plan.shard_prefix, len(shards), c.compress)
             moves.append((os.path.join(wdir, s.url), os.path.join(plan.out_dir, name)))
+            index = None
             if s.index:
-                moves.append(
-                    (os.path.join(wdir, s.index), os.path.join(plan.out_dir, name + ".idx"))
-                )
-            shards.append(
-                dataclasses.replace(s, url=name, index=name + ".idx" if s.index else None)
-            )
+                index = index_name(name)
+                moves.append((os.path.join(wdir, s.index), os.path.join(plan.out_dir, index)))
+            shards.append(dataclasses.replace(s, url=name, index=index))
         for fname, st in m.fields.items():
             acc = fields.setdefault(fname, {"count": 0, "bytes": 0})
             acc["count"] += st["count"]
@@ -385,6 +384,7 @@ def finalize(plan: BuildPlan) -> Manifest:
         atomic_write(fin, json.dumps(doc).encode())
     for src, dst in moves:
         if os.path.exists(src):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
             os.replace(src, dst)
     _join_error_logs(plan)
     manifest.base = plan.out_dir

@@ -26,6 +26,7 @@ from shardkit.errors import ConfigError, ManifestError, WriterError
 from shardkit.format.checksum import new_hasher
 from shardkit.format.codecs import encode_field, zstd_writer
 from shardkit.format.digest import Digest, HashingWriter
+from shardkit.format.layout import index_name as shard_index_name
 from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
 from shardkit.format.tario.index import sample_signature, write_index
 from shardkit.format.tario.writer import (
@@ -362,7 +363,7 @@ class ShardWriter:
         if self.compress:
             self._sink.close()
         name = self._shard_name()
-        index_name = name + ".idx"
+        index_name = shard_index_name(name)
         checksum = self._hashing.digest.checksum()
         index_bytes = write_index(
             self._offsets, self._offset, signatures=self._sigs, shard_checksum=checksum
@@ -400,7 +401,7 @@ class ShardWriter:
             self.output.append_journal(name, line)
         except OSError:
             if isinstance(self.output, LocalOutput):
-                for path in (name, name + ".idx"):
+                for path in (name, shard_index_name(name)):
                     with contextlib.suppress(OSError):
                         os.unlink(os.path.join(self.out_dir, path))
             raise

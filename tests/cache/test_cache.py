@@ -22,7 +22,7 @@ from shardkit.format.tario.index import read_index
 from shardkit.format.tario.reader import read_shard
 from shardkit.io import load_manifest
 from tests.helpers.published import wait_published
-from tests.helpers.readback import read_samples
+from tests.helpers.readback import files_under, read_samples
 from tests.helpers.servers import RangeServer
 
 pytestmark = pytest.mark.integration
@@ -95,8 +95,9 @@ def test_content_addressed_same_names_never_collide(
         assert len(cached_files(cache)) == 4
         copy = tmp_path / "c"
         copy.mkdir()
-        for p in Path(str(a.base)).iterdir():
-            (copy / p.name).write_bytes(p.read_bytes())
+        for p, rel in files_under(str(a.base)):
+            (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+            (copy / rel).write_bytes(p.read_bytes())
         remote = load_manifest(srv.url("c/manifest.json"), opener)
         assert read_samples(remote, opener) == read_samples(a, make_opener())
         assert srv.requests("/c/data-*") == []  # same checksums: already cached

@@ -48,9 +48,11 @@ def test_adopt_then_stream_split_cached_and_resumed(tmp_path: Path) -> None:
         m = Manifest.load(out / "manifest.json")
         assert [s.url for s in m.shards] == [server.url(f"d-{i:06d}.tar") for i in range(4)]
         assert m.origins == (server.url(""),)
-        assert sorted(p.name for p in out.glob("*.idx")) == [f"d-{i:06d}.tar.idx" for i in range(4)]
+        assert sorted(p.name for p in out.glob(".index/*.idx")) == [
+            f"d-{i:06d}.tar.idx" for i in range(4)
+        ]
         # indexes in the current, bound format (they were SKIDX001: a warning every epoch)
-        assert {p.read_bytes()[:8] for p in out.glob("*.idx")} == {INDEX_MAGIC}
+        assert {p.read_bytes()[:8] for p in out.glob(".index/*.idx")} == {INDEX_MAGIC}
         assert len(server.requests("*.tar")) == 4  # each shard read once
         # streamed from the adopted manifest: every sample once over 2 ranks, no flag
         ranks = [
@@ -122,5 +124,5 @@ def test_adopt_from_s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         r = shardkit("manifest", "from-shards", "s3://sets/wds/d-{000000..000001}.tar", "-o", out)
         assert r.returncode == 0, r.stderr
         assert Manifest.load(out / "manifest.json").origins == ("s3://sets/wds/",)
-        assert {p.read_bytes()[:8] for p in out.glob("*.idx")} == {INDEX_MAGIC}
+        assert {p.read_bytes()[:8] for p in out.glob(".index/*.idx")} == {INDEX_MAGIC}
         assert sorted(_keys(sk.ShardDataset(str(out / "manifest.json")))) == keys

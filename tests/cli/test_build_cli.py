@@ -16,6 +16,7 @@ from shardkit.format.manifest.model import Manifest
 from tests.helpers.data import make_shards
 from tests.helpers.readback import (
     assert_whole,
+    hidden_leftovers,
     keys_of,
     read_samples,
     shard_digests,
@@ -66,7 +67,7 @@ def test_workers_give_the_same_samples_and_reproducible_shards(tmp_path: Path) -
         runs.append(tmp_path / name / "manifest.json")
     a, b = runs
     assert shard_digests(a) == shard_digests(b)  # byte-identical shards run to run
-    assert not list((tmp_path / "w2a").glob(".*"))  # no work directory or temp file left
+    assert not hidden_leftovers(tmp_path / "w2a")  # no work directory or temp file left
     base = read_samples(tmp_path / "w1" / "manifest.json")
     two = read_samples(a)
     assert len(base) == 900 and _multiset(two) == _multiset(base)

@@ -91,7 +91,7 @@ def test_from_shards_pattern_no_index_and_zstd(tmp_path: Path) -> None:
     assert [(s.url, s.size, s.nsamples, s.checksum, s.index) for s in again] == [
         (s.url, s.size, s.nsamples, s.checksum, None) for s in made
     ]
-    assert not list((tmp_path / "z").glob("*.idx"))
+    assert not list((tmp_path / "z").rglob("*.idx"))
     elsewhere = shardkit("manifest", "from-shards", pattern, "-o", tmp_path / "sub" / "m.json")
     assert elsewhere.returncode == 1 and "outside" in elsewhere.stderr
     nothing = shardkit("manifest", "from-shards", tmp_path / "z" / "none-*.tar")

@@ -18,6 +18,7 @@ from click.testing import CliRunner, Result
 from shardkit import Manifest, ShardWriter
 from shardkit.cli import cli
 from shardkit.format.checksum import file_checksum
+from shardkit.format.layout import index_name
 from shardkit.format.tario.index import index_entry_range
 from tests.helpers import hostile
 from tests.helpers.data import make_samples
@@ -164,7 +165,7 @@ def test_wrong_size_in_the_manifest(shards: Path, level: str) -> None:
 
 
 def test_bad_sample_index(shards: Path) -> None:
-    idx = shards.parent / "data-000000.tar.idx"
+    idx = shards.parent / index_name("data-000000.tar")
     data = bytearray(idx.read_bytes())
     data[index_entry_range(2, version=2)[0]] += 1  # sample 2's offset
     idx.write_bytes(bytes(data))

@@ -13,6 +13,7 @@ from typing import Any
 
 import xxhash
 
+from shardkit.format.layout import HF_CONFIG, INDEX_DIR
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.reader import read_shard
 
@@ -84,3 +85,20 @@ def shardkit(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
         timeout=120,
         check=False,
     )
+
+
+def hidden_leftovers(out: str | os.PathLike[str]) -> list[str]:
+    """Hidden names in a build's output (temp files, a work dir, a lock) and in its
+    ``.index/`` folder, less the layout's own (``.index/``, ``.huggingface.yaml``)."""
+    names = [n for n in os.listdir(out) if n.startswith(".") and n not in (INDEX_DIR, HF_CONFIG)]
+    indexes = os.path.join(out, INDEX_DIR)
+    if os.path.isdir(indexes):
+        names += [f"{INDEX_DIR}/{n}" for n in os.listdir(indexes) if n.startswith(".")]
+    return sorted(names)
+
+
+def files_under(folder: str | os.PathLike[str]) -> list[tuple[Path, str]]:
+    """Every file under ``folder`` (``.index/`` too) with its ``/``-separated relative name:
+    what an upload of a data set's folder to an object store must carry."""
+    root = Path(folder)
+    return [(p, p.relative_to(root).as_posix()) for p in sorted(root.rglob("*")) if p.is_file()]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.helpers.readback import files_under
 from tests.helpers.servers import free_port, moto_server
 
 __all__ = ["AZURITE_KEY", "Store", "azurite", "gcs_emulator", "moto_store", "object_store"]
@@ -63,9 +64,8 @@ class Store:
         return bytes(cc.download_blob(key).readall())
 
     def upload_dir(self, folder: Path, prefix: str) -> None:
-        for path in sorted(folder.iterdir()):
-            if path.is_file():
-                self.put(f"{prefix}/{path.name}", path.read_bytes())
+        for path, rel in files_under(folder):  # the sample indexes in .index/ too
+            self.put(f"{prefix}/{rel}", path.read_bytes())
 
     def clear(self) -> None:
         for key in self.names():

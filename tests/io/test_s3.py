@@ -11,7 +11,7 @@ from shardkit.cache import make_opener
 from shardkit.errors import ChecksumError, FetchError
 from shardkit.format.manifest.model import Manifest
 from shardkit.io import load_manifest
-from tests.helpers.readback import read_samples
+from tests.helpers.readback import files_under, read_samples
 from tests.helpers.servers import moto_server
 
 pytestmark = pytest.mark.integration
@@ -48,8 +48,8 @@ def s3(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> object:
 @pytest.fixture
 def shards(make_shards: Callable[..., Manifest], s3: object) -> Manifest:
     m = make_shards([10, 7, 13], tokens=3000, subdir="ds")
-    for path in Path(str(m.base)).iterdir():
-        s3.upload_file(str(path), BUCKET, f"ds/{path.name}")  # type: ignore[attr-defined]
+    for path, rel in files_under(str(m.base)):
+        s3.upload_file(str(path), BUCKET, f"ds/{rel}")  # type: ignore[attr-defined]
     return m
 
 

@@ -16,6 +16,7 @@ from shardkit.cache import make_opener
 from shardkit.cli import cli
 from shardkit.format.manifest.model import Manifest
 from shardkit.io.config import IoConfig
+from tests.helpers.readback import files_under
 from tests.helpers.servers import moto_process
 
 pytestmark = pytest.mark.integration
@@ -44,8 +45,8 @@ def stores(
             m = make_shards(sizes, subdir=f"seed{seed}", seed=seed)
             client = boto3.client("s3", endpoint_url=endpoint)
             client.create_bucket(Bucket=BUCKET)
-            for path in Path(str(m.base)).iterdir():
-                client.upload_file(str(path), BUCKET, f"ds/{path.name}")
+            for path, rel in files_under(str(m.base)):
+                client.upload_file(str(path), BUCKET, f"ds/{rel}")
             out.append((endpoint, m))
         yield out
 

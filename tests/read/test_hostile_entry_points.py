@@ -249,6 +249,7 @@ def escaping(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
         (base / "sub").rename(outside / "sub")
         (base / "sub").symlink_to(outside / "sub")
     else:
+        (outside / name).parent.mkdir(parents=True, exist_ok=True)  # an index's .index/
         (base / "sub" / name).rename(outside / name)
         (base / "sub" / name).symlink_to(outside / name)
     return base / "manifest.json"

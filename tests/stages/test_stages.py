@@ -24,6 +24,7 @@ from shardkit.errors import (
     FetchError,
     StateDictError,
 )
+from shardkit.format.layout import index_name
 from shardkit.format.manifest.model import Manifest
 from shardkit.io.config import IoConfig
 from shardkit.write.writer import ShardWriter
@@ -65,7 +66,7 @@ def test_manifest_path_url_list_and_brace_pattern_agree(make_shards: MakeShards)
     pattern = os.path.join(base, "part-{000000..000002}.tar")
     assert keys(ShardDataset(pattern, shardshuffle=False)) == by_manifest
     for url in urls:  # without sample indexes the counts come from a scan
-        os.unlink(url + ".idx")
+        os.unlink(index_name(url))
     assert keys(ShardDataset(urls, shardshuffle=False)) == by_manifest
     assert len(ShardDataset(urls).split_by_node(1, 2)) == 7
 

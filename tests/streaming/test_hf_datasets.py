@@ -5,7 +5,6 @@ included)."""
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +16,6 @@ from tests.helpers.data import make_shards
 from tests.helpers.readback import read_samples, shardkit
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def hf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """``datasets``, offline, with its caches under tmp_path (it reads these at import)."""
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    import datasets
-
-    yield datasets
 
 
 def test_hf_webdataset_loader_reads_shardkit_shards(hf: Any, tmp_path: Path) -> None:

@@ -14,9 +14,10 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
 import shardkit as sk
 from shardkit.errors import ChecksumError, ConfigError, ShardFormatError
+from shardkit.format.layout import index_name
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.index import read_index
-from tests.helpers.readback import keys_of, read_samples
+from tests.helpers.readback import files_under, keys_of, read_samples
 from tests.helpers.servers import Fault, RangeServer, moto_server, s3_bucket
 
 MakeShards = Callable[..., Manifest]
@@ -161,7 +162,7 @@ def test_a_corrupt_remote_sample_is_an_error_never_a_sample(
     served: tuple[Manifest, RangeServer], tmp_path: Path
 ) -> None:
     m, srv = served
-    offsets = read_index((Path(str(m.base)) / "data-000002.tar.idx").read_bytes())
+    offsets = read_index((Path(str(m.base)) / index_name("data-000002.tar")).read_bytes())
     at = int(offsets[10]) + 700  # inside sample 10 of the shard: global sample 50
     for cache in (str(tmp_path / "cache"), None):
         ds = sk.IndexedShards(srv.url("manifest.json"), cache_dir=cache)
@@ -188,9 +189,8 @@ def test_s3_lookups(make_shards: MakeShards, monkeypatch: pytest.MonkeyPatch) ->
     m = make_shards([8, 8], subdir="s3set")
     with moto_server() as endpoint:
         client = s3_bucket(endpoint, "sets", monkeypatch)
-        for p in sorted(Path(str(m.base)).iterdir()):
-            if p.is_file():
-                client.upload_file(str(p), "sets", f"ix/{p.name}")
+        for p, rel in files_under(str(m.base)):
+            client.upload_file(str(p), "sets", f"ix/{rel}")
         ds = sk.IndexedShards("s3://sets/ix/manifest.json").decode()
         assert [ds[i]["json"]["id"] for i in (15, 0, 9)] == [15, 0, 9]
         assert ds.get("sample-00000011")["json"]["id"] == 11

@@ -22,10 +22,12 @@ import pytest
 
 import shardkit as sk
 from shardkit.errors import ManifestError
+from shardkit.format.layout import index_name
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.reader import iter_samples
 from tests.helpers.readback import (
     assert_whole,
+    hidden_leftovers,
     keys_of,
     read_samples,
     shard_digests,
@@ -148,7 +150,7 @@ def test_on_error_skip_names_each_bad_record_and_finishes(tmp_path: Path, worker
     assert "skipped 3 bad records (named in manifest.errors.jsonl)" in (
         shardkit("inspect", out / "manifest.json").stdout
     )
-    assert not [n for n in os.listdir(out) if n.startswith(".")]
+    assert not hidden_leftovers(out)
 
 
 def test_outputs_follow_the_umask(tmp_path: Path) -> None:
@@ -165,10 +167,10 @@ def test_outputs_follow_the_umask(tmp_path: Path) -> None:
         preexec_fn=lambda: os.umask(0o022),  # the child's umask only
     )
     assert r.returncode == 0, r.stderr
-    names = sorted(os.listdir(out))
-    assert {"manifest.json", "manifest.csv", "manifest.errors.jsonl", "data-000000.tar.idx"} <= set(
-        names
-    )
+    index = index_name("data-000000.tar")  # in the hidden .index/ folder
+    names = [n for n in sorted(os.listdir(out)) if os.path.isfile(out / n)] + [index]
+    assert {"manifest.json", "manifest.csv", "manifest.errors.jsonl"} <= set(names)
+    assert os.path.isfile(out / index)
     for name in names:
         assert stat.S_IMODE(os.stat(out / name).st_mode) == 0o644, name
 

@@ -18,7 +18,13 @@ import pytest
 from shardkit.format.manifest.model import Manifest
 from shardkit.write.build import build
 from shardkit.write.sources import parse_field_spec
-from tests.helpers.readback import assert_whole, shard_digests, shardkit, write_jsonl
+from tests.helpers.readback import (
+    assert_whole,
+    hidden_leftovers,
+    shard_digests,
+    shardkit,
+    write_jsonl,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -91,7 +97,7 @@ def _listed(path: Path) -> int:
 def _resume(corpus: Path, out: Path, *extra: str) -> None:
     r = shardkit("build", corpus, "-o", out, *ARGS, *extra)
     assert r.returncode == 0, r.stderr
-    assert not [n for n in os.listdir(out) if n.startswith(".")]  # no temp file, no work dir
+    assert not hidden_leftovers(out)  # no temp file, no work dir
 
 
 def test_sigkill_mid_shard_then_resume(

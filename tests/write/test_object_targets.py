@@ -17,6 +17,7 @@ import shardkit as sk
 from shardkit.cache import make_opener
 from shardkit.cli import cli
 from shardkit.errors import ConfigError, ManifestError
+from shardkit.format.layout import index_name
 from shardkit.format.manifest.model import Manifest
 from shardkit.io import load_manifest
 from shardkit.io.stores import open_store
@@ -58,7 +59,7 @@ def test_writer_streams_shards_into_the_store(clean: Store, tmp_path: Path) -> N
     assert "run/manifest.json" in keys and "run/manifest.csv" in keys
     m = _remote(store, "run")
     assert m.total_samples == 30 and len(m) >= 3
-    assert all(f"run/{e.url}" in keys and f"run/{e.url}.idx" in keys for e in m.shards)
+    assert all(f"run/{e.url}" in keys and f"run/{index_name(e.url)}" in keys for e in m.shards)
     assert not [k for k in keys if ".journal" in k]  # folded at close
     got = read_samples(m, make_opener())
     assert [s["__key__"] for s in got] == [f"doc-{i:05d}" for i in range(30)]

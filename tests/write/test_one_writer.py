@@ -19,7 +19,13 @@ from shardkit.errors import ConfigError, WriterError
 from shardkit.write.build import build
 from shardkit.write.writer import WriterOptions
 from tests.helpers.data import make_samples
-from tests.helpers.readback import assert_whole, keys_of, read_samples, shardkit
+from tests.helpers.readback import (
+    assert_whole,
+    hidden_leftovers,
+    keys_of,
+    read_samples,
+    shardkit,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +69,7 @@ def test_a_second_build_into_one_output_fails_at_once_naming_the_first(tmp_path:
     m = assert_whole(out / "manifest.json")
     assert m.total_samples == 35
     assert keys_of(read_samples(m)) == [f"a/{i + 1:09d}" for i in range(35)]
-    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no lock file left
+    assert not hidden_leftovers(out)  # no lock file left
     again = shardkit("build", other, "-o", tmp_path / "out2")  # a free output: no lock
     assert again.returncode == 0, again.stderr
 

@@ -14,6 +14,7 @@ from shardkit.format.checksum import file_checksum
 from shardkit.format.manifest.journal import journal_path, read_journal
 from shardkit.format.tario.index import read_index
 from tests.helpers.data import make_samples
+from tests.helpers.readback import hidden_leftovers
 
 
 def _random_samples(n: int, seed: int, max_bytes: int) -> list[dict[str, Any]]:
@@ -169,7 +170,7 @@ def test_a_block_that_raises_leaves_no_temp_and_no_unfinished_shard(tmp_path: Pa
             w.write(s)
         raise RuntimeError("boom")
     names = sorted(os.listdir(tmp_path))
-    assert not [n for n in names if n.startswith(".")], names
+    assert not hidden_leftovers(tmp_path), names
     m = Manifest.load(tmp_path / "manifest.json")
     assert [e.nsamples for e in m.shards] == [5, 5]  # the 2-sample shard was dropped
     assert "data-000002.tar" not in names

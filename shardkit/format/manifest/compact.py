@@ -37,6 +37,7 @@ import numpy as np
 
 from shardkit.durable import atomic_write
 from shardkit.errors import ManifestError
+from shardkit.format.layout import write_hf_config
 from shardkit.format.manifest.compact_file import FormFile, encode_form
 from shardkit.format.manifest.compact_pieces import WIDTH, PieceColumn, encode_pieces
 from shardkit.format.manifest.compact_source import (
@@ -244,6 +245,7 @@ def save_manifest(manifest: Manifest, path: str, *, csv_too: bool = True) -> Non
         atomic_write(os.path.splitext(path)[0] + ".csv", manifest.to_csv().encode())
     atomic_write(path, data)
     write_compact(manifest, compact_path(path), source_facts(data, stat_key(os.stat(path))))
+    write_hf_config(os.path.dirname(os.path.abspath(path)), (e.url for e in manifest.shards))
 
 
 def encode_compact(manifest: Manifest, source: dict[str, Any]) -> list[bytes | memoryview]:
