@@ -71,8 +71,9 @@ def hf_data_files(urls: Iterable[str]) -> list[str]:
     (``data-*.tar``), others by name."""
     out: dict[str, None] = {}
     for url in urls:
-        if "://" in url or url.startswith("/") or url.endswith(".zst"):
-            continue  # not in this directory; or zstd, which datasets reads as a plain tar
+        outside = "://" in url or url.startswith("/") or ".." in url.split("/")
+        if outside or url.endswith(".zst"):
+            continue  # not under this directory; or zstd, which datasets reads as a plain tar
         m = _NUMBERED.match(url)
         pattern = glob.escape(m["stem"]) + "*" + m["ext"] if m else glob.escape(url)
         out[pattern] = None

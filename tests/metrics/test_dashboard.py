@@ -122,7 +122,8 @@ def test_stats_are_the_same_schema_cold_and_warm_over_a_real_cache(
                        "--seconds", "60", "--cache-dir", cache, "--json")  # fmt: skip
             assert res.exit_code == 0, res.output
             runs.append(json.loads(res.output))
-            fetched.append({r.path for r in srv.requests("/data-*")})
+            objects = srv.requests("/data-*") + srv.requests("/.index/data-*")  # shards, indexes
+            fetched.append({r.path for r in objects})
             srv.clear_log()
         plan = _cli("plan", "--seq-len", "512", "--micro-batch", "2", "--step-time", "1",
                     "--manifest", url, "--cache-dir", cache, "--workers", "0", "--seconds",

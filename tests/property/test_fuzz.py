@@ -106,6 +106,7 @@ def test_mutated_shards_and_indexes_through_the_dataset(
     doc = json.loads((d / "manifest.json").read_text())
     for s in m.shards:
         for name in (s.url, str(s.index)):
+            (out / name).parent.mkdir(parents=True, exist_ok=True)  # an index's .index/
             (out / name).write_bytes((d / name).read_bytes())
     victim = m.shards[0].url if target == "shard" else str(m.shards[0].index)
     data = (out / victim).read_bytes()

@@ -213,7 +213,8 @@ def test_index_names_and_the_hf_config(tmp_path: Path) -> None:
     assert index_name("https://h/d/x.tar") == "https://h/d/.index/x.tar.idx"
     assert legacy_index_name("a/x.tar") == "a/x.tar.idx"
     urls = ["d-000000.tar", "d-000001.tar", "sub/e-000000.tar.gz", "odd[1].tar",
-            "z-000000.tar.zst", "https://h/x-000000.tar", "/abs/y-000000.tar"]  # fmt: skip
+            "z-000000.tar.zst", "https://h/x-000000.tar", "/abs/y-000000.tar",
+            "../up-000000.tar"]  # fmt: skip
     assert hf_data_files(urls) == ["d-*.tar", "sub/e-*.tar.gz", "odd[[]1].tar"]
     write_hf_config(str(tmp_path), ["https://h/x-000000.tar"])  # nothing local: no file
     assert not (tmp_path / HF_CONFIG).exists()
