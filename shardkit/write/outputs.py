@@ -28,6 +28,7 @@ from typing import Any, BinaryIO
 
 from shardkit.durable import atomic_write
 from shardkit.errors import ConfigError
+from shardkit.format.layout import INDEX_DIR
 from shardkit.format.manifest.compact import save_manifest
 from shardkit.format.manifest.journal import journal_path, parse_journal, read_journal
 from shardkit.format.manifest.model import Manifest, ShardEntry
@@ -277,10 +278,11 @@ class ObjectOutput(Output):
                     doomed.add(self.key(url))
         workers = r"(?:-w\d{4})?" if worker_names else ""
         mine = re.compile(rf"^{re.escape(prefix)}{workers}-\d{{6,}}\.tar(?:\.zst|\.gz)?(?:\.idx)?$")
-        head = self.key(prefix)[: -len(prefix)]
-        doomed.update(
-            i.key for i in self.store.list(head + prefix) if mine.match(i.key[len(head) :])
-        )
+        top = self.key(prefix)[: -len(prefix)]
+        for head in (top, top + INDEX_DIR + "/"):  # stray shards, and indexes of either layout
+            doomed.update(
+                i.key for i in self.store.list(head + prefix) if mine.match(i.key[len(head) :])
+            )
         doomed.update(i.key for i in self.store.list(self._journal_dir))
         doomed.add(self.key(stem + ".errors.jsonl"))
         for key in sorted(doomed):

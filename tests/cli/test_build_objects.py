@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from shardkit.cache import make_opener
+from shardkit.format.layout import index_name
 from shardkit.format.manifest.model import Manifest
 from shardkit.io import load_manifest
 from shardkit.write.remote_lock import LEASE
@@ -173,7 +174,7 @@ def test_overwrite_replaces_a_data_set_in_s3(store: Store, inputs: Path, local: 
     m = remote(store, "ow/manifest.json")
     assert samples_of(m) == samples_of(local)
     keys = {k[3:] for k in store.names() if k.startswith("ow/")}
-    want = {e.url for e in m.shards} | {e.url + ".idx" for e in m.shards}
+    want = {e.url for e in m.shards} | {index_name(e.url) for e in m.shards}
     want |= {"manifest.json", "manifest.csv", ".manifest.json.etags.json"}
     assert keys == want  # nothing of the old set (its worker-named shards) is left
 
@@ -189,7 +190,7 @@ def test_from_shards_writes_manifest_and_indexes_into_s3(
     m = remote(store, "adopt/manifest.json")
     assert [e.url for e in m.shards] == [e.url for e in local.shards] and not m.origins
     assert [e.checksum for e in m.shards] == [e.checksum for e in local.shards]
-    assert all(f"adopt/{e.url}.idx" in store.names() for e in m.shards)
+    assert all(f"adopt/{index_name(e.url)}" in store.names() for e in m.shards)
     ok(shardkit("verify", store.url("adopt/manifest.json"), "--deep"))
     refused = shardkit("manifest", "from-shards", str(base), "-o", store.url("x/"))
     assert refused.returncode == 2 and "upload the shards first" in refused.stderr

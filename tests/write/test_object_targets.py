@@ -145,6 +145,8 @@ def test_overwrite_replaces_the_data_set_in_the_store(clean: Store) -> None:
         for s in samples(10):
             w.write(s)
     store.put("ow/other.txt", b"not ours")  # not the data set's: stays
+    for stray in (index_name("data-000009.tar"), "data-000008.tar.idx"):  # unlisted: go
+        store.put(f"ow/{stray}", b"an index of this prefix, in either layout")
     with sk.ShardWriter(store.url("ow/"), maxcount=5, overwrite=True) as w:
         for s in samples(5, start=50):
             w.write(s)
@@ -152,7 +154,7 @@ def test_overwrite_replaces_the_data_set_in_the_store(clean: Store) -> None:
     assert [s["__key__"] for s in read_samples(m, make_opener())] == [
         f"doc-{i:05d}" for i in range(50, 55)
     ]
-    names = ["data-000000.tar", "data-000000.tar.idx", "manifest.json", "manifest.csv"]
+    names = ["data-000000.tar", index_name("data-000000.tar"), "manifest.json", "manifest.csv"]
     names += [".manifest.json.etags.json", "other.txt"]
     assert store.names() == sorted(f"ow/{n}" for n in names)
 
