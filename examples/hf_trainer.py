@@ -23,6 +23,7 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
 import shardkit as sk
+from shardkit.streaming.sync import end_process_group
 
 
 def make_data(root: Path, n: int) -> None:
@@ -118,11 +119,10 @@ def main() -> None:
         callbacks=callbacks,
     )
     trainer.train(resume_from_checkpoint=True if a.resume else None)
-    import torch.distributed as dist
-
-    if dist.is_initialized():  # gloo's threads end before the interpreter does
-        dist.barrier()
-        dist.destroy_process_group()
+    # gloo's threads end before the interpreter does, and before the model's DDP reducer lets
+    # go of the group (a teardown that could otherwise hang: see end_process_group)
+    end_process_group()
+    del trainer
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ has one, so ranks yield the same number of batches whatever the pipeline does.""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,7 +12,7 @@ import torch.distributed as dist
 
 from shardkit.errors import ConfigError
 
-__all__ = ["EpochEnd"]
+__all__ = ["EpochEnd", "end_process_group"]
 
 
 class EpochEnd:
@@ -23,6 +24,9 @@ class EpochEnd:
     def __init__(self) -> None:
         self._group: Any = None
         self._made = False
+        # the last vote, kept: the tensor's last reference is then never dropped by gloo's
+        # worker thread (which needs the GIL for it: see end_process_group)
+        self._last: tuple[torch.Tensor, Any] | None = None
 
     @staticmethod
     def active(mode: bool | None) -> bool:
@@ -45,7 +49,9 @@ class EpochEnd:
         """Begin the vote on the next batch (asynchronous: it runs while the training step
         on the current batch does)."""
         t = torch.tensor([0 if have else 1, *skips], dtype=torch.int64)
-        return t, dist.all_reduce(t, group=self.group(), async_op=True)
+        vote = (t, dist.all_reduce(t, group=self.group(), async_op=True))
+        self._last = vote
+        return vote
 
     @staticmethod
     def finish(vote: tuple[torch.Tensor, Any]) -> tuple[bool, list[int]]:
@@ -58,3 +64,20 @@ class EpochEnd:
         out: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(out, obj, group=self.group())
         return out
+
+
+def end_process_group(settle: float = 0.5) -> None:
+    """End the default process group at the end of a job: a barrier, then ``settle`` seconds
+    with the GIL released, then ``destroy_process_group``.
+
+    gloo's worker thread frees a finished collective (a barrier holds the collectives before
+    it) and the tensors it held, which needs the GIL; a process group destroyed later, at
+    interpreter exit or with a DDP model's reducer, joins that thread while holding the GIL,
+    and both wait forever (seen as ``~ProcessGroupGloo`` joining a thread stuck in
+    ``~AsyncBarrierWork``). The pause lets the thread finish first. No-op without a group.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    dist.barrier()
+    time.sleep(settle)
+    dist.destroy_process_group()
