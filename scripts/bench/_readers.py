@@ -178,6 +178,7 @@ LOADERS = {
     "shardkit": loader_shardkit,
     "shardkit verify=off": loader_shardkit,
     "shardkit threads": loader_shardkit,
+    "shardkit threads verify=off": loader_shardkit,
     "webdataset": loader_webdataset,
     "mosaic": loader_mosaic,
     "litdata": loader_litdata,

@@ -225,6 +225,8 @@ def loader_specs(fm: Formats, args: Any) -> list[dict[str, Any]]:
         specs.insert(1, off)
         threads = {**common, "impl": "shardkit threads", "manifest": fm.manifest}
         specs.insert(2, {**threads, "worker_mode": "thread"})
+        off_threads = {**threads, "impl": "shardkit threads verify=off", "verify": "off"}
+        specs.insert(3, {**off_threads, "worker_mode": "thread"})
     return specs
 
 
