@@ -22,10 +22,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
-
-from torch.utils.data import DataLoader
 
 from shardkit.errors import ConfigError, StateDictError
 from shardkit.metrics import LoaderStats, counter_delta
@@ -37,6 +35,7 @@ from shardkit.streaming.resume import (
     STAGE,
     VERSION,
     Loaded,
+    carried_states,
     check_fingerprint,
     check_job_state,
     encode_job_state,
@@ -44,25 +43,14 @@ from shardkit.streaming.resume import (
     resume_plan,
 )
 from shardkit.streaming.sync import EpochEnd
-from shardkit.streaming.threads import WORKER_MODES, ThreadWorkers
+from shardkit.streaming.threads import make_workers, stop_workers
 from shardkit.streaming.transfer import Mailbox, PackedBytes, arrived
-from shardkit.streaming.workers import Collate, WorkerSide
+from shardkit.streaming.workers import WorkerSide
 
 __all__ = ["PackedBytes", "WebLoader"]
 
 log = logging.getLogger(__name__)
 _END = object()
-_REFUSED = ("sampler", "batch_sampler", "shuffle", "in_order")
-
-
-def _stop_workers(it: Iterator[Any]) -> None:
-    """Stop a DataLoader iterator's worker processes now, when an error ends the epoch: the
-    traceback keeps the iterator alive until the garbage collector runs, and torch's own
-    shutdown then waited 5 s per worker (a worker that had sent its error was never told to
-    stop), so a training job that failed on bad data hung on its way out."""
-    shutdown = getattr(it, "_shutdown_workers", None)
-    if shutdown is not None and not getattr(it, "_persistent_workers", False):
-        shutdown()
 
 
 class WebLoader:
@@ -94,15 +82,8 @@ class WebLoader:
         worker_mode: str = "process",
         **dataloader_kwargs: Any,
     ) -> None:
-        if worker_mode not in WORKER_MODES:
-            raise ConfigError(f"WebLoader: worker_mode={worker_mode!r}: use one of {WORKER_MODES}")
-        if worker_mode == "thread" and num_workers < 1:
-            raise ConfigError("WebLoader: worker_mode='thread' needs num_workers >= 1")
         if not isinstance(dataset, ShardDataset):
             raise ConfigError(f"WebLoader needs a ShardDataset, not {type(dataset).__name__}")
-        for key in _REFUSED:
-            if key in dataloader_kwargs:
-                raise ConfigError(f"WebLoader: {key}= is not supported (the plan orders samples)")
         self._fingerprint = dataset.fingerprint()  # reads the manifest once; workers get it
         self.dataset = dataset
         self.batch_size = batch_size
@@ -112,20 +93,9 @@ class WebLoader:
         self._mailbox = Mailbox()
         side = WorkerSide(dataset, self._mailbox, batch_size or 1)
         self.worker_mode = worker_mode
-        self._loader: Iterable[Any]
-        if worker_mode == "thread":
-            self._loader = ThreadWorkers(
-                side, num_workers, batch_size, collate_fn, drop_last, dataloader_kwargs
-            )
-        else:
-            self._loader = DataLoader(
-                side,
-                batch_size=batch_size,
-                num_workers=num_workers,
-                collate_fn=Collate(collate_fn, batch_size is not None),
-                drop_last=drop_last,
-                **dataloader_kwargs,
-            )
+        self._loader = make_workers(
+            side, worker_mode, num_workers, batch_size, collate_fn, drop_last, dataloader_kwargs
+        )
         self._io_base: dict[str, float] = {}
         self._epoch = dataset.epoch
         self._sync = sync
@@ -233,7 +203,8 @@ class WebLoader:
         st = None if loaded is None else loaded.state
         plan = resume_plan(st, self.dataset.pipeline(), where)
         if plan.states is None and not plan.done:
-            plan = dataclasses.replace(plan, states=self._carried(loaded, where))
+            carried = carried_states(self.dataset.pipeline(), self._states, loaded, where)
+            plan = dataclasses.replace(plan, states=carried)
         self._batches = plan.batches
         self._begun = self._epoch
         self._states = list(plan.states) if plan.states else [None] * self._logical
@@ -244,21 +215,6 @@ class WebLoader:
         box = {"epoch": where.epoch, "rank": where.rank, "world": where.world}
         box["rotation"] = plan.rotation
         return {**box, "states": plan.states}
-
-    def _carried(self, loaded: Loaded | None, where: Context) -> list[dict[str, Any] | None] | None:
-        """A fresh epoch's worker states: what the pipeline keeps from the epoch before (a
-        mixture's exposure and progress, an endless mixture's cursors), else None."""
-        if loaded is not None:  # a state that ended the epoch before
-            st = {**loaded.state, "complete": False}
-            before = resume_plan(
-                st, self.dataset.pipeline(), dataclasses.replace(where, epoch=loaded.epoch)
-            )
-            last = before.states or []
-        else:
-            last = self._states
-        pipeline = self.dataset.pipeline()
-        carried = [pipeline.carry(s, where.epoch) for s in last]
-        return carried if any(c is not None for c in carried) else None
 
     def _iterate(self, it: Iterator[Any], synced: bool) -> Iterator[Any]:
         stats = self._stats
@@ -274,7 +230,7 @@ class WebLoader:
                     return
                 yield self._deliver(got, t)
         except BaseException:
-            _stop_workers(it)
+            stop_workers(it)
             raise
         finally:
             stats.stop()
@@ -343,7 +299,7 @@ class WebLoader:
             # set_epoch moved on since the last iteration: the next iter() starts this
             # epoch afresh (with what the pipeline carries over), and so does this state
             where = self.dataset.context(0, self._logical, self._epoch)
-            carried = self._carried(None, where)
+            carried = carried_states(self.dataset.pipeline(), self._states, None, where)
             entry.update(batches=0, next_worker=0, workers=carried or [None] * self._logical)
             complete = False
         ranks: list[dict[str, Any]] = [entry]

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from shardkit.errors import ConfigError, StateDictError
@@ -39,6 +39,7 @@ from shardkit.stages import Context, Stage, check_state
 from shardkit.stages.base import check_int, state_epoch
 
 __all__ = [
+    "carried_states",
     "EPOCH_MISMATCH",
     "STAGE",
     "VERSION",
@@ -292,3 +293,21 @@ def resume_plan(state: Mapping[str, Any] | None, pipeline: Stage, where: Context
     if merged is None:
         return ResumePlan()
     return ResumePlan(0, [merged] * workers, 0)
+
+
+def carried_states(
+    pipeline: Stage,
+    last: Sequence[Mapping[str, Any] | None],
+    loaded: Loaded | None,
+    where: Context,
+) -> list[dict[str, Any] | None] | None:
+    """A fresh epoch's worker states: what the pipeline keeps from the epoch before (a
+    mixture's exposure and progress, an endless mixture's cursors), from the worker states
+    ``last`` of the latest iteration or from ``loaded`` (a state that ended the epoch
+    before); None when it keeps nothing."""
+    if loaded is not None:
+        st = {**loaded.state, "complete": False}
+        before = resume_plan(st, pipeline, replace(where, epoch=loaded.epoch))
+        last = before.states or []
+    carried = [pipeline.carry(s, where.epoch) for s in last]
+    return carried if any(c is not None for c in carried) else None

@@ -1,4 +1,5 @@
-"""Thread workers for :class:`~shardkit.WebLoader` (``worker_mode="thread"``).
+"""The workers of a :class:`~shardkit.WebLoader`: DataLoader worker processes, or threads
+(``worker_mode="thread"``), made and stopped here.
 
 ``num_workers`` threads of the training process play the DataLoader's worker processes:
 each iterates the data set as the logical worker it plays, batches and collates, and the
@@ -13,24 +14,66 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader
 from torch.utils.data._utils.pin_memory import pin_memory
 
 from shardkit.errors import ConfigError, FetchError
 from shardkit.streaming.workers import Collate, WorkerSide
 
-__all__ = ["WORKER_MODES", "ThreadWorkers"]
+__all__ = ["WORKER_MODES", "ThreadWorkers", "make_workers", "stop_workers"]
 
 WORKER_MODES = ("process", "thread")
+_REFUSED = ("sampler", "batch_sampler", "shuffle", "in_order")  # the plan orders samples
 # DataLoader options that have a meaning for threads; the others concern processes
 _THREAD_OPTIONS = frozenset(
     {"pin_memory", "pin_memory_device", "prefetch_factor", "timeout", "worker_init_fn"}
 )
 _IGNORED = frozenset({"persistent_workers", "multiprocessing_context"})
 _POLL = 0.1  # seconds between a blocked worker's looks at the stop flag
+
+
+def make_workers(
+    side: WorkerSide,
+    mode: str,
+    workers: int,
+    batch_size: int | None,
+    collate_fn: Callable[[list[Any]], Any] | None,
+    drop_last: bool,
+    options: dict[str, Any],
+) -> Iterable[Any]:
+    """What a WebLoader iterates for its ``(batch, meta)`` items: a DataLoader over worker
+    processes, or :class:`ThreadWorkers`; a mode or an option that cannot work is refused."""
+    if mode not in WORKER_MODES:
+        raise ConfigError(f"WebLoader: worker_mode={mode!r}: use one of {WORKER_MODES}")
+    if mode == "thread" and workers < 1:
+        raise ConfigError("WebLoader: worker_mode='thread' needs num_workers >= 1")
+    for key in _REFUSED:
+        if key in options:
+            raise ConfigError(f"WebLoader: {key}= is not supported (the plan orders samples)")
+    if mode == "thread":
+        return ThreadWorkers(side, workers, batch_size, collate_fn, drop_last, options)
+    return DataLoader(
+        side,
+        batch_size=batch_size,
+        num_workers=workers,
+        collate_fn=Collate(collate_fn, batch_size is not None),
+        drop_last=drop_last,
+        **options,
+    )
+
+
+def stop_workers(it: Iterator[Any]) -> None:
+    """Stop a DataLoader iterator's worker processes now, when an error ends the epoch: the
+    traceback keeps the iterator alive until the garbage collector runs, and torch's own
+    shutdown then waited 5 s per worker (a worker that had sent its error was never told to
+    stop), so a training job that failed on bad data hung on its way out."""
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if shutdown is not None and not getattr(it, "_persistent_workers", False):
+        shutdown()
 
 
 class _Ended:
