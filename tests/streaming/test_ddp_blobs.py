@@ -6,9 +6,8 @@ the node cache (checked against the cache again, not trusted)."""
 
 from __future__ import annotations
 
-import datetime
+import functools
 import hashlib
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,12 +15,11 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from shardkit import ShardDataset, WebLoader
 from shardkit.format.manifest.model import Manifest
+from tests.helpers.ranks import run_ranks
 from tests.helpers.readback import read_samples
-from tests.helpers.servers import free_port
 from tests.helpers.stores import Store, azurite, gcs_emulator
 
 pytestmark = pytest.mark.integration
@@ -30,31 +28,18 @@ SIZES = [7, 12, 5, 9]  # 33 samples
 WORLD = 2
 
 
-def _rank_main(rank: int, port: int, url: str, cache: str, epoch: int, out: str) -> None:
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=datetime.timedelta(seconds=60),
-    )
-    try:
-        ds = ShardDataset(url, seed=3, cache_dir=cache).split_by_node()
-        ds = ds.to_tuple("__key__", "tokens.npy").batched(4)
-        loader = WebLoader(ds, num_workers=2, multiprocessing_context="fork")
-        loader.set_epoch(epoch)
-        got: list[tuple[str, str]] = []
-        steps = 0
-        for keys, tokens in loader:
-            got += [(k, hashlib.sha256(t).hexdigest()) for k, t in zip(keys, tokens, strict=True)]
-            steps += 1
-            dist.all_reduce(torch.ones(1))  # hangs if a rank has fewer batches
-        everyone: list[Any] = [None] * WORLD
-        dist.all_gather_object(everyone, {"steps": steps, "len": len(loader), "got": got})
-        if rank == 0:
-            Path(out).write_text(json.dumps(everyone), encoding="utf-8")
-    finally:
-        dist.destroy_process_group()
+def _rank(url: str, cache: str, epoch: int, rank: int) -> dict[str, Any]:
+    ds = ShardDataset(url, seed=3, cache_dir=cache).split_by_node()
+    ds = ds.to_tuple("__key__", "tokens.npy").batched(4)
+    loader = WebLoader(ds, num_workers=2, multiprocessing_context="fork")
+    loader.set_epoch(epoch)
+    got: list[tuple[str, str]] = []
+    steps = 0
+    for keys, tokens in loader:
+        got += [(k, hashlib.sha256(t).hexdigest()) for k, t in zip(keys, tokens, strict=True)]
+        steps += 1
+        dist.all_reduce(torch.ones(1))  # hangs if a rank has fewer batches
+    return {"steps": steps, "len": len(loader), "got": got}
 
 
 @pytest.fixture(scope="module", params=["gs", "az"])
@@ -65,10 +50,9 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
 
 
 def _job(store: Store, cache: Path, epoch: int, out: Path) -> list[dict[str, Any]]:
-    url = store.url("ds/manifest.json")
-    args = (free_port(), url, str(cache), epoch, str(out))
-    mp.spawn(_rank_main, args=args, nprocs=WORLD, join=True)  # inherits the store's env
-    return list(json.loads(out.read_text()))
+    out.mkdir()
+    fn = functools.partial(_rank, store.url("ds/manifest.json"), str(cache), epoch)
+    return run_ranks(fn, WORLD, out)  # the spawned ranks inherit the store's env
 
 
 def test_two_ranks_two_workers_read_a_bucket_once_then_from_the_node_cache(
@@ -82,7 +66,7 @@ def test_two_ranks_two_workers_read_a_bucket_once_then_from_the_node_cache(
     cache = tmp_path / "node-cache"
     try:
         for epoch in (0, 1):
-            ranks = _job(store, cache, epoch, tmp_path / f"epoch{epoch}.json")
+            ranks = _job(store, cache, epoch, tmp_path / f"epoch{epoch}")
             steps = {r["steps"] for r in ranks}
             assert len(steps) == 1 and steps == {r["len"] for r in ranks}, ranks
             got = sorted(tuple(pair) for r in ranks for pair in r["got"])

@@ -3,7 +3,7 @@ the same state (exact resume, across modes too), errors, stats and the DDP contr
 
 from __future__ import annotations
 
-import datetime
+import functools
 import json
 import threading
 import time
@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import shardkit as sk
 from shardkit.errors import ChecksumError, ConfigError
 from shardkit.format.manifest.model import Manifest
-from tests.helpers.servers import RangeServer, free_port
+from tests.helpers.ranks import run_ranks
+from tests.helpers.servers import RangeServer
 
 SIZES = [5, 17, 9, 23, 2, 11, 14]  # 81 samples
 # three worker processes on this 2-core machine: torch's advice, not an error here
@@ -132,36 +132,21 @@ def test_thread_mode_refuses_what_it_cannot_do(manifest: str) -> None:
 WORLD = 2
 
 
-def _rank_main(rank: int, port: int, manifest: str, out: str) -> None:
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=datetime.timedelta(seconds=60),
-    )
-    try:
-        ds = sk.ShardDataset(manifest, seed=7).split_by_node().to_tuple("__key__")
-        loader = sk.WebLoader(ds.batched(4), num_workers=2, worker_mode="thread")
-        steps = 0
-        keys: list[str] = []
-        for batch in loader:
-            keys += list(batch[0])
-            steps += 1
-            dist.all_reduce(torch.ones(1))  # hangs if a rank has fewer batches
-        everyone: list[Any] = [None] * WORLD
-        dist.all_gather_object(everyone, {"steps": steps, "len": len(loader), "keys": keys})
-        if rank == 0:
-            Path(out).write_text(json.dumps(everyone), encoding="utf-8")
-    finally:
-        dist.destroy_process_group()
+def _rank(manifest: str, rank: int) -> dict[str, Any]:
+    ds = sk.ShardDataset(manifest, seed=7).split_by_node().to_tuple("__key__")
+    loader = sk.WebLoader(ds.batched(4), num_workers=2, worker_mode="thread")
+    steps = 0
+    keys: list[str] = []
+    for batch in loader:
+        keys += list(batch[0])
+        steps += 1
+        dist.all_reduce(torch.ones(1))  # hangs if a rank has fewer batches
+    return {"steps": steps, "len": len(loader), "keys": keys}
 
 
 @pytest.mark.integration
 def test_thread_workers_keep_the_ddp_contract(manifest: str, tmp_path: Path) -> None:
-    out = tmp_path / "ranks.json"
-    mp.spawn(_rank_main, args=(free_port(), manifest, str(out)), nprocs=WORLD, join=True)
-    ranks = json.loads(out.read_text())
+    ranks = run_ranks(functools.partial(_rank, manifest), WORLD, tmp_path)
     assert len({r["steps"] for r in ranks} | {r["len"] for r in ranks}) == 1
     keys = [k for r in ranks for k in r["keys"]]
     assert len(keys) == len(set(keys)) and len(keys) > 81 - 4 * 2 * 2 * WORLD
