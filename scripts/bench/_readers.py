@@ -174,14 +174,43 @@ def _litdata_collate(samples: list[dict[str, Any]]) -> Any:
     return default_collate(fixed)
 
 
+def loader_energon(spec: dict[str, Any]) -> Iterable[Any]:
+    import _peer_energon
+
+    return _peer_energon.loader_energon(spec)
+
+
+def loader_grain(spec: dict[str, Any]) -> Iterable[Any]:
+    import _peer_grain
+
+    return _peer_grain.loader_grain(spec)
+
+
+def loader_spdl(spec: dict[str, Any]) -> Iterable[Any]:
+    import _peer_tars
+
+    return _peer_tars.loader_spdl(spec)
+
+
+def loader_torchdata(spec: dict[str, Any]) -> Iterable[Any]:
+    import _peer_tars
+
+    return _peer_tars.loader_torchdata(spec)
+
+
 LOADERS = {
     "shardkit": loader_shardkit,
     "shardkit verify=off": loader_shardkit,
     "shardkit threads": loader_shardkit,
     "shardkit threads verify=off": loader_shardkit,
+    "shardkit 0 workers": loader_shardkit,
     "webdataset": loader_webdataset,
     "mosaic": loader_mosaic,
     "litdata": loader_litdata,
+    "energon": loader_energon,
+    "grain": loader_grain,
+    "spdl": loader_spdl,
+    "torchdata.nodes": loader_torchdata,
 }
 
 

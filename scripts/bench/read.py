@@ -8,7 +8,11 @@
 1c. ("gzip") the shardkit shards gzipped whole (.tar.gz), beside a plain gunzip (the limit).
 2. a loader with 2 workers and batches of 32, decoded samples, each library in its own
    format written from the same samples: shardkit.WebLoader, webdataset.WebLoader, mosaic
-   StreamingDataset + torch DataLoader, litdata StreamingDataset + StreamingDataLoader.
+   StreamingDataset + torch DataLoader, litdata StreamingDataset + StreamingDataLoader,
+   Megatron-Energon (the shardkit shards, prepared with ``energon prepare``), Grain's
+   DataLoader (ArrayRecord files), SPDL's PipelineBuilder and torchdata.nodes (the
+   shardkit shards, each with its own tar parser); and "shardkit 0 workers", the same
+   pipeline in the training process, the base that 2 workers are measured against.
    Each run is a fresh process (no shared memory or worker left over from the last) that
    iterates ``--epochs`` epochs (default 3): samples/s is the median epoch after the first
    (steady state), with the first epoch (worker start included) and the first batch beside
@@ -58,7 +62,16 @@ from _common import (
 
 from shardkit.units import parse_size
 
-LOADER_IMPLS = ("shardkit", "webdataset", "mosaic", "litdata")
+LOADER_IMPLS = (
+    "shardkit",
+    "webdataset",
+    "mosaic",
+    "litdata",
+    "energon",
+    "grain",
+    "spdl",
+    "torchdata.nodes",
+)
 
 
 def has_streaming_api() -> bool:
@@ -92,11 +105,20 @@ class Formats:
             _peers.write_litdata(ds, fresh_dir(self.lit), shard_bytes)
         self.manifest = os.path.join(self.sk, "manifest.json")
         self.sk_paths = sorted(glob.glob(os.path.join(self.sk, "*.tar")))
+        self.energon = os.path.join(self.root, "energon")
+        self.grain_paths: list[str] = []
+        if peers:  # energon's .nv-meta and Grain's ArrayRecord files, outside timing
+            import _peer_energon
+            import _peer_grain
+
+            _peer_energon.prepare(self.sk_paths, fresh_dir(self.energon))
+            grain_dir = fresh_dir(os.path.join(self.root, "grain"))
+            self.grain_paths = _peer_grain.write_array_record(ds, grain_dir, shard_bytes)
         self.wds_paths = sorted(glob.glob(os.path.join(self.wds, "*.tar")))
         self.sk_bytes = sum(os.path.getsize(p) for p in self.sk_paths)
         self.settled = settled
         if settled:
-            settle(self.sk_paths + self.wds_paths)
+            settle(self.sk_paths + self.wds_paths + self.grain_paths)
 
     def gzip_paths(self) -> list[str]:
         """The shardkit shards gzipped, written on first use."""
@@ -218,6 +240,10 @@ def loader_specs(fm: Formats, args: Any) -> list[dict[str, Any]]:
         {**common, "impl": "webdataset", "urls": fm.wds_paths},
         {**common, "impl": "mosaic", "dir": fm.mds},
         {**common, "impl": "litdata", "dir": fm.lit},
+        {**common, "impl": "energon", "dir": fm.energon},
+        {**common, "impl": "grain", "paths": fm.grain_paths},
+        {**common, "impl": "spdl", "urls": fm.sk_paths},
+        {**common, "impl": "torchdata.nodes", "urls": fm.sk_paths},
     ]
     if has_streaming_api():
         specs.insert(0, {**common, "impl": "shardkit", "manifest": fm.manifest})
@@ -227,6 +253,11 @@ def loader_specs(fm: Formats, args: Any) -> list[dict[str, Any]]:
         specs.insert(2, {**threads, "worker_mode": "thread"})
         off_threads = {**threads, "impl": "shardkit threads verify=off", "verify": "off"}
         specs.insert(3, {**off_threads, "worker_mode": "thread"})
+        # the loader's work in the training process: what 2 workers deliver against it
+        zero = {**common, "impl": "shardkit 0 workers", "manifest": fm.manifest, "workers": 0}
+        specs.insert(4, zero)
+    if args.loaders:
+        specs = [s for s in specs if s["impl"] in args.loaders.split(",")]
     return specs
 
 
@@ -235,7 +266,8 @@ def part_loader(ds: Dataset, fm: Formats, args: Any) -> tuple[str, list[dict[str
     series = interleave(args.repeats, contenders, before=before_runs(args.cold))
     n = len(ds.samples)
     check_counts(series, n)
-    wds_rate = n / _steady(series["webdataset"].extra)
+    wds = series.get("webdataset")
+    wds_rate = n / _steady(wds.extra) if wds else float("nan")
     rows, records = [], []
     for name, s in series.items():
         first = _median(s.extra["seconds"])  # a fresh loader: from the first next() on
@@ -362,6 +394,11 @@ def parse_args() -> Any:
         default=3,
         help="epochs per loader process (part 2): samples/s is the median epoch after the "
         "first; the first epoch (worker start included) and first batch are beside it",
+    )
+    p.add_argument(
+        "--loaders",
+        default="",
+        help="comma-separated loader contenders to run (part 2; default: all of them)",
     )
     p.add_argument("--resume-size", default="1GB", help="size of the one resume shard")
     p.add_argument("--positions", default="0,0.25,0.5,0.75,0.99")
