@@ -16,6 +16,7 @@ from shardkit.errors import (
     ShardFormatError,
     ShardkitError,
     StateDictError,
+    TransferError,
     WriterError,
 )
 from shardkit.format.manifest.model import Manifest, ShardEntry
@@ -69,6 +70,7 @@ __all__ = [
     "ShardWriter",
     "ShardkitError",
     "StateDictError",
+    "TransferError",
     "WebLoader",
     "WriterError",
     "__version__",

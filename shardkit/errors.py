@@ -31,6 +31,7 @@ __all__ = [
     "ShardFormatError",
     "ShardkitError",
     "StateDictError",
+    "TransferError",
     "WriterError",
 ]
 
@@ -153,6 +154,11 @@ class DecodeError(ShardkitError):
 
 class StateDictError(ShardkitError, ValueError):
     """A resume state that does not fit the pipeline it is loaded into."""
+
+
+class TransferError(ShardkitError):
+    """A batch that cannot be taken over from a worker process as it was made (a shared
+    segment that never arrived, a slot that holds another batch): never handed out."""
 
 
 class WriterError(ShardkitError):

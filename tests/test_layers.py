@@ -91,6 +91,7 @@ ORDER: dict[str, list[list[str]]] = {
         [
             "resume",
             "transfer",
+            "arena",
             "sync",
             "frameworks",
             "recipe",

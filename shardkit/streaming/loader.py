@@ -30,6 +30,7 @@ from shardkit.metrics import LoaderStats, counter_delta
 from shardkit.stages import Context
 from shardkit.stages.base import state_epoch
 from shardkit.stages.mixture import find_mix, reweighted
+from shardkit.streaming.arena import Parcel, open_parcel
 from shardkit.streaming.dataset import ShardDataset
 from shardkit.streaming.resume import (
     STAGE,
@@ -271,7 +272,9 @@ class WebLoader:
             io = counter_delta(self.dataset.io_stats(), self._io_base)
             self._stats.record(wait, w, meta["c"], io, io_worker=-1)
             return batch
-        if self.num_workers:
+        if type(batch) is Parcel:
+            batch = open_parcel(batch)
+        elif self.num_workers:
             batch = arrived(batch)
         self._stats.record(wait, w, meta["c"], meta["io"])
         return batch

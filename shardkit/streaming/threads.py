@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data._utils.pin_memory import pin_memory
 
 from shardkit.errors import ConfigError, FetchError
+from shardkit.streaming.arena import Lanes
 from shardkit.streaming.workers import Collate, WorkerSide
 
 __all__ = ["WORKER_MODES", "ThreadWorkers", "make_workers", "stop_workers"]
@@ -60,7 +61,7 @@ def make_workers(
         side,
         batch_size=batch_size,
         num_workers=workers,
-        collate_fn=Collate(collate_fn, batch_size is not None),
+        collate_fn=Collate(collate_fn, batch_size is not None, Lanes(workers) if workers else None),
         drop_last=drop_last,
         **options,
     )
@@ -115,7 +116,7 @@ class ThreadWorkers:
         self.side = side
         self.workers = max(int(workers), 1)
         self.batch_size = batch_size
-        self.collate = Collate(collate_fn, batch_size is not None, shared=False)
+        self.collate = Collate(collate_fn, batch_size is not None)
         self.drop_last = drop_last
         self.ahead = max(int(options.get("prefetch_factor") or 2), 1)
         self.timeout = float(options.get("timeout") or 0)

@@ -1,9 +1,10 @@
 """How batches cross from DataLoader workers to the training process.
 
-Batches arrive with numpy arrays as tensors. Big arrays and big lists of bytes (256 KB and
-up) cross in shared memory (a tensor, a :class:`PackedBytes`); smaller ones pickle through
-the worker's pipe, which costs less than making a shared segment. What to iterate and from
-where goes the other way, from the loader to its workers, through a :class:`Mailbox`.
+Batches arrive with numpy arrays as tensors. From worker processes, arrays, tensors and big
+lists of bytes (a :class:`PackedBytes`) cross in a per-worker shared-memory arena reused
+from batch to batch (:mod:`shardkit.streaming.arena`); the rest pickles through the
+worker's pipe. What to iterate and from where goes the other way, from the loader to its
+workers, through a :class:`Mailbox`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 from shardkit.errors import StateDictError
 
-__all__ = ["Mailbox", "PackedBytes", "arrived", "to_torch"]
+__all__ = ["Mailbox", "PackedBytes", "arrived", "shared_bytes", "to_torch"]
 
 _MAILBOX = 1 << 18
 
@@ -44,12 +45,9 @@ class Mailbox:
 
 
 _NESTED = (np.ndarray, dict, tuple, list)
-# Below this many bytes, pickling through the worker's pipe beats making a shared-memory
-# segment (measured here: ~250 us of CPU per segment, worker and trainer together).
-_SHM_MIN = 256 << 10
 
 
-def _shared_bytes(n: int) -> torch.Tensor:
+def shared_bytes(n: int) -> torch.Tensor:
     """A uint8 tensor made in shared memory (``share_memory_()`` would allocate, then copy)."""
     new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
     if new_shared is None:  # pragma: no cover - older or newer torch
@@ -68,13 +66,21 @@ class PackedBytes(Sequence[bytes]):
 
     def __init__(self, items: list[bytes]) -> None:
         ends = np.cumsum([len(b) for b in items])
-        self.tensor = _shared_bytes(int(ends[-1]))
+        self.tensor = shared_bytes(int(ends[-1]))
         view = self.tensor.numpy()
         start = 0
         for b, end in zip(items, ends.tolist(), strict=True):
             view[start:end] = np.frombuffer(b, dtype=np.uint8)
             start = end
         self.offsets: list[int] = [0, *ends.tolist()]
+
+    @classmethod
+    def over(cls, tensor: torch.Tensor, offsets: list[int]) -> PackedBytes:
+        """The items at ``offsets`` of a uint8 tensor (no copy)."""
+        out = cls.__new__(cls)
+        out.tensor = tensor
+        out.offsets = offsets
+        return out
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -103,30 +109,20 @@ class PackedBytes(Sequence[bytes]):
         return f"PackedBytes({len(self)} items, {self.offsets[-1]} bytes)"
 
 
-def to_torch(x: Any, in_worker: bool) -> Any:
-    """Numpy arrays become tensors; in a worker, big arrays and big lists of bytes go into
-    shared memory (a tensor, a :class:`PackedBytes`) and small arrays stay numpy, which
-    pickles faster and becomes a tensor on arrival (:func:`arrived`)."""
+def to_torch(x: Any) -> Any:
+    """Numpy arrays (of numbers) become tensors, in dicts, tuples and lists of them."""
     t = type(x)
     if t is np.ndarray:
-        if x.dtype.kind not in "biufc" or (in_worker and x.nbytes < _SHM_MIN):
+        if x.dtype.kind not in "biufc":
             return x
         return torch.from_numpy(x if x.flags.writeable else x.copy())
     if t is dict:
-        return {k: to_torch(v, in_worker) for k, v in x.items()}
+        return {k: to_torch(v) for k, v in x.items()}
     if t is tuple:
-        return tuple(to_torch(v, in_worker) for v in x)
-    if t is list and x:
-        if isinstance(x[0], _NESTED):
-            return [to_torch(v, in_worker) for v in x]
-        if (
-            in_worker
-            and type(x[0]) is bytes
-            and all(type(b) is bytes for b in x)
-            and sum(len(b) for b in x) >= _SHM_MIN
-        ):
-            return PackedBytes(x)
-    return x  # strings, numbers, small lists of bytes go as they are
+        return tuple(to_torch(v) for v in x)
+    if t is list and x and isinstance(x[0], _NESTED):
+        return [to_torch(v) for v in x]
+    return x  # strings, numbers, lists of bytes go as they are
 
 
 def arrived(x: Any) -> Any:

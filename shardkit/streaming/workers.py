@@ -15,9 +15,11 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
 from shardkit.metrics import counter_delta
+from shardkit.per_process import PerProcess
 from shardkit.plan.order import stream_seed
 from shardkit.stages import Context
 from shardkit.stages.epoch import Epoch
+from shardkit.streaming.arena import Lanes, WorkerArena
 from shardkit.streaming.dataset import ShardDataset
 from shardkit.streaming.transfer import Mailbox, to_torch
 
@@ -104,21 +106,30 @@ def _no_io() -> dict[str, float]:
 
 
 class Collate:
-    """Collate in the worker and keep the batch's meta (the last item's).
+    """Collate where the batch is made and keep the batch's meta (the last item's).
 
-    ``shared``: the batch crosses to the training process (a worker process), so big
-    arrays and bytes go into shared memory; None: when run in a DataLoader worker."""
+    ``lanes``: the loader's worker processes' control block; in a worker process the batch
+    then goes into the worker's shared-memory arena (:mod:`shardkit.streaming.arena`).
+    Without it (threads, or no workers) numpy arrays just become tensors."""
 
     def __init__(
-        self, fn: Callable[[list[Any]], Any] | None, batched: bool, shared: bool | None = None
+        self, fn: Callable[[list[Any]], Any] | None, batched: bool, lanes: Lanes | None = None
     ) -> None:
         self.fn = fn or default_collate
         self.batched = batched
-        self.shared = shared
+        self.lanes = lanes
+        self._arena: PerProcess[WorkerArena | None] = PerProcess(self._make_arena)
+
+    def _make_arena(self) -> WorkerArena | None:
+        info = get_worker_info()
+        if self.lanes is None or info is None:
+            return None
+        return WorkerArena(self.lanes, info.id)
 
     def __call__(self, items: Any) -> tuple[Any, Any]:
-        in_worker = get_worker_info() is not None if self.shared is None else self.shared
-        if not self.batched:
-            item, meta = items
-            return to_torch(item, in_worker), meta
-        return to_torch(self.fn([x[0] for x in items]), in_worker), items[-1][1]
+        if self.batched:
+            batch, meta = self.fn([x[0] for x in items]), items[-1][1]
+        else:
+            batch, meta = items
+        arena = self._arena.get()
+        return (to_torch(batch) if arena is None else arena.pack(batch)), meta

@@ -1,0 +1,338 @@
+"""Per-worker shared-memory arenas: how a worker process's batches reach the training
+process without a fresh shared segment, or a pipe full of bytes, per batch.
+
+Each worker process owns up to :data:`SLOTS` slots, each a shared-memory segment made once
+and reused. A batch's arrays, CPU tensors and big lists of bytes are copied into a free
+slot; what crosses the worker's pipe is a :class:`Parcel`: the batch's structure with
+references into the slot (and, until the training process has it, the segment itself).
+
+Reuse must never overwrite a batch the training process still reads, so a slot is free
+only when the training process has *released* it, through a control block it made and
+shares with the workers (:class:`Lanes`):
+
+- without pinning, a batch arrives as views into the slot (no copy); the slot is released
+  when the last view is gone (the views keep a holder object alive; its finalizer
+  releases). A training loop that keeps many batches alive uses more slots, then fresh
+  segments; never a slot still in use;
+- with pinning (the DataLoader's pin thread calls :meth:`Parcel.pin_memory`), a batch is
+  copied once into pinned memory (torch's caching host allocator reuses the pinned
+  blocks) and the slot released at once.
+
+A release names the slot's generation and the batch's sequence number in one 64-bit word,
+so a release from an earlier worker process, or an earlier use of the slot, never frees
+it. On arrival the slot's header must carry the parcel's sequence number and the segment
+the parcel's generation; anything else is a :class:`~shardkit.errors.TransferError`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from shardkit.errors import TransferError
+from shardkit.streaming.transfer import PackedBytes, shared_bytes
+
+__all__ = ["SLOTS", "Held", "Lanes", "Parcel", "WorkerArena", "open_parcel"]
+
+SLOTS = 16  # slots per worker; a worker uses about prefetch_factor + 2 of them
+_HEAD = 64  # bytes before a slot's data: the sequence number of the batch in it
+_ALIGN = 64
+_MIN_SEGMENT = 1 << 20
+_MASK = (1 << 63) - 1
+_RELEASED, _KNOWN = 0, 1  # the control block's two words per slot
+_ARRAY_MIN = 1024  # smaller arrays pickle with the batch's structure
+BYTES_MIN = 256 << 10  # a list of bytes at least this big crosses as PackedBytes
+
+
+def _word(gen: int, seq: int) -> int:
+    return (gen + seq) & _MASK
+
+
+class Lanes:
+    """The control block of one loader's workers: per worker and slot, the word of the
+    last released batch and the generation of the segment the training process holds.
+    Made in the training process; workers get it with the data set (pickled or forked)."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = max(workers, 1)
+        self.ctl = torch.zeros((self.workers, SLOTS, 2), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        self.token = _random63()
+        _LANES[self.token] = self
+        weakref.finalize(self, _forget, self.token)
+
+
+def _random63() -> int:
+    return int.from_bytes(os.urandom(8), "little") & _MASK
+
+
+def _forget(token: int) -> None:
+    """A loader is gone: let go of its workers' segments."""
+    with _LOCK:
+        for key in [k for k in _SEGMENTS if k[0] == token]:
+            del _SEGMENTS[key]
+
+
+_LANES: weakref.WeakValueDictionary[int, Lanes] = weakref.WeakValueDictionary()
+# the training process's segments: (token, worker, slot) -> (generation, its bytes, the
+# slot's two control words)
+_SEGMENTS: dict[tuple[int, int, int], tuple[int, np.ndarray, np.ndarray]] = {}
+_LOCK = threading.RLock()  # the main thread and the pin thread open parcels
+SEGMENTS_RECEIVED = 0  # segments this process was sent (how well slots are reused)
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """A placeholder in a parcel's structure: ``nbytes`` at ``offset`` of the slot."""
+
+    kind: str  # "array", "tensor" or "bytes"
+    offset: int
+    nbytes: int
+    dtype: Any = None  # numpy dtype str, a torch dtype, or the bytes' offsets
+    shape: tuple[int, ...] = ()
+
+
+@dataclass
+class Parcel:
+    """A batch as it crosses from a worker: its structure, references into a slot, and the
+    slot's segment while the training process may not have it yet."""
+
+    token: int
+    worker: int
+    slot: int
+    gen: int
+    seq: int
+    tree: Any
+    segment: torch.Tensor | None
+
+    def pin_memory(self, device: Any = None) -> Any:
+        """Called by the DataLoader's pin thread: the batch copied into pinned memory, the
+        slot released at once."""
+        return open_parcel(self, pin=True)
+
+
+class _Slot:
+    def __init__(self, nbytes: int) -> None:
+        self.tensor = shared_bytes(nbytes)
+        self.view = self.tensor.numpy()
+        self.gen = _random63()
+        self.seq = 0
+        self.used = 0  # when it was last written (the arena's batch count)
+
+
+class WorkerArena:
+    """A worker process's slots; :meth:`pack` turns a batch into a :class:`Parcel`."""
+
+    def __init__(self, lanes: Lanes, worker: int) -> None:
+        if not 0 <= worker < lanes.workers:
+            raise TransferError(f"worker {worker} of a loader made for {lanes.workers}")
+        self.lanes = lanes
+        self.worker = worker
+        self.ctl = lanes.ctl[worker].numpy()
+        self.slots: list[_Slot | None] = [None] * SLOTS
+        self.batches = 0
+
+    def pack(self, tree: Any) -> Any:
+        """The batch as a parcel; the batch itself when nothing in it is worth a slot."""
+        found: list[tuple[_Ref, Any]] = []
+        end = [0]
+        skeleton = _collect(tree, found, end)
+        if not found:
+            return tree
+        index, slot = self._free_slot(end[0])
+        slot.seq += 1
+        slot.used = self.batches = self.batches + 1
+        view = slot.view
+        for ref, value in found:
+            _write(view, ref, value)
+        view[:8] = np.frombuffer(slot.seq.to_bytes(8, "little"), dtype=np.uint8)
+        known = int(self.ctl[index, _KNOWN]) == slot.gen
+        return Parcel(
+            self.lanes.token,
+            self.worker,
+            index,
+            slot.gen,
+            slot.seq,
+            skeleton,
+            None if known else slot.tensor,
+        )
+
+    def _free_slot(self, nbytes: int) -> tuple[int, _Slot]:
+        """A released slot big enough (a released one too small is replaced); a new slot
+        while fewer than SLOTS exist; else the least recently written slot gets a new
+        segment (its batch may still be in use: its old segment is left to it)."""
+        need = nbytes + _HEAD
+        unused = None
+        for i, slot in enumerate(self.slots):
+            if slot is None:
+                unused = i if unused is None else unused
+            elif int(self.ctl[i, _RELEASED]) == _word(slot.gen, slot.seq):
+                if len(slot.view) >= need:
+                    return i, slot
+                return i, self._new(i, need)
+        if unused is not None:
+            return unused, self._new(unused, need)
+        oldest = min(range(SLOTS), key=lambda i: self.slots[i].used)  # type: ignore[union-attr]
+        return oldest, self._new(oldest, need)
+
+    def _new(self, index: int, need: int) -> _Slot:
+        size = max(_MIN_SEGMENT, need + need // 4)
+        slot = _Slot((size + 4095) // 4096 * 4096)
+        self.slots[index] = slot
+        return slot
+
+
+def _collect(x: Any, found: list[tuple[_Ref, Any]], end: list[int]) -> Any:
+    """``x`` with what goes into the slot replaced by :class:`_Ref` placeholders."""
+    t = type(x)
+    if t is np.ndarray:
+        if x.dtype.kind not in "biufc" or not x.dtype.isnative or x.nbytes < _ARRAY_MIN:
+            return x
+        return _place("array", x, x.nbytes, x.dtype.str, x.shape, found, end)
+    if t is torch.Tensor:
+        if x.device.type != "cpu" or x.is_sparse or x.requires_grad or x.nbytes < _ARRAY_MIN:
+            return x
+        return _place("tensor", x, x.nbytes, x.dtype, tuple(x.shape), found, end)
+    if t is dict:
+        return {k: _collect(v, found, end) for k, v in x.items()}
+    if t is tuple:
+        return tuple(_collect(v, found, end) for v in x)
+    if t is list and x:
+        if type(x[0]) is bytes and all(type(b) is bytes for b in x):
+            ends = np.cumsum([len(b) for b in x]).tolist()
+            if ends[-1] >= BYTES_MIN:
+                return _place("bytes", x, int(ends[-1]), [0, *ends], (), found, end)
+            return x
+        return [_collect(v, found, end) for v in x]
+    return x
+
+
+def _place(
+    kind: str,
+    value: Any,
+    nbytes: int,
+    dtype: Any,
+    shape: tuple[int, ...],
+    found: list[tuple[_Ref, Any]],
+    end: list[int],
+) -> _Ref:
+    ref = _Ref(kind, _HEAD + end[0], nbytes, dtype, shape)
+    end[0] += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+    found.append((ref, value))
+    return ref
+
+
+def _write(view: np.ndarray, ref: _Ref, value: Any) -> None:
+    dst = view[ref.offset : ref.offset + ref.nbytes]
+    if ref.kind == "array":
+        np.copyto(dst.view(value.dtype).reshape(value.shape), value)
+    elif ref.kind == "tensor":
+        torch.from_numpy(dst).copy_(value.detach().contiguous().reshape(-1).view(torch.uint8))
+    else:
+        start = 0
+        for b, stop in zip(value, ref.dtype[1:], strict=True):
+            dst[start:stop] = np.frombuffer(b, dtype=np.uint8)
+            start = stop
+
+
+# -- the training process --------------------------------------------------------------
+class _Hold:
+    """Kept alive by every view of one parcel; its finalizer releases the slot."""
+
+    __slots__ = ("__weakref__",)
+
+
+class Held(np.ndarray):
+    """A view into a slot that keeps its parcel's :class:`_Hold` alive."""
+
+    hold: _Hold
+
+
+def open_parcel(parcel: Parcel, pin: bool = False) -> Any:
+    """The batch of a parcel, in the training process: views into the slot (released when
+    the last is gone) or, with ``pin``, pinned copies (released at once)."""
+    key = (parcel.token, parcel.worker, parcel.slot)
+    with _LOCK:
+        if parcel.segment is not None:
+            _register(key, parcel)
+        gen, view, ctl = _SEGMENTS.get(key, _NONE)
+    where = f"worker {parcel.worker}'s batch {parcel.seq} (slot {parcel.slot})"
+    if gen != parcel.gen:
+        raise TransferError(f"{where}: its shared segment never arrived")
+    if int.from_bytes(view[:8].tobytes(), "little") != parcel.seq:
+        raise TransferError(f"{where}: the slot holds another batch")
+    word = _word(parcel.gen, parcel.seq)
+    if pin:
+        out = _build(parcel.tree, view, None, pin)
+        ctl[_RELEASED] = word
+        return out
+    hold = _Hold()
+    weakref.finalize(hold, ctl.__setitem__, _RELEASED, word)
+    return _build(parcel.tree, view, hold, pin)
+
+
+_NONE: tuple[Any, Any, Any] = (None, None, None)
+
+
+def _register(key: tuple[int, int, int], parcel: Parcel) -> None:
+    """A slot's (new) segment arrived: keep it, and tell the worker it need not send it."""
+    lanes = _LANES.get(parcel.token)
+    if lanes is None or parcel.segment is None:
+        raise TransferError(f"a batch from worker {parcel.worker} of a loader that is gone")
+    global SEGMENTS_RECEIVED
+    ctl = lanes.ctl[parcel.worker, parcel.slot].numpy()
+    _SEGMENTS[key] = (parcel.gen, parcel.segment.numpy(), ctl)
+    ctl[_KNOWN] = parcel.gen
+    SEGMENTS_RECEIVED += 1
+
+
+def _build(x: Any, view: np.ndarray, hold: _Hold | None, pin: bool) -> Any:
+    t = type(x)
+    if t is _Ref:
+        return _materialize(x, view, hold, pin)
+    if t is dict:
+        return {k: _build(v, view, hold, pin) for k, v in x.items()}
+    if t is tuple:
+        return tuple(_build(v, view, hold, pin) for v in x)
+    if t is list and x and isinstance(x[0], (_Ref, dict, tuple, list)):
+        return [_build(v, view, hold, pin) for v in x]
+    if t is np.ndarray and x.dtype.kind in "biufc":
+        return torch.from_numpy(x)
+    return x
+
+
+def _materialize(ref: _Ref, view: np.ndarray, hold: _Hold | None, pin: bool) -> Any:
+    raw = view[ref.offset : ref.offset + ref.nbytes]
+    if hold is None:  # a (pinned) copy
+        flat = torch.empty(ref.nbytes, dtype=torch.uint8, pin_memory=pin and _can_pin())
+        flat.copy_(torch.from_numpy(raw))
+        if ref.kind == "array":
+            return flat.view(_torch_dtype(ref.dtype)).reshape(ref.shape)
+    else:
+        held = raw.view(Held)
+        held.hold = hold
+        if ref.kind == "array":  # a view of the held view keeps it, and the hold, alive
+            return torch.from_numpy(held.view(np.dtype(ref.dtype)).reshape(ref.shape))
+        flat = torch.from_numpy(held)
+    if ref.kind == "bytes":
+        return PackedBytes.over(flat, ref.dtype)
+    return flat.view(ref.dtype).reshape(ref.shape)
+
+
+_DTYPES: dict[str, torch.dtype] = {}
+
+
+def _torch_dtype(code: str) -> torch.dtype:
+    """The torch dtype of a numpy dtype string (``"<i4"``)."""
+    if code not in _DTYPES:
+        _DTYPES[code] = torch.from_numpy(np.empty(0, dtype=code)).dtype
+    return _DTYPES[code]
+
+
+def _can_pin() -> bool:
+    return torch.cuda.is_available()

@@ -1,0 +1,162 @@
+"""The worker arenas: batches cross from worker processes in reused shared-memory slots,
+and a slot is never written while a batch handed out still reads it."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from shardkit import ShardDataset, WebLoader
+from shardkit.errors import TransferError
+from shardkit.format.manifest.model import Manifest
+from shardkit.streaming import arena
+from shardkit.streaming.arena import SLOTS, Lanes, Parcel, WorkerArena, open_parcel
+from shardkit.streaming.transfer import PackedBytes
+from shardkit.write.writer import ShardWriter
+
+MakeShards = Callable[..., Manifest]
+
+
+def _batch(i: int) -> dict[str, Any]:
+    rng = np.random.default_rng(i)
+    return {
+        "__key__": [f"k{i}-{j}" for j in range(4)],
+        "tokens": rng.integers(0, 1 << 30, size=(4, 700), dtype=np.int32),
+        "small": np.arange(3, dtype=np.int64) + i,
+        "bin": [rng.bytes(70_000) for _ in range(4)],
+        "t": torch.full((8, 64), float(i), dtype=torch.bfloat16),
+        "meta": {"cls": i, "text": "x"},
+    }
+
+
+def _same(got: dict[str, Any], want: dict[str, Any]) -> None:
+    assert got["__key__"] == want["__key__"] and got["meta"] == want["meta"]
+    assert torch.equal(got["tokens"], torch.from_numpy(want["tokens"]))
+    assert torch.equal(got["small"], torch.from_numpy(want["small"]))
+    assert isinstance(got["bin"], PackedBytes) and list(got["bin"]) == want["bin"]
+    assert got["t"].dtype == torch.bfloat16 and torch.equal(got["t"], want["t"])
+
+
+def _pack(a: WorkerArena, i: int) -> Parcel:
+    p = a.pack(_batch(i))
+    assert isinstance(p, Parcel)
+    return p
+
+
+def test_a_held_batch_is_never_overwritten_and_released_slots_are_reused() -> None:
+    """Batches kept alive past every slot: each keeps its bytes (a slot is reused only
+    once released); batches let go of free their slots, which the next batches reuse."""
+    lanes = Lanes(1)
+    a = WorkerArena(lanes, 0)
+    held = [(i, open_parcel(_pack(a, i))) for i in range(SLOTS + 5)]
+    for i, got in held:
+        _same(got, _batch(i))
+    gens = {s.gen for s in a.slots if s is not None}
+    del held
+    gc.collect()
+    slots = set()
+    for i in range(40):  # each batch dropped before the next: the same slot again
+        p = _pack(a, 100 + i)
+        slots.add((p.slot, p.gen))
+        _same(open_parcel(p), _batch(100 + i))
+    assert len(slots) == 1
+    assert {s.gen for s in a.slots if s is not None} == gens, "no segment made again"
+
+
+def test_a_pinned_copy_releases_the_slot_at_once_and_keeps_its_bytes() -> None:
+    lanes = Lanes(1)
+    a = WorkerArena(lanes, 0)
+    first = _pack(a, 1)
+    copy = first.pin_memory()
+    second = _pack(a, 2)
+    assert (second.slot, second.gen) == (first.slot, first.gen), "the slot was reused"
+    assert second.segment is None, "the training process has the segment already"
+    _same(copy, _batch(1))
+    _same(open_parcel(second), _batch(2))
+
+
+def test_a_release_from_another_generation_or_batch_frees_nothing() -> None:
+    lanes = Lanes(1)
+    a = WorkerArena(lanes, 0)
+    p = _pack(a, 1)
+    got = open_parcel(p)
+    ctl = lanes.ctl[0, p.slot].numpy()
+    ctl[0] = arena._word(p.gen + 1, p.seq)  # an earlier worker process's release
+    assert _pack(a, 2).slot != p.slot
+    ctl[0] = arena._word(p.gen, p.seq - 1)  # the slot's previous batch
+    assert _pack(a, 3).slot != p.slot
+    _same(got, _batch(1))
+
+
+def test_a_parcel_that_does_not_match_its_slot_is_an_error_not_data() -> None:
+    lanes = Lanes(1)
+    a = WorkerArena(lanes, 0)
+    p = _pack(a, 1)
+    view = p.segment.numpy() if p.segment is not None else None
+    assert view is not None
+    view[:8] = np.frombuffer((p.seq + 1).to_bytes(8, "little"), dtype=np.uint8)
+    with pytest.raises(TransferError, match=r"worker 0's batch 1 \(slot \d+\): .*another batch"):
+        open_parcel(p)
+    q = _pack(WorkerArena(lanes, 0), 2)  # a fresh worker process for the same worker
+    q.segment = None  # its segment lost on the way
+    with pytest.raises(TransferError, match="segment never arrived"):
+        open_parcel(q)
+
+
+def test_a_loader_gone_lets_go_of_its_segments() -> None:
+    lanes = Lanes(1)
+    token = lanes.token
+    open_parcel(_pack(WorkerArena(lanes, 0), 1))
+    assert any(k[0] == token for k in arena._SEGMENTS)
+    del lanes
+    gc.collect()
+    assert not any(k[0] == token for k in arena._SEGMENTS)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+def test_worker_batches_kept_by_the_training_loop_stay_whole(tmp_path: Path, ctx: str) -> None:
+    """Every batch of two epochs kept in a list (more than a worker's slots): each equals
+    the same batch made by thread workers (the same order, nothing crossing a process);
+    arrays, tensors from the DataLoader's collate and big byte fields alike."""
+    rng = np.random.default_rng(0)
+    with ShardWriter(tmp_path, maxsize="2MB") as w:
+        for i in range(160):
+            w.write(
+                {
+                    "__key__": f"k{i:04d}",
+                    "tokens.npy": rng.integers(0, 1 << 20, size=300, dtype=np.int32),
+                    "bin": rng.bytes(40_000 + i),
+                }
+            )
+    m = Manifest.load(tmp_path / "manifest.json")
+
+    def run(mode: str, batch_size: int | None) -> list[Any]:
+        ds = ShardDataset(m, seed=2).shuffle(9).decode().to_tuple("__key__", "tokens.npy", "bin")
+        ds = ds if batch_size else ds.batched(8)
+        loader = WebLoader(
+            ds, batch_size, num_workers=2, worker_mode=mode, multiprocessing_context=ctx
+        )
+        out = []
+        for epoch in (0, 1):
+            loader.set_epoch(epoch)
+            out += list(loader)
+        return out
+
+    for batch_size in (None, 8):
+        want = run("thread", batch_size)  # the same order, nothing crosses a process
+        got = run("process", batch_size)
+        assert len(got) == len(want) == 40 > 2 * SLOTS
+        for g, w_ in zip(got, want, strict=True):
+            assert list(g[0]) == list(w_[0])
+            assert torch.equal(torch.as_tensor(g[1]), torch.as_tensor(w_[1]))
+            assert [bytes(b) for b in g[2]] == [bytes(b) for b in w_[2]]
+        assert isinstance(got[0][1], torch.Tensor)
+        if batch_size is None:  # torch's default_collate leaves a tuple of bytes
+            assert isinstance(got[0][2], PackedBytes)
