@@ -19,10 +19,12 @@ written before every ``iter()``, so persistent workers follow ``set_epoch`` and
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 from shardkit.errors import ConfigError, StateDictError
@@ -52,6 +54,16 @@ __all__ = ["PackedBytes", "WebLoader"]
 
 log = logging.getLogger(__name__)
 _END = object()
+# epochs under way, closed at interpreter exit while modules are whole: left to the
+# collector then, their clean-up (stopping workers) ran with half-torn-down modules and
+# printed "Exception ignored" tracebacks after a script that left an epoch early
+_LIVE: weakref.WeakSet[Generator[Any, None, None]] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live() -> None:
+    for gen in list(_LIVE):
+        gen.close()
 
 
 class WebLoader:
@@ -181,7 +193,9 @@ class WebLoader:
         if self.worker_mode == "thread":  # the workers share this process's io counters
             self._io_base = self.dataset.io_stats()
         synced = self._job() and (self._sync is True or not self._lockstep())
-        return self._iterate(iter(self._loader), synced)
+        gen = self._iterate(iter(self._loader), synced)
+        _LIVE.add(gen)
+        return gen
 
     def _job(self) -> bool:
         """Ranks share this loader's epochs and state: a process group is initialised and the
@@ -217,7 +231,7 @@ class WebLoader:
         box["rotation"] = plan.rotation
         return {**box, "states": plan.states}
 
-    def _iterate(self, it: Iterator[Any], synced: bool) -> Iterator[Any]:
+    def _iterate(self, it: Iterator[Any], synced: bool) -> Generator[Any, None, None]:
         stats = self._stats
         try:
             if synced:

@@ -4,6 +4,8 @@ workers, DataLoader-side batching, tensors in shared memory, stats."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -328,3 +330,26 @@ def test_an_error_stops_the_worker_processes_at_once(make_shards: MakeShards) ->
         assert time.monotonic() - start < 2
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_a_script_that_leaves_an_epoch_early_exits_cleanly(
+    make_shards: MakeShards, mode: str
+) -> None:
+    """One batch taken, then the interpreter exits with the epoch under way: the workers
+    stop, nothing is printed (the clean-up used to run with modules half torn down and
+    print "Exception ignored" tracebacks)."""
+    m = make_shards(SIZES)
+    manifest = os.path.join(str(m.base), "manifest.json")
+    script = (
+        "import sys, shardkit\n"
+        f"ds = shardkit.ShardDataset({manifest!r}).decode().batched(4)\n"
+        f"loader = shardkit.WebLoader(ds, num_workers=2, worker_mode={mode!r})\n"
+        "it = iter(loader)\n"
+        "print(len(next(it)['__key__']))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "4" and proc.stderr == "", proc.stderr
