@@ -40,9 +40,8 @@ from shardkit.cache.locks import claim_byte, try_lock, unlock, wait_claim
 from shardkit.cache.store import CacheStore
 from shardkit.counters import Counters
 from shardkit.errors import CacheError, ChecksumError, FetchError
-from shardkit.format.checksum import new_hasher
 from shardkit.io.config import IoConfig
-from shardkit.io.verified import PieceCheck, file_digest
+from shardkit.io.verified import PieceCheck, file_digest, timed_hasher
 
 __all__ = ["FillHost", "ShardFill", "WriteError"]
 
@@ -202,7 +201,7 @@ class ShardFill:
         n = max(1, min(split, (hi - lo) // _MIN_SPLIT))
         if n > 1:
             return self._download_split(fd, lo, hi, algo, n, urgent)
-        h = new_hasher(algo)
+        h = timed_hasher(algo)
         pos = lo
         for chunk in self.host.fetch(self.url, lo, hi, urgent=urgent):
             self._check_room(pos, len(chunk), lo, hi)

@@ -43,10 +43,14 @@ def render(stats: dict[str, Any]) -> str:
     ]
     busy = s["time_worker_s"]
     if busy > 0:
-        parts = [("read+verify", "time_read_s"), ("decode", "time_decode_s")]
-        parts.append(("parse, shuffle, maps, batch", "time_other_s"))
+        parts = [("read", "time_read_s"), ("decode", "time_decode_s")]
+        parts += [("collate", "time_collate_s"), ("parse, shuffle, maps", "time_other_s")]
         shares = ", ".join(f"{name} {s[k] / busy:.0%}" for name, k in parts)
         lines.append(f"  worker time  {busy:.2f} s: {shares}")
+        lines.append(
+            f"  also         verify {s['time_verify_s']:.2f} s (hashing, any thread), "
+            f"transfer {s['time_transfer_s']:.2f} s (worker processes to this one)"
+        )
     workers = s["per_worker"]
     if len(workers) > 1:
         rates = ", ".join(f"{w['samples_per_s']:,.0f}" for w in workers)

@@ -27,6 +27,7 @@ import io
 import logging
 import os
 from collections.abc import Callable, Iterator
+from time import perf_counter
 from typing import BinaryIO
 
 from shardkit._types import ObjectRef
@@ -35,18 +36,50 @@ from shardkit.errors import ChecksumError, ConfigError
 from shardkit.format.checksum import Hasher, new_hasher, split_checksum
 from shardkit.format.pieces import PIECE_ALGORITHM, piece_count
 
-__all__ = ["PieceCheck", "PieceStream", "VerifiedFile", "file_digest"]
+__all__ = [
+    "VERIFY_TIME",
+    "PieceCheck",
+    "PieceStream",
+    "VerifiedFile",
+    "file_digest",
+    "timed_hasher",
+]
 
 log = logging.getLogger(__name__)
 
 Fetch = Callable[[int, int], Iterator[bytes]]
 _CHUNK = 1 << 20
+# seconds this process spent hashing what it reads (``verify_s``), in any thread: the
+# loader's ``time_verify_s``
+VERIFY_TIME = Counters()
+
+
+class _TimedHasher:
+    """A hasher that adds the seconds its work took to :data:`VERIFY_TIME`."""
+
+    __slots__ = ("_h",)
+
+    def __init__(self, h: Hasher) -> None:
+        self._h = h
+
+    def update(self, data: bytes | bytearray | memoryview, /) -> None:
+        t = perf_counter()
+        self._h.update(data)
+        VERIFY_TIME.add("verify_s", perf_counter() - t)
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def timed_hasher(algo: str) -> Hasher:
+    """A fresh hasher for ``algo`` whose time counts as verification."""
+    return _TimedHasher(new_hasher(algo))
 
 
 def file_digest(fd: int, end: int, algo: str, *, start: int = 0) -> str:
     """The digest of the bytes ``[start, end)`` of the file ``fd``, read through one small
     buffer (a fresh large one per read costs more in page faults than the hash itself)."""
-    h = new_hasher(algo)
+    h = timed_hasher(algo)
     view = memoryview(bytearray(_CHUNK))
     pos = start
     while pos < end:
@@ -102,8 +135,8 @@ class PieceCheck:
         return PIECE_ALGORITHM, self.digests[k]
 
     def hasher(self, k: int) -> Hasher:
-        """A fresh hasher for piece ``k``."""
-        return new_hasher(self.expected(k)[0])
+        """A fresh hasher for piece ``k`` (its time counts in :data:`VERIFY_TIME`)."""
+        return timed_hasher(self.expected(k)[0])
 
     def piece_ok(self, k: int, data: bytes | bytearray | memoryview) -> bool:
         """Whether ``data`` is exactly piece ``k``."""

@@ -33,10 +33,16 @@ dict with these keys, always all of them; counts are ``int``, rates and times ``
 ``io``                    the raw io counters (:data:`IO_KEYS`, ints), summed
 ``time_worker_s``         where the time goes (:data:`TIME_KEYS`, seconds summed over
                           workers): making items in the workers; of it ``time_read_s``
-                          (reading and verifying shard bytes), ``time_decode_s``
-                          (decoders) and ``time_other_s`` (the rest: tar parsing,
-                          shuffling, maps, batching); ``time_wait_s`` is the training
-                          loop's wait (the transfer from the workers included)
+                          (reading shard bytes, and verifying them where the read
+                          does), ``time_decode_s`` (decoders), ``time_collate_s``
+                          (batching) and ``time_other_s`` (the rest: tar parsing,
+                          shuffling, maps). ``time_verify_s``: hashing what was read,
+                          in any thread (inside ``time_read_s`` for a local read, in
+                          the cache's fill threads for a download); ``time_transfer_s``:
+                          handing batches from worker processes to the training
+                          process (packing them in the worker and taking them over;
+                          0 with thread workers); ``time_wait_s`` is the training
+                          loop's wait for its next batch
 ========================  =========================================================
 
 Cache hits and misses are counted per open of a cached object (a shard or its sample
@@ -115,7 +121,16 @@ RATE_KEYS = (
     "wait_fraction",
     "cache_hit_ratio",
 )
-TIME_KEYS = ("time_worker_s", "time_read_s", "time_decode_s", "time_other_s", "time_wait_s")
+TIME_KEYS = (
+    "time_worker_s",
+    "time_read_s",
+    "time_verify_s",
+    "time_decode_s",
+    "time_collate_s",
+    "time_other_s",
+    "time_transfer_s",
+    "time_wait_s",
+)
 WINDOW_KEYS = (*COUNT_KEYS, *RATE_KEYS, *TIME_KEYS, "per_worker", "io")
 
 
@@ -123,13 +138,19 @@ def _int(counts: Mapping[str, float], key: str) -> int:
     return round(float(counts.get(key, 0.0)))
 
 
-def _times(counts: Mapping[str, float], wait_total: float) -> dict[str, float]:
-    busy, read, decode = (float(counts.get(k, 0.0)) for k in ("worker_s", "read_s", "decode_s"))
+def _times(
+    counts: Mapping[str, float], io: Mapping[str, float], wait_total: float
+) -> dict[str, float]:
+    got = {k: float(counts.get(k, 0.0)) for k in ("worker_s", "read_s", "decode_s", "collate_s")}
+    busy, read, decode, collate = got.values()
     return {
         "time_worker_s": busy,
         "time_read_s": read,
+        "time_verify_s": float(io.get("verify_s", 0.0)),
         "time_decode_s": decode,
-        "time_other_s": max(busy - read - decode, 0.0),
+        "time_collate_s": collate,
+        "time_other_s": max(busy - read - decode - collate, 0.0),
+        "time_transfer_s": float(counts.get("transfer_s", 0.0)),
         "time_wait_s": float(wait_total),
     }
 
@@ -185,7 +206,7 @@ def window(
         "wait_total_s": float(wait_total),
         "wait_fraction": min(1.0, wait_total * per_s),
         "cache_hit_ratio": hits / opens if opens else 0.0,
-        **_times(counts, wait_total),
+        **_times(counts, io, wait_total),
         "per_worker": [
             {
                 "worker": i,

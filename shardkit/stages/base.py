@@ -123,6 +123,7 @@ class Cursor(Iterator[Any]):
     def __init__(self, *upstreams: Cursor) -> None:
         self.upstreams = list(upstreams)
         self.items: Iterator[Any] = iter(())
+        self.own: dict[str, float] = {}  # this cursor's own counters (seconds, ...)
 
     @property
     def upstream(self) -> Cursor:
@@ -151,6 +152,8 @@ class Cursor(Iterator[Any]):
         out: dict[str, float] = {}
         for up in self.upstreams:
             add_counts(out, up.counters())
+        if self.own:
+            add_counts(out, self.own)
         return out
 
 

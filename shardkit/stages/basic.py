@@ -4,10 +4,11 @@ cursor's state is their upstream's)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from time import perf_counter
 from typing import Any
 
 from shardkit.errors import ConfigError, DecodeError
-from shardkit.stages.base import Context, Stage, Step, callable_name
+from shardkit.stages.base import Context, Cursor, Stage, Step, callable_name
 from shardkit.stages.collate import collate_numpy
 
 __all__ = ["Batched", "Map", "Select", "ToTuple"]
@@ -124,16 +125,33 @@ class Batched(Step):
     def params(self) -> dict[str, Any]:
         return {"n": self.n, "partial": self.partial, "collate": callable_name(self.collate)}
 
+    def iterate(self, ctx: Context, state: Mapping[str, Any] | None = None) -> Cursor:
+        up = self._up().iterate(ctx, state)
+        cur = Cursor(up)
+        cur.own["collate_s"] = 0.0
+        cur.items = self._batches(up, cur.own)
+        return cur
+
     def run(self, items: Iterator[Any]) -> Iterator[Any]:
-        n, collate = self.n, self.collate
+        return self._batches(items, {"collate_s": 0.0})
+
+    def _batches(self, items: Iterator[Any], own: dict[str, float]) -> Iterator[Any]:
+        """The batches; the seconds collation took are added to ``own["collate_s"]``."""
+        n = self.n
         batch: list[Any] = []
         for item in items:
             batch.append(item)
             if len(batch) == n:
-                yield collate(batch)
+                yield self._collated(batch, own)
                 batch = []
         if batch and self.partial:
-            yield collate(batch)
+            yield self._collated(batch, own)
+
+    def _collated(self, batch: list[Any], own: dict[str, float]) -> Any:
+        t = perf_counter()
+        out = self.collate(batch)
+        own["collate_s"] += perf_counter() - t
+        return out
 
     def lengths(self, ctx: Context, state: Mapping[str, Any] | None = None) -> list[int] | None:
         up = self._up().lengths(ctx, state)

@@ -36,6 +36,7 @@ from shardkit.counters import add_counts
 from shardkit.errors import ConfigError
 from shardkit.format.manifest.model import Manifest
 from shardkit.io.config import IoConfig
+from shardkit.io.verified import VERIFY_TIME
 from shardkit.plan.assign import PlanConfig
 from shardkit.plan.world import WorldInfo
 from shardkit.read.policy import check_policy
@@ -277,8 +278,10 @@ class ShardDataset(Recipe, IterableDataset[Any]):
         return out
 
     def io_stats(self) -> dict[str, float]:
-        """The io counters of this process's openers, summed."""
+        """The io counters of this process's openers, summed, and the seconds it spent
+        verifying what it read (``verify_s``)."""
         out: dict[str, float] = {}
         for s in self._sources:
             add_counts(out, s.io_stats())
+        out["verify_s"] = float(VERIFY_TIME.snapshot().get("verify_s", 0.0))
         return out

@@ -122,6 +122,7 @@ class WebLoader:
         self._complete = False
         self._job_skips: dict[str, int] | None = None
         self._stats = LoaderStats()
+        self._opened: dict[int, float] = {}
 
     # -- epochs and length ---------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -193,6 +194,7 @@ class WebLoader:
         if self.worker_mode == "thread":  # the workers share this process's io counters
             self._io_base = self.dataset.io_stats()
         synced = self._job() and (self._sync is True or not self._lockstep())
+        self._opened = {}  # seconds spent taking over each worker's batches
         gen = self._iterate(iter(self._loader), synced)
         _LIVE.add(gen)
         return gen
@@ -286,11 +288,15 @@ class WebLoader:
             io = counter_delta(self.dataset.io_stats(), self._io_base)
             self._stats.record(wait, w, meta["c"], io, io_worker=-1)
             return batch
+        counts = meta["c"]
         if type(batch) is Parcel:
+            t = time.perf_counter()
             batch = open_parcel(batch)
+            self._opened[w] = self._opened.get(w, 0.0) + (time.perf_counter() - t)
+            counts["transfer_s"] = counts.get("transfer_s", 0.0) + self._opened[w]
         elif self.num_workers:
             batch = arrived(batch)
-        self._stats.record(wait, w, meta["c"], meta["io"])
+        self._stats.record(wait, w, counts, meta["io"])
         return batch
 
     # -- state ---------------------------------------------------------------------

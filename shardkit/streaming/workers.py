@@ -5,6 +5,7 @@ to the items the cursor after them; collate there, keeping the last item's meta.
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable, Iterator
 from time import perf_counter
 from typing import Any
@@ -14,6 +15,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
+from shardkit.counters import add_counts
 from shardkit.metrics import counter_delta
 from shardkit.per_process import PerProcess
 from shardkit.plan.order import stream_seed
@@ -78,10 +80,13 @@ class WorkerSide(IterableDataset[Any]):
         base_io: dict[str, float],
     ) -> Iterator[tuple[Any, dict[str, Any] | None]]:
         busy = 0.0  # seconds in the pipeline: what the worker spent making items
+        side = _side_seconds()  # what this thread's Collate spent before this iteration
 
         def meta() -> dict[str, Any]:
             c = it.counters()
-            c["worker_s"] = busy
+            extra = counter_delta(_side_seconds(), side)  # as of the batch before
+            c["worker_s"] = busy + extra["collate_s"]  # a DataLoader-side collate_fn's too
+            add_counts(c, extra)
             return {"w": logical, "s": it.state(), "c": c, "io": counter_delta(io_stats(), base_io)}
 
         every = self.every
@@ -103,6 +108,22 @@ class WorkerSide(IterableDataset[Any]):
 
 def _no_io() -> dict[str, float]:
     return {}
+
+
+# seconds each worker thread's Collate spent collating (a DataLoader-side collate_fn) and
+# packing batches for the training process: reported with the worker's next batch
+_side = threading.local()
+
+
+def _side_seconds() -> dict[str, float]:
+    return {
+        "collate_s": getattr(_side, "collate_s", 0.0),
+        "transfer_s": getattr(_side, "transfer_s", 0.0),
+    }
+
+
+def _count_side(key: str, seconds: float) -> None:
+    setattr(_side, key, getattr(_side, key, 0.0) + seconds)
 
 
 class Collate:
@@ -127,9 +148,16 @@ class Collate:
         return WorkerArena(self.lanes, info.id)
 
     def __call__(self, items: Any) -> tuple[Any, Any]:
+        t = perf_counter()
         if self.batched:
             batch, meta = self.fn([x[0] for x in items]), items[-1][1]
+            _count_side("collate_s", perf_counter() - t)
         else:
             batch, meta = items
         arena = self._arena.get()
-        return (to_torch(batch) if arena is None else arena.pack(batch)), meta
+        if arena is None:
+            return to_torch(batch), meta
+        t = perf_counter()
+        parcel = arena.pack(batch)
+        _count_side("transfer_s", perf_counter() - t)
+        return parcel, meta

@@ -33,8 +33,10 @@ def test_bench_streams_and_reports_json(manifest: str) -> None:
     assert stats["samples_per_s"] > 0 and stats["mb_per_s"] > 0
     assert stats["workers"] == 0 and stats["batch_size"] == 8 and stats["decode"] is True
     assert stats["epochs"] >= 1 and stats["skipped_shards"] == 0
-    parts = [stats[f"time_{k}_s"] for k in ("read", "decode", "other")]
+    parts = [stats[f"time_{k}_s"] for k in ("read", "decode", "collate", "other")]
     assert all(p > 0 for p in parts) and sum(parts) <= stats["time_worker_s"] * 1.001 + 1e-6
+    assert 0 < stats["time_verify_s"] <= stats["time_read_s"]
+    assert stats["time_transfer_s"] == 0  # no worker processes
 
 
 def test_bench_human_output_with_workers(manifest: str) -> None:
@@ -42,7 +44,8 @@ def test_bench_human_output_with_workers(manifest: str) -> None:
     assert res.exit_code == 0, res.output
     assert "samples/s" in res.output and "MB/s" in res.output and "p99" in res.output
     assert "2 workers, batches of 32" in res.output
-    assert "worker time" in res.output and "read+verify" in res.output
+    assert "worker time" in res.output and "read " in res.output and "collate " in res.output
+    assert "verify " in res.output and "transfer " in res.output
 
 
 def test_bench_of_a_missing_manifest_is_an_error_naming_it(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import torch.distributed as dist
 import shardkit as sk
 from shardkit.errors import ChecksumError, ConfigError
 from shardkit.format.manifest.model import Manifest
+from shardkit.stages.collate import collate_numpy as sk_collate
 from tests.helpers.ranks import run_ranks
 from tests.helpers.servers import RangeServer
 
@@ -157,17 +158,34 @@ def _slow(sample: dict[str, Any]) -> dict[str, Any]:
     return sample
 
 
+def _slow_collate(items: list[Any]) -> Any:
+    time.sleep(0.01)
+    return sk_collate(items)
+
+
 @pytest.mark.parametrize("mode", ["process", "thread"])
-def test_stats_say_where_the_time_goes(manifest: str, mode: str) -> None:
+@pytest.mark.parametrize("where", ["pipeline", "dataloader"])
+def test_stats_say_where_the_time_goes(manifest: str, mode: str, where: str) -> None:
     """Per-stage time in the stats: a map that sleeps 4 ms a sample shows up as the
-    workers' "other" time, not as reading or decoding; reading and decoding are counted."""
+    workers' "other" time and a collate that sleeps 10 ms a batch (in the pipeline or the
+    DataLoader's) as collation, not as reading or decoding; reading, verifying, decoding
+    and (from processes) the transfer are counted."""
     ds = sk.ShardDataset(manifest, seed=5).map(_slow).decode().to_tuple("__key__", "tokens.npy")
     kwargs: dict[str, Any] = {"multiprocessing_context": "fork"} if mode == "process" else {}
-    loader = sk.WebLoader(ds.batched(4), num_workers=2, worker_mode=mode, **kwargs)
-    assert len(list(loader)) == len(loader)
+    if where == "pipeline":
+        ds, kwargs["batch_size"] = ds.batched(4, collate=_slow_collate), None
+    else:
+        kwargs.update(batch_size=4, collate_fn=_slow_collate)
+    loader = sk.WebLoader(ds, num_workers=2, worker_mode=mode, **kwargs)
+    batches = list(loader)
+    assert len(batches) == len(loader)
     st = loader.stats()
     assert st["time_other_s"] >= 81 * 0.004
+    # the collate time of each worker's last batch comes with no later batch
+    assert st["time_collate_s"] >= (len(batches) - 2) * 0.01
     assert 0 < st["time_read_s"] < st["time_other_s"] and st["time_decode_s"] > 0
-    parts = st["time_read_s"] + st["time_decode_s"] + st["time_other_s"]
-    assert parts == pytest.approx(st["time_worker_s"])
+    assert 0 < st["time_verify_s"] <= st["time_read_s"]
+    parts = st["time_read_s"] + st["time_decode_s"] + st["time_collate_s"]
+    assert parts + st["time_other_s"] == pytest.approx(st["time_worker_s"])
+    assert (st["time_transfer_s"] > 0) is (mode == "process")
     assert st["time_wait_s"] == st["wait_total_s"]
