@@ -267,7 +267,7 @@ def part_loader(ds: Dataset, fm: Formats, args: Any) -> tuple[str, list[dict[str
     n = len(ds.samples)
     check_counts(series, n)
     wds = series.get("webdataset")
-    wds_rate = n / _steady(wds.extra) if wds else float("nan")
+    wds_rate = n / _steady(wds.extra) if wds else None  # --loaders may leave it out
     rows, records = [], []
     for name, s in series.items():
         first = _median(s.extra["seconds"])  # a fresh loader: from the first next() on
@@ -283,7 +283,7 @@ def part_loader(ds: Dataset, fm: Formats, args: Any) -> tuple[str, list[dict[str
             "payload_mb_per_s": ds.payload_bytes / steady / 1e6,
             "first_batch_s": _median(s.extra["first_batch_s"]),
             "maxrss_mb": _median(s.extra["maxrss_mb"]),
-            "x_webdataset": rate / wds_rate,
+            "x_webdataset": rate / wds_rate if wds_rate else None,
         }
         records.append(rec)
         rows.append(
@@ -295,7 +295,7 @@ def part_loader(ds: Dataset, fm: Formats, args: Any) -> tuple[str, list[dict[str
                 fmt(rec["payload_mb_per_s"]),
                 fmt(rec["first_batch_s"], ".2f"),
                 fmt(rec["maxrss_mb"]),
-                fmt(rate / wds_rate, ".2f") + "x",
+                fmt(rate / wds_rate, ".2f") + "x" if wds_rate else "-",
             ]
         )
     head = [f"loader, {args.workers} workers, batch 32", "epoch 1 s", "epoch 1 samples/s"]
