@@ -192,6 +192,12 @@ def loader_spdl(spec: dict[str, Any]) -> Iterable[Any]:
     return _peer_tars.loader_spdl(spec)
 
 
+def loader_spdl_dataloader(spec: dict[str, Any]) -> Iterable[Any]:
+    import _peer_tars
+
+    return _peer_tars.loader_spdl_dataloader(spec)
+
+
 def loader_torchdata(spec: dict[str, Any]) -> Iterable[Any]:
     import _peer_tars
 
@@ -210,6 +216,7 @@ LOADERS = {
     "energon": loader_energon,
     "grain": loader_grain,
     "spdl": loader_spdl,
+    "spdl DataLoader": loader_spdl_dataloader,
     "torchdata.nodes": loader_torchdata,
 }
 

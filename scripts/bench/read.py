@@ -243,6 +243,7 @@ def loader_specs(fm: Formats, args: Any) -> list[dict[str, Any]]:
         {**common, "impl": "energon", "dir": fm.energon},
         {**common, "impl": "grain", "paths": fm.grain_paths},
         {**common, "impl": "spdl", "urls": fm.sk_paths},
+        {**common, "impl": "spdl DataLoader", "urls": fm.sk_paths},
         {**common, "impl": "torchdata.nodes", "urls": fm.sk_paths},
     ]
     if has_streaming_api():
