@@ -57,6 +57,8 @@ def make_workers(
             raise ConfigError(f"WebLoader: {key}= is not supported (the plan orders samples)")
     if mode == "thread":
         return ThreadWorkers(side, workers, batch_size, collate_fn, drop_last, options)
+    if workers > 0:  # fresh processes each epoch re-fault every page they touch
+        options = {"persistent_workers": True, **options}
     return DataLoader(
         side,
         batch_size=batch_size,
@@ -67,14 +69,17 @@ def make_workers(
     )
 
 
-def stop_workers(it: Iterator[Any]) -> None:
+def stop_workers(it: Iterator[Any], loader: Iterable[Any]) -> None:
     """Stop a DataLoader iterator's worker processes now, when an error ends the epoch: the
     traceback keeps the iterator alive until the garbage collector runs, and torch's own
     shutdown then waited 5 s per worker (a worker that had sent its error was never told to
-    stop), so a training job that failed on bad data hung on its way out."""
+    stop), so a training job that failed on bad data hung on its way out. Persistent
+    workers are stopped too, and the next epoch starts fresh ones."""
     shutdown = getattr(it, "_shutdown_workers", None)
-    if shutdown is not None and not getattr(it, "_persistent_workers", False):
+    if shutdown is not None:
         shutdown()
+        if getattr(loader, "_iterator", None) is it:
+            loader._iterator = None  # type: ignore[attr-defined]
 
 
 class _Ended:

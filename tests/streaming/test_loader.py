@@ -353,3 +353,27 @@ def test_a_script_that_leaves_an_epoch_early_exits_cleanly(
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "4" and proc.stderr == "", proc.stderr
+
+
+def _with_pid(sample: tuple[Any, ...]) -> tuple[Any, ...]:
+    return (*sample, os.getpid())
+
+
+@pytest.mark.parametrize("persistent", [None, False])
+def test_worker_processes_persist_across_epochs_by_default(
+    make_shards: MakeShards, persistent: bool | None
+) -> None:
+    """The same worker processes serve every epoch (a fresh one re-faults every page it
+    touches), unless persistent_workers=False; the batches are the same either way."""
+    m = make_shards(SIZES)
+    extra = {} if persistent is None else {"persistent_workers": persistent}
+    ds = ShardDataset(m, seed=1).decode().to_tuple("__key__", "tokens.npy").map(_with_pid)
+    loader = WebLoader(ds.batched(4), num_workers=2, multiprocessing_context="fork", **extra)
+    epochs = []
+    for epoch in (0, 1, 0):
+        loader.set_epoch(epoch)
+        epochs.append([(list(b[0]), set(b[2].tolist())) for b in loader])
+    pids = [set().union(*(p for _, p in e)) for e in epochs]
+    assert len(pids[0]) == 2 and os.getpid() not in pids[0]
+    assert (pids[0] == pids[1] == pids[2]) is (persistent is None)
+    assert [k for k, _ in epochs[0]] == [k for k, _ in epochs[2]] != [k for k, _ in epochs[1]]
