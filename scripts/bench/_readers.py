@@ -124,7 +124,8 @@ def loader_shardkit(spec: dict[str, Any]) -> Iterable[Any]:
     io = IoConfig(verify=spec.get("verify", "on"))
     ds = shardkit.ShardDataset(spec["manifest"], io=io).decode().batched(spec["batch"])
     mode = spec.get("worker_mode", "process")
-    return shardkit.WebLoader(ds, num_workers=spec["workers"], worker_mode=mode)
+    extra = {"persistent_workers": spec["persistent"]} if "persistent" in spec else {}
+    return shardkit.WebLoader(ds, num_workers=spec["workers"], worker_mode=mode, **extra)
 
 
 def loader_webdataset(spec: dict[str, Any]) -> Iterable[Any]:
@@ -154,8 +155,13 @@ def loader_litdata(spec: dict[str, Any]) -> Iterable[Any]:
     from litdata import StreamingDataLoader, StreamingDataset
 
     ds = StreamingDataset(spec["dir"])
+    extra = {"persistent_workers": spec["persistent"]} if "persistent" in spec else {}
     return StreamingDataLoader(
-        ds, batch_size=spec["batch"], num_workers=spec["workers"], collate_fn=_litdata_collate
+        ds,
+        batch_size=spec["batch"],
+        num_workers=spec["workers"],
+        collate_fn=_litdata_collate,
+        **extra,
     )
 
 
@@ -210,9 +216,11 @@ LOADERS = {
     "shardkit threads": loader_shardkit,
     "shardkit threads verify=off": loader_shardkit,
     "shardkit 0 workers": loader_shardkit,
+    "shardkit fresh workers": loader_shardkit,
     "webdataset": loader_webdataset,
     "mosaic": loader_mosaic,
     "litdata": loader_litdata,
+    "litdata persistent": loader_litdata,
     "energon": loader_energon,
     "grain": loader_grain,
     "spdl": loader_spdl,

@@ -240,6 +240,8 @@ def loader_specs(fm: Formats, args: Any) -> list[dict[str, Any]]:
         {**common, "impl": "webdataset", "urls": fm.wds_paths},
         {**common, "impl": "mosaic", "dir": fm.mds},
         {**common, "impl": "litdata", "dir": fm.lit},
+        # the DataLoader setting shardkit defaults to (persistent worker processes)
+        {**common, "impl": "litdata persistent", "dir": fm.lit, "persistent": True},
         {**common, "impl": "energon", "dir": fm.energon},
         {**common, "impl": "grain", "paths": fm.grain_paths},
         {**common, "impl": "spdl", "urls": fm.sk_paths},
@@ -257,6 +259,9 @@ def loader_specs(fm: Formats, args: Any) -> list[dict[str, Any]]:
         # the loader's work in the training process: what 2 workers deliver against it
         zero = {**common, "impl": "shardkit 0 workers", "manifest": fm.manifest, "workers": 0}
         specs.insert(4, zero)
+        # torch's default, the peers' (WebLoader keeps its worker processes across epochs)
+        fresh = {**common, "impl": "shardkit fresh workers", "manifest": fm.manifest}
+        specs.insert(1, {**fresh, "persistent": False})
     if args.loaders:
         specs = [s for s in specs if s["impl"] in args.loaders.split(",")]
     return specs
