@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from shardkit.errors import TransferError
-from shardkit.streaming.transfer import PackedBytes, shared_bytes
+from shardkit.streaming.transfer import PackedBytes, shared_bytes, tensorable
 
 __all__ = ["SLOTS", "Held", "Lanes", "Parcel", "WorkerArena", "open_parcel"]
 
@@ -191,11 +191,13 @@ def _collect(x: Any, found: list[tuple[_Ref, Any]], end: list[int]) -> Any:
     """``x`` with what goes into the slot replaced by :class:`_Ref` placeholders."""
     t = type(x)
     if t is np.ndarray:
-        if x.dtype.kind not in "biufc" or not x.dtype.isnative or x.nbytes < _ARRAY_MIN:
+        if not tensorable(x) or x.nbytes < _ARRAY_MIN:
             return x
         return _place("array", x, x.nbytes, x.dtype.str, x.shape, found, end)
     if t is torch.Tensor:
-        if x.device.type != "cpu" or x.is_sparse or x.requires_grad or x.nbytes < _ARRAY_MIN:
+        if x.device.type != "cpu" or x.layout != torch.strided or x.is_quantized:
+            return x
+        if x.requires_grad or x.nbytes < _ARRAY_MIN:
             return x
         return _place("tensor", x, x.nbytes, x.dtype, tuple(x.shape), found, end)
     if t is dict:
@@ -301,7 +303,7 @@ def _build(x: Any, view: np.ndarray, hold: _Hold | None, pin: bool) -> Any:
         return tuple(_build(v, view, hold, pin) for v in x)
     if t is list and x and isinstance(x[0], (_Ref, dict, tuple, list)):
         return [_build(v, view, hold, pin) for v in x]
-    if t is np.ndarray and x.dtype.kind in "biufc":
+    if t is np.ndarray and tensorable(x):
         return torch.from_numpy(x)
     return x
 

@@ -18,7 +18,7 @@ import torch
 
 from shardkit.errors import StateDictError
 
-__all__ = ["Mailbox", "PackedBytes", "arrived", "shared_bytes", "to_torch"]
+__all__ = ["Mailbox", "PackedBytes", "arrived", "shared_bytes", "tensorable", "to_torch"]
 
 _MAILBOX = 1 << 18
 
@@ -45,6 +45,12 @@ class Mailbox:
 
 
 _NESTED = (np.ndarray, dict, tuple, list)
+
+
+def tensorable(x: np.ndarray) -> bool:
+    """An array torch can take over: numbers in this machine's byte order (a big-endian
+    array, strings, objects stay numpy)."""
+    return x.dtype.kind in "biufc" and x.dtype.isnative
 
 
 def shared_bytes(n: int) -> torch.Tensor:
@@ -113,7 +119,7 @@ def to_torch(x: Any) -> Any:
     """Numpy arrays (of numbers) become tensors, in dicts, tuples and lists of them."""
     t = type(x)
     if t is np.ndarray:
-        if x.dtype.kind not in "biufc":
+        if not tensorable(x):
             return x
         return torch.from_numpy(x if x.flags.writeable else x.copy())
     if t is dict:
@@ -129,7 +135,7 @@ def arrived(x: Any) -> Any:
     """In the training process: the small numpy arrays of a worker's batch become tensors."""
     t = type(x)
     if t is np.ndarray:
-        return torch.from_numpy(x) if x.dtype.kind in "biufc" else x
+        return torch.from_numpy(x) if tensorable(x) else x
     if t is dict:
         return {k: arrived(v) for k, v in x.items()}
     if t is tuple:

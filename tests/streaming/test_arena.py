@@ -17,7 +17,7 @@ from shardkit.errors import TransferError
 from shardkit.format.manifest.model import Manifest
 from shardkit.streaming import arena
 from shardkit.streaming.arena import SLOTS, Lanes, Parcel, WorkerArena, open_parcel
-from shardkit.streaming.transfer import PackedBytes
+from shardkit.streaming.transfer import PackedBytes, arrived, to_torch
 from shardkit.write.writer import ShardWriter
 
 MakeShards = Callable[..., Manifest]
@@ -160,3 +160,43 @@ def test_worker_batches_kept_by_the_training_loop_stay_whole(tmp_path: Path, ctx
         assert isinstance(got[0][1], torch.Tensor)
         if batch_size is None:  # torch's default_collate leaves a tuple of bytes
             assert isinstance(got[0][2], PackedBytes)
+
+
+def test_arrays_and_tensors_of_every_layout_cross_whole() -> None:
+    """Strided, offset, Fortran-order, bool, complex and half values come back equal;
+    what a slot cannot hold (big-endian arrays, tensors that need grad) crosses as it is."""
+    base = torch.arange(4096, dtype=torch.float32).reshape(64, 64)
+    arr = np.arange(4096, dtype=np.int16).reshape(64, 64)
+    tree = {
+        "t_transposed": base.t(),
+        "t_offset": base[3:40, 5:60],
+        "t_bool": base > 2000,
+        "t_complex": torch.complex(base, -base),
+        "t_half": base.half(),
+        "a_fortran": np.asfortranarray(arr),
+        "a_bool": arr % 3 == 0,
+        "a_bigendian": arr.astype(">i4"),
+        "t_grad": torch.ones(512, requires_grad=True),
+    }
+    a = WorkerArena(Lanes(1), 0)
+    got = open_parcel(_pack_tree(a, tree))
+    for k, v in tree.items():
+        g = got[k]
+        if k in ("a_bigendian", "t_grad"):
+            assert g is v
+        elif isinstance(v, np.ndarray):
+            assert isinstance(g, torch.Tensor) and np.array_equal(g.numpy(), v)
+        else:
+            assert g.dtype == v.dtype and g.shape == v.shape and torch.equal(g, v)
+
+
+def _pack_tree(a: WorkerArena, tree: Any) -> Parcel:
+    p = a.pack(tree)
+    assert isinstance(p, Parcel)
+    return p
+
+
+def test_numbers_in_another_byte_order_stay_numpy_in_every_mode() -> None:
+    """torch cannot hold a big-endian array: it stays numpy (it raised before)."""
+    big = np.arange(10, dtype=">i4")
+    assert to_torch({"x": big})["x"] is big and arrived((big,))[0] is big
