@@ -8,6 +8,8 @@ import json
 import logging
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -440,3 +442,18 @@ def test_npy_fields_decode_like_numpy_with_cached_headers(tmp_path: Path) -> Non
     assert list(ds) == [] and ds.counters()["skipped_samples"] == 3
     with pytest.raises(DecodeError, match=r"obj.*pickle"):
         list(ShardDataset(bad, shardshuffle=False).decode())
+
+
+def test_decoding_without_images_never_imports_pillow(make_shards: MakeShards) -> None:
+    """Pillow is imported at the first image decoded: a token data set never pays for it
+    (its import was most of a worker process's time to its first batch)."""
+    m = make_shards([6])
+    script = (
+        "import sys, shardkit\n"
+        f"ds = shardkit.ShardDataset({os.path.join(str(m.base), 'manifest.json')!r}).decode()\n"
+        "n = sum(1 for s in ds if s['tokens.npy'].dtype.kind == 'i')\n"
+        "print(n, 'PIL' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["6", "False"]
