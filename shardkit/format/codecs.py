@@ -25,6 +25,7 @@ __all__ = [
     "PICKLE_EXTS",
     "TEXT_EXTS",
     "decode_field",
+    "field_decoder",
     "encode_field",
     "extension",
     "zstd_reader",
@@ -193,36 +194,61 @@ def decode_field(
     DecodeError, which the bad-data policy may skip. Any other exception from a handler is
     a bug and propagates as it is: skipping it would silently drop every sample.
     """
-    ext = extension(field)
+    ext, fn = field_decoder(field, handlers)
     try:
-        if handlers is not None:
-            h = handlers.get(field) or handlers.get(ext)
-            if h is not None:
-                return h(data)
-        if ext in NPY_EXTS:
-            return NpyDecoder()(data)
-        if ext in JSON_EXTS:
-            return decode_json(data)
-        if ext in TEXT_EXTS:
-            return bytes(data).decode("utf-8")
-        if ext in INT_EXTS:
-            return int(bytes(data))
-        if ext in PICKLE_EXTS:
-            if not allow_pickle:
-                raise DecodeError(
-                    "refusing to unpickle: an untrusted shard could run code; "
-                    "pass allow_pickle=True if you trust this data",
-                    key=key,
-                    field=field,
-                )
-            try:
-                return _decode_pickle(ext, bytes(data))
-            except Exception as exc:  # unpickling bad bytes raises anything: all bad data
-                raise ValueError(f"cannot unpickle: {exc!r}") from exc
+        if fn is not None:
+            return fn(data)
+        if not allow_pickle:
+            raise DecodeError(
+                "refusing to unpickle: an untrusted shard could run code; "
+                "pass allow_pickle=True if you trust this data",
+                key=key,
+                field=field,
+            )
+        try:
+            return _decode_pickle(ext, bytes(data))
+        except Exception as exc:  # unpickling bad bytes raises anything: all bad data
+            raise ValueError(f"cannot unpickle: {exc!r}") from exc
     except DecodeError:
         raise
     except ValueError as exc:
         raise DecodeError(f"cannot decode as {ext}: {exc}", key=key, field=field) from exc
+
+
+def field_decoder(
+    field: str, handlers: dict[str, Callable[[bytes], Any]] | None = None
+) -> tuple[str, Callable[[Any], Any] | None]:
+    """``(extension, bytes -> value)`` for a field name, as :func:`decode_field` decodes it
+    (a handler for the name or the extension first); None for pickled fields, which need
+    ``decode_field``'s ``allow_pickle`` check. Resolved once per field name by the decode
+    stage; errors are :func:`decode_field`'s to wrap."""
+    ext = extension(field)
+    if handlers is not None:
+        h = handlers.get(field) or handlers.get(ext)
+        if h is not None:
+            return ext, h
+    if ext in NPY_EXTS:
+        return ext, NpyDecoder()
+    if ext in JSON_EXTS:
+        return ext, decode_json
+    if ext in TEXT_EXTS:
+        return ext, _utf8
+    if ext in INT_EXTS:
+        return ext, _int
+    if ext in PICKLE_EXTS:
+        return ext, None
+    return ext, _raw
+
+
+def _utf8(data: bytes | memoryview) -> str:
+    return bytes(data).decode("utf-8")
+
+
+def _int(data: bytes | memoryview) -> int:
+    return int(bytes(data))
+
+
+def _raw(data: bytes | memoryview) -> Any:
     return data
 
 

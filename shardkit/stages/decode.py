@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from shardkit.errors import ConfigError, DecodeError, StateDictError
-from shardkit.format.codecs import NpyDecoder, decode_field
+from shardkit.format.codecs import NpyDecoder, decode_field, field_decoder
 from shardkit.format.images import IMAGE_EXTS
 from shardkit.per_process import PerProcess
 from shardkit.read.policy import check_policy, count_error, report
@@ -98,6 +98,17 @@ def _handler_table(
     return table
 
 
+_PLANS = 4096  # field names whose decoder a process remembers (a hostile shard has many)
+Plans = dict[str, tuple[str, Callable[[Any], Any] | None]]
+
+
+def _decoders(
+    image_mode: str, explicit_images: bool, by_name: Mapping[str, Callable[[bytes], Any]]
+) -> tuple[dict[str, Callable[[bytes], Any]], Plans]:
+    """This process's handler table and its field name -> decoder memo."""
+    return _handler_table(image_mode, explicit_images, by_name), {}
+
+
 class Decode(Stage):
     """Decode every field of each sample (see the module docstring).
 
@@ -139,37 +150,63 @@ class Decode(Stage):
         self.policy = check_policy(handler)
         # the image decoder is a closure that does not pickle: made in each process
         self._table = PerProcess(
-            partial(_handler_table, self.image_mode, self.explicit_images, self.by_name)
+            partial(_decoders, self.image_mode, self.explicit_images, self.by_name)
         )
 
     def decode_sample(self, sample: dict[str, Any]) -> dict[str, Any]:
-        table = self._table.get()
-        key = sample.get("__key__", "?")
+        table, plans = self._table.get()
         out: dict[str, Any] = {}
         for field, data in sample.items():
-            if field.startswith("__"):
+            if field[:2] == "__":
                 out[field] = data
                 continue
-            value = None
-            for fn in self.callables:
-                try:
-                    value = fn(field, data)
-                except DecodeError:
-                    raise
-                except ValueError as exc:  # bad bytes; any other exception is a bug: it flies
-                    raise DecodeError(
-                        f"handler {fn!r} failed: {exc}", key=key, field=field
-                    ) from exc
-                if value is not None:
-                    break
+            value = self._by_callables(sample, field, data) if self.callables else None
             if value is None:
-                value = decode_field(
-                    key, field, data, allow_pickle=self.allow_pickle, handlers=table
-                )
+                plan = plans.get(field)
+                if plan is None:
+                    plan = field_decoder(field, table)
+                    if len(plans) < _PLANS:
+                        plans[field] = plan
+                value = self._decode(sample, field, data, table, plan)
                 if type(value) is np.ndarray and not value.flags.writeable:
                     value = value.copy()  # npy over immutable bytes: torch wants writable
             out[field] = value
         return out
+
+    def _by_callables(self, sample: dict[str, Any], field: str, data: bytes) -> Any:
+        for fn in self.callables:
+            try:
+                value = fn(field, data)
+            except DecodeError:
+                raise
+            except ValueError as exc:  # bad bytes; any other exception is a bug: it flies
+                raise DecodeError(
+                    f"handler {fn!r} failed: {exc}", key=sample.get("__key__", "?"), field=field
+                ) from exc
+            if value is not None:
+                return value
+        return None
+
+    def _decode(
+        self,
+        sample: dict[str, Any],
+        field: str,
+        data: bytes,
+        table: dict[str, Callable[[bytes], Any]],
+        plan: tuple[str, Callable[[Any], Any] | None],
+    ) -> Any:
+        """``decode_field``'s value and errors, through the field's resolved decoder."""
+        ext, fn = plan
+        if fn is None:  # pickled: decode_field's own checks
+            key = sample.get("__key__", "?")
+            return decode_field(key, field, data, allow_pickle=self.allow_pickle, handlers=table)
+        try:
+            return fn(data)
+        except DecodeError:
+            raise
+        except ValueError as exc:
+            key = sample.get("__key__", "?")
+            raise DecodeError(f"cannot decode as {ext}: {exc}", key=key, field=field) from exc
 
     # -- the protocol: the shards given up on are part of the cursor ------------------
     def iterate(self, ctx: Context, state: Mapping[str, Any] | None = None) -> Cursor:
