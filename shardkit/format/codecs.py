@@ -25,9 +25,9 @@ __all__ = [
     "PICKLE_EXTS",
     "TEXT_EXTS",
     "decode_field",
-    "field_decoder",
     "encode_field",
     "extension",
+    "field_decoder",
     "zstd_reader",
     "zstd_writer",
 ]

@@ -37,9 +37,9 @@ from shardkit.format.checksum import Hasher, new_hasher, split_checksum
 from shardkit.format.pieces import PIECE_ALGORITHM, piece_count
 
 __all__ = [
-    "VERIFY_TIME",
     "PieceCheck",
     "PieceStream",
+    "VERIFY_TIME",
     "VerifiedFile",
     "file_digest",
     "timed_hasher",

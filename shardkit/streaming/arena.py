@@ -38,7 +38,7 @@ import torch
 from shardkit.errors import TransferError
 from shardkit.streaming.transfer import PackedBytes, shared_bytes, tensorable
 
-__all__ = ["SLOTS", "Held", "Lanes", "Parcel", "WorkerArena", "open_parcel"]
+__all__ = ["Held", "Lanes", "Parcel", "SLOTS", "WorkerArena", "open_parcel"]
 
 SLOTS = 16  # slots per worker; a worker uses about prefetch_factor + 2 of them
 _HEAD = 64  # bytes before a slot's data: the sequence number of the batch in it
