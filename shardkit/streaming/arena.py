@@ -30,15 +30,16 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any
 
 import numpy as np
 import torch
 
 from shardkit.errors import TransferError
-from shardkit.streaming.transfer import PackedBytes, shared_bytes, tensorable
+from shardkit.streaming.transfer import PackedBytes, arrived, shared_bytes, tensorable
 
-__all__ = ["Held", "Lanes", "Parcel", "SLOTS", "WorkerArena", "open_parcel"]
+__all__ = ["Held", "Lanes", "Parcel", "SLOTS", "WorkerArena", "open_parcel", "take_over"]
 
 SLOTS = 16  # slots per worker; a worker uses about prefetch_factor + 2 of them
 _HEAD = 64  # bytes before a slot's data: the sequence number of the batch in it
@@ -253,6 +254,16 @@ class Held(np.ndarray):
     """A view into a slot that keeps its parcel's :class:`_Hold` alive."""
 
     hold: _Hold
+
+
+def take_over(batch: Any) -> tuple[Any, float]:
+    """A batch from a worker process as the training loop gets it (a parcel opened, small
+    arrays made tensors) and the seconds opening it took."""
+    if type(batch) is not Parcel:
+        return arrived(batch), 0.0
+    t = perf_counter()
+    out = open_parcel(batch)
+    return out, perf_counter() - t
 
 
 def open_parcel(parcel: Parcel, pin: bool = False) -> Any:

@@ -19,11 +19,9 @@ written before every ``iter()``, so persistent workers follow ``set_epoch`` and
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import logging
 import time
-import weakref
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any, cast
 
@@ -32,7 +30,7 @@ from shardkit.metrics import LoaderStats, counter_delta
 from shardkit.stages import Context
 from shardkit.stages.base import state_epoch
 from shardkit.stages.mixture import find_mix, reweighted
-from shardkit.streaming.arena import Parcel, open_parcel
+from shardkit.streaming.arena import take_over
 from shardkit.streaming.dataset import ShardDataset
 from shardkit.streaming.resume import (
     STAGE,
@@ -46,24 +44,14 @@ from shardkit.streaming.resume import (
     resume_plan,
 )
 from shardkit.streaming.sync import EpochEnd
-from shardkit.streaming.threads import make_workers, stop_workers
-from shardkit.streaming.transfer import Mailbox, PackedBytes, arrived
+from shardkit.streaming.threads import close_at_exit, make_workers, stop_workers
+from shardkit.streaming.transfer import Mailbox, PackedBytes
 from shardkit.streaming.workers import WorkerSide
 
 __all__ = ["PackedBytes", "WebLoader"]
 
 log = logging.getLogger(__name__)
 _END = object()
-# epochs under way, closed at interpreter exit while modules are whole: left to the
-# collector then, their clean-up (stopping workers) ran with half-torn-down modules and
-# printed "Exception ignored" tracebacks after a script that left an epoch early
-_LIVE: weakref.WeakSet[Generator[Any, None, None]] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_live() -> None:
-    for gen in list(_LIVE):
-        gen.close()
 
 
 class WebLoader:
@@ -199,7 +187,7 @@ class WebLoader:
         synced = self._job() and (self._sync is True or not self._lockstep())
         self._opened = {}  # seconds spent taking over each worker's batches
         gen = self._iterate(iter(self._loader), synced)
-        _LIVE.add(gen)
+        close_at_exit(gen)
         return gen
 
     def _job(self) -> bool:
@@ -294,13 +282,10 @@ class WebLoader:
             self._stats.record(wait, w, meta["c"], io, io_worker=-1)
             return batch
         counts = meta["c"]
-        if type(batch) is Parcel:
-            t = time.perf_counter()
-            batch = open_parcel(batch)
-            self._opened[w] = self._opened.get(w, 0.0) + (time.perf_counter() - t)
+        if self.num_workers:
+            batch, took = take_over(batch)
+            self._opened[w] = self._opened.get(w, 0.0) + took
             counts["transfer_s"] = counts.get("transfer_s", 0.0) + self._opened[w]
-        elif self.num_workers:
-            batch = arrived(batch)
         self._stats.record(wait, w, counts, meta["io"])
         return batch
 

@@ -12,9 +12,11 @@ verification, image and numpy decoding); pure-Python work shares one interpreter
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
-from collections.abc import Callable, Iterable, Iterator
+import weakref
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -25,7 +27,7 @@ from shardkit.errors import ConfigError, FetchError
 from shardkit.streaming.arena import Lanes
 from shardkit.streaming.workers import Collate, WorkerSide
 
-__all__ = ["WORKER_MODES", "ThreadWorkers", "make_workers", "stop_workers"]
+__all__ = ["WORKER_MODES", "ThreadWorkers", "close_at_exit", "make_workers", "stop_workers"]
 
 WORKER_MODES = ("process", "thread")
 _REFUSED = ("sampler", "batch_sampler", "shuffle", "in_order")  # the plan orders samples
@@ -67,6 +69,23 @@ def make_workers(
         drop_last=drop_last,
         **options,
     )
+
+
+# epochs under way, closed at interpreter exit while modules are whole: left to the
+# collector then, their clean-up (stopping workers) ran with half-torn-down modules and
+# printed "Exception ignored" tracebacks after a script that left an epoch early
+_LIVE: weakref.WeakSet[Generator[Any, None, None]] = weakref.WeakSet()
+
+
+def close_at_exit(epoch: Generator[Any, None, None]) -> None:
+    """Close ``epoch`` (a loader's iteration) at interpreter exit if it is still under way."""
+    _LIVE.add(epoch)
+
+
+@atexit.register
+def _close_live() -> None:
+    for gen in list(_LIVE):
+        gen.close()
 
 
 def stop_workers(it: Iterator[Any], loader: Iterable[Any]) -> None:
