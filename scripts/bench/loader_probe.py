@@ -1,0 +1,182 @@
+"""Probes of shardkit's own loader path (no peers: read.py compares with them).
+
+- ``stages``: microseconds per sample of each in-process stage on small samples: reading
+  (tar parse and verified read), decoding, collating a batch of 32 (``--against`` too);
+- ``epochs``: a WebLoader with 2 worker processes, kept across epochs or fresh each epoch:
+  seconds per epoch and the first batch of each epoch;
+- ``rate``: samples/s of ``ShardDataset(...).decode().batched(32)`` through a WebLoader
+  with 2 fresh worker processes, and its first batch; with ``--against DIR`` the same
+  measured with other checkouts' shardkit (PYTHONPATH=DIR), runs interleaved.
+
+Every measurement runs in a fresh child process; the figures are medians of ``--runs``.
+
+    PYTHONPATH=. python scripts/bench/loader_probe.py stages epochs rate --against /tmp/old
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def make_data(work: str, profile: str) -> str:
+    """The profile's shards (80 MB, 16 MB shards), written once; the manifest's path."""
+    sys.path.insert(0, HERE)
+    import _peers
+    from _common import make_dataset
+
+    out = os.path.join(work, profile)
+    manifest = os.path.join(out, "manifest.json")
+    if not os.path.exists(manifest):
+        _peers.write_shardkit(make_dataset(profile, 80_000_000), out, 16_000_000)
+    return manifest
+
+
+# -- what a child runs -------------------------------------------------------------------
+def child_stages(manifest: str) -> dict[str, float]:
+    import shardkit
+    from shardkit.stages.collate import collate_numpy
+    from shardkit.stages.decode import Decode
+
+    ds = shardkit.ShardDataset(manifest)
+    t = time.perf_counter()
+    samples = list(ds)
+    read = (time.perf_counter() - t) / len(samples)
+    dec = Decode(None)  # type: ignore[arg-type]
+    dec.decode_sample(samples[0])
+    t = time.perf_counter()
+    for s in samples:  # as the pipeline does: each decoded sample goes on, none is kept
+        dec.decode_sample(s)
+    decode = (time.perf_counter() - t) / len(samples)
+    decoded = [dec.decode_sample(s) for s in samples[:3200]]
+    t = time.perf_counter()
+    for i in range(0, len(decoded), 32):
+        collate_numpy(decoded[i : i + 32])
+    collate = (time.perf_counter() - t) / len(decoded)
+    return {"read_us": read * 1e6, "decode_us": decode * 1e6, "collate_us": collate * 1e6}
+
+
+def _loader(manifest: str, **kwargs: Any) -> Any:
+    import shardkit
+
+    ds = shardkit.ShardDataset(manifest).decode().batched(32)
+    return shardkit.WebLoader(ds, num_workers=2, **kwargs)
+
+
+def child_epochs(manifest: str, kept: bool) -> dict[str, float]:
+    loader = _loader(manifest, persistent_workers=kept)
+    epochs, firsts = [], []
+    for _ in range(4):
+        t = time.perf_counter()
+        it = iter(loader)
+        next(it)
+        firsts.append(time.perf_counter() - t)
+        for _batch in it:
+            pass
+        epochs.append(time.perf_counter() - t)
+    later = epochs[1:]
+    return {
+        "epoch_s": statistics.median(later),
+        "next_first_batch_s": statistics.median(firsts[1:]),
+    }
+
+
+def child_rate(manifest: str) -> dict[str, float]:
+    loader = _loader(manifest, persistent_workers=False)  # as in checkouts before kept ones
+    t = time.perf_counter()
+    it = iter(loader)
+    next(it)
+    first = time.perf_counter() - t
+    for _batch in it:
+        pass
+    rates = []
+    for _ in range(3):
+        t = time.perf_counter()
+        m = sum(len(b["__key__"]) for b in loader)
+        rates.append(m / (time.perf_counter() - t))
+    return {"samples_per_s": statistics.median(rates), "first_batch_s": first}
+
+
+CHILDREN = {"stages": child_stages, "epochs": child_epochs, "rate": child_rate}
+
+
+def run_child(tree: str, kind: str, *args: Any) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": tree}
+    spec = json.dumps([kind, *args])
+    code = f"import sys; sys.path.insert(0, {HERE!r}); import loader_probe as p; p.main_child()"
+    out = subprocess.run(  # run in the tree: `-c` puts the working directory first on sys.path
+        [sys.executable, "-c", code, spec],
+        env=env,
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main_child() -> None:
+    import shardkit
+
+    kind, *args = json.loads(sys.argv[1])
+    assert os.path.dirname(os.path.dirname(shardkit.__file__)) == os.getcwd(), shardkit.__file__
+    print(json.dumps(CHILDREN[kind](*args)))
+
+
+def _medians(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+
+
+def _interleaved(
+    runs: list[tuple[str, tuple[Any, ...]]], repeats: int
+) -> list[tuple[str, dict[str, float]]]:
+    """Each ``(tree, (probe, *args))`` run ``repeats`` times, interleaved: its medians."""
+    rows: list[list[dict[str, float]]] = [[] for _ in runs]
+    for _ in range(repeats):
+        for i, (tree, spec) in enumerate(runs):
+            rows[i].append(run_child(tree, *spec))
+    return [
+        (tree, {k: round(v, 3) for k, v in _medians(r).items()})
+        for (tree, _), r in zip(runs, rows, strict=True)
+    ]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("probes", nargs="+", choices=sorted(CHILDREN))
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--work", default="/tmp/shardkit-loader-probe")
+    p.add_argument("--against", nargs="*", default=[], help="other checkouts (stages, rate)")
+    a = p.parse_args()
+    small, medium = make_data(a.work, "small"), make_data(a.work, "medium")
+    print(f"load average before: {os.getloadavg()}")
+    trees = [ROOT] + [os.path.abspath(t) for t in a.against]
+    if "stages" in a.probes:
+        runs = [(tree, ("stages", small)) for tree in trees]
+        for tree, med in _interleaved(runs, a.runs):
+            print(f"stages, small samples, us a sample, {tree}:", med)
+    if "epochs" in a.probes:
+        for name, m in (("small", small), ("medium", medium)):
+            runs = [(ROOT, ("epochs", m, kept)) for kept in (True, False)]
+            for (_, (_, _, kept)), (_, med) in zip(runs, _interleaved(runs, a.runs), strict=True):
+                print(f"epochs, {name}, {'kept' if kept else 'fresh'} workers:", med)
+    if "rate" in a.probes:
+        for name, m in (("small", small), ("medium", medium)):
+            runs = [(tree, ("rate", m)) for tree in trees]
+            for tree, med in _interleaved(runs, a.runs):
+                print(f"rate, {name}, 2 fresh workers, {tree}:", med)
+    print(f"load average after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
