@@ -4,9 +4,10 @@ stages and the loader's statistics."""
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Mapping
+
+from shardkit.per_process import fork_generation
 
 __all__ = ["Counters", "add_counts", "counter_delta"]
 
@@ -32,7 +33,7 @@ class Counters:
     def __init__(self) -> None:
         self._lock = threading.RLock()  # a close() run by the GC may count while held
         self._values: dict[str, float] = {}
-        self._pid = os.getpid()
+        self._made_in = fork_generation()
 
     def __getstate__(self) -> dict[str, object]:
         return {}
@@ -41,10 +42,10 @@ class Counters:
         self.__init__()  # type: ignore[misc]
 
     def _mine(self) -> dict[str, float]:
-        if self._pid != os.getpid():
+        if self._made_in != fork_generation():
             self._lock = threading.RLock()
             self._values = {}
-            self._pid = os.getpid()
+            self._made_in = fork_generation()
         return self._values
 
     def add(self, name: str, n: float = 1) -> None:

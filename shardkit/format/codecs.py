@@ -124,33 +124,41 @@ class NpyDecoder:
         self.headers: dict[bytes, tuple[np.dtype[Any], tuple[int, ...], bool, int, int]] = {}
 
     def __call__(self, data: bytes | memoryview) -> np.ndarray:
-        major = data[6] if len(data) > 9 and bytes(data[:6]) == _NPY_MAGIC else 0
+        major = data[6] if len(data) > 9 and data[:6] == _NPY_MAGIC else 0
         if major == 1:
-            start = 10 + int.from_bytes(data[8:10], "little")
+            start = 10 + (data[8] | data[9] << 8)
         elif major == 2:
             start = 12 + int.from_bytes(data[8:12], "little")
         else:  # rarer versions: numpy's own reader (a copy), still without pickle
             arr: np.ndarray = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
             return arr
-        head = bytes(data[:start])
+        head = data[:start] if type(data) is bytes else bytes(data[:start])
         hit = self.headers.get(head)
         if hit is None:
-            f = io.BytesIO(head)
-            np.lib.format.read_magic(f)
-            read = (
-                np.lib.format.read_array_header_1_0
-                if major == 1
-                else np.lib.format.read_array_header_2_0
-            )
-            shape, fortran, dtype = read(f)
-            if dtype.hasobject:
-                raise ValueError("npy holds Python objects (pickle); refused")
-            hit = (dtype, tuple(shape), bool(fortran), int(np.prod(shape, dtype=np.int64)), start)
-            if len(self.headers) < _NPY_PARSED:
-                self.headers[head] = hit
+            hit = self._parse(head, major, start)
         dtype, shape, fortran, count, offset = hit
-        out = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
-        return out.reshape(shape[::-1]).transpose() if fortran else out.reshape(shape)
+        out = np.frombuffer(data, dtype, count, offset)
+        if fortran:
+            return out.reshape(shape[::-1]).transpose()
+        return out if len(shape) == 1 else out.reshape(shape)
+
+    def _parse(
+        self, head: bytes, major: int, start: int
+    ) -> tuple[np.dtype[Any], tuple[int, ...], bool, int, int]:
+        f = io.BytesIO(head)
+        np.lib.format.read_magic(f)
+        read = (
+            np.lib.format.read_array_header_1_0
+            if major == 1
+            else np.lib.format.read_array_header_2_0
+        )
+        shape, fortran, dtype = read(f)
+        if dtype.hasobject:
+            raise ValueError("npy holds Python objects (pickle); refused")
+        hit = (dtype, tuple(shape), bool(fortran), int(np.prod(shape, dtype=np.int64)), start)
+        if len(self.headers) < _NPY_PARSED:
+            self.headers[head] = hit
+        return hit
 
 
 _JSON = json.JSONDecoder()

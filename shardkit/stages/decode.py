@@ -155,19 +155,29 @@ class Decode(Stage):
 
     def decode_sample(self, sample: dict[str, Any]) -> dict[str, Any]:
         table, plans = self._table.get()
+        callables = self.callables
         out: dict[str, Any] = {}
         for field, data in sample.items():
-            if field[:2] == "__":
+            if field.startswith("__"):
                 out[field] = data
                 continue
-            value = self._by_callables(sample, field, data) if self.callables else None
+            value = self._by_callables(sample, field, data) if callables else None
             if value is None:
                 plan = plans.get(field)
                 if plan is None:
                     plan = field_decoder(field, table)
                     if len(plans) < _PLANS:
                         plans[field] = plan
-                value = self._decode(sample, field, data, table, plan)
+                fn = plan[1]
+                if fn is None:  # pickled: decode_field's own checks
+                    value = self._decode(sample, field, data, table, plan)
+                else:
+                    try:
+                        value = fn(data)
+                    except DecodeError:
+                        raise
+                    except ValueError as exc:
+                        raise _decode_error(sample, field, plan[0], exc) from exc
                 if type(value) is np.ndarray and not value.flags.writeable:
                     value = value.copy()  # npy over immutable bytes: torch wants writable
             out[field] = value
@@ -205,8 +215,7 @@ class Decode(Stage):
         except DecodeError:
             raise
         except ValueError as exc:
-            key = sample.get("__key__", "?")
-            raise DecodeError(f"cannot decode as {ext}: {exc}", key=key, field=field) from exc
+            raise _decode_error(sample, field, ext, exc) from exc
 
     # -- the protocol: the shards given up on are part of the cursor ------------------
     def iterate(self, ctx: Context, state: Mapping[str, Any] | None = None) -> Cursor:
@@ -243,6 +252,11 @@ class Decode(Stage):
         if source is None:
             return None
         return {"stage": self.name, "version": self.version, "bad_urls": [], "source": source}
+
+
+def _decode_error(sample: dict[str, Any], field: str, ext: str, exc: ValueError) -> DecodeError:
+    key = sample.get("__key__", "?")
+    return DecodeError(f"cannot decode as {ext}: {exc}", key=key, field=field)
 
 
 class _DecodeCursor(Cursor):

@@ -35,6 +35,7 @@ def test_roundtrip_by_extension(field: str, value: Any) -> None:
     "arr",
     [
         np.arange(12, dtype=np.int32).reshape(3, 4),
+        np.arange(7, dtype=">i8"),  # one dimension: no reshape
         np.asfortranarray(np.arange(6, dtype=np.float64).reshape(2, 3)),
         np.zeros((0, 5), dtype=np.uint8),
         np.array(3.5, dtype=np.float16),
@@ -42,9 +43,14 @@ def test_roundtrip_by_extension(field: str, value: Any) -> None:
     ],
 )
 def test_npy_roundtrip(arr: np.ndarray) -> None:
-    out = decode_field("k", "tokens.npy", encode_field("k", "tokens.npy", arr))
-    assert out.dtype == arr.dtype and out.shape == arr.shape
-    np.testing.assert_array_equal(out, arr)
+    data = encode_field("k", "tokens.npy", arr)
+    for given in (data, memoryview(data), bytearray(data)):
+        out = decode_field("k", "tokens.npy", given)
+        assert out.dtype == arr.dtype and out.shape == arr.shape
+        np.testing.assert_array_equal(out, arr)
+    v2 = io.BytesIO()
+    np.lib.format.write_array(v2, arr, version=(2, 0))
+    np.testing.assert_array_equal(decode_field("k", "npy", memoryview(v2.getvalue())), arr)
 
 
 def test_npy_version_3_header_is_read() -> None:

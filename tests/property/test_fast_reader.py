@@ -12,12 +12,18 @@ import io
 import tarfile
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from shardkit.errors import ShardFormatError
 from shardkit.format.tario import buffer
-from shardkit.format.tario.headers import checksum_ok, octal_field, plain_header, sum_matches
+from shardkit.format.tario.headers import (
+    checksum_ok,
+    octal_field,
+    plain_header,
+    plain_member,
+    sum_matches,
+)
 from shardkit.format.tario.names import fast_name, name_problem, normal_name
 from shardkit.format.tario.reader import TarReader
 
@@ -261,7 +267,9 @@ def test_a_name_the_fast_paths_take_is_one_the_general_path_takes_as_it_is(raw: 
         assert not name.endswith("/") and name.encode() == raw
 
 
-_field = st.sampled_from([b"00000000012\0", b"00000000012 ", b"0000000001\0\0", b"00000000019\0"])
+_field = st.sampled_from(
+    [b"00000000012\0", b"00000000012 ", b"0000000001\0\0", b"00000000019\0", b"00000000012\n"]
+)
 
 
 @given(
@@ -292,3 +300,53 @@ def test_plain_header_is_the_field_and_checksum_rules(
     assert (got is not None) == rule
     if got is not None:
         assert checksum_ok(block) and got[1] == int(block[124:135], 8)
+
+
+_header_names = (
+    st.binary(max_size=101)
+    | st.text(alphabet="ab./\\:\0é", max_size=101).map(str.encode)
+    | st.text(alphabet="ab", min_size=98, max_size=101).map(str.encode)  # a full field
+)
+
+
+@given(
+    base=st.just(_tar(["a/k.json"], [3], tarfile.USTAR_FORMAT, 0.0)[:512]),
+    name=_header_names,
+    size=_field,
+    typeflag=st.sampled_from([b"0", b"\0", b"5"]),
+    pos=st.integers(0, 511),
+    value=st.integers(-1, 255),
+    damage_first=st.booleans(),
+)
+@settings(max_examples=400)  # cheap (a header a example); rare shapes need the draws
+@example(  # a name filling its field: the mode's digits follow it, not a NUL
+    base=_tar(["a/k.json"], [3], tarfile.USTAR_FORMAT, 0.0)[:512],
+    name=b"a" * 100,
+    size=b"00000000012\0",
+    typeflag=b"0",
+    pos=0,
+    value=-1,
+    damage_first=True,
+)
+def test_plain_member_is_plain_header_then_fast_name(
+    base: bytes, name: bytes, size: bytes, typeflag: bytes, pos: int, value: int, damage_first: bool
+) -> None:
+    """The fused fast path takes a header exactly when the two checks it replaces do
+    (no ustar prefix, a name ``fast_name`` takes, shorter than its field), and gives the
+    same name and size."""
+    hdr = bytearray(base)
+    hdr[0:100] = name[:100].ljust(100, b"\0")
+    hdr[124:136], hdr[156:157] = size, typeflag
+    if value >= 0 and damage_first:  # a changed field under a right checksum
+        hdr[pos] = value
+    hdr[148:156] = b" " * 8
+    hdr[148:156] = b"%06o\0 " % sum(hdr)
+    if value >= 0 and not damage_first:  # damage after the checksum: the sum may be wrong
+        hdr[pos] = value
+    block = b"\xff" * 7 + bytes(hdr) + b"\xff"  # not at offset 0, bytes on both sides
+    plain = plain_header(block, 7)
+    want = None
+    if plain is not None and not plain[2] and len(plain[0]) < 100:  # a full name field:
+        text = fast_name(plain[0])  # no NUL ends it, it is left to the general path
+        want = None if text is None else (text, plain[1])
+    assert plain_member(block, 7) == want

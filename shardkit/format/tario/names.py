@@ -17,7 +17,15 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["fast_name", "key_problem", "name_problem", "normal_key", "normal_name", "split_key"]
+__all__ = [
+    "PLAIN_NAME",
+    "fast_name",
+    "key_problem",
+    "name_problem",
+    "normal_key",
+    "normal_name",
+    "split_key",
+]
 
 
 def _is_drive(name: str) -> bool:
@@ -51,7 +59,7 @@ def normal_name(name: str) -> str:
 
 # a name the fast paths take as it is: parts that are not empty and do not start with a
 # dot, no backslash or NUL, no drive ("x:") in front and no "/" at the end
-_PLAIN_NAME = re.compile(rb"(?!.:)[^/\\\0.][^/\\\0]*(?:/[^/\\\0.][^/\\\0]*)*", re.DOTALL)
+PLAIN_NAME = re.compile(rb"(?!.:)[^/\\\0.][^/\\\0]*(?:/[^/\\\0.][^/\\\0]*)*", re.DOTALL)
 
 
 def fast_name(raw: bytes) -> str | None:
@@ -62,7 +70,7 @@ def fast_name(raw: bytes) -> str | None:
     expression (parts that neither are empty nor start with a dot, no backslash, NUL,
     drive or trailing ``/``) rules out everything else, which the general path looks at.
     """
-    if _PLAIN_NAME.fullmatch(raw) is None:
+    if PLAIN_NAME.fullmatch(raw) is None:
         return None
     try:
         return raw.decode()

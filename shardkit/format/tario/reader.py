@@ -17,7 +17,13 @@ from shardkit._types import Sample
 from shardkit.errors import ShardFormatError
 from shardkit.format.compression import open_tar
 from shardkit.format.tario.buffer import DEFAULT_MAX_MEMBER, skip_bytes, stream_size
-from shardkit.format.tario.headers import BLOCK, octal_field, plain_header, sum_matches
+from shardkit.format.tario.headers import (
+    BLOCK,
+    octal_field,
+    plain_header,
+    plain_member,
+    sum_matches,
+)
 from shardkit.format.tario.members import TAR_POLICIES, MemberReader
 from shardkit.format.tario.names import fast_name, split_key
 
@@ -79,16 +85,14 @@ class TarReader(MemberReader):
             if len(buf) - p >= BLOCK and (end is None or self._base + p < end):
                 tf = buf[p + 156]
                 if tf == 48 or tf == 0:  # b"0" or NUL: a regular file
-                    plain = plain_header(buf, p)
-                    if plain is not None and not plain[2]:  # no ustar prefix to join
-                        raw, size, _ = plain
+                    plain = plain_member(buf, p)  # no ustar prefix to join, a plain name
+                    if plain is not None:
+                        name, size = plain
                         total = BLOCK + size + (-size) % BLOCK
                         if p + total <= len(buf) and (limit is None or size <= limit):
-                            name = fast_name(raw)
-                            if name is not None:
-                                self.member_offset = self._base + p
-                                self._pos = p + total
-                                item = (name, buf[p + BLOCK : p + BLOCK + size] if keep else size)
+                            self.member_offset = self._base + p
+                            self._pos = p + total
+                            item = (name, buf[p + BLOCK : p + BLOCK + size] if keep else size)
                 elif tf == 120 or tf == 76:  # b"x" or b"L": a pax or GNU long-name header
                     item = self._fast_extended(buf, p, tf == 76)
             if item is None:
