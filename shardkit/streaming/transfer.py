@@ -18,7 +18,15 @@ import torch
 
 from shardkit.errors import StateDictError
 
-__all__ = ["Mailbox", "PackedBytes", "arrived", "shared_bytes", "tensorable", "to_torch"]
+__all__ = [
+    "InlineBytes",
+    "Mailbox",
+    "PackedBytes",
+    "arrived",
+    "shared_bytes",
+    "tensorable",
+    "to_torch",
+]
 
 _MAILBOX = 1 << 18
 
@@ -115,6 +123,23 @@ class PackedBytes(Sequence[bytes]):
         return f"PackedBytes({len(self)} items, {self.offsets[-1]} bytes)"
 
 
+class InlineBytes:
+    """A list of ``bytes`` joined, as it crosses a worker's pipe (pickled, no shared
+    memory): it arrives as the :class:`PackedBytes` a slot would give (:func:`arrived`)."""
+
+    __slots__ = ("data", "offsets")
+
+    def __init__(self, items: list[bytes], offsets: list[int]) -> None:
+        self.data = np.frombuffer(b"".join(items), dtype=np.uint8)
+        self.offsets = offsets
+
+    def __getstate__(self) -> tuple[np.ndarray, list[int]]:
+        return self.data, self.offsets
+
+    def __setstate__(self, state: tuple[np.ndarray, list[int]]) -> None:
+        self.data, self.offsets = state
+
+
 def to_torch(x: Any) -> Any:
     """Numpy arrays (of numbers) become tensors, in dicts, tuples and lists of them."""
     t = type(x)
@@ -136,6 +161,9 @@ def arrived(x: Any) -> Any:
     t = type(x)
     if t is np.ndarray:
         return torch.from_numpy(x) if tensorable(x) else x
+    if t is InlineBytes:
+        data = x.data if x.data.flags.writeable else x.data.copy()
+        return PackedBytes.over(torch.from_numpy(data), x.offsets)
     if t is dict:
         return {k: arrived(v) for k, v in x.items()}
     if t is tuple:

@@ -200,3 +200,35 @@ def test_numbers_in_another_byte_order_stay_numpy_in_every_mode() -> None:
     """torch cannot hold a big-endian array: it stays numpy (it raised before)."""
     big = np.arange(10, dtype=">i4")
     assert to_torch({"x": big})["x"] is big and arrived((big,))[0] is big
+
+
+def test_a_workers_small_first_batch_crosses_the_pipe_as_a_slot_would_give_it() -> None:
+    """The first batch of a worker (under INLINE_FIRST, no tensors) is pickled whole, no
+    segment made; it arrives with the types, layouts and values a slot gives the next."""
+    import pickle
+
+    def batch(i: int) -> dict[str, Any]:
+        b = _batch(i)
+        del b["t"]  # a CPU tensor goes through the slot, first batch or not
+        b["fortran"] = np.asfortranarray(np.arange(600, dtype=np.float64).reshape(20, 30) + i)
+        return b
+
+    a = WorkerArena(Lanes(1), 0)
+    first = a.pack(batch(1))
+    assert not isinstance(first, Parcel) and all(s is None for s in a.slots)
+    got = arrived(pickle.loads(pickle.dumps(first)))  # as the worker's pipe carries it
+    second = a.pack(batch(2))
+    assert isinstance(second, Parcel)  # the next batches take slots
+    then = open_parcel(second)
+    for out, want in ((got, batch(1)), (then, batch(2))):
+        assert out["__key__"] == want["__key__"] and out["meta"] == want["meta"]
+        assert torch.equal(out["tokens"], torch.from_numpy(want["tokens"]))
+        assert isinstance(out["bin"], PackedBytes) and list(out["bin"]) == want["bin"]
+        assert out["fortran"].is_contiguous()
+        assert torch.equal(out["fortran"], torch.from_numpy(np.ascontiguousarray(want["fortran"])))
+    assert {k: type(v) for k, v in got.items()} == {k: type(v) for k, v in then.items()}
+    big = WorkerArena(Lanes(1), 0)  # over INLINE_FIRST: the first batch takes a slot too
+    huge = {"x": np.zeros(arena.INLINE_FIRST // 8 + 1, dtype=np.int64)}
+    assert isinstance(big.pack(huge), Parcel)
+    with_tensor = WorkerArena(Lanes(1), 0)
+    assert isinstance(with_tensor.pack(_batch(3)), Parcel)
