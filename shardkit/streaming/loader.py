@@ -25,10 +25,9 @@ import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any, cast
 
-from shardkit.errors import ConfigError, StateDictError
+from shardkit.errors import ConfigError
 from shardkit.metrics import LoaderStats, counter_delta
 from shardkit.stages import Context
-from shardkit.stages.base import state_epoch
 from shardkit.stages.mixture import find_mix, reweighted
 from shardkit.streaming.arena import take_over
 from shardkit.streaming.dataset import ShardDataset
@@ -39,6 +38,7 @@ from shardkit.streaming.resume import (
     carried_states,
     check_fingerprint,
     check_job_state,
+    check_loadable,
     encode_job_state,
     merge_rank_states,
     resume_plan,
@@ -357,27 +357,11 @@ class WebLoader:
             st["pipeline"] = self._fingerprint  # saved again, it fits this pipeline
         else:
             check_fingerprint(st["pipeline"], self._fingerprint)
-        for entry in st["ranks"]:
-            for w in entry["workers"]:
-                if w is not None and state_epoch(w) != st["epoch"]:
-                    raise StateDictError(
-                        f"webloader: rank {entry['rank']}'s worker state is for epoch "
-                        f"{state_epoch(w)}, the state for epoch {st['epoch']}"
-                    )
-        self._check_plan(st)
+        where = self.dataset.context(0, self._logical, st["epoch"])
+        check_loadable(st, self.dataset.pipeline(), where)
         self._loaded = Loaded(st, st["epoch"], st["complete"], discard, STAGE)
         self.dataset.set_epoch(int(st["epoch"]))
         self._epoch = int(st["epoch"])
-
-    def _check_plan(self, st: Mapping[str, Any]) -> None:
-        """Make (and drop) the cursors this rank's workers will start from: a state that
-        does not fit fails here, in the training process, not in a worker."""
-        where = self.dataset.context(0, self._logical, st["epoch"])
-        pipeline = self.dataset.pipeline()
-        plan = resume_plan(st, pipeline, where)
-        for w, ws in enumerate(plan.states or []):
-            if ws is not None:
-                pipeline.iterate(dataclasses.replace(where, worker=w), ws)
 
     @staticmethod
     def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -48,6 +48,7 @@ __all__ = [
     "check_dataset_state",
     "check_fingerprint",
     "check_job_state",
+    "check_loadable",
     "dataset_state",
     "encode_job_state",
     "fits_epoch",
@@ -293,6 +294,24 @@ def resume_plan(state: Mapping[str, Any] | None, pipeline: Stage, where: Context
     if merged is None:
         return ResumePlan()
     return ResumePlan(0, [merged] * workers, 0)
+
+
+def check_loadable(st: Mapping[str, Any], pipeline: Stage, where: Context) -> None:
+    """A checked job state that this rank (``where``, in the state's epoch) can resume
+    from: every worker cursor is of the state's epoch, and the cursors its workers will
+    start from can be made (made and dropped here, so a state that does not fit fails in
+    the training process, not in a worker)."""
+    for entry in st["ranks"]:
+        for w in entry["workers"]:
+            if w is not None and state_epoch(w) != st["epoch"]:
+                raise StateDictError(
+                    f"{STAGE}: rank {entry['rank']}'s worker state is for epoch "
+                    f"{state_epoch(w)}, the state for epoch {st['epoch']}"
+                )
+    plan = resume_plan(st, pipeline, where)
+    for w, ws in enumerate(plan.states or []):
+        if ws is not None:
+            pipeline.iterate(replace(where, worker=w), ws)
 
 
 def carried_states(
