@@ -45,7 +45,16 @@ from shardkit.streaming.transfer import (
     tensorable,
 )
 
-__all__ = ["Held", "Lanes", "Parcel", "SLOTS", "WorkerArena", "open_parcel", "take_over"]
+__all__ = [
+    "Held",
+    "InlineBatch",
+    "Lanes",
+    "Parcel",
+    "SLOTS",
+    "WorkerArena",
+    "open_parcel",
+    "take_over",
+]
 
 SLOTS = 16  # slots per worker; a worker uses about prefetch_factor + 2 of them
 _HEAD = 64  # bytes before a slot's data: the sequence number of the batch in it
@@ -128,6 +137,18 @@ class Parcel:
         return open_parcel(self, pin=True)
 
 
+@dataclass
+class InlineBatch:
+    """A worker's first batch as it crosses the pipe whole (numpy arrays, InlineBytes):
+    it arrives as a parcel's batch would, pinned too when the DataLoader pins."""
+
+    tree: Any
+
+    def pin_memory(self, device: Any = None) -> Any:
+        """Called by the DataLoader's pin thread: the batch with pinned tensors."""
+        return arrived(self.tree, pin=_can_pin())
+
+
 class _Slot:
     def __init__(self, nbytes: int) -> None:
         self.tensor = shared_bytes(nbytes)
@@ -162,7 +183,7 @@ class WorkerArena:
             and all(r.kind != "tensor" for r, _ in found)
         ):
             self.batches = 1  # the first batch crosses the pipe whole (see INLINE_FIRST)
-            return _inline(skeleton, {id(r): v for r, v in found})
+            return InlineBatch(_inline(skeleton, {id(r): v for r, v in found}))
         index, slot = self._free_slot(end[0])
         slot.seq += 1
         slot.used = self.batches = self.batches + 1
@@ -295,6 +316,8 @@ class Held(np.ndarray):
 def take_over(batch: Any) -> tuple[Any, float]:
     """A batch from a worker process as the training loop gets it (a parcel opened, small
     arrays made tensors) and the seconds opening it took."""
+    if type(batch) is InlineBatch:
+        return arrived(batch.tree), 0.0
     if type(batch) is not Parcel:
         return arrived(batch), 0.0
     t = perf_counter()

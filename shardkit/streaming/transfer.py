@@ -156,18 +156,23 @@ def to_torch(x: Any) -> Any:
     return x  # strings, numbers, lists of bytes go as they are
 
 
-def arrived(x: Any) -> Any:
-    """In the training process: the small numpy arrays of a worker's batch become tensors."""
+def arrived(x: Any, pin: bool = False) -> Any:
+    """In the training process: the small numpy arrays of a worker's batch become tensors
+    (and a worker's first batch's :class:`InlineBytes` a :class:`PackedBytes`); ``pin``:
+    those made here are copied into pinned memory."""
     t = type(x)
     if t is np.ndarray:
-        return torch.from_numpy(x) if tensorable(x) else x
+        if not tensorable(x):
+            return x
+        out = torch.from_numpy(x)
+        return out.pin_memory() if pin else out
     if t is InlineBytes:
-        data = x.data if x.data.flags.writeable else x.data.copy()
-        return PackedBytes.over(torch.from_numpy(data), x.offsets)
+        data = torch.from_numpy(x.data if x.data.flags.writeable else x.data.copy())
+        return PackedBytes.over(data.pin_memory() if pin else data, x.offsets)
     if t is dict:
-        return {k: arrived(v) for k, v in x.items()}
+        return {k: arrived(v, pin) for k, v in x.items()}
     if t is tuple:
-        return tuple(arrived(v) for v in x)
+        return tuple(arrived(v, pin) for v in x)
     if t is list and x and isinstance(x[0], _NESTED):
-        return [arrived(v) for v in x]
+        return [arrived(v, pin) for v in x]
     return x

@@ -16,7 +16,7 @@ from shardkit import ShardDataset, WebLoader
 from shardkit.errors import TransferError
 from shardkit.format.manifest.model import Manifest
 from shardkit.streaming import arena
-from shardkit.streaming.arena import SLOTS, Lanes, Parcel, WorkerArena, open_parcel
+from shardkit.streaming.arena import SLOTS, Lanes, Parcel, WorkerArena, open_parcel, take_over
 from shardkit.streaming.transfer import PackedBytes, arrived, to_torch
 from shardkit.write.writer import ShardWriter
 
@@ -215,12 +215,14 @@ def test_a_workers_small_first_batch_crosses_the_pipe_as_a_slot_would_give_it() 
 
     a = WorkerArena(Lanes(1), 0)
     first = a.pack(batch(1))
-    assert not isinstance(first, Parcel) and all(s is None for s in a.slots)
-    got = arrived(pickle.loads(pickle.dumps(first)))  # as the worker's pipe carries it
+    assert isinstance(first, arena.InlineBatch) and all(s is None for s in a.slots)
+    got = take_over(pickle.loads(pickle.dumps(first)))[0]  # as the worker's pipe carries it
+    pinned = pickle.loads(pickle.dumps(first)).pin_memory()  # the pin thread's way (no CUDA:
+    assert take_over(pinned)[0].keys() == got.keys()  # a plain copy), then taken over
     second = a.pack(batch(2))
     assert isinstance(second, Parcel)  # the next batches take slots
     then = open_parcel(second)
-    for out, want in ((got, batch(1)), (then, batch(2))):
+    for out, want in ((got, batch(1)), (take_over(pinned)[0], batch(1)), (then, batch(2))):
         assert out["__key__"] == want["__key__"] and out["meta"] == want["meta"]
         assert torch.equal(out["tokens"], torch.from_numpy(want["tokens"]))
         assert isinstance(out["bin"], PackedBytes) and list(out["bin"]) == want["bin"]
