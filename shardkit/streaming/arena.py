@@ -38,16 +38,17 @@ import torch
 
 from shardkit.errors import TransferError
 from shardkit.streaming.transfer import (
+    InlineBatch,
     InlineBytes,
     PackedBytes,
     arrived,
+    can_pin,
     shared_bytes,
     tensorable,
 )
 
 __all__ = [
     "Held",
-    "InlineBatch",
     "Lanes",
     "Parcel",
     "SLOTS",
@@ -135,18 +136,6 @@ class Parcel:
         """Called by the DataLoader's pin thread: the batch copied into pinned memory, the
         slot released at once."""
         return open_parcel(self, pin=True)
-
-
-@dataclass
-class InlineBatch:
-    """A worker's first batch as it crosses the pipe whole (numpy arrays, InlineBytes):
-    it arrives as a parcel's batch would, pinned too when the DataLoader pins."""
-
-    tree: Any
-
-    def pin_memory(self, device: Any = None) -> Any:
-        """Called by the DataLoader's pin thread: the batch with pinned tensors."""
-        return arrived(self.tree, pin=_can_pin())
 
 
 class _Slot:
@@ -381,7 +370,7 @@ def _build(x: Any, view: np.ndarray, hold: _Hold | None, pin: bool) -> Any:
 def _materialize(ref: _Ref, view: np.ndarray, hold: _Hold | None, pin: bool) -> Any:
     raw = view[ref.offset : ref.offset + ref.nbytes]
     if hold is None:  # a (pinned) copy
-        flat = torch.empty(ref.nbytes, dtype=torch.uint8, pin_memory=pin and _can_pin())
+        flat = torch.empty(ref.nbytes, dtype=torch.uint8, pin_memory=pin and can_pin())
         flat.copy_(torch.from_numpy(raw))
         if ref.kind == "array":
             return flat.view(_torch_dtype(ref.dtype)).reshape(ref.shape)
@@ -404,7 +393,3 @@ def _torch_dtype(code: str) -> torch.dtype:
     if code not in _DTYPES:
         _DTYPES[code] = torch.from_numpy(np.empty(0, dtype=code)).dtype
     return _DTYPES[code]
-
-
-def _can_pin() -> bool:
-    return torch.cuda.is_available()

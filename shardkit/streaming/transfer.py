@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, overload
 
 import numpy as np
@@ -19,10 +20,12 @@ import torch
 from shardkit.errors import StateDictError
 
 __all__ = [
+    "InlineBatch",
     "InlineBytes",
     "Mailbox",
     "PackedBytes",
     "arrived",
+    "can_pin",
     "shared_bytes",
     "tensorable",
     "to_torch",
@@ -138,6 +141,24 @@ class InlineBytes:
 
     def __setstate__(self, state: tuple[np.ndarray, list[int]]) -> None:
         self.data, self.offsets = state
+
+
+@dataclass
+class InlineBatch:
+    """A worker's first batch as it crosses the pipe whole (numpy arrays, InlineBytes; see
+    :data:`shardkit.streaming.arena.INLINE_FIRST`): it arrives as a slot's batch would,
+    pinned too when the DataLoader pins."""
+
+    tree: Any
+
+    def pin_memory(self, device: Any = None) -> Any:
+        """Called by the DataLoader's pin thread: the batch with pinned tensors."""
+        return arrived(self.tree, pin=can_pin())
+
+
+def can_pin() -> bool:
+    """Whether this process can pin memory (a CUDA device is there)."""
+    return torch.cuda.is_available()
 
 
 def to_torch(x: Any) -> Any:

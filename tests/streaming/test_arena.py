@@ -17,7 +17,7 @@ from shardkit.errors import TransferError
 from shardkit.format.manifest.model import Manifest
 from shardkit.streaming import arena
 from shardkit.streaming.arena import SLOTS, Lanes, Parcel, WorkerArena, open_parcel, take_over
-from shardkit.streaming.transfer import PackedBytes, arrived, to_torch
+from shardkit.streaming.transfer import InlineBatch, PackedBytes, arrived, to_torch
 from shardkit.write.writer import ShardWriter
 
 MakeShards = Callable[..., Manifest]
@@ -215,7 +215,7 @@ def test_a_workers_small_first_batch_crosses_the_pipe_as_a_slot_would_give_it() 
 
     a = WorkerArena(Lanes(1), 0)
     first = a.pack(batch(1))
-    assert isinstance(first, arena.InlineBatch) and all(s is None for s in a.slots)
+    assert isinstance(first, InlineBatch) and all(s is None for s in a.slots)
     got = take_over(pickle.loads(pickle.dumps(first)))[0]  # as the worker's pipe carries it
     pinned = pickle.loads(pickle.dumps(first)).pin_memory()  # the pin thread's way (no CUDA:
     assert take_over(pinned)[0].keys() == got.keys()  # a plain copy), then taken over
