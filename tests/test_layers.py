@@ -59,7 +59,7 @@ ORDER: dict[str, list[list[str]]] = {
         ],
     ],
     "shardkit.check": [["summary", "decoded", "verify", "adopt"]],
-    "shardkit.plan": [["world", "order", "schedule", "ranges", "assign"]],
+    "shardkit.plan": [["world", "order", "schedule", "ranges", "resampled", "assign"]],
     "shardkit.io": [
         [
             "retry",

@@ -29,15 +29,16 @@ stream per worker, or ``epoch_length`` samples per rank.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from shardkit.errors import ConfigError, StateDictError
-from shardkit.plan.order import Window, remaining_after_many, stream_seed, uniforms
+from shardkit.plan.order import Window, remaining_after_many, stream_seed
 from shardkit.plan.ranges import Ranges, coalesce, take_many
+from shardkit.plan.resampled import ResampledStream
 from shardkit.plan.world import Context
 
 __all__ = [
@@ -59,7 +60,6 @@ __all__ = [
 
 Counts = Sequence[int] | np.ndarray  # samples per shard, in manifest order
 REMAINDERS = ("drop", "pad")
-_DRAW_BLOCK = 1024
 
 
 @dataclass(frozen=True)
@@ -353,42 +353,6 @@ def remaining_sequence(
 ) -> Ranges:
     """What is left of an epoch after the generations of ``history``, in order."""
     return _resolve(counts, cfg, epoch, history, None)
-
-
-class ResampledStream:
-    """An endless (or ``length``-long) stream of whole shards drawn with replacement."""
-
-    def __init__(self, counts: Counts, seed: int, length: int | None) -> None:
-        self.counts = np.asarray(counts, dtype=np.int64)
-        if len(self.counts) == 0 or int(self.counts.sum()) == 0:
-            raise ConfigError("resampled mode needs at least one non-empty shard")
-        self.cum = np.cumsum(self.counts).astype(np.float64)
-        self.seed = seed
-        self.length = length
-
-    def draws(self, first: int, n: int) -> np.ndarray:
-        """Shards of draws ``first .. first + n - 1``, weighted by sample count."""
-        u = uniforms(self.seed, np.arange(first, first + n, dtype=np.int64))
-        picks = np.searchsorted(self.cum, u * self.cum[-1], side="right")
-        out: np.ndarray = np.minimum(picks, len(self.counts) - 1).astype(np.int64)
-        return out
-
-    def iter_ranges(self, start: int) -> Iterator[tuple[int, int, int, int]]:
-        """Yield ``(shard, lo, hi, stream position of lo)`` from stream position ``start``."""
-        pos, first = 0, 0
-        while self.length is None or pos < self.length:
-            shards = self.draws(first, _DRAW_BLOCK)
-            first += _DRAW_BLOCK
-            for s in shards.tolist():
-                n = int(self.counts[s])
-                if self.length is not None:
-                    n = min(n, self.length - pos)
-                if n > 0 and pos + n > start:
-                    lo = max(0, start - pos)
-                    yield s, lo, n, pos + lo
-                pos += n
-                if self.length is not None and pos >= self.length:
-                    return
 
 
 def worker_stream(
