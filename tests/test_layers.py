@@ -58,7 +58,7 @@ ORDER: dict[str, list[list[str]]] = {
             "remote_merge",
         ],
     ],
-    "shardkit.check": [["summary", "decoded", "verify", "adopt"]],
+    "shardkit.check": [["summary", "decoded", "report", "verify", "adopt"]],
     "shardkit.plan": [["world", "order", "schedule", "ranges", "resampled", "assign"]],
     "shardkit.io": [
         [
