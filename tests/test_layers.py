@@ -41,7 +41,7 @@ ORDER: dict[str, list[list[str]]] = {
         ["names", "headers", "sparse", "buffer", "members", "index", "reader", "writer"]
     ],
     "shardkit.write": [
-        ["select", "table_meta", "image_check", "sources", "tables", "records"],
+        ["select", "table_meta", "image_check", "sources", "discover", "tables", "records"],
         [
             "lock",
             "options",

@@ -26,11 +26,12 @@ from shardkit.format.manifest.model import Manifest
 from shardkit.io.stores import is_object_url
 from shardkit.units import parse_size
 from shardkit.write.config import BuildConfig, BuildPlan, check_config
+from shardkit.write.discover import DiscoverOptions, discover
 from shardkit.write.lock import OutputLock
 from shardkit.write.outputs import make_output
 from shardkit.write.remote_build import clear_remote
 from shardkit.write.remote_lock import ObjectLock
-from shardkit.write.sources import DiscoverOptions, Unit, discover
+from shardkit.write.sources import Unit
 from shardkit.write.targets import ObjectPlace, build_info, place_of, store_failures
 
 __all__ = [
