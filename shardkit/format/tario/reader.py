@@ -89,10 +89,17 @@ class TarReader(MemberReader):
                     if plain is not None:
                         name, size = plain
                         total = BLOCK + size + (-size) % BLOCK
-                        if p + total <= len(buf) and (limit is None or size <= limit):
+                        if limit is not None and size > limit:
+                            pass  # the general path names the error
+                        elif p + total <= len(buf):
                             self.member_offset = self._base + p
                             self._pos = p + total
                             item = (name, buf[p + BLOCK : p + BLOCK + size] if keep else size)
+                        else:  # data past the buffer: read as the general path reads it
+                            self.member_offset = first = self._base + p
+                            self._pos = p + BLOCK
+                            got = self._member_data(size, first, name, keep=keep)
+                            item = (name, got if keep else size)
                 elif tf == 120 or tf == 76:  # b"x" or b"L": a pax or GNU long-name header
                     item = self._fast_extended(buf, p, tf == 76)
             if item is None:
