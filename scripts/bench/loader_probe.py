@@ -4,13 +4,16 @@
   (tar parse and verified read), decoding, collating a batch of 32 (``--against`` too);
 - ``epochs``: a WebLoader with 2 worker processes, kept across epochs or fresh each epoch:
   seconds per epoch and the first batch of each epoch;
+- ``reads``: microseconds per sample of ``read_shard`` over the files and of a verified
+  ``ShardDataset`` over the manifest, in one process, small and medium samples (the best of
+  7 passes; ``--against`` too);
 - ``rate``: samples/s of ``ShardDataset(...).decode().batched(32)`` through a WebLoader
   with 2 fresh worker processes, and its first batch; with ``--against DIR`` the same
   measured with other checkouts' shardkit (PYTHONPATH=DIR), runs interleaved.
 
 Every measurement runs in a fresh child process; the figures are medians of ``--runs``.
 
-    PYTHONPATH=. python scripts/bench/loader_probe.py stages epochs rate --against /tmp/old
+    PYTHONPATH=. python scripts/bench/loader_probe.py stages reads epochs rate --against /tmp/old
 """
 
 from __future__ import annotations
@@ -106,7 +109,38 @@ def child_rate(manifest: str) -> dict[str, float]:
     return {"samples_per_s": statistics.median(rates), "first_batch_s": first}
 
 
-CHILDREN = {"stages": child_stages, "epochs": child_epochs, "rate": child_rate}
+def child_reads(manifest: str) -> dict[str, float]:
+    import glob
+
+    import shardkit
+    from shardkit.format.tario.reader import read_shard
+
+    paths = sorted(glob.glob(os.path.join(os.path.dirname(manifest), "*.tar")))
+    ds = shardkit.ShardDataset(manifest)
+
+    def shards() -> int:
+        return sum(1 for p in paths for _ in read_shard(p))
+
+    def dataset() -> int:
+        return sum(1 for _ in ds)
+
+    out = {}
+    for name, fn in (("read_shard_us", shards), ("dataset_us", dataset)):
+        best = float("inf")
+        for _ in range(7):
+            t = time.perf_counter()
+            n = fn()
+            best = min(best, (time.perf_counter() - t) / n * 1e6)
+        out[name] = best
+    return out
+
+
+CHILDREN = {
+    "stages": child_stages,
+    "epochs": child_epochs,
+    "reads": child_reads,
+    "rate": child_rate,
+}
 
 
 def run_child(tree: str, kind: str, *args: Any) -> dict[str, float]:
@@ -156,7 +190,7 @@ def main() -> None:
     p.add_argument("probes", nargs="+", choices=sorted(CHILDREN))
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--work", default="/tmp/shardkit-loader-probe")
-    p.add_argument("--against", nargs="*", default=[], help="other checkouts (stages, rate)")
+    p.add_argument("--against", nargs="*", default=[], help="other checkouts (stages, reads, rate)")
     a = p.parse_args()
     small, medium = make_data(a.work, "small"), make_data(a.work, "medium")
     print(f"load average before: {os.getloadavg()}")
@@ -165,6 +199,11 @@ def main() -> None:
         runs = [(tree, ("stages", small)) for tree in trees]
         for tree, med in _interleaved(runs, a.runs):
             print(f"stages, small samples, us a sample, {tree}:", med)
+    if "reads" in a.probes:
+        for name, m in (("small", small), ("medium", medium)):
+            runs = [(tree, ("reads", m)) for tree in trees]
+            for tree, med in _interleaved(runs, a.runs):
+                print(f"reads, {name}, us a sample, {tree}:", med)
     if "epochs" in a.probes:
         for name, m in (("small", small), ("medium", medium)):
             runs = [(ROOT, ("epochs", m, kept)) for kept in (True, False)]
