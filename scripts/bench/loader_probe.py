@@ -185,6 +185,16 @@ def _interleaved(
     ]
 
 
+def _per_tree(
+    probe: str, what: str, trees: list[str], manifests: tuple[str, str], runs: int
+) -> None:
+    """``probe`` on both profiles, every tree interleaved: its medians, a line each."""
+    for name, m in zip(("small", "medium"), manifests, strict=True):
+        specs = [(tree, (probe, m)) for tree in trees]
+        for tree, med in _interleaved(specs, runs):
+            print(f"{probe}, {name}, {what}, {tree}:", med)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("probes", nargs="+", choices=sorted(CHILDREN))
@@ -200,20 +210,14 @@ def main() -> None:
         for tree, med in _interleaved(runs, a.runs):
             print(f"stages, small samples, us a sample, {tree}:", med)
     if "reads" in a.probes:
-        for name, m in (("small", small), ("medium", medium)):
-            runs = [(tree, ("reads", m)) for tree in trees]
-            for tree, med in _interleaved(runs, a.runs):
-                print(f"reads, {name}, us a sample, {tree}:", med)
+        _per_tree("reads", "us a sample", trees, (small, medium), a.runs)
     if "epochs" in a.probes:
         for name, m in (("small", small), ("medium", medium)):
             runs = [(ROOT, ("epochs", m, kept)) for kept in (True, False)]
             for (_, (_, _, kept)), (_, med) in zip(runs, _interleaved(runs, a.runs), strict=True):
                 print(f"epochs, {name}, {'kept' if kept else 'fresh'} workers:", med)
     if "rate" in a.probes:
-        for name, m in (("small", small), ("medium", medium)):
-            runs = [(tree, ("rate", m)) for tree in trees]
-            for tree, med in _interleaved(runs, a.runs):
-                print(f"rate, {name}, 2 fresh workers, {tree}:", med)
+        _per_tree("rate", "2 fresh workers", trees, (small, medium), a.runs)
     print(f"load average after: {os.getloadavg()}")
 
 

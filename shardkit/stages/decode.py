@@ -168,16 +168,22 @@ class Decode(Stage):
                     plan = field_decoder(field, table)
                     if len(plans) < _PLANS:
                         plans[field] = plan
-                fn = plan[1]
+                ext, fn = plan
                 if fn is None:  # pickled: decode_field's own checks
-                    value = self._decode(sample, field, data, table, plan)
+                    key = sample.get("__key__", "?")
+                    value = decode_field(
+                        key, field, data, allow_pickle=self.allow_pickle, handlers=table
+                    )
                 else:
                     try:
                         value = fn(data)
                     except DecodeError:
                         raise
                     except ValueError as exc:
-                        raise _decode_error(sample, field, plan[0], exc) from exc
+                        key = sample.get("__key__", "?")
+                        raise DecodeError(
+                            f"cannot decode as {ext}: {exc}", key=key, field=field
+                        ) from exc
                 if type(value) is np.ndarray and not value.flags.writeable:
                     value = value.copy()  # npy over immutable bytes: torch wants writable
             out[field] = value
@@ -196,26 +202,6 @@ class Decode(Stage):
             if value is not None:
                 return value
         return None
-
-    def _decode(
-        self,
-        sample: dict[str, Any],
-        field: str,
-        data: bytes,
-        table: dict[str, Callable[[bytes], Any]],
-        plan: tuple[str, Callable[[Any], Any] | None],
-    ) -> Any:
-        """``decode_field``'s value and errors, through the field's resolved decoder."""
-        ext, fn = plan
-        if fn is None:  # pickled: decode_field's own checks
-            key = sample.get("__key__", "?")
-            return decode_field(key, field, data, allow_pickle=self.allow_pickle, handlers=table)
-        try:
-            return fn(data)
-        except DecodeError:
-            raise
-        except ValueError as exc:
-            raise _decode_error(sample, field, ext, exc) from exc
 
     # -- the protocol: the shards given up on are part of the cursor ------------------
     def iterate(self, ctx: Context, state: Mapping[str, Any] | None = None) -> Cursor:
@@ -252,11 +238,6 @@ class Decode(Stage):
         if source is None:
             return None
         return {"stage": self.name, "version": self.version, "bad_urls": [], "source": source}
-
-
-def _decode_error(sample: dict[str, Any], field: str, ext: str, exc: ValueError) -> DecodeError:
-    key = sample.get("__key__", "?")
-    return DecodeError(f"cannot decode as {ext}: {exc}", key=key, field=field)
 
 
 class _DecodeCursor(Cursor):

@@ -136,12 +136,6 @@ class InlineBytes:
         self.data = np.frombuffer(b"".join(items), dtype=np.uint8)
         self.offsets = offsets
 
-    def __getstate__(self) -> tuple[np.ndarray, list[int]]:
-        return self.data, self.offsets
-
-    def __setstate__(self, state: tuple[np.ndarray, list[int]]) -> None:
-        self.data, self.offsets = state
-
 
 @dataclass
 class InlineBatch:
