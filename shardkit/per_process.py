@@ -6,8 +6,7 @@ spelling of the "per process, dropped on pickle" rule for io, the cache and the 
 
 A fork is told by :func:`fork_generation`, a count bumped in every forked child
 (``os.register_at_fork``), not by ``os.getpid()``: glibc does not cache the pid, so each
-call is a system call, and a decoder asked for its tables once a sample spent 12% of a
-loader worker's time in it (py-spy, small samples).
+call is a system call, and a decoder asks for its tables once a sample.
 """
 
 from __future__ import annotations

@@ -66,9 +66,8 @@ _RELEASED, _KNOWN = 0, 1  # the control block's two words per slot
 _ARRAY_MIN = 1024  # smaller arrays pickle with the batch's structure
 BYTES_MIN = 256 << 10  # a list of bytes at least this big crosses as PackedBytes
 # a worker's first batch up to this size is pickled through the pipe: a slot's first
-# segment costs its making and its file descriptor's passing to the training process
-# (12 of a small first batch's ~60 ms here, pack to arrival; through the pipe: 6); a big
-# batch crosses the pipe slower than that (4.8 MB: 30 ms, against 15 by the arena)
+# segment costs its making and its file descriptor's passing to the training process,
+# more than a small batch through the pipe; a big batch crosses the pipe slower than that
 INLINE_FIRST = 1 << 20
 
 

@@ -11,7 +11,7 @@ from time import perf_counter
 from typing import Any
 
 import numpy as np
-import numpy.random  # here, once: each worker process would import it (10 ms)
+import numpy.random  # here, once: else each worker process imports it as it starts
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
@@ -35,7 +35,7 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (1 << 32))  # user code's global RNG
     # the CPU generator: torch.manual_seed would queue a CUDA seeding too, with a stack
-    # trace (2-3 ms of a worker's start here); a worker that uses CUDA keeps torch's seed
+    # trace read from the source files; a worker that uses CUDA keeps torch's seed
     torch.default_generator.manual_seed(seed)
 
 
