@@ -1,39 +1,72 @@
 #!/usr/bin/env bash
-# Create .venv and install shardkit with its test and dev tools. torch is pinned first:
-# torch==2.13.0 is the CPU wheel on disk; an unpinned torch would download a CUDA build.
+# Create .venv and install shardkit into it.
+#   bash scripts/setup.sh runtime   torch and shardkit's core dependencies (what demo.sh needs)
+#   bash scripts/setup.sh dev       (the default) also the test and dev tools, every optional
+#                                   backend, Azurite from npm and bsdtar/pzstd (best effort)
+# torch is pinned first: torch==2.13.0 is the CPU wheel on disk; an unpinned torch would
+# download a CUDA build. A second run with the same pyproject.toml and this script installs
+# nothing; a runtime venv asked for dev is upgraded (dev holds all of runtime).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# bsdtar and pzstd write part of the tar conformance corpus (tests/helpers/tarcorpus.py;
-# without them those tests write the same layouts with Python). Best effort: as root with
-# apt-get (a Debian CI machine), and never a failed setup where apt is missing or offline.
-if ! command -v bsdtar >/dev/null 2>&1 || ! command -v pzstd >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+profile=${1:-dev}
+case "$profile" in
+runtime | dev) ;;
+*)
+  echo "usage: bash scripts/setup.sh [runtime|dev]" >&2
+  exit 2
+  ;;
+esac
+
+# The stamp says which profile was installed from which pyproject.toml and script.
+stamp=.venv/.shardkit-setup
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+have=$(cat "$stamp" 2>/dev/null || true)
+installed() {
+  [ -x .venv/bin/python ] && .venv/bin/python -c "import shardkit" 2>/dev/null || return 1
+  [ "$have" = "dev $want" ] && return 0
+  [ "$profile" = runtime ] && [ "$have" = "runtime $want" ]
+}
+
+if [ "$profile" = dev ]; then
+  # bsdtar and pzstd write part of the tar conformance corpus (tests/helpers/tarcorpus.py;
+  # without them those tests write the same layouts with Python). Best effort: as root with
+  # apt-get (a Debian CI machine), and never a failed setup where apt is missing or offline.
+  if ! command -v bsdtar >/dev/null 2>&1 || ! command -v pzstd >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
         libarchive-tools zstd; } >/dev/null 2>&1 ||
-      echo "setup.sh: could not install bsdtar and pzstd; tar tests write with Python" >&2
+        echo "setup.sh: could not install bsdtar and pzstd; tar tests write with Python" >&2
+    fi
   fi
+  # Azurite (Azure Blob's emulator) for the az:// tests, from npm into .tools/
+  if [ ! -x .tools/node_modules/.bin/azurite-blob ]; then
+    command -v npm >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq nodejs npm; }
+    npm install --silent --no-audit --no-fund --prefix .tools azurite@3
+  fi
+fi
+
+if installed; then
+  exit 0
 fi
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-# Azurite (Azure Blob's emulator) for the az:// tests, from npm into .tools/
-if [ ! -x .tools/node_modules/.bin/azurite-blob ]; then
-  command -v npm >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq nodejs npm; }
-  npm install --silent --no-audit --no-fund --prefix .tools azurite@3
-fi
-# Installed already from this pyproject.toml and this script: nothing to reinstall.
-stamp=.venv/.shardkit-setup
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && .venv/bin/python -c "import shardkit" 2>/dev/null; then
-  exit 0
-fi
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q "torch==2.13.0"
 # the frameworks extra (transformers, accelerate, lightning) must not move torch off the pin
 pin=$(mktemp)
+trap 'rm -f "$pin"' EXIT
 echo "torch==2.13.0" >"$pin"
-.venv/bin/python -m pip install -q -c "$pin" -e ".[dev]"
-rm -f "$pin"
-echo "$want" > "$stamp"
+if [ "$profile" = runtime ]; then
+  echo "setup.sh: installing torch 2.13.0 (CPU wheel, ~190 MB unpacked to ~700 MB) and" \
+    "shardkit's core dependencies into .venv: about a minute the first time, nothing after." >&2
+  .venv/bin/python -m pip install -q "torch==2.13.0"
+  .venv/bin/python -m pip install -q -c "$pin" -e .
+else
+  echo "setup.sh: installing torch 2.13.0 and shardkit with its test and dev tools (ray," \
+    "transformers, lightning, moto, ...) into .venv: several minutes the first time." >&2
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q "torch==2.13.0"
+  .venv/bin/python -m pip install -q -c "$pin" -e ".[dev]"
+fi
+echo "$profile $want" >"$stamp"
