@@ -14,7 +14,8 @@ class Problem:
     """One thing wrong with one shard.
 
     ``kind`` is one of ``missing``, ``unreadable``, ``url``, ``size``, ``checksum``,
-    ``pieces``, ``format``, ``nsamples``, ``index``; ``offset`` is a byte offset in the
+    ``pieces``, ``format``, ``nsamples``, ``index`` (or ``manifest``: the CLI could not read
+    it, ``url`` the manifest's); ``offset`` is a byte offset in the
     shard (``format`` problems, the first byte of a ``pieces`` problem) when known.
     """
 

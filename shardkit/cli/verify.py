@@ -1,7 +1,7 @@
 """``shardkit verify MANIFEST``: check shards against their manifest.
 
 Exit codes: 0 every shard is good, 1 problems found (each printed with the shard, what is
-wrong, expected and found), 2 usage or a manifest that cannot be read.
+wrong, expected and found; a manifest that cannot be read is one), 2 usage.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import click
 from tqdm import tqdm
 
 from shardkit.cache import make_opener
+from shardkit.check.report import Problem
 from shardkit.check.verify import VerifyReport, verify
 from shardkit.cli.build import tar_policy_option
 from shardkit.errors import ShardkitError
@@ -32,6 +33,16 @@ def _summary(report: VerifyReport) -> str:
     n = len(report.problems)
     bad = len(report.bad_shards)
     return f"FAILED: {n} problem{'s' * (n != 1)} in {bad} of {report.shards} shards ({what}) {took}"
+
+
+def _unreadable(manifest: str, level: str, exc: BaseException, as_json: bool) -> None:
+    """A manifest that cannot be read is a problem found: one line, or a JSON report."""
+    if not as_json:
+        click.echo(f"error: cannot read manifest: {exc}", err=True)
+        return
+    problem = Problem(manifest, "manifest", f"cannot read manifest: {exc}")
+    report = VerifyReport(manifest=manifest, level=level, shards=0, bytes=0, problems=[problem])
+    click.echo(json.dumps(report.to_dict(), indent=1))
 
 
 @click.command("verify")
@@ -76,17 +87,17 @@ def command(
 ) -> None:
     """Check the shards MANIFEST lists: existence and size (--quick), checksums (default),
     or a full parse of every shard (--deep). Exit 0 when all is good, 1 when problems were
-    found, 2 when the manifest cannot be read. With --tar-policy lenient a deep parse skips
-    links, devices, FIFOs and unknown member types, each shard's count warned (and in
-    --json's skipped_members).
+    found (an unreadable manifest is one), 2 on a usage error. With --tar-policy lenient a
+    deep parse skips links, devices, FIFOs and unknown member types, each shard's count
+    warned (and in --json's skipped_members).
     """
     ctx = click.get_current_context()
     opener = make_opener()
     try:
         m = load_manifest(manifest, opener)
     except (ShardkitError, OSError) as exc:
-        click.echo(f"error: cannot read manifest: {exc}", err=True)
-        ctx.exit(2)
+        _unreadable(manifest, level or "checksum", exc, as_json)
+        ctx.exit(1)
     level = level or "checksum"
     lock = threading.Lock()
     bar = tqdm(

@@ -201,16 +201,27 @@ def test_unsafe_url_is_a_problem_not_a_read(shards: Path) -> None:
     "text",
     ["{not json", '{"format": "shardkit.manifest", "version": 99, "shards": []}', ""],
 )
-def test_malformed_manifest_exits_2(tmp_path: Path, text: str) -> None:
+def test_malformed_manifest_is_a_problem_found(tmp_path: Path, text: str) -> None:
     path = tmp_path / "manifest.json"
     path.write_text(text)
     result = run(str(path))
-    assert result.exit_code == 2
+    assert result.exit_code == 1
     assert "cannot read manifest" in result.stderr and str(path) in result.stderr
 
 
+def test_missing_manifest_with_json_prints_a_json_report(tmp_path: Path) -> None:
+    absent = str(tmp_path / "absent.json")
+    result = run(absent, "--json")
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert report["ok"] is False and report["manifest"] == absent
+    assert [(p["url"], p["kind"]) for p in report["problems"]] == [(absent, "manifest")]
+    assert "cannot read manifest" in report["problems"][0]["message"]
+    assert result.stderr == ""
+
+
 def test_usage_errors_exit_2(shards: Path, tmp_path: Path) -> None:
-    assert run(str(tmp_path / "absent.json")).exit_code == 2
+    assert run(str(tmp_path / "absent.json")).exit_code == 1
     assert run(str(shards), "--jobs", "0").exit_code == 2
     assert run().exit_code == 2
 
@@ -267,7 +278,7 @@ def test_installed_entry_point_exit_codes(shards: Path) -> None:
     assert bad.returncode == 1 and "missing" in bad.stdout
     shards.write_text("{")
     broken = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
-    assert broken.returncode == 2 and "cannot read manifest" in broken.stderr
+    assert broken.returncode == 1 and "cannot read manifest" in broken.stderr
 
 
 def test_verify_over_http(shards: Path) -> None:
@@ -367,7 +378,7 @@ def test_a_manifest_with_pieces_that_do_not_add_up_is_refused(tmp_path: Path) ->
     raw["shards"][0]["pieces"]["digests"].pop()
     manifest.write_text(json.dumps(raw))
     result = run(str(manifest))
-    assert result.exit_code == 2
+    assert result.exit_code == 1
     assert "entry 0" in result.output and "pieces" in result.output and "digests" in result.output
 
 
