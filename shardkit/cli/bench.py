@@ -39,7 +39,10 @@ def render(stats: dict[str, Any]) -> str:
         f"  MB/s         {s['mb_per_s']:,.1f}",
         f"  first batch  {s['first_batch_s']:.2f} s",
         f"  wait         p50 {_ms(s['wait_p50_s'])}, p99 {_ms(s['wait_p99_s'])}, "
-        f"max {_ms(s['wait_max_s'])}; the loop waited {s['wait_fraction']:.1%} of wall time",
+        f"max {_ms(s['wait_max_s'])}",
+        f"  idle         {s['wait_fraction']:.1%} of wall time: bench's loop does no work, so it "
+        "waits on the loader by design (not a problem);",
+        "               in training, compare samples/s with what a step takes (shardkit plan)",
     ]
     busy = s["time_worker_s"]
     if busy > 0:

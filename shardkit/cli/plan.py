@@ -13,9 +13,10 @@ Two kinds of run:
 
 Then the rate one rank needs is set against what one rank's loader delivers on this
 machine (``--measured``: a ``bench --json`` file or a number of MB/s; else measured now
-by streaming the manifest for ``--seconds``): the verdict, the headroom and the workers
-it would take. Exit 0 when the measured rate covers the need (or nothing was
-measured), 1 when not.
+by streaming the manifest for ``--seconds``, decoding as training does unless
+``--no-decode``; the report says whether the rate was decoded): the verdict, the
+headroom and the workers it would take. Exit 0 when the measured rate covers the need
+(or nothing was measured), 1 when not.
 """
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ def verdict(n: dict[str, Any], stats: dict[str, Any]) -> None:
     """Add what was measured, whether it covers one rank's need and the workers it takes."""
     rate = float(stats["mb_per_s"]) * 1e6
     n["measured_bytes_per_s"] = rate
+    if isinstance(stats.get("decode"), bool):
+        n["measured_decoded"] = stats["decode"]
     samples = stats.get("samples_per_s")
     if samples is None and n.get("bytes_per_sample"):
         samples = rate / n["bytes_per_sample"]
@@ -152,6 +155,13 @@ def _report(n: dict[str, Any]) -> list[str]:
             got = f"{n['measured_samples_per_s']:,.0f} samples/s ({got})"
         if "measured_workers" in n:
             got += f" with {n['measured_workers']} workers"
+        decoded = n.get("measured_decoded")
+        if decoded is not None:
+            got += (
+                ", decoded"
+                if decoded
+                else ", NOT decoded (decode costs left out: a run that decodes gets less)"
+            )
         lines.append(f"one loader on this machine measured {got}")
     if "covered" in n:
         verdict_text = "covers" if n["covered"] else "does NOT cover"
@@ -191,7 +201,13 @@ def _report(n: dict[str, Any]) -> list[str]:
 @click.option("--measured", default=None, help="A 'bench --json' file or a rate in MB/s.")
 @click.option("--workers", type=click.IntRange(0), default=2, show_default=True)
 @click.option("--batch-size", type=click.IntRange(1), default=32, show_default=True)
-@click.option("--decode/--no-decode", default=False, help="Decode when measuring.")
+@click.option(
+    "--decode/--no-decode",
+    default=True,
+    show_default=True,
+    help="Decode when measuring, as training does (--no-decode leaves out the decode cost: "
+    "for images, a rate many times what a run gets).",
+)
 @click.option("--cache-dir", default=None, help="Node-local cache for remote shards.")
 @click.option("--seconds", type=click.FloatRange(0.1), default=5.0, show_default=True)
 @tar_policy_option

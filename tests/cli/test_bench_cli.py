@@ -46,6 +46,9 @@ def test_bench_human_output_with_workers(manifest: str) -> None:
     assert "2 workers, batches of 32" in res.output
     assert "worker time" in res.output and "read " in res.output and "collate " in res.output
     assert "verify " in res.output and "transfer " in res.output
+    # the loop does no work: its wait share is the loader's pace, said as such, not an alarm
+    assert "the loop waited" not in res.output
+    assert "bench's loop does no work" in res.output and "(shardkit plan)" in res.output
 
 
 def test_bench_of_a_missing_manifest_is_an_error_naming_it(tmp_path: Path) -> None:
@@ -102,6 +105,19 @@ def test_plan_sets_the_need_against_a_measured_rate(manifest: str, tmp_path: Pat
     assert json.loads(measured_now.output)["measured_bytes_per_s"] > 0
     bad = CliRunner().invoke(cli, [*base, "--measured", "fast"])
     assert bad.exit_code == 2
+
+
+def test_plan_measures_decoded_by_default_and_says_so(manifest: str) -> None:
+    base = ["plan", "--micro-batch", "4", "--step-time", "1", "--manifest", manifest]
+    base += ["--workers", "0", "--seconds", "0.3"]
+    res = CliRunner().invoke(cli, base)
+    assert res.exit_code == 0, res.output
+    assert "with 0 workers, decoded" in res.output and "NOT decoded" not in res.output
+    raw = CliRunner().invoke(cli, [*base, "--no-decode", "--json"])
+    assert raw.exit_code == 0, raw.output
+    assert json.loads(raw.output)["measured_decoded"] is False
+    said = CliRunner().invoke(cli, [*base, "--no-decode"])
+    assert "NOT decoded (decode costs left out" in said.output
 
 
 def test_demo_streams_what_it_built() -> None:
