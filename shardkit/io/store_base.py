@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+
+from shardkit.urls import OBJECT_SCHEMES, url_scheme
 
 __all__ = [
     "DEFAULT_PART_SIZE",
-    "OBJECT_SCHEMES",
     "STALE_UPLOAD_AGE",
     "ObjectInfo",
     "ObjectStore",
@@ -21,14 +21,13 @@ __all__ = [
     "is_object_url",
 ]
 
-OBJECT_SCHEMES = ("s3", "gs", "az")
 DEFAULT_PART_SIZE = 8 << 20  # S3's smallest part is 5 MiB; GCS wants multiples of 256 KiB
 STALE_UPLOAD_AGE = 6 * 3600.0
 
 
 def is_object_url(target: object) -> bool:
     """True for ``s3://``, ``gs://`` and ``az://`` urls (a writer's object-store target)."""
-    return isinstance(target, str) and urlsplit(target).scheme in OBJECT_SCHEMES
+    return isinstance(target, str) and url_scheme(target) in OBJECT_SCHEMES
 
 
 @dataclass(frozen=True)

@@ -26,20 +26,19 @@ import contextlib
 import datetime
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
 from shardkit.errors import ConfigError, FetchError
 from shardkit.io.store_base import (
     DEFAULT_PART_SIZE,
-    OBJECT_SCHEMES,
     STALE_UPLOAD_AGE,
     ObjectInfo,
     ObjectStore,
     Upload,
     is_object_url,
 )
+from shardkit.urls import OBJECT_SCHEMES, parse_url
 
-__all__ = ["OBJECT_SCHEMES", "ObjectInfo", "ObjectStore", "Upload", "is_object_url", "open_store"]
+__all__ = ["ObjectInfo", "ObjectStore", "Upload", "is_object_url", "open_store"]
 
 _GS_TIMEOUT = (30.0, 120.0)  # connect, read: seconds per request of a GCS upload
 
@@ -47,19 +46,20 @@ _GS_TIMEOUT = (30.0, 120.0)  # connect, read: seconds per request of a GCS uploa
 def open_store(
     url: str, *, endpoint_url: str | None = None, part_size: int | None = None
 ) -> tuple[ObjectStore, str]:
-    """The store of an object-store url and the key prefix inside it (no leading ``/``)."""
-    parts = urlsplit(url)
-    if parts.scheme not in OBJECT_SCHEMES or not parts.netloc:
-        raise ConfigError(f"not an s3://, gs:// or az:// url with a bucket: {url!r}")
+    """The store of an object-store url and the key prefix inside it (no leading ``/``),
+    as :func:`shardkit.urls.parse_url` splits it (a url it refuses is a ConfigError)."""
+    where = parse_url(url)
+    if where.scheme not in OBJECT_SCHEMES:
+        raise ConfigError(f"not an s3://, gs:// or az:// url: {where}")
     size = part_size or DEFAULT_PART_SIZE
     store: ObjectStore
-    if parts.scheme == "s3":
-        store = S3Store(parts.netloc, endpoint_url=endpoint_url, part_size=size)
-    elif parts.scheme == "gs":
-        store = GsStore(parts.netloc, part_size=size)
+    if where.scheme == "s3":
+        store = S3Store(where.bucket, endpoint_url=endpoint_url, part_size=size)
+    elif where.scheme == "gs":
+        store = GsStore(where.bucket, part_size=size)
     else:
-        store = AzStore(parts.netloc, part_size=size)
-    return store, parts.path.lstrip("/")
+        store = AzStore(where.bucket, part_size=size)
+    return store, where.key
 
 
 # -- S3 ----------------------------------------------------------------------------------
