@@ -359,7 +359,8 @@ def _build(x: Any, view: np.ndarray, hold: _Hold | None, pin: bool) -> Any:
         return {k: _build(v, view, hold, pin) for k, v in x.items()}
     if t is tuple:
         return tuple(_build(v, view, hold, pin) for v in x)
-    if t is list and x and isinstance(x[0], (_Ref, dict, tuple, list)):
+    if t is list and any(isinstance(v, (_Ref, dict, tuple, list)) for v in x):
+        # any item, not the first only: a small array stays inline before a placed one
         return [_build(v, view, hold, pin) for v in x]
     if t is np.ndarray and tensorable(x):
         return torch.from_numpy(x)
