@@ -83,7 +83,7 @@ ORDER: dict[str, list[list[str]]] = {
         ["policy", "indexes", "remote_compact", "catalog", "stream", "lookup", "keys"]
     ],
     "shardkit.stages": [
-        ["base", "collate", "packing", "basic", "decode", "reading", "source", "epoch"],
+        ["base", "collate", "packing", "budget", "basic", "decode", "reading", "source", "epoch"],
         ["mixture", "nominal", "tokens"],
     ],
     "shardkit.metrics": [["schema", "job", "alert", "export"]],

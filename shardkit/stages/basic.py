@@ -8,7 +8,8 @@ from time import perf_counter
 from typing import Any
 
 from shardkit.errors import ConfigError, DecodeError
-from shardkit.stages.base import Context, Cursor, Stage, Step, callable_name
+from shardkit.stages.base import Context, Cursor, Grid, Stage, Step, callable_name
+from shardkit.stages.budget import open_upstream, settled
 from shardkit.stages.collate import collate_numpy
 
 __all__ = ["Batched", "Map", "Select", "ToTuple"]
@@ -99,6 +100,9 @@ class ToTuple(Step):
 class Batched(Step):
     """Group ``n`` items into one batch with ``collate`` (numpy collation by default).
 
+    Its state is its upstream's; after a batching change it may start from another
+    batching's state (see :func:`~shardkit.stages.budget.open_upstream`).
+
     Args:
         upstream: the stage before.
         n: items per batch.
@@ -126,7 +130,7 @@ class Batched(Step):
         return {"n": self.n, "partial": self.partial, "collate": callable_name(self.collate)}
 
     def iterate(self, ctx: Context, state: Mapping[str, Any] | None = None) -> Cursor:
-        up = self._up().iterate(ctx, state)
+        up = open_upstream(self._up(), ctx, state)
         cur = Cursor(up)
         cur.own["collate_s"] = 0.0
         cur.items = self._batches(up, cur.own)
@@ -153,7 +157,15 @@ class Batched(Step):
         own["collate_s"] += perf_counter() - t
         return out
 
+    def merge(self, grid: Grid) -> dict[str, Any] | None:
+        return self._up().merge([[settled(st) for st in row] for row in grid])
+
+    def carry(self, state: Mapping[str, Any] | None, epoch: int) -> dict[str, Any] | None:
+        return super().carry(settled(state), epoch)
+
     def lengths(self, ctx: Context, state: Mapping[str, Any] | None = None) -> list[int] | None:
+        if settled(state) is not state:  # a replay after a batching change
+            return None
         up = self._up().lengths(ctx, state)
         if up is None:
             return None

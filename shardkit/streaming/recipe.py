@@ -31,6 +31,7 @@ from shardkit.stages import (
     ToTuple,
     sources_of,
 )
+from shardkit.stages.budget import BudgetBatched
 from shardkit.stages.mixture import find_mix
 from shardkit.stages.nominal import WithEpoch
 from shardkit.stages.packing import collate_packed
@@ -180,12 +181,19 @@ class Recipe:
 
     def batched(
         self: R,
-        n: int,
+        n: int | None = None,
         collate: Callable[[list[Any]], Any] | str | None = None,
         *,
         partial: bool = True,
+        budget: float | None = None,
+        cost: str | Callable[[Any], float] | None = None,
+        buffer: int = 256,
     ) -> R:
-        """Group ``n`` items; ``collate``: a function, ``"numpy"`` (default) or ``"torch"``."""
+        """Group ``n`` items, or (``budget=B``) items of total ``cost`` at most ``B``,
+        packed from groups of ``buffer`` items (see :mod:`shardkit.stages.budget`: every
+        rank's batches then cost about the same). ``cost``: a field name (its element
+        count) or ``item -> number``; ``collate``: a function, ``"numpy"`` (default) or
+        ``"torch"``."""
         if collate == "torch":
             fn: Callable[[list[Any]], Any] | None = _torch_collate
         elif collate in (None, "numpy"):
@@ -196,7 +204,17 @@ class Recipe:
             raise ConfigError(
                 f"batched: collate must be callable, 'numpy' or 'torch', not {collate!r}"
             )
-        return self._then(lambda up: Batched(up, n, fn, partial), grouped=True)
+        if budget is None:
+            if n is None or cost is not None:
+                raise ConfigError("batched: give n (items per batch), or budget= and cost=")
+            size = n
+            return self._then(lambda up: Batched(up, size, fn, partial), grouped=True)
+        if n is not None or cost is None:
+            raise ConfigError("batched(budget=B) needs cost= (a field name or a callable), not n")
+        how = cost
+        return self._then(
+            lambda up: BudgetBatched(up, budget, how, buffer=buffer, collate=fn), grouped=True
+        )
 
     def pack_tokens(
         self: R,

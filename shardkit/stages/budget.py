@@ -1,0 +1,322 @@
+"""Batches filled to a cost budget, and the regrouping that lets a batching change mid-run.
+
+``batched(budget=B, cost=...)`` reads its upstream in groups of ``buffer`` items and packs
+each group into batches whose cost is at most ``B`` (:func:`fill_to_budget`): the fewest
+batches the group's cost allows, filled largest first into the least loaded batch, so that
+every batch of a group carries about the same cost (a group of total cost ``T`` makes
+``ceil(T / B)`` batches, each near ``T / ceil(T / B)``, when the items fit). An item
+costlier than ``B`` is a batch of its own. Every rank fills its batches from its own
+stream, so the steps of the ranks cost about the same with no data moved between them;
+the number of batches then differs by rank, and the loader's shared epoch end
+(:mod:`shardkit.streaming.sync`) keeps the DDP contract: the epoch ends for every rank
+when one rank's data ends (the rest of the others' is not given: each item at most once).
+
+``cost``: a field name counts that field's elements (an array's ``size``, a list's length,
+raw bytes' length before ``decode``); a callable gives any number (:func:`attention_cost`:
+the sum of squared document lengths of a packed sequence, from its ``cu_seqlens``).
+
+State, a cursor: the upstream's state before the group being given (``source``), how many
+of its batches were given (``skip``) and which of its items (``done``, a bit mask in hex).
+A restore re-reads the group, packs it again and skips what was given. An elastic resume
+goes on after the group (its rest is left out, as :mod:`shardkit.stages.tokens` does).
+
+A *batching change* (``load_state_dict(allow={"batch_size"})``: a new ``n`` or budget)
+hands the new batching a state of the old one; :func:`open_upstream` turns it into a
+replay (a ``"regroup"`` state): the group's items not yet given, in stream order, then the
+upstream on from the group's end. Nothing is given twice, nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from time import perf_counter
+from typing import Any
+
+import numpy as np
+
+from shardkit.errors import ConfigError, DecodeError, StateDictError
+from shardkit.stages.base import (
+    Context,
+    Cursor,
+    Grid,
+    Stage,
+    callable_name,
+    check_int,
+    check_state,
+)
+from shardkit.stages.collate import collate_numpy
+
+__all__ = [
+    "BudgetBatched",
+    "FieldCost",
+    "attention_cost",
+    "fill_to_budget",
+    "open_upstream",
+    "settled",
+]
+
+REGROUP = "regroup"
+_BATCHINGS = ("budget_batched", REGROUP)
+
+
+class FieldCost:
+    """The cost of a sample: the number of elements of its field ``field`` (bytes: their
+    length)."""
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+
+    def __call__(self, sample: Any) -> float:
+        try:
+            value = sample[self.field]
+        except (KeyError, TypeError, IndexError):
+            raise DecodeError(
+                f"batched(budget=): cost={self.field!r} needs samples (dicts) holding that "
+                f"field, got {type(sample).__name__}: batch before to_tuple(), or give "
+                "cost= a callable",
+                key=str(sample.get("__key__")) if isinstance(sample, Mapping) else None,
+            ) from None
+        size = getattr(value, "size", None)
+        return float(size if isinstance(size, int) else len(value))
+
+    def __repr__(self) -> str:
+        return f"field:{self.field}"
+
+
+def attention_cost(sample: Mapping[str, Any]) -> float:
+    """The attention cost of a packed sequence (``pack_tokens(..., boundaries=True)``): the
+    sum of its documents' squared lengths, from ``cu_seqlens``."""
+    runs = np.diff(np.asarray(sample["cu_seqlens"], dtype=np.int64))
+    return float(np.dot(runs, runs))
+
+
+def fill_to_budget(costs: Sequence[float], budget: float) -> list[list[int]]:
+    """Pack items of ``costs`` into batches of cost at most ``budget``.
+
+    An item costlier than ``budget`` is a batch of its own. The others go, largest first
+    (ties: the earlier), into the least loaded of ``k`` batches, ``k`` the fewest their
+    total allows (one more while an item does not fit). Returns the batches as lists of
+    item indices in input order, ordered by their first item; a pure function of the costs.
+    """
+    alone = [[i] for i, c in enumerate(costs) if c > budget]
+    rest = sorted((i for i, c in enumerate(costs) if c <= budget), key=lambda i: (-costs[i], i))
+    bins: list[list[int]] = []
+    if rest:
+        k = max(1, math.ceil(sum(costs[i] for i in rest) / budget - 1e-9))
+        while True:
+            bins = _spread(costs, rest, budget, k)
+            if bins:
+                break
+            k += 1
+    out = [sorted(b) for b in bins if b] + alone
+    out.sort(key=lambda b: b[0])
+    return out
+
+
+def _spread(costs: Sequence[float], order: list[int], budget: float, k: int) -> list[list[int]]:
+    """``order``'s items into the least loaded of ``k`` batches; [] when one does not fit."""
+    heap = [(0.0, b) for b in range(min(k, len(order)))]
+    bins: list[list[int]] = [[] for _ in heap]
+    for i in order:
+        load, b = heapq.heappop(heap)
+        if load + costs[i] > budget:
+            return []
+        bins[b].append(i)
+        heapq.heappush(heap, (load + costs[i], b))
+    return bins
+
+
+def _mask(done: Iterable[int]) -> str:
+    """Item positions as a hex bit mask."""
+    bits = 0
+    for i in done:
+        bits |= 1 << i
+    return format(bits, "x")
+
+
+def _unmask(text: Any, stage: str) -> set[int]:
+    if not isinstance(text, str):
+        raise StateDictError(f"{stage}: key 'done' must be a hex string")
+    try:
+        bits = int(text or "0", 16)
+    except ValueError:
+        raise StateDictError(f"{stage}: key 'done' must be a hex string") from None
+    return {i for i in range(bits.bit_length()) if bits >> i & 1}
+
+
+def settled(state: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """A batching's state past the group it holds (its rest left out): what an elastic
+    merge and an epoch's carry start from."""
+    while state is not None and state.get("stage") in _BATCHINGS:
+        state = state.get("after", state.get("source"))
+    return state
+
+
+def open_upstream(up: Stage, ctx: Context, state: Mapping[str, Any] | None) -> Cursor:
+    """``up``'s cursor from ``state``: the upstream's own state, or a batching's (a budget
+    batching's or a replay's, after a batching change), replayed: the items of its group
+    not yet given, then on."""
+    if state is None or state.get("stage") not in _BATCHINGS:
+        return up.iterate(ctx, state)
+    name = str(state.get("stage"))
+    st = check_state(state, name, 1, ("buffer", "done", "source"))
+    size = check_int(st, name, "buffer", 1)
+    done = _unmask(st["done"], name)
+    if name == "budget_batched" and not st.get("held", True):
+        return up.iterate(ctx, st["source"])
+    return _Replay(open_upstream(up, ctx, st["source"]), size, done, st["source"])
+
+
+class _Replay(Cursor):
+    """The items of a group (``size`` items from ``before``) not in ``done``, then on."""
+
+    def __init__(self, up: Cursor, size: int, done: set[int], before: Mapping[str, Any]) -> None:
+        super().__init__(up)
+        self.size, self.done, self.before = size, set(done), dict(before)
+        self.after: dict[str, Any] | None = None
+        self.items = self._replay()
+
+    def _replay(self) -> Iterator[Any]:
+        group = list(itertools.islice(self.upstream, self.size))
+        self.after = self.upstream.state()
+        for i, item in enumerate(group):
+            if i not in self.done:
+                self.done.add(i)
+                yield item
+        self.size = 0
+        yield from self.upstream
+
+    def state(self) -> dict[str, Any]:
+        if self.size == 0:  # the group was given: the upstream's state is exact
+            return self.upstream.state()
+        out = {"stage": REGROUP, "version": 1, "buffer": self.size, "done": _mask(self.done)}
+        out["source"] = self.before
+        if self.after is not None:
+            out["after"] = self.after
+        return out
+
+
+class BudgetBatched(Stage):
+    """Batches of cost at most ``budget``, packed from groups of ``buffer`` items.
+
+    Args:
+        upstream: the stage before.
+        budget: the most cost a batch holds (an item costlier is a batch of its own).
+        cost: a field name (its element count) or ``item -> number``.
+        buffer: items per group (more: fuller batches, more memory).
+        collate: ``list[item] -> batch`` (numpy collation by default).
+    """
+
+    name = "budget_batched"
+    version = 1
+
+    def __init__(
+        self,
+        upstream: Stage,
+        budget: float,
+        cost: str | Callable[[Any], float],
+        *,
+        buffer: int = 256,
+        collate: Callable[[list[Any]], Any] | None = None,
+    ) -> None:
+        super().__init__(upstream)
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
+            raise ConfigError(f"batched: budget must be a number > 0, got {budget!r}")
+        if type(buffer) is not int or buffer < 1:
+            raise ConfigError(f"batched: buffer must be an int >= 1, got {buffer!r}")
+        if isinstance(cost, str):
+            cost = FieldCost(cost)
+        elif not callable(cost):
+            raise ConfigError(f"batched: cost must be a field name or a callable, not {cost!r}")
+        self.budget = budget
+        self.cost = cost
+        self.buffer = buffer
+        self.collate = collate or collate_numpy
+
+    def cost_name(self) -> str:
+        return repr(self.cost) if isinstance(self.cost, FieldCost) else callable_name(self.cost)
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "budget": self.budget,
+            "cost": self.cost_name(),
+            "buffer": self.buffer,
+            "collate": callable_name(self.collate),
+        }
+
+    def iterate(self, ctx: Context, state: Mapping[str, Any] | None = None) -> Cursor:
+        if state is not None and state.get("stage") == self.name:
+            st = check_state(state, self.name, self.version, ("skip", "done", "source"))
+            skip = check_int(st, self.name, "skip")
+            mine = (st.get("budget"), st.get("buffer"), st.get("cost"))
+            if mine == (self.budget, self.buffer, self.cost_name()):
+                _unmask(st["done"], self.name)
+                return _BudgetCursor(self, open_upstream(self._up(), ctx, st["source"]), skip)
+        # none, the upstream's, or another batching's (a batching change): from there
+        return _BudgetCursor(self, open_upstream(self._up(), ctx, state), 0)
+
+    def merge(self, grid: Grid) -> dict[str, Any] | None:
+        """Every worker goes on after the group it was giving (its rest is left out)."""
+        source = self._up().merge([[settled(st) for st in row] for row in grid])
+        return None if source is None else self._fresh(source)
+
+    def carry(self, state: Mapping[str, Any] | None, epoch: int) -> dict[str, Any] | None:
+        source = self._up().carry(settled(state), epoch) if state is not None else None
+        return None if source is None else self._fresh(source)
+
+    def lengths(self, ctx: Context, state: Mapping[str, Any] | None = None) -> list[int] | None:
+        return None  # the batches a rank gets depend on the costs it reads
+
+    def _fresh(self, source: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "stage": self.name,
+            "version": self.version,
+            "budget": self.budget,
+            "buffer": self.buffer,
+            "cost": self.cost_name(),
+            "held": False,
+            "skip": 0,
+            "done": "",
+            "source": dict(source),
+        }
+
+
+class _BudgetCursor(Cursor):
+    """Packs its upstream's groups into budget batches; holds the group being given."""
+
+    def __init__(self, stage: BudgetBatched, up: Cursor, skip: int) -> None:
+        super().__init__(up)
+        self.stage = stage
+        self.held: dict[str, Any] | None = None
+        self.own["collate_s"] = 0.0
+        self.items = self._batches(skip)
+
+    def state(self) -> dict[str, Any]:
+        now = self.upstream.state()
+        out = self.stage._fresh(now)
+        if self.held is not None:
+            out.update(self.held, held=True, after=now)
+        return out
+
+    def _batches(self, skip: int) -> Iterator[Any]:
+        stage, up = self.stage, self.upstream
+        cost, collate = stage.cost, stage.collate
+        while True:
+            before = up.state()
+            group = list(itertools.islice(up, stage.buffer))
+            batches = fill_to_budget([cost(x) for x in group], stage.budget)
+            done: list[int] = [i for b in batches[:skip] for i in b]
+            for k in range(skip, len(batches)):
+                done.extend(batches[k])
+                more = k + 1 < len(batches)
+                self.held = {"source": before, "skip": k + 1, "done": _mask(done)} if more else None
+                t = perf_counter()
+                out = collate([group[i] for i in batches[k]])
+                self.own["collate_s"] += perf_counter() - t
+                yield out
+            skip = 0
+            if len(group) < stage.buffer:
+                return
