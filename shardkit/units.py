@@ -1,4 +1,4 @@
-"""Byte sizes written by people ("1GB", "512MiB") and back."""
+"""Byte sizes written by people ("1GB", "512MiB") and back; counts as words ("1 shard")."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 from shardkit.errors import ConfigError
 
-__all__ = ["format_bytes", "parse_size"]
+__all__ = ["format_bytes", "parse_size", "plural"]
 
 _UNITS = {
     "": 1,
@@ -58,3 +58,9 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1000
     return f"{n:.2f} TB"  # pragma: no cover
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``n`` and the word for that many: ``1 sample``, ``2 samples``, ``3 indexes``
+    (``many``, when adding ``s`` is wrong), with thousands separators."""
+    return f"{n:,} {word if n == 1 else many or word + 's'}"

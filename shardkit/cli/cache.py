@@ -1,6 +1,8 @@
-"""``shardkit cache stat|warm|clean``: look at, fill and empty a node-local shard cache.
+"""``shardkit cache stat|warm|clean|verify``: look at, fill, empty and scrub a node-local
+shard cache.
 
-The cache dir comes from ``--cache-dir`` or ``SHARDKIT_CACHE_DIR``. ``warm`` pre-fetches
+``stat``, ``clean`` and ``verify`` take the cache dir as an argument (``cache stat DIR``);
+every command also takes ``--cache-dir`` or ``SHARDKIT_CACHE_DIR``. ``warm`` pre-fetches
 the shards one rank reads in an epoch (by default the next run's first epoch, rank 0 of 1:
 every shard), in that rank's order, so training starts from local disk.
 """
@@ -8,13 +10,16 @@ every shard), in that rank's order, so training starts from local disk.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 from tqdm import tqdm
 
 from shardkit.cache import CacheStore, CachingOpener, upkeep
@@ -35,6 +40,34 @@ _CACHE_DIR = click.option(
     help="The node-local cache directory (or SHARDKIT_CACHE_DIR).",
 )
 _JSON = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+F = TypeVar("F", bound=Callable[..., Any])
+COMMANDLINE = ParameterSource.COMMANDLINE
+
+
+def _cache_dir_arg(f: F) -> F:
+    """``DIR`` as an argument (``cache stat /nvme/cache``), or ``--cache-dir`` / the
+    environment as for ``warm``; the command gets it as ``cache_dir``."""
+
+    @functools.wraps(f)
+    def wrapper(directory: str | None, cache_dir: str | None, **kw: Any) -> Any:
+        given = click.get_current_context().get_parameter_source("cache_dir")
+        if directory and cache_dir and directory != cache_dir and given is COMMANDLINE:
+            raise click.UsageError(f"two cache dirs: {directory} and --cache-dir {cache_dir}")
+        where = directory or cache_dir  # DIR wins over SHARDKIT_CACHE_DIR
+        if not where:
+            raise click.UsageError("give the cache dir: DIR, --cache-dir or SHARDKIT_CACHE_DIR")
+        return f(cache_dir=where, **kw)
+
+    arg = click.argument(
+        "directory", metavar="[DIR]", required=False, type=click.Path(file_okay=False)
+    )
+    opt = click.option(
+        "--cache-dir",
+        envvar="SHARDKIT_CACHE_DIR",
+        type=click.Path(file_okay=False),
+        help="The cache directory, if not given as DIR (or SHARDKIT_CACHE_DIR).",
+    )
+    return arg(opt(wrapper))  # type: ignore[return-value]
 
 
 @click.group("cache")
@@ -61,7 +94,7 @@ def _kinds(store: CacheStore) -> dict[str, int]:
 
 
 @command.command("stat")
-@_CACHE_DIR
+@_cache_dir_arg
 @click.option(
     "--limit",
     envvar="SHARDKIT_CACHE_LIMIT",
@@ -200,7 +233,7 @@ def _warm(
 
 
 @command.command("verify")
-@_CACHE_DIR
+@_cache_dir_arg
 @_JSON
 def verify_cache(cache_dir: str, as_json: bool) -> None:
     """Hash every cached shard again; evict what no longer matches (exit 1 if any)."""
@@ -219,7 +252,7 @@ def verify_cache(cache_dir: str, as_json: bool) -> None:
 
 
 @command.command("clean")
-@_CACHE_DIR
+@_cache_dir_arg
 @click.option("--keep", default=None, help="Evict least recently used shards down to this size.")
 @click.option("--all", "everything", is_flag=True, help="Evict every shard not being read.")
 @_JSON

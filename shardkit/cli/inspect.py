@@ -13,7 +13,7 @@ from shardkit.cli.build import tar_policy_option
 from shardkit.format.compression import SHARD_SUFFIXES
 from shardkit.format.manifest.model import incomplete_reason
 from shardkit.io import load_manifest
-from shardkit.units import format_bytes
+from shardkit.units import format_bytes, plural
 from shardkit.urls import check_within
 
 __all__ = ["command"]
@@ -59,15 +59,9 @@ def _manifest_lines(d: dict[str, Any]) -> list[str]:
         f"  samples per shard: {_spread(d['shard_samples'], lambda v: f'{v:,}')}",
         f"  sample indexes: {d['indexed_shards']} of {d['shards']} shards",
     ]
-    outside = d["outside_good_range"]
-    if outside:
-        lo, hi = (format_bytes(v) for v in d["good_shard_bytes"])
-        last_only = len(outside) == 1 and outside[0]["last"]
-        note = " (only the last shard, which is usually smaller)" if last_only else ""
-        lines.append(f"  {len(outside)} shards outside {lo}-{hi}{note}:")
-        lines += [f"    {s['url']} {format_bytes(s['size'])}" for s in outside[:5]]
-        if len(outside) > 5:
-            lines.append(f"    ... and {len(outside) - 5} more")
+    note = _size_note(d)
+    if note:
+        lines.append(f"  note: {note}")
     if d["part"]:
         lines.append(f"  part {d['part']['index']} of {d['part']['count']}")
     if d["incomplete"]:
@@ -79,6 +73,23 @@ def _manifest_lines(d: dict[str, Any]) -> list[str]:
             f"(named in {build.get('errors')})"
         )
     return lines
+
+
+def _size_note(d: dict[str, Any]) -> str | None:
+    """One note on shard sizes outside the range that streams well, or None: a small set
+    whose shards are all small is said once, as what it is, not listed shard by shard."""
+    outside = d["outside_good_range"]
+    if not outside or (len(outside) == 1 and outside[0]["last"]):
+        return None  # the last shard is usually smaller
+    lo, hi = d["good_shard_bytes"]
+    span = "-".join(format_bytes(v).replace(".00 ", " ") for v in (lo, hi))
+    if all(s["size"] < lo for s in outside) and len(outside) >= d["shards"] - 1:
+        if d["bytes"] < lo:
+            return f"a small set, all of it under one shard of the {span} that streams best"
+        return f"{plural(len(outside), 'shard')} under the {span} that streams best (--maxsize 1GB)"
+    names = ", ".join(f"{s['url']} {format_bytes(s['size'])}" for s in outside[:3])
+    more = f" and {len(outside) - 3} more" if len(outside) > 3 else ""
+    return f"{plural(len(outside), 'shard')} outside {span}: {names}{more}"
 
 
 def _shard_lines(d: dict[str, Any]) -> list[str]:
