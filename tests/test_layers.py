@@ -18,7 +18,17 @@ import shardkit
 # package -> its units in layers, lowest first; inside a layer, earlier before later
 ORDER: dict[str, list[list[str]]] = {
     "shardkit": [
-        ["_version", "_types", "errors", "units", "urls", "per_process", "counters", "durable"],
+        [
+            "_version",
+            "_types",
+            "errors",
+            "units",
+            "values",
+            "urls",
+            "per_process",
+            "counters",
+            "durable",
+        ],
         ["format"],
         ["io"],
         ["write"],

@@ -19,7 +19,10 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from shardkit.errors import ConfigError
+from shardkit.values import as_int, normalised
 
 __all__ = ["INTERPOLATE", "UNITS", "Schedule", "choose"]
 
@@ -30,23 +33,18 @@ Weights = Sequence[float] | Mapping[str, float]
 
 
 def _check_weights(raw: Weights, names: Sequence[str] | None, where: str) -> tuple[float, ...]:
-    """``raw`` as a tuple of non-negative finite floats with a positive sum (a mapping is
-    read in the order of ``names``)."""
+    """``raw`` normalised to sum 1 (:func:`shardkit.values.normalised`: finite, non-negative,
+    a positive sum); a mapping is read in the order of ``names``."""
     if isinstance(raw, Mapping):
         if names is None:
             raise ConfigError(f"{where}: weights by name need the sources' names")
-        unknown = sorted(set(raw) - set(names))
+        unknown = sorted(set(raw) - set(names), key=str)
         if unknown:
             raise ConfigError(f"{where}: weights name unknown sources {unknown} (have {names})")
-        values = [float(raw.get(n, 0.0)) for n in names]
-    else:
-        try:
-            values = [float(w) for w in raw]
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}: weights must be numbers, got {raw!r}") from None
-    if not values or any(not math.isfinite(w) or w < 0 for w in values) or sum(values) <= 0:
-        raise ConfigError(f"{where}: need non-negative finite weights with a positive sum: {raw!r}")
-    return tuple(values)
+        return normalised([raw.get(n, 0.0) for n in names], f"{where} {dict(raw)!r}")
+    if isinstance(raw, str | bytes) or not isinstance(raw, Sequence | np.ndarray):
+        raise ConfigError(f"{where}: weights must be a list or a dict of numbers, got {raw!r}")
+    return normalised(list(raw), where)
 
 
 class Schedule:
@@ -83,9 +81,7 @@ class Schedule:
         for i, point in enumerate(pts):
             if not isinstance(point, Sequence) or len(point) != 2:
                 raise ConfigError(f"Schedule: point {i} must be a pair (at, weights)")
-            at = point[0]
-            if isinstance(at, bool) or not isinstance(at, int | float) or not at >= 0:
-                raise ConfigError(f"Schedule: point {i}: 'at' must be a number >= 0, got {at!r}")
+            at = as_int(point[0], f"Schedule: point {i}: 'at'", low=0)
             if ats and at < ats[-1]:
                 raise ConfigError(f"Schedule: point {i}: 'at' {at} is before the point before")
             ats.append(float(at))
@@ -132,10 +128,7 @@ class Schedule:
         if not self._weights:
             raise ConfigError("Schedule: weights by name: bind() it to the sources' names")
         if self._points is None:  # computed once: weights_at runs for every draw
-            self._points = [
-                (a, tuple(x / sum(w) for x in w))
-                for a, w in zip(self._at, self._weights, strict=True)
-            ]
+            self._points = list(zip(self._at, self._weights, strict=True))
         return self._points
 
     def __len__(self) -> int:

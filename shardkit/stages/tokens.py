@@ -32,14 +32,77 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.errors import ConfigError, DecodeError
+from shardkit.errors import ConfigError, DecodeError, StateDictError
 from shardkit.stages.base import Context, Cursor, Grid, Stage, check_int, check_state
 from shardkit.stages.mixture import find_mix
 from shardkit.stages.packing import Segment, best_fit, pieces, segments_boundaries
+from shardkit.values import as_int, is_integer
 
 __all__ = ["STRATEGIES", "PackTokens"]
 
 STRATEGIES = ("greedy", "best_fit")
+
+
+def _int_dtype(dtype: Any) -> np.dtype[Any]:
+    """``dtype`` as a native integer numpy dtype (else a ConfigError naming it)."""
+    try:
+        out = np.dtype(dtype)
+    except TypeError:
+        raise ConfigError(f"pack_tokens: dtype {dtype!r} is not a numpy dtype") from None
+    if out.kind not in "iu":
+        raise ConfigError(f"pack_tokens: dtype must be an integer dtype, got {out}")
+    native: np.dtype[Any] = out.newbyteorder("=")
+    return native
+
+
+def _check_token(what: str, token: Any, dtype: np.dtype[Any] | None) -> None:
+    """``eos``/``pad``: an int the output ``dtype`` (when given) holds."""
+    if not is_integer(token):
+        raise ConfigError(f"pack_tokens: {what} must be an int, got {token!r}")
+    if dtype is not None:
+        info = np.iinfo(dtype)
+        if not info.min <= int(token) <= info.max:
+            raise ConfigError(
+                f"pack_tokens: {what}={int(token)} does not fit dtype {dtype} "
+                f"({info.min}..{info.max}): give another {what} or a wider dtype="
+            )
+
+
+def widest(dtype: np.dtype[Any], more: np.dtype[Any] | int) -> np.dtype[Any]:
+    """The integer dtype that holds every value of ``dtype`` and ``more`` (a dtype or one
+    id); a ConfigError where none does (uint64 beside a signed dtype)."""
+    if isinstance(more, int):
+        info = np.iinfo(dtype)
+        if info.min <= more <= info.max:
+            return dtype.newbyteorder("=")
+        other = np.min_scalar_type(more)
+    else:
+        other = more
+    out = np.promote_types(dtype, other)
+    if out.kind not in "iu":
+        raise ConfigError(
+            f"pack_tokens: token ids of {dtype} and {more} have no common integer dtype: "
+            "give dtype="
+        )
+    return out.newbyteorder("=")
+
+
+def _narrowed(arr: np.ndarray, dtype: np.dtype[Any], sample: Any, field: str) -> np.ndarray:
+    """``arr`` cast to ``dtype``, every id checked to fit (else a DecodeError naming the id,
+    the dtype and the sample's key)."""
+    if not np.can_cast(arr.dtype, dtype, "safe") and len(arr):
+        info = np.iinfo(dtype)
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < info.min or hi > info.max:
+            bad = lo if lo < info.min else hi
+            key = str(sample.get("__key__")) if isinstance(sample, dict) else None
+            raise DecodeError(
+                f"pack_tokens: token id {bad} of sample {key!r} does not fit dtype={dtype} "
+                f"({info.min}..{info.max}): give a wider dtype=",
+                key=key,
+                field=field,
+            )
+    return arr.astype(dtype, copy=False)
 
 
 class PackTokens(Stage):
@@ -50,7 +113,11 @@ class PackTokens(Stage):
         field: the token field, e.g. ``"tokens.npy"``.
         seq_len: tokens per output sequence.
         eos: a token appended after every document (None: none).
-        dtype: the output dtype (default: the first document's).
+        dtype: the output dtype, an integer one: a document id it cannot hold is a
+            :class:`DecodeError` naming the id, the dtype and the sample's key (default:
+            the widest dtype seen so far, ``eos`` and ``pad`` included: a ``uint16``
+            source mixed with an ``int32`` one gives ``int32`` from there on; ids are
+            never narrowed).
         strategy: ``"greedy"`` (cut the stream) or ``"best_fit"`` (place whole documents).
         buffer: documents per best-fit group.
         boundaries: yield dicts with ``tokens``, ``position_ids`` and ``cu_seqlens``.
@@ -74,8 +141,12 @@ class PackTokens(Stage):
         pad: int = 0,
     ) -> None:
         super().__init__(upstream)
-        if seq_len < 1:
-            raise ConfigError(f"pack_tokens: seq_len must be at least 1, got {seq_len}")
+        seq_len = as_int(seq_len, "pack_tokens: seq_len", low=1)
+        if dtype is not None:
+            dtype = _int_dtype(dtype)
+        for what, token in (("eos", eos), ("pad", pad)):
+            if token is not None:
+                _check_token(what, token, dtype)
         if strategy not in STRATEGIES:
             raise ConfigError(
                 f"pack_tokens: strategy must be one of {STRATEGIES}, not {strategy!r}"
@@ -84,12 +155,12 @@ class PackTokens(Stage):
             raise ConfigError(f"pack_tokens: buffer must be an int >= 1, got {buffer!r}")
         self.field = field
         self.seq_len = seq_len
-        self.eos = eos
-        self.dtype = dtype
+        self.eos = None if eos is None else int(eos)
+        self.dtype: np.dtype[Any] | None = dtype
         self.strategy = strategy
         self.buffer = buffer
         self.boundaries = boundaries
-        self.pad = pad
+        self.pad = int(pad)
         mixture = find_mix(upstream)
         if mixture is not None and mixture.tokens_field is None:
             mixture.tokens_field = field  # a mixture before counts its sources' tokens by it
@@ -116,16 +187,33 @@ class PackTokens(Stage):
                 key=str(sample.get("__key__")),
                 field=self.field,
             )
+        if self.dtype is not None and arr.dtype != self.dtype:
+            arr = _narrowed(arr, self.dtype, sample, self.field)
         if self.eos is not None:
-            arr = np.append(arr, np.asarray(self.eos, dtype=arr.dtype))
+            eos = self.dtype if self.dtype is not None else widest(arr.dtype, self.eos)
+            arr = np.append(arr, np.asarray(self.eos, dtype=eos))
         return arr
+
+    def out_dtype(self, seen: np.dtype[Any] | None, doc: np.ndarray) -> np.dtype[Any]:
+        """The dtype a sequence is written in once ``doc`` came: ``dtype=``, else the
+        widest of what was ``seen``, ``doc``'s and (best-fit) ``pad``'s."""
+        if self.dtype is not None:
+            return self.dtype
+        wide = widest(doc.dtype if seen is None else seen, doc.dtype)
+        return widest(wide, self.pad) if self.strategy == "best_fit" else wide
 
     def iterate(self, ctx: Context, state: Mapping[str, Any] | None = None) -> Cursor:
         if state is None:
             return _PackCursor(self, self._up().iterate(ctx), 0)
         st = check_state(state, self.name, self.version, ("skip", "source"))
         skip = check_int(st, self.name, "skip")
-        return _PackCursor(self, self._up().iterate(ctx, st["source"]), skip)
+        cursor = _PackCursor(self, self._up().iterate(ctx, st["source"]), skip)
+        if st.get("dtype") is not None:  # the widest dtype seen before the state
+            try:
+                cursor.seen = _int_dtype(st["dtype"])
+            except ConfigError as exc:
+                raise StateDictError(f"{self.name}: key 'dtype': {exc}") from None
+        return cursor
 
     def _emit(self, out: np.ndarray, segments: list[Segment]) -> Any:
         if not self.boundaries:
@@ -133,13 +221,12 @@ class PackTokens(Stage):
         pos, cu = segments_boundaries(segments, self.seq_len)
         return {"tokens": out, "position_ids": pos, "cu_seqlens": cu}
 
-    def _place(self, docs: list[np.ndarray]) -> list[Any]:
+    def _place(self, docs: list[np.ndarray], dtype: np.dtype[Any]) -> list[Any]:
         """One group's sequences: its documents' pieces placed best-fit decreasing."""
         if not docs:
             return []
         parts = [(d, off, n) for d in docs for off, n in pieces(len(d), self.seq_len)]
         out = []
-        dtype = self.dtype or docs[0].dtype
         for members in best_fit([n for _, _, n in parts], self.seq_len):
             seq = np.full(self.seq_len, self.pad, dtype=dtype)
             segments: list[Segment] = []
@@ -153,7 +240,7 @@ class PackTokens(Stage):
         return out
 
     def params(self) -> dict[str, Any]:
-        dtype = None if self.dtype is None else np.dtype(self.dtype).str
+        dtype = None if self.dtype is None else self.dtype.str
         out = {"field": self.field, "seq_len": self.seq_len, "eos": self.eos, "dtype": dtype}
         if self.strategy != "greedy" or self.boundaries:  # the fingerprint of older states stays
             out.update(
@@ -192,6 +279,7 @@ class _PackCursor(Cursor):
         super().__init__(up)
         self.stage = stage
         self.held: dict[str, Any] | None = None
+        self.seen: np.dtype[Any] | None = None  # the widest output dtype so far
         self.items = self._best_fit(skip) if stage.strategy == "best_fit" else self._greedy(skip)
 
     def state(self) -> dict[str, Any]:
@@ -200,7 +288,15 @@ class _PackCursor(Cursor):
         out = {"stage": self.stage.name, "version": self.stage.version, "skip": 0, "source": now}
         if held:  # a document is being cut: resume re-reads it; "after" has it consumed
             out.update(skip=held["skip"], source=held["source"], after=now)
+        if self.seen is not None and self.stage.dtype is None:
+            out["dtype"] = self.seen.str
         return out
+
+    def _doc(self, sample: Any) -> np.ndarray:
+        """A document's tokens; the output dtype widened to hold them."""
+        doc = self.stage._tokens(sample)
+        self.seen = self.stage.out_dtype(self.seen, doc)
+        return doc
 
     def _greedy(self, skip: int) -> Iterator[Any]:
         stage, up = self.stage, self.upstream
@@ -219,9 +315,11 @@ class _PackCursor(Cursor):
                     sample = next(it, None)
                     if sample is None:
                         return
-                    cur, cur_off, skip = stage._tokens(sample), skip, 0
+                    cur, cur_off, skip = self._doc(sample), skip, 0
                     if out is None:
-                        out = np.empty(seq_len, dtype=stage.dtype or cur.dtype)
+                        out = np.empty(seq_len, dtype=self.seen)
+                    elif out.dtype != self.seen:  # a wider document: never narrow its ids
+                        out = out.astype(self.seen)
                 take = min(seq_len - fill, len(cur) - cur_off)
                 if take == 0:
                     continue
@@ -247,10 +345,10 @@ class _PackCursor(Cursor):
                 sample = next(it, None)
                 if sample is None:
                     break
-                doc = stage._tokens(sample)
+                doc = self._doc(sample)
                 if len(doc):
                     docs.append(doc)
-            seqs = stage._place(docs)
+            seqs = stage._place(docs, self.seen) if self.seen is not None else []
             for i in range(skip, len(seqs)):
                 held = i + 1 < len(seqs)  # sequences of this group are still to come
                 self.held = {"source": before, "skip": i + 1} if held else None

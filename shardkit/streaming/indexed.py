@@ -37,6 +37,7 @@ from shardkit.read.lookup import Locator, piece_verified, read_sample
 from shardkit.read.stream import read_stream
 from shardkit.stages import Context, Cursor, Decode, Map, Stage, ToTuple
 from shardkit.streaming.recipe import io_config
+from shardkit.values import as_position
 
 __all__ = ["IndexedShards"]
 
@@ -125,23 +126,23 @@ class IndexedShards(Dataset[Any]):
     def __getitem__(self, i: int) -> Any: ...
     @overload
     def __getitem__(self, i: slice) -> IndexedShards: ...
-    def __getitem__(self, i: int | slice) -> Any:
-        """Sample ``i`` of this view (negative from the end), or a view of a slice."""
+    @overload
+    def __getitem__(self, i: str) -> Any: ...
+    def __getitem__(self, i: int | slice | str) -> Any:
+        """Sample ``i`` of this view (an int or numpy integer, negative from the end), a
+        view of a slice, or the sample whose ``__key__`` is ``i`` (a str, as :meth:`get`:
+        ``ds["000003"]`` is the sample keyed ``000003``, never position 3)."""
         if isinstance(i, slice):
             view = self._derive()
             view._ids = self._ids[i]
             return view
-        try:
-            pos = self._ids[int(i)]
-        except IndexError:
-            raise IndexError(f"index {i} is out of range for {len(self)} samples") from None
-        except TypeError:
-            raise TypeError(f"an index must be an int or a slice, not {type(i).__name__}") from None
-        return self._apply(self._raw(pos))
+        if isinstance(i, str):
+            return self.get(i)
+        return self._apply(self._raw(self.position(i)))
 
     def position(self, i: int) -> int:
         """The global sample number (manifest order) of this view's item ``i``."""
-        return self._ids[i]
+        return self._ids[as_position(i, len(self._ids))]
 
     def _raw(self, pos: int) -> dict[str, Any]:
         shard, j = self._locate(pos)
@@ -168,7 +169,7 @@ class IndexedShards(Dataset[Any]):
         found = self._find(key)
         if found is None:
             if default is _MISSING:
-                raise KeyError(key)
+                raise KeyError(f"no sample has the key {key!r} in {self!r}")
             return default
         return self._apply(found[1])
 
@@ -177,12 +178,14 @@ class IndexedShards(Dataset[Any]):
         found = self._find(key)
         if found is None:
             if default is _MISSING:
-                raise KeyError(key)
+                raise KeyError(f"no sample has the key {key!r} in {self!r}")
             return default
         return found[0]
 
     def _find(self, key: str) -> tuple[int, dict[str, Any]] | None:
         """This view's position of ``key`` and the raw sample (hash candidates checked)."""
+        if not isinstance(key, str):
+            raise TypeError(f"a key must be a str, not {type(key).__name__} {key!r}")
         for pos in self.key_index().find(key):
             if pos in self._ids:
                 sample = self._raw(pos)
@@ -195,7 +198,7 @@ class IndexedShards(Dataset[Any]):
         if self._keys is None:
             digest = self._catalog.digest
             path = key_table_path(self._source, digest, self._io.cache_dir)
-            self._keys = build_key_table(path, digest, self._all_keys())
+            self._keys = build_key_table(path, digest, self._all_keys)
         return self._keys
 
     def _all_keys(self) -> Iterator[str]:

@@ -226,16 +226,18 @@ class Recipe:
         buffer: int = 64,
         boundaries: bool = False,
         pad: int = 0,
+        dtype: Any = None,
     ) -> R:
         """Pack ``field`` token arrays into ``seq_len``-token sequences: ``strategy``
         ``"greedy"`` cuts the stream, ``"best_fit"`` places whole documents from groups of
         ``buffer`` (padding with ``pad``); ``boundaries=True`` yields dicts with ``tokens``,
-        ``position_ids`` and ``cu_seqlens`` (see :mod:`shardkit.stages.tokens`)."""
+        ``position_ids`` and ``cu_seqlens``; ``dtype`` the output's (default: the widest
+        seen; an id it cannot hold is an error; see :mod:`shardkit.stages.tokens`)."""
 
         def make(up: Stage) -> Stage:
             return PackTokens(
                 up, field, seq_len, eos=eos, strategy=strategy, buffer=buffer,
-                boundaries=boundaries, pad=pad,
+                boundaries=boundaries, pad=pad, dtype=dtype,
             )  # fmt: skip
 
         return self._then(make, grouped=True)
