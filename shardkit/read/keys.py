@@ -1,7 +1,8 @@
 """The key index of a data set: ``__key__`` to global sample number, built once, then O(1).
 
 Built by reading every sample's key once (a verified sequential read of every shard), it
-is kept as one flat file, mapped by every process that looks keys up. Little-endian::
+is kept as one flat file that every process looks keys up in with ``pread`` (a few entries
+a lookup; never mapped, see :class:`KeyTable`). Little-endian::
 
     [0, 8)      magic b"SKKEYS01"
     [8, 16)     uint64 sample count n
@@ -26,13 +27,14 @@ cache (``cache_dir/keys/``) or the user's cache dir, named by the content digest
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import struct
-from collections.abc import Iterable
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
-from xxhash import xxh3_64_intdigest, xxh3_128_digest
+from xxhash import xxh3_64_intdigest, xxh3_128, xxh3_128_digest
 
 from shardkit.cache.locks import locked
 from shardkit.durable import atomic_write
@@ -45,6 +47,7 @@ __all__ = ["KeyTable", "build_key_table", "key_hash", "key_table_path", "open_ke
 log = logging.getLogger(__name__)
 MAGIC = b"SKKEYS01"
 _HEAD = struct.Struct("<8sQQ16s32s")
+_READ = 8 << 20  # bytes per read of the open's whole-file check
 
 
 def key_hash(key: str) -> int:
@@ -52,36 +55,136 @@ def key_hash(key: str) -> int:
     return int(xxh3_64_intdigest(key.encode("utf-8", "surrogateescape")))
 
 
-class KeyTable:
-    """An opened key index (see the module docstring)."""
+class _Changed(Exception):
+    """The file changed after it was checked (rewritten or cut in place)."""
 
-    def __init__(self, data: bytes | mmap.mmap, *, path: str, digest: str) -> None:
-        if len(data) < _HEAD.size:
-            raise ManifestError("key index is truncated", path=path)
-        magic, n, bits, check, found = _HEAD.unpack_from(data)
-        if magic != MAGIC or bits > 40:
-            raise ManifestError("not a shardkit key index", path=path)
-        nb = (1 << bits) + 1
-        if len(data) != _HEAD.size + 8 * (nb + 2 * n):
-            raise ManifestError("key index has the wrong size", path=path)
-        if xxh3_128_digest(memoryview(data)[_HEAD.size :]) != check:
-            raise ManifestError("key index is damaged (checksum)", path=path)
-        if found.decode("ascii", "replace") != digest:
-            raise ManifestError("key index of another data set content", path=path)
-        self.n = int(n)
-        self.bits = int(bits)
-        self.buckets = np.frombuffer(data, dtype="<u8", count=nb, offset=_HEAD.size)
-        self.hashes = np.frombuffer(data, dtype="<u8", count=n, offset=_HEAD.size + 8 * nb)
-        at = _HEAD.size + 8 * (nb + n)
-        self.positions = np.frombuffer(data, dtype="<u8", count=n, offset=at)
+
+def _identity(fd: int) -> tuple[int, ...]:
+    st = os.fstat(fd)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class KeyTable:
+    """An opened key index (see the module docstring), read with ``pread``, never mapped.
+
+    The file is checked whole when opened; a lookup then reads its bucket's few entries and
+    confirms, with one ``fstat``, that the file is still the one checked. A file rewritten
+    or cut in place under a running job (``cp`` over it, a truncation) can therefore neither
+    kill the reader with SIGBUS (as a mapping did) nor hand it another table's numbers: the
+    table is opened again, or built again by ``rebuild`` when it no longer fits.
+
+    Args:
+        path: the file.
+        digest: the content digest of the catalog it must index.
+        rebuild: makes the table again (written to ``path``) when the file stops fitting;
+            None: a file that stops fitting is a :class:`ManifestError`.
+    """
+
+    def __init__(
+        self, path: str, digest: str, *, rebuild: Callable[[], KeyTable] | None = None
+    ) -> None:
         self.path = path
+        self.digest = digest
+        self._rebuild = rebuild
+        self._fd = -1
+        self._open()
+
+    def _open(self) -> None:
+        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            n, bits, ident = self._check(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._adopt(fd, ident, n, bits)
+
+    def _adopt(self, fd: int, ident: tuple[int, ...], n: int, bits: int) -> None:
+        """Use the checked file ``fd`` from now on (the one before is closed)."""
+        self.close()
+        self._fd, self._ident, self.n, self.bits = fd, ident, n, bits
+        self._finalizer = weakref.finalize(self, os.close, fd)
+
+    def _check(self, fd: int) -> tuple[int, int, tuple[int, ...]]:
+        """The file's count and bucket bits once its header, size, checksum and content
+        digest are checked; and its identity then."""
+        ident = _identity(fd)
+        head = os.pread(fd, _HEAD.size, 0)
+        if len(head) < _HEAD.size:
+            raise ManifestError("key index is truncated", path=self.path)
+        magic, n, bits, check, found = _HEAD.unpack(head)
+        if magic != MAGIC or bits > 40:
+            raise ManifestError("not a shardkit key index", path=self.path)
+        if ident[2] != _HEAD.size + 8 * ((1 << bits) + 1 + 2 * n):
+            raise ManifestError("key index has the wrong size", path=self.path)
+        h = xxh3_128()
+        pos = _HEAD.size
+        while pos < ident[2]:
+            data = os.pread(fd, min(_READ, ident[2] - pos), pos)
+            if not data:
+                break
+            h.update(data)
+            pos += len(data)
+        if h.digest() != check or _identity(fd) != ident:
+            raise ManifestError("key index is damaged (checksum)", path=self.path)
+        if found.decode("ascii", "replace") != self.digest:
+            raise ManifestError("key index of another data set content", path=self.path)
+        return int(n), int(bits), ident
+
+    def close(self) -> None:
+        """Close the file (the table cannot be used after)."""
+        if self._fd >= 0:
+            self._finalizer()
+            self._fd = -1
 
     def find(self, key: str) -> list[int]:
         """The global sample numbers whose key hash is ``key``'s (the caller checks keys)."""
         h = key_hash(key)
+        for _ in range(3):
+            try:
+                return self._lookup(h)
+            except _Changed:
+                self._reopen()
+        raise ManifestError("key index keeps changing under this reader", path=self.path)
+
+    def _lookup(self, h: int) -> list[int]:
         b = h >> (64 - self.bits)
-        lo, hi = int(self.buckets[b]), int(self.buckets[b + 1])
-        return [int(self.positions[k]) for k in range(lo, hi) if int(self.hashes[k]) == h]
+        nb = (1 << self.bits) + 1
+        bounds = self._read(_HEAD.size + 8 * b, 2)
+        lo, hi = int(bounds[0]), int(bounds[1])
+        if not 0 <= lo <= hi <= self.n:
+            raise _Changed
+        hashes = self._read(_HEAD.size + 8 * (nb + lo), hi - lo)
+        positions = self._read(_HEAD.size + 8 * (nb + self.n + lo), hi - lo)
+        if _identity(self._fd) != self._ident:  # what was read may be another table's
+            raise _Changed
+        return [int(p) for p, x in zip(positions, hashes, strict=True) if int(x) == h]
+
+    def _read(self, offset: int, count: int) -> np.ndarray[Any, Any]:
+        data = os.pread(self._fd, 8 * count, offset)
+        if len(data) != 8 * count:
+            raise _Changed
+        return np.frombuffer(data, dtype="<u8")
+
+    def _reopen(self) -> None:
+        """Open the file again; build it again where it no longer fits."""
+        log.warning("%s: the key index changed under this reader; opening it again", self.path)
+        try:
+            self._open()
+            return
+        except FileNotFoundError:
+            pass
+        except (ManifestError, OSError, ValueError) as exc:
+            log.warning("%s: building it again", exc)
+        if self._rebuild is None:
+            raise ManifestError(
+                "key index changed under this reader and no longer fits; remove it and "
+                "open the data set again to build it",
+                path=self.path,
+            )
+        fresh = self._rebuild()
+        fresh._finalizer.detach()  # its file is this table's from now on
+        self._adopt(fresh._fd, fresh._ident, fresh.n, fresh.bits)
+        fresh._fd = -1
 
 
 def encode_key_table(keys: Iterable[str], digest: str) -> bytes:
@@ -107,17 +210,12 @@ def key_table_path(source: str | None, digest: str, cache_dir: str | None) -> st
     return os.path.join(os.path.dirname(form_dir(cache_dir)), "keys", digest + ".keys")
 
 
-def _load(path: str, digest: str) -> KeyTable:
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        data = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else b""
-    return KeyTable(data, path=path, digest=digest)
-
-
-def open_key_table(path: str, digest: str) -> KeyTable | None:
+def open_key_table(
+    path: str, digest: str, *, rebuild: Callable[[], KeyTable] | None = None
+) -> KeyTable | None:
     """The key index at ``path`` if it is whole and for ``digest``; else None."""
     try:
-        return _load(path, digest)
+        return KeyTable(path, digest, rebuild=rebuild)
     except FileNotFoundError:
         return None
     except (ManifestError, OSError, ValueError) as exc:
@@ -125,17 +223,22 @@ def open_key_table(path: str, digest: str) -> KeyTable | None:
         return None
 
 
-def build_key_table(path: str, digest: str, keys: Iterable[str]) -> KeyTable:
-    """The key index at ``path``: opened if it fits, else built from ``keys`` once for the
-    node (under a lock: processes starting together build it once) and written durably."""
-    table = open_key_table(path, digest)
+def build_key_table(path: str, digest: str, keys: Callable[[], Iterable[str]]) -> KeyTable:
+    """The key index at ``path``: opened if it fits, else built from ``keys()`` once for
+    the node (under a lock: processes starting together build it once) and written
+    durably; built again the same way if it stops fitting under a running job."""
+
+    def rebuild() -> KeyTable:
+        return build_key_table(path, digest, keys)
+
+    table = open_key_table(path, digest, rebuild=rebuild)
     if table is not None:
         return table
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with locked(path + ".lock"):
-        table = open_key_table(path, digest)
+        table = open_key_table(path, digest, rebuild=rebuild)
         if table is not None:
             return table
         log.info("building the key index %s (reads every sample's key once)", path)
-        atomic_write(path, encode_key_table(keys, digest))
-        return _load(path, digest)
+        atomic_write(path, encode_key_table(keys(), digest))
+        return KeyTable(path, digest, rebuild=rebuild)
