@@ -23,7 +23,6 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
 import shardkit as sk
-from shardkit.streaming.sync import end_process_group
 
 
 def make_data(root: Path, n: int) -> None:
@@ -121,7 +120,7 @@ def main() -> None:
     trainer.train(resume_from_checkpoint=True if a.resume else None)
     # gloo's threads end before the interpreter does, and before the model's DDP reducer lets
     # go of the group (a teardown that could otherwise hang: see end_process_group)
-    end_process_group()
+    sk.end_process_group()
     del trainer
 
 

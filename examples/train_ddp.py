@@ -32,7 +32,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import shardkit as sk
-from shardkit.streaming.sync import end_process_group
 
 VOCAB = 97
 SEQ = 33  # 32 inputs and their 32 next tokens
@@ -159,13 +158,13 @@ def main() -> None:
             if step % args.save_every == 0 or step == args.stop_after:
                 save(args.ckpt, model, opt, loader, epoch, step)
             if step == args.stop_after:
-                end_process_group()
+                sk.end_process_group()
                 return
         save(args.ckpt, model, opt, loader, epoch + 1, step)  # the epoch is done
         if rank == 0:
             rate = loader.stats()["samples_per_s"]
             print(f"epoch {epoch} done at step {step}: {rate:.0f} sequences/s", flush=True)
-    end_process_group()  # barrier, gloo's thread settles, then destroy (a clean exit)
+    sk.end_process_group()  # barrier, gloo's thread settles, then destroy (a clean exit)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typing
 
 from shardkit._version import __version__
+from shardkit.check.verify import verify
 from shardkit.errors import (
     CacheError,
     ChecksumError,
@@ -34,11 +35,13 @@ if typing.TYPE_CHECKING:
     from shardkit.streaming.indexed import IndexedShards
     from shardkit.streaming.loader import WebLoader
     from shardkit.streaming.mixing import mix
+    from shardkit.streaming.sync import end_process_group
 
 _LAZY = {
     "IndexedShards": "shardkit.streaming.indexed",
     "ShardDataset": "shardkit.streaming.dataset",
     "WebLoader": "shardkit.streaming.loader",
+    "end_process_group": "shardkit.streaming.sync",
     "mix": "shardkit.streaming.mixing",
 }
 
@@ -75,6 +78,8 @@ __all__ = [
     "WriterError",
     "__version__",
     "build",
+    "end_process_group",
     "mix",
     "read_shard",
+    "verify",
 ]

@@ -30,6 +30,7 @@ from shardkit.format.digest import Digest, HashingReader
 from shardkit.format.manifest.model import Manifest, ShardEntry, incomplete_reason
 from shardkit.format.tario.index import SampleIndex, parse_index, sample_signature, shard_binding
 from shardkit.format.tario.reader import TarReader, stream_size
+from shardkit.io import IoConfig, RemoteOpener, load_manifest
 from shardkit.urls import WithinBase, check_within
 
 if TYPE_CHECKING:
@@ -333,25 +334,28 @@ def extra_files(manifest: Manifest) -> list[str]:
 
 
 def verify(
-    manifest: Manifest,
+    manifest: Manifest | str | os.PathLike[str],
     *,
     level: str = "checksum",
     jobs: int = 1,
-    opener: Opener,
+    opener: Opener | None = None,
     progress: Progress | None = None,
     source: str | None = None,
     tar_policy: str = "strict",
 ) -> VerifyReport:
-    """Check every shard of ``manifest`` at ``level`` with ``jobs`` threads.
+    """Check every shard of ``manifest`` at ``level`` with ``jobs`` threads
+    (``sk.verify("shards/manifest.json", level="deep").ok``).
 
     Args:
-        manifest: a loaded manifest (its ``base`` resolves relative urls).
+        manifest: a manifest's path or url, or a loaded manifest (its ``base`` resolves
+            relative urls).
         level: ``quick``, ``checksum`` (default), ``deep`` or ``decode`` (``deep`` and
             every image, npy, json and text field decoded: :mod:`shardkit.check.decoded`).
         jobs: shards checked at once (threads: hashing releases the GIL).
-        opener: where bytes come from (e.g. :func:`shardkit.cache.make_opener`).
+        opener: where bytes come from (default: local files and remote urls read directly,
+            no cache; :func:`shardkit.cache.make_opener` for one).
         progress: called with byte counts as they are checked (thread-safe callers only).
-        source: the manifest's name for the report.
+        source: the manifest's name for the report (default: the path or url given).
         tar_policy: the tar reader's policy for the deep levels: ``"strict"`` (default)
             reports a link, device, FIFO or unknown member type as a ``format`` problem,
             ``"lenient"`` skips it, counted in the report's ``skipped_members`` and warned.
@@ -359,6 +363,10 @@ def verify(
     if level not in LEVELS:
         raise ConfigError(f"level must be one of {LEVELS}, got {level!r}")
     t0 = time.perf_counter()
+    opener = opener or RemoteOpener(IoConfig())
+    if not isinstance(manifest, Manifest):
+        source = source or os.fspath(manifest)
+        manifest = load_manifest(os.fspath(manifest), opener)
 
     within = WithinBase(manifest.base)
     skipped: dict[str, dict[str, int]] = {}  # one key per shard: threads never share one
