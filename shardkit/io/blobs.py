@@ -26,8 +26,17 @@ from shardkit.io.config import IoConfig
 from shardkit.io.http import CHUNK, Gate, policy_of
 from shardkit.io.retry import Retryable, resuming_chunks
 from shardkit.per_process import PerProcess
+from shardkit.urls import parse_url
 
-__all__ = ["AzSource", "BlobSource", "GsSource", "az_client", "gs_client", "split_blob_url"]
+__all__ = [
+    "AzSource",
+    "BlobSource",
+    "GsSource",
+    "az_client",
+    "az_error",
+    "gs_client",
+    "split_blob_url",
+]
 
 _RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _SCHEMES = {"gs": "gs", "az": "az"}
@@ -171,12 +180,22 @@ class _PastEnd(Exception):
     """A range that starts at or past the end of the object: nothing there, as with a file."""
 
 
-def _status_error(url: str, status: int | None, what: str, exc: Exception) -> Exception:
+def _status_error(url: str, status: int | None, what: str) -> Exception:
     if status == 416:
         return _PastEnd()
     if status is None or status in _RETRY_STATUS:
-        return Retryable(f"{what}: {exc}", status=status)
-    return FetchError(f"{what}: {exc}", url=url, status=status)
+        return Retryable(what, status=status)
+    return FetchError(what, url=url, status=status)
+
+
+def az_error(url: str, code: object, text: str = "") -> str:
+    """An Azure error (its ``error_code`` or status, the SDK's text) in one line, naming
+    what is missing: the SDK's text is a multi-line dump of the response's XML."""
+    if code == "ContainerNotFound":
+        container = parse_url(url).bucket
+        return f"the Azure container {container!r} does not exist: create it, or fix the url"
+    lines = text.strip().splitlines()
+    return f"Azure {code}: {lines[0] if lines else 'no message'}"
 
 
 def gs_client() -> Any:
@@ -232,7 +251,7 @@ class GsSource(BlobSource):
         if isinstance(exc, FetchError):
             return exc
         if isinstance(exc, gexc.GoogleAPICallError):
-            return _status_error(url, exc.code, f"GCS {type(exc).__name__}", exc)
+            return _status_error(url, exc.code, f"GCS {type(exc).__name__}: {exc}")
         if isinstance(exc, (requests.RequestException, OSError)):
             return Retryable(f"GCS connection failed: {exc}")
         return None
@@ -283,9 +302,9 @@ class AzSource(BlobSource):
         from azure.core import exceptions as aexc
 
         if isinstance(exc, aexc.HttpResponseError):
-            status = exc.status_code
-            code = getattr(exc, "error_code", None) or status
-            return _status_error(url, status, f"Azure {code}", exc)
+            code = getattr(exc, "error_code", None) or exc.status_code
+            text = str(exc.reason or exc)
+            return _status_error(url, exc.status_code, az_error(url, code, text))
         if isinstance(exc, (aexc.ServiceRequestError, aexc.ServiceResponseError, OSError)):
             return Retryable(f"Azure connection failed: {exc}")
         return None

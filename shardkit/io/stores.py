@@ -303,9 +303,18 @@ class AzStore(ObjectStore):
 
     def __init__(self, bucket: str, *, part_size: int) -> None:
         super().__init__(bucket, part_size=part_size)
-        from shardkit.io.blobs import az_client
+        from azure.core.exceptions import HttpResponseError
+
+        from shardkit.io.blobs import az_client, az_error
 
         self.container = az_client().get_container_client(bucket)
+        try:
+            found = self.container.exists()
+        except HttpResponseError as exc:  # no right to ask: the writes will say what they can
+            found = exc.status_code != 404
+        if not found:
+            url = self.url("")
+            raise FetchError(az_error(url, "ContainerNotFound"), url=url, status=404)
 
     def upload(self, key: str) -> Upload:
         return _AzUpload(self, key)
