@@ -34,12 +34,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from shardkit.counters import add_counts
-from shardkit.errors import StateDictError
+from shardkit.errors import ConfigError, StateDictError
 from shardkit.plan.world import Context
 
 __all__ = [
     "Context",
     "Cursor",
+    "Fruitless",
     "Grid",
     "Stage",
     "Step",
@@ -111,6 +112,38 @@ def callable_name(fn: Callable[..., Any]) -> str:
     module = getattr(fn, "__module__", None) or ""
     name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     return f"{module}.{name}" if module else str(name)
+
+
+class Fruitless:
+    """Items a stage drops in a row (a filter, a skip policy) over an endless upstream:
+    past three passes over the upstream's data (at least 1,000) it names the stage in a
+    ConfigError, as nothing would ever come (a finite upstream just ends).
+
+    Args:
+        what: the stage, as the message names it (``"select(is_code)"``).
+        upstream: the stage it draws from (:meth:`Stage.endless` bounds it).
+    """
+
+    def __init__(self, what: str, upstream: Stage) -> None:
+        self.what = what
+        per_pass = upstream.endless()
+        self.limit = None if per_pass is None else max(3 * per_pass, 1000)
+        self.per_pass = per_pass
+        self.run = 0
+
+    def dropped(self) -> None:
+        """One more item dropped."""
+        self.run += 1
+        if self.limit is not None and self.run >= self.limit:
+            raise ConfigError(
+                f"{self.what} dropped all {self.run} samples in a row of an endless stream "
+                f"(3 passes over its {self.per_pass} samples): nothing would ever come; "
+                "check the predicate or the data (or give the stream an end: with_epoch)"
+            )
+
+    def kept(self) -> None:
+        """An item went on."""
+        self.run = 0
 
 
 class Cursor(Iterator[Any]):
@@ -202,6 +235,12 @@ class Stage:
         """Items each worker of ``ctx`` yields in an epoch run from ``state`` (None: not
         known up front)."""
         return self._up().lengths(ctx, state)
+
+    def endless(self) -> int | None:
+        """None when the pipeline up to here ends on its own; else the samples of one pass
+        over the data it draws from endlessly (a resampled source, a ``"never"`` mixture),
+        which bounds how long a filter may drop everything (:class:`Fruitless`)."""
+        return None if self.upstream is None else self.upstream.endless()
 
     def carry(self, state: Mapping[str, Any] | None, epoch: int) -> dict[str, Any] | None:
         """The state epoch ``epoch`` starts from when the epoch before ended (or was left) at

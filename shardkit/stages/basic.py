@@ -8,7 +8,7 @@ from time import perf_counter
 from typing import Any
 
 from shardkit.errors import ConfigError, DecodeError
-from shardkit.stages.base import Context, Cursor, Grid, Stage, Step, callable_name
+from shardkit.stages.base import Context, Cursor, Fruitless, Grid, Stage, Step, callable_name
 from shardkit.stages.budget import open_upstream, settled
 from shardkit.stages.collate import collate_numpy
 
@@ -47,9 +47,13 @@ class Select(Step):
 
     def run(self, items: Iterator[Any]) -> Iterator[Any]:
         pred = self.predicate
+        fruitless = Fruitless(f"select({callable_name(pred)})", self._up())
         for item in items:
             if pred(item):
+                fruitless.kept()
                 yield item
+            else:
+                fruitless.dropped()
 
     def lengths(self, ctx: Context, state: Mapping[str, Any] | None = None) -> list[int] | None:
         return None

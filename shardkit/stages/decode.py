@@ -36,6 +36,7 @@ from shardkit.read.policy import check_policy, count_error, report
 from shardkit.stages.base import (
     Context,
     Cursor,
+    Fruitless,
     Grid,
     Stage,
     callable_name,
@@ -262,9 +263,11 @@ class _DecodeCursor(Cursor):
         policy = self.stage.policy
         bad_urls = self.bad
         skipped = self.skipped
+        fruitless = Fruitless(f"decode(handler={policy!r})", self.stage._up())
         for sample in self.upstream:
             if bad_urls and sample.get("__url__") in bad_urls:
                 skipped["skipped_samples"] += 1
+                fruitless.dropped()
                 continue
             t = perf_counter()
             try:
@@ -279,8 +282,10 @@ class _DecodeCursor(Cursor):
                     bad_urls.add(str(sample.get("__url__")))
                     skipped["skipped_shards"] += 1
                 report(policy, exc, f"sample {sample.get('__key__')!r}")
+                fruitless.dropped()
                 continue
             skipped["decode_s"] += perf_counter() - t
+            fruitless.kept()
             yield out
 
     def counters(self) -> dict[str, float]:

@@ -34,6 +34,7 @@ from shardkit.errors import ConfigError, StateDictError
 from shardkit.plan.order import stream_seed, uniforms
 from shardkit.plan.schedule import Schedule, choose
 from shardkit.stages.base import Context, Cursor, Grid, Stage, check_int, check_state
+from shardkit.stages.source import sources_of
 
 __all__ = ["STOPS", "Mix", "find_mix", "mix_state", "reweighted"]
 
@@ -256,6 +257,14 @@ class Mix(Stage):
             "shared": True,
             "sources": subs,
         }
+
+    def endless(self) -> int | None:
+        """Under ``"never"`` (or over an endless source) the mixture never ends: one pass is
+        every source's samples."""
+        ends = [s.endless() for s in self.stages]
+        if self.stop != "never" and all(e is None for e in ends):
+            return None
+        return sum(src.catalog().total for src in sources_of(self))
 
     def lengths(self, ctx: Context, state: Mapping[str, Any] | None = None) -> list[int] | None:
         if self.stop != "longest":

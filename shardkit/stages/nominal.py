@@ -19,10 +19,8 @@ from typing import Any
 
 from shardkit.errors import ConfigError, StateDictError
 from shardkit.stages.base import Context, Cursor, Grid, Stage, check_int, check_state
-from shardkit.stages.mixture import Mix
-from shardkit.stages.source import ShardSource
 
-__all__ = ["WithEpoch", "endless", "share"]
+__all__ = ["WithEpoch", "share"]
 
 _END = object()
 
@@ -30,18 +28,6 @@ _END = object()
 def share(n: int, workers: int, worker: int) -> int:
     """Worker ``worker``'s part of ``n`` items split over ``workers``."""
     return n // workers + (1 if worker < n % workers else 0)
-
-
-def endless(stage: Stage | None) -> bool:
-    """Whether a pipeline ending in ``stage`` never runs out (an endless mixture or an
-    endless resampled source, under stages that only pass items on or filter them)."""
-    while stage is not None:
-        if isinstance(stage, Mix):
-            return stage.stop == "never"
-        if isinstance(stage, ShardSource):
-            return stage.config.resampled and stage.config.epoch_length is None
-        stage = stage.upstream
-    return False
 
 
 class WithEpoch(Stage):
@@ -115,8 +101,11 @@ class WithEpoch(Stage):
             "source": source,
         }
 
+    def endless(self) -> int | None:
+        return None  # n items an epoch
+
     def lengths(self, ctx: Context, state: Mapping[str, Any] | None = None) -> list[int] | None:
-        if not endless(self.upstream):
+        if self._up().endless() is None:
             return None  # the upstream may end first: the loader's vote ends the epoch
         done = None if state is None else state.get("done")
         left = self.n - int(done or 0)
@@ -135,9 +124,17 @@ class _EpochCursor(Cursor):
         self.items = self._run()
 
     def _run(self) -> Iterator[Any]:
+        promised = self.stage._up().endless() is not None  # lengths() said the quota
         while self.count < self.quota:
             item = next(self.upstream, _END)
             if item is _END:
+                if promised:
+                    raise ConfigError(
+                        f"with_epoch({self.stage.n}): the endless pipeline ran out after "
+                        f"{self.count} of this worker's {self.quota} items (every source of "
+                        "the mixture is empty, or holds nothing for this rank and worker): "
+                        "the loader's length would be wrong"
+                    )
                 return
             self.count += 1
             yield item

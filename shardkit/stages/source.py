@@ -130,6 +130,12 @@ class ShardSource(Stage):
             "manifest": catalog.digest,
         }
 
+    def endless(self) -> int | None:
+        """A resampled stream without an epoch length never ends: one pass is the data
+        set's samples."""
+        c = self.config
+        return self.catalog().total if c.resampled and c.epoch_length is None else None
+
     def lengths(self, ctx: Context, state: Mapping[str, Any] | None = None) -> list[int] | None:
         history = () if state is None else self._history_of(state)
         where = self.where(ctx)
