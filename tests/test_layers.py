@@ -100,6 +100,7 @@ ORDER: dict[str, list[list[str]]] = {
     "shardkit.streaming": [
         [
             "resume",
+            "allow",
             "transfer",
             "arena",
             "sync",

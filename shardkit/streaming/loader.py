@@ -22,13 +22,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Generator, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 from shardkit.errors import ConfigError
 from shardkit.metrics import LoaderStats, counter_delta
 from shardkit.stages import Context
-from shardkit.stages.mixture import find_mix, reweighted
+from shardkit.stages.mixture import find_mix
+from shardkit.streaming.allow import (
+    Allowed,
+    adapt_states,
+    diff_fingerprints,
+    replaying,
+    retired_exposure,
+)
 from shardkit.streaming.arena import take_over
 from shardkit.streaming.dataset import ShardDataset
 from shardkit.streaming.resume import (
@@ -36,7 +43,6 @@ from shardkit.streaming.resume import (
     VERSION,
     Loaded,
     carried_states,
-    check_fingerprint,
     check_job_state,
     check_loadable,
     encode_job_state,
@@ -114,6 +120,8 @@ class WebLoader:
         self._job_skips: dict[str, int] | None = None
         self._stats = LoaderStats()
         self._opened: dict[int, float] = {}
+        self._voting = False  # a load changed the batching: the ranks vote on the epoch end
+        self._retired: dict[str, dict[str, int]] = {}  # sources a load removed: exposure
 
     # -- epochs and length ---------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -169,6 +177,7 @@ class WebLoader:
             if plan.done:
                 return 0
             exact = (pending["world"], pending["num_workers"]) == (where.world, where.workers)
+            exact = exact and not pending.get("regrouped")
             return max(total - plan.batches, 0) if exact or plan.states is None else None
         if self._begun == self._epoch:
             return 0 if self._complete else max(total - self._batches, 0)
@@ -199,7 +208,7 @@ class WebLoader:
     def _lockstep(self) -> bool:
         """Ranks yield equal batch counts by construction: lengths known up front (the
         plan gives every rank equal shares) and no skip policy can shorten a rank's data."""
-        if any(s.policy != "raise" for s in self.dataset.sources):
+        if self._voting or any(s.policy != "raise" for s in self.dataset.sources):
             return False
         return self.dataset.lengths(self._logical) is not None
 
@@ -216,6 +225,7 @@ class WebLoader:
         self._batches = plan.batches
         self._begun = self._epoch
         self._states = list(plan.states) if plan.states else [None] * self._logical
+        self._voting = bool(st and st.get("regrouped")) or replaying(plan.states)
         self._next_worker = plan.rotation
         self._complete = plan.done
         if plan.done:
@@ -257,6 +267,8 @@ class WebLoader:
             self._job_skips = {"skipped_samples": job[0], "skipped_shards": job[1]}
             if not ok:  # a rank's data ended: the epoch ends for every rank
                 self._complete = True
+                if ahead is not _END:  # this rank's rest is never delivered: counted
+                    self._stats.add({"dropped_samples": self._left()})
                 return
             got = ahead
             ahead = next(it, _END)
@@ -264,6 +276,14 @@ class WebLoader:
             batch = self._deliver(got, t)
             yield batch
             t = time.perf_counter()
+
+    def _left(self) -> int:
+        """The samples this rank's workers had still to give after their last delivered
+        batch (0 where not known up front)."""
+        tail = self.dataset.pipeline()
+        where = [self.dataset.context(w, self._logical, self._epoch) for w in range(self._logical)]
+        left = [tail.left(ctx, st) for ctx, st in zip(where, self._states, strict=True)]
+        return sum(n for n in left if n is not None)
 
     def _skips(self) -> list[int]:
         counts = self._stats.totals()[0]
@@ -318,8 +338,10 @@ class WebLoader:
         ranks: list[dict[str, Any]] = [entry]
         if self._job():
             ranks = sorted(self._end.gather(entry), key=lambda e: int(e["rank"]))
+        retired = {"retired": self._retired} if self._retired else {}
         return encode_job_state(
             {
+                **retired,
                 "stage": STAGE,
                 "version": VERSION,
                 "epoch": self._epoch,
@@ -332,7 +354,12 @@ class WebLoader:
         )
 
     def load_state_dict(
-        self, state: Mapping[str, Any], *, epoch_mismatch: str = "raise", reweight: bool = False
+        self,
+        state: Mapping[str, Any],
+        *,
+        epoch_mismatch: str = "raise",
+        allow: Collection[str] | Mapping[str, Any] | None = None,
+        reweight: bool = False,
     ) -> None:
         """Resume from the job state ``state`` at the next ``iter()``: exactly when it was
         saved by a run of this world size and worker count, else elastically re-planned.
@@ -341,25 +368,28 @@ class WebLoader:
             state: from :meth:`state_dict` (or :meth:`merge_states`).
             epoch_mismatch: ``"raise"`` (default): a later :meth:`set_epoch` for an epoch
                 the state does not fit raises; ``"discard"``: the state is dropped then.
-            reweight: accept a state saved with other mixture weights or another schedule
-                (the same sources, in the same order or by the same names): every source
-                keeps its cursor and epoch, the mixture goes on from the saved progress
-                with the weights of this pipeline.
+            allow: the changes of the pipeline since the state was saved that the load
+                accepts (refused by default): ``"batch_size"``, ``"sources"`` (renames:
+                ``{"sources": {"old": "new"}}``), ``"seq_len"``, ``"weights"``; see
+                :mod:`shardkit.streaming.allow` for how each goes on.
+            reweight: ``allow={"weights"}`` (kept as an alias).
 
         Raises :class:`StateDictError` naming the stage and field when the state does not
-        fit: another pipeline (stages, seed, shuffle buffer, batch size...), manifest
-        content, or a cursor out of range.
+        fit: another pipeline (stages, seed, shuffle buffer...), manifest content, a
+        cursor out of range, or a change not allowed (naming the ``allow`` value).
         """
         discard = Loaded.discards(epoch_mismatch)
+        allowed = Allowed.parse(allow, reweight)
         st = check_job_state(state)
-        if reweight:
-            check_fingerprint(reweighted(st["pipeline"]), reweighted(self._fingerprint))
+        changes = diff_fingerprints(st["pipeline"], self._fingerprint, allowed.rename)
+        allowed.check(changes)
+        if changes:
+            st = adapt_states(st, self.dataset.pipeline(), changes, allowed)
             st["pipeline"] = self._fingerprint  # saved again, it fits this pipeline
-        else:
-            check_fingerprint(st["pipeline"], self._fingerprint)
         where = self.dataset.context(0, self._logical, st["epoch"])
         check_loadable(st, self.dataset.pipeline(), where)
         self._loaded = Loaded(st, st["epoch"], st["complete"], discard, STAGE)
+        self._retired = retired_exposure(st)
         self.dataset.set_epoch(int(st["epoch"]))
         self._epoch = int(st["epoch"])
 
@@ -384,6 +414,12 @@ class WebLoader:
         mixture = find_mix(self.dataset.pipeline())
         if mixture is not None:  # exposure: what each source gave, as of the latest batch
             out["sources"] = mixture.exposure(*self._exposed())
+            if self._retired and self._where.rank == 0:  # job totals: rank 0's
+                for name, done in self._retired.items():
+                    out["sources"][name] = {**done, "share": 0.0, "weight": 0.0}
+                total = sum(v["samples"] for v in out["sources"].values())
+                for v in out["sources"].values():
+                    v["share"] = v["samples"] / total if total else 0.0
         return out
 
     def _exposed(self) -> tuple[list[dict[str, Any] | None], Context]:

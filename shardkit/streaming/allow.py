@@ -1,0 +1,252 @@
+"""What a loaded state may differ in from the pipeline that loads it, and how it is fitted.
+
+A state fits the pipeline whose fingerprint it carries. Some changes of a run are common
+and have one meaning, so :meth:`~shardkit.WebLoader.load_state_dict` accepts them when
+asked by name (``allow=``), and refuses them otherwise naming the change and the value:
+
+- ``"batch_size"``: another ``batched(n)`` or ``batched(budget=...)``: the stream goes on
+  at the first sample not yet given (the group a budget batching held is replayed: its
+  items not yet given, in stream order; see :mod:`shardkit.stages.budget`).
+- ``"sources"``: a mixture gains, loses or renames sources (by name; a rename by a mapping,
+  ``allow={"sources": {"old": "new"}}``): the kept ones go on from their cursors and
+  epochs, a new one starts at its first epoch, a removed one's exposure is kept in the job
+  state (``retired``) and in ``stats()["sources"]``.
+- ``"seq_len"``: another ``pack_tokens`` length: the token stream goes on at the first
+  token not yet given (greedy); best-fit packing goes on at the next group.
+- ``"weights"``: other mixture weights, schedule or source order (``reweight=True``, kept
+  as an alias).
+
+World size and worker count never need one (a state is re-planned for them).
+:func:`diff_fingerprints` lists the changes, also those no value accepts; the CLI's
+``shardkit state diff`` prints them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shardkit.errors import ConfigError, StateDictError
+from shardkit.stages import Stage
+from shardkit.stages.mixture import Mix
+from shardkit.stages.tokens import PackTokens
+from shardkit.streaming.resume import check_fingerprint
+
+__all__ = [
+    "ALLOW",
+    "Allowed",
+    "Change",
+    "adapt_states",
+    "diff_fingerprints",
+    "replaying",
+    "retired_exposure",
+]
+
+ALLOW = ("batch_size", "sources", "seq_len", "weights")
+_BATCHINGS = ("batched", "budget_batched")
+
+
+@dataclass(frozen=True)
+class Change:
+    """One difference of a saved fingerprint from this pipeline's: ``kind`` the ``allow``
+    value that accepts it (None: none does), ``what`` it is, in words."""
+
+    kind: str | None
+    what: str
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """The ``allow=`` of a load: the kinds of change accepted, and the sources renamed."""
+
+    kinds: frozenset[str]
+    rename: Mapping[str, str]
+
+    @staticmethod
+    def parse(allow: Collection[str] | Mapping[str, Any] | None, reweight: bool) -> Allowed:
+        """``allow`` (names, or a mapping name -> True or, for ``"sources"``, renames)."""
+        kinds: set[str] = {"weights"} if reweight else set()
+        rename: dict[str, str] = {}
+        if isinstance(allow, str):
+            raise ConfigError(f"allow must be a set of names, not the string {allow!r}")
+        items = allow.items() if isinstance(allow, Mapping) else ((k, True) for k in allow or ())
+        for kind, value in items:
+            if kind not in ALLOW:
+                raise ConfigError(f"allow: {kind!r} is not one of {ALLOW}")
+            if isinstance(value, Mapping):
+                if kind != "sources":
+                    raise ConfigError(
+                        f"allow: only 'sources' takes a mapping (renames), not {kind!r}"
+                    )
+                rename.update({str(a): str(b) for a, b in value.items()})
+            elif value is not True:
+                raise ConfigError(f"allow: {kind!r} takes True or (sources) a mapping")
+            kinds.add(kind)
+        return Allowed(frozenset(kinds), rename)
+
+    def check(self, changes: list[Change]) -> None:
+        """Refuse the changes not accepted, naming each and the value that accepts it."""
+        for c in changes:
+            if c.kind is None:
+                raise StateDictError(f"load_state_dict: {c.what}")
+        refused = [c for c in changes if c.kind not in self.kinds]
+        if refused:
+            need = sorted({str(c.kind) for c in refused})
+            whats = "; ".join(c.what for c in refused)
+            raise StateDictError(
+                f"load_state_dict: the state does not fit this pipeline: {whats}; to go on "
+                f"from it load it with allow={set(need)!r}"
+            )
+
+
+def _name(entry: Any) -> Any:
+    return entry.get("stage") if isinstance(entry, Mapping) else entry
+
+
+def _strict(a: Any, b: Any, where: str) -> list[Change]:
+    try:
+        check_fingerprint([a], [b], where)
+    except StateDictError as exc:
+        return [Change(None, str(exc))]
+    return []
+
+
+def _batching(entry: Mapping[str, Any]) -> str:
+    if entry.get("stage") == "batched":
+        return f"batched({entry.get('n')})"
+    return f"batched(budget={entry.get('budget')}, cost={entry.get('cost')})"
+
+
+def diff_fingerprints(
+    saved: Any, here: Any, rename: Mapping[str, str] | None = None, where: str = "pipeline"
+) -> list[Change]:
+    """Every difference of ``saved`` from ``here`` (pipeline fingerprints), each with the
+    ``allow`` value that accepts it (None: none does)."""
+    rename = rename or {}
+    if not isinstance(saved, list) or not isinstance(here, list):
+        return [Change(None, f"{where}: the state has no pipeline fingerprint")]
+    if len(saved) != len(here):
+        return [
+            Change(
+                None,
+                f"{where}: the state was saved by stages {[_name(s) for s in saved]}, this is "
+                f"{[_name(s) for s in here]}",
+            )
+        ]
+    out: list[Change] = []
+    for a, b in zip(saved, here, strict=True):
+        if not isinstance(a, Mapping) or not isinstance(b, Mapping):
+            out += _strict(a, b, where)
+        elif a.get("stage") in _BATCHINGS and b.get("stage") in _BATCHINGS:
+            if dict(a) != dict(b):
+                out.append(Change("batch_size", f"{_batching(a)} -> {_batching(b)}"))
+        elif a.get("stage") == b.get("stage") == PackTokens.name:
+            if a.get("seq_len") != b.get("seq_len"):
+                out.append(Change("seq_len", f"seq_len {a.get('seq_len')} -> {b.get('seq_len')}"))
+            out += _strict({**a, "seq_len": 0}, {**b, "seq_len": 0}, where)
+        elif a.get("stage") == b.get("stage") == Mix.name:
+            out += _diff_mix(a, b, rename, where)
+        else:
+            out += _strict(a, b, where)
+    return out
+
+
+def _diff_mix(
+    a: Mapping[str, Any], b: Mapping[str, Any], rename: Mapping[str, str], where: str
+) -> list[Change]:
+    out: list[Change] = []
+    if a.get("schedule") != b.get("schedule"):
+        out.append(Change("weights", "the mixture's weights or schedule"))
+    old = [rename.get(n, n) for n in a.get("names", [])]
+    new = list(b.get("names", []))
+    renamed = {n: rename[n] for n in a.get("names", []) if n in rename}
+    gone, came = sorted(set(old) - set(new)), sorted(set(new) - set(old))
+    if gone or came or renamed:
+        parts = [f"removed {gone}" if gone else "", f"added {came}" if came else ""]
+        parts.append(f"renamed {renamed}" if renamed else "")
+        out.append(Change("sources", "the mixture's sources: " + ", ".join(p for p in parts if p)))
+    elif old != new:
+        out.append(Change("weights", f"the mixture's source order {old} -> {new}"))
+    subs_a = dict(zip(old, a.get("sources", []), strict=False))
+    subs_b = dict(zip(new, b.get("sources", []), strict=False))
+    for name in sorted(set(subs_a) & set(subs_b)):
+        out += diff_fingerprints(subs_a[name], subs_b[name], {}, f"{where} mix source {name!r}")
+    rest = ("names", "schedule", "sources")
+    out += _strict(
+        {k: v for k, v in a.items() if k not in rest},
+        {k: v for k, v in b.items() if k not in rest},
+        where,
+    )
+    return out
+
+
+def _walk(state: Any) -> Iterator[dict[str, Any]]:
+    """Every stage state nested in ``state`` (it first)."""
+    if isinstance(state, dict):
+        yield state
+        yield from _walk(state.get("source"))
+        for sub in state.get("sources") or ():
+            yield from _walk(sub)
+
+
+def _stages(stage: Stage) -> Iterator[Stage]:
+    yield stage
+    for child in stage.children():
+        yield from _stages(child)
+
+
+def adapt_states(
+    st: dict[str, Any], pipeline: Stage, changes: list[Change], allowed: Allowed
+) -> dict[str, Any]:
+    """The job state ``st`` fitted to ``pipeline`` for the accepted ``changes``: a
+    best-fit packing's group left (seq_len), the mixture's sources renamed, added and
+    removed (their exposure summed into ``retired``)."""
+    kinds = {c.kind for c in changes}
+    mix = next((s for s in _stages(pipeline) if isinstance(s, Mix)), None)
+    best_fit = any(
+        isinstance(s, PackTokens) and s.strategy == "best_fit" for s in _stages(pipeline)
+    )
+    retired: dict[str, dict[str, int]] = {k: dict(v) for k, v in (st.get("retired") or {}).items()}
+    for entry in st["ranks"]:
+        for ws in entry["workers"]:
+            for sub in _walk(ws):
+                if "seq_len" in kinds and best_fit and sub.get("stage") == PackTokens.name:
+                    sub.update(skip=0, source=sub.pop("after", sub["source"]))
+                if "sources" in kinds and mix is not None and sub.get("stage") == Mix.name:
+                    _fit_mix(sub, mix, allowed.rename, retired)
+    if retired:
+        st["retired"] = retired
+    if kinds & {"batch_size", "seq_len", "sources"}:
+        st["regrouped"] = True
+    return st
+
+
+def _fit_mix(
+    sub: dict[str, Any], mix: Mix, rename: Mapping[str, str], retired: dict[str, dict[str, int]]
+) -> None:
+    """A mixture state fitted to ``mix``'s sources (in place)."""
+    names = [rename.get(n, n) for n in sub["names"]]
+    keyed = ("exhausted", "epochs", "counts", "sources")
+    old = {n: {k: sub[k][i] for k in keyed} for i, n in enumerate(names)}
+    for name, was in old.items():
+        if name not in mix.names:
+            done = retired.setdefault(name, {"samples": 0, "tokens": 0, "epochs": 0})
+            done["samples"] += int(was["counts"][0])
+            done["tokens"] += int(was["counts"][1])
+            done["epochs"] = max(done["epochs"], int(was["epochs"]))
+    first = 0 if mix.stop == "never" else int(sub["epoch"])
+    fresh = {"exhausted": False, "epochs": first, "counts": [0, 0], "sources": None}
+    for k in keyed:
+        sub[k] = [old.get(n, fresh)[k] for n in mix.names]
+    sub["names"] = list(mix.names)
+
+
+def replaying(states: Any) -> bool:
+    """Some worker state holds a group being replayed after a batching change."""
+    return any(sub.get("stage") == "regroup" for ws in states or () for sub in _walk(ws))
+
+
+def retired_exposure(st: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    """The exposure of the sources a load removed (job totals), from a job state."""
+    return {k: dict(v) for k, v in (st.get("retired") or {}).items()}

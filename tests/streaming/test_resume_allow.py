@@ -1,0 +1,165 @@
+"""load_state_dict(allow=...): a run goes on after a batch-size, budget, sources, seq_len or
+weights change, refused by default naming the change and the allow value; never a sample
+twice, nothing skipped where the change defines it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shardkit import ShardDataset, StateDictError, WebLoader, mix
+from shardkit.format.manifest.model import Manifest
+from tests.streaming.test_budget import lognormal_shards
+
+pytestmark = pytest.mark.integration
+
+MakeShards = Callable[..., Manifest]
+
+
+def base(m: Manifest, seed: int = 2) -> ShardDataset:
+    return ShardDataset(m, seed=seed).shuffle(16).decode()
+
+
+def keys_of(batch: Any) -> list[str]:
+    return list(batch["__key__"])
+
+
+def loader(ds: ShardDataset, workers: int) -> WebLoader:
+    return WebLoader(ds, num_workers=workers, multiprocessing_context="fork" if workers else None)
+
+
+def head_and_state(ld: WebLoader, steps: int) -> tuple[list[Any], dict[str, Any]]:
+    it = iter(ld)
+    head = [next(it) for _ in range(steps)]
+    return head, json.loads(json.dumps(ld.state_dict()))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_new_batch_size_goes_on_at_the_first_sample_not_given(
+    make_shards: MakeShards, workers: int
+) -> None:
+    m = make_shards([20, 17, 23])
+    full = [k for b in loader(base(m).batched(4), workers) for k in keys_of(b)]
+    head, state = head_and_state(loader(base(m).batched(4), workers), 5)
+    ramp = loader(base(m).batched(8), workers)
+    with pytest.raises(
+        StateDictError, match=r"batched\(4\) -> batched\(8\).*allow=\{'batch_size'\}"
+    ):
+        ramp.load_state_dict(state)
+    ramp.load_state_dict(state, allow={"batch_size"})
+    assert ramp.remaining() is None
+    tail = list(ramp)
+    assert all(len(keys_of(b)) == 8 for b in tail[:-2])
+    got = [k for b in head for k in keys_of(b)] + [k for b in tail for k in keys_of(b)]
+    if workers == 0:
+        assert got == full  # one stream: exactly the uninterrupted run's order
+    assert sorted(got) == sorted(full) and len(set(got)) == len(got)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_budget_and_plain_batches_hand_over_nothing_twice_nothing_skipped(
+    tmp_path: Path, workers: int
+) -> None:
+    m = lognormal_shards(tmp_path / "d", n=120)
+
+    def budget(b: int) -> ShardDataset:
+        return base(m).batched(budget=b, cost="tokens.npy", buffer=20)
+
+    everything = sorted(f"doc-{i:06d}" for i in range(120))
+    steps = [(base(m).batched(5), budget(4000)), (budget(4000), base(m).batched(5))]
+    steps.append((budget(4000), budget(9000)))
+    for before, after in steps if workers == 0 else steps[1:2]:
+        head, state = head_and_state(loader(before, workers), 4)
+        ld = loader(after, workers)
+        ld.load_state_dict(state, allow={"batch_size"})
+        got = [k for b in head + list(ld) for k in keys_of(b)]
+        assert sorted(got) == everything, "a sample twice or skipped"
+        # saved mid-replay and loaded again (the same pipeline): still exact
+        head2, state2 = head_and_state(loader(before, workers), 4)
+        ld2 = loader(after, workers)
+        ld2.load_state_dict(state2, allow={"batch_size"})
+        it = iter(ld2)
+        mid = [next(it)]
+        again = loader(after, workers)
+        again.load_state_dict(json.loads(json.dumps(ld2.state_dict())))
+        got2 = [k for b in head2 + mid + list(again) for k in keys_of(b)]
+        assert sorted(got2) == everything
+
+
+def test_a_new_seq_len_goes_on_at_the_first_token_not_given(make_shards: MakeShards) -> None:
+    m = make_shards([9, 8], tokens=50)
+
+    def packed(seq_len: int) -> ShardDataset:
+        return base(m).pack_tokens("tokens.npy", seq_len).batched(2)
+
+    full = np.concatenate([np.asarray(b).ravel() for b in loader(packed(32), 0)])
+    head, state = head_and_state(loader(packed(32), 0), 3)
+    ld = loader(packed(48), 0)
+    with pytest.raises(StateDictError, match=r"seq_len 32 -> 48.*allow=\{'seq_len'\}"):
+        ld.load_state_dict(state)
+    ld.load_state_dict(state, allow={"seq_len"})
+    tail = list(ld)
+    assert all(np.asarray(b).shape[1] == 48 for b in tail)
+    got = np.concatenate([np.asarray(b).ravel() for b in head + tail])
+    assert np.array_equal(got, full[: len(got)]) and len(full) - len(got) < 48 * 2
+
+
+def mixed(parts: dict[str, Manifest], weights: dict[str, float]) -> ShardDataset:
+    names = list(parts)
+    sets = [ShardDataset(parts[n], seed=1).shuffle(8).decode() for n in names]
+    return mix(sets, weights=[weights[n] for n in names], names=names, stop="longest").batched(3)
+
+
+def test_weights_change_by_allow_or_the_reweight_alias(make_shards: MakeShards) -> None:
+    a, b = make_shards([12, 12], prefix="a"), make_shards([12, 12], prefix="b")
+    _, state = head_and_state(loader(mixed({"a": a, "b": b}, {"a": 1, "b": 1}), 2), 3)
+    for kw in ({"allow": {"weights"}}, {"reweight": True}):
+        ld = loader(mixed({"a": a, "b": b}, {"a": 3, "b": 1}), 2)
+        ld.load_state_dict(state, **kw)  # type: ignore[arg-type]
+        tail = list(ld)
+        assert len(set(ids(tail, "a") + ids(tail, "b"))) == 48 - 9
+    with pytest.raises(StateDictError, match=r"allow=\{'weights'\}"):
+        loader(mixed({"a": a, "b": b}, {"a": 3, "b": 1}), 2).load_state_dict(state)
+
+
+def ids(batches: list[Any], source: str) -> list[str]:
+    """The samples of ``source`` (its shards' prefix) in ``batches``: url name and key."""
+    out = []
+    for x in batches:
+        for url, key in zip(x["__url__"], x["__key__"], strict=True):
+            if Path(url).name.startswith(f"{source}-"):
+                out.append(f"{Path(url).name}/{key}")
+    return out
+
+
+def test_sources_added_removed_and_renamed(make_shards: MakeShards) -> None:
+    a = make_shards([15, 15], prefix="a")
+    b = make_shards([10, 10], prefix="b")
+    c = make_shards([6, 6], prefix="c", seed=9)
+    first = loader(mixed({"a": a, "b": b}, {"a": 1, "b": 1}), 2)
+    head, state = head_and_state(first, 6)
+    before = first.stats()["sources"]
+    later = loader(mixed({"web": a, "code": c}, {"web": 1, "code": 1}), 2)
+    with pytest.raises(
+        StateDictError, match=r"removed \['a', 'b'\], added \['code', 'web'\].*allow=\{'sources'\}"
+    ):
+        later.load_state_dict(state, allow={"weights"})
+    later.load_state_dict(state, allow={"sources": {"a": "web"}})
+    stats = later.stats()["sources"]
+    assert stats["b"]["samples"] == before["b"]["samples"] > 0  # a removed source's exposure
+    assert stats["web"]["samples"] == before["a"]["samples"] and stats["code"]["samples"] == 0
+    resaved = later.state_dict()
+    tail = list(later)
+    head_a, tail_a = ids(head, "a"), ids(tail, "a")
+    assert not set(head_a) & set(tail_a) and len(head_a) + len(tail_a) == 30
+    assert sorted(ids(tail, "c")) == sorted(set(ids(tail, "c"))) and len(ids(tail, "c")) == 12
+    assert not ids(tail, "b")
+    assert later.stats()["sources"]["b"]["samples"] == before["b"]["samples"]
+    again = loader(mixed({"web": a, "code": c}, {"web": 1, "code": 1}), 2)
+    again.load_state_dict(resaved)  # saved again, it fits the new pipeline
+    assert again.stats()["sources"]["b"]["samples"] == before["b"]["samples"]
