@@ -117,7 +117,7 @@ ORDER: dict[str, list[list[str]]] = {
     ],
     "shardkit.cli": [
         ["_fields", "_plot", "_tune", "build", "bench"],
-        ["cache", "demo", "inspect", "manifest", "plan", "verify"],
+        ["cache", "demo", "inspect", "manifest", "plan", "state", "verify"],
     ],
 }
 LAYERS = ORDER["shardkit"]

@@ -1,0 +1,236 @@
+"""``shardkit state show CKPT`` and ``shardkit state diff CKPT --pipeline FILE:FN``: a saved
+loader state, read offline.
+
+``CKPT`` is a JSON file or a torch checkpoint (read with ``weights_only=True``) holding a
+:meth:`~shardkit.WebLoader.state_dict` anywhere inside (``--key data`` names where). ``show``
+prints its epoch, world, workers, each source's progress and exposure and the pipeline's
+fingerprint; ``diff`` builds the pipeline ``FN()`` of ``FILE`` (a WebLoader or a
+ShardDataset) and says which ``allow=`` values a load of the state into it needs. Exit 1
+when the state cannot be read, or a change no ``allow`` value accepts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import click
+
+from shardkit.errors import StateDictError
+from shardkit.streaming.allow import diff_fingerprints
+from shardkit.streaming.resume import STAGE, check_job_state
+
+__all__ = ["command"]
+
+
+def find_state(obj: Any, key: str | None) -> dict[str, Any]:
+    """The loader state in a loaded checkpoint: under the dotted ``key``, or the first one
+    found."""
+    if key:
+        for part in key.split("."):
+            if not isinstance(obj, Mapping) or part not in obj:
+                raise StateDictError(f"the checkpoint has no key {key!r} (at {part!r})")
+            obj = obj[part]
+    found = next(_states(obj), None)
+    if found is None:
+        raise StateDictError(
+            "the checkpoint holds no WebLoader state (a dict with stage 'webloader')"
+        )
+    return check_job_state(found)
+
+
+def _states(obj: Any) -> Iterator[Mapping[str, Any]]:
+    if isinstance(obj, Mapping):
+        if obj.get("stage") == STAGE:
+            yield obj
+            return
+        for value in obj.values():
+            yield from _states(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from _states(value)
+
+
+def load_checkpoint(path: str, key: str | None) -> dict[str, Any]:
+    """The checked loader state of the checkpoint file ``path``."""
+    p = Path(path)
+    if p.suffix == ".json":
+        try:
+            obj = json.loads(p.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise StateDictError(f"{path}: not valid JSON: {exc}") from None
+    else:
+        import torch
+
+        try:
+            obj = torch.load(p, map_location="cpu", weights_only=True)
+        except Exception as exc:  # torch raises many kinds for a file it cannot read
+            raise StateDictError(f"{path}: not a torch checkpoint ({exc})") from exc
+    return find_state(obj, key)
+
+
+def _walk(state: Any, name: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """(source name, stage state) for every stage state nested in ``state``."""
+    if not isinstance(state, Mapping):
+        return
+    yield name, state
+    yield from _walk(state.get("source"), name)
+    if state.get("stage") == "mix":
+        for sub_name, sub in zip(state.get("names", []), state.get("sources", []), strict=False):
+            yield from _walk(sub, str(sub_name))
+
+
+def summary(st: Mapping[str, Any]) -> dict[str, Any]:
+    """What a job state holds, as JSON-safe facts."""
+    sources: dict[str, dict[str, Any]] = {}
+
+    def entry(name: str) -> dict[str, Any]:
+        return sources.setdefault(
+            name,
+            {"read": 0, "samples_total": None, "epoch": st["epoch"], "samples": 0, "tokens": 0},
+        )
+
+    for rank in st["ranks"]:
+        for ws in rank["workers"]:
+            for name, sub in _walk(ws, "shards"):
+                if sub.get("stage") == "shards":
+                    e = entry(name)
+                    e["read"] += int(sub.get("position", 0))
+                    e["samples_total"] = sub.get("nsamples")
+                    e["epoch"] = sub.get("epoch", e["epoch"])
+                elif sub.get("stage") == "mix":
+                    for k, n in enumerate(sub.get("names", [])):
+                        e = entry(str(n))
+                        e["samples"] += int(sub["counts"][k][0])
+                        e["tokens"] += int(sub["counts"][k][1])
+    for name, done in (st.get("retired") or {}).items():
+        sources[name] = {**entry(name), **done, "removed": True}
+    return {
+        "epoch": st["epoch"],
+        "complete": st["complete"],
+        "world": st["world"],
+        "workers": st["num_workers"],
+        "batches": {int(r["rank"]): int(r["batches"]) for r in st["ranks"]},
+        "sources": sources,
+        "pipeline": st["pipeline"],
+    }
+
+
+def _params(entry: Any) -> str:
+    if not isinstance(entry, Mapping):
+        return json.dumps(entry)
+    parts = [f"{k}={json.dumps(v)}" for k, v in entry.items() if k not in ("stage", "sources")]
+    return f"{entry.get('stage')}  " + " ".join(parts)
+
+
+def _show_lines(path: str, d: Mapping[str, Any]) -> list[str]:
+    done = "ended" if d["complete"] else "in progress"
+    lines = [
+        f"state {path}",
+        f"  epoch {d['epoch']} ({done}), {d['world']} ranks x {d['workers']} workers",
+        f"  batches given per rank: {d['batches']}",
+        "  sources:",
+    ]
+    for name, s in d["sources"].items():
+        total = s.get("samples_total")
+        read = f"read {s['read']:,} of {total:,} samples" if total else f"read {s['read']:,}"
+        gone = " (removed)" if s.get("removed") else ""
+        lines.append(
+            f"    {name}{gone}: epoch {s['epoch']}, {read}; exposure {s['samples']:,} samples, "
+            f"{s['tokens']:,} tokens"
+        )
+    lines.append("  pipeline:")
+    for entry in d["pipeline"]:
+        lines.append(f"    {_params(entry)}")
+        if isinstance(entry, Mapping) and entry.get("stage") == "mix":
+            for name, sub in zip(entry.get("names", []), entry.get("sources", []), strict=False):
+                lines.append(f"      source {name}:")
+                lines += [f"        {_params(e)}" for e in sub]
+    return lines
+
+
+def load_pipeline(spec: str) -> Any:
+    """``FILE.py:FN`` called: a WebLoader or a ShardDataset."""
+    file, sep, fn = spec.rpartition(":")
+    if not sep or not file or not fn:
+        raise click.BadParameter(f"{spec!r}: give FILE.py:FUNCTION", param_hint="--pipeline")
+    loaded = importlib.util.spec_from_file_location("_shardkit_pipeline", file)
+    if loaded is None or loaded.loader is None:
+        raise click.BadParameter(f"{file}: not a Python file", param_hint="--pipeline")
+    module = importlib.util.module_from_spec(loaded)
+    sys.modules["_shardkit_pipeline"] = module  # pickled user code can be found again
+    loaded.loader.exec_module(module)
+    make = getattr(module, fn, None)
+    if make is None:
+        raise click.BadParameter(f"{file} has no {fn!r}", param_hint="--pipeline")
+    return make()
+
+
+@click.group("state")
+def command() -> None:
+    """Read a saved loader state (a checkpoint's WebLoader.state_dict()) offline."""
+
+
+ckpt_argument = click.argument("ckpt", type=click.Path(exists=True, dir_okay=False))
+key_option = click.option("--key", default=None, help="Where the state is (dotted, e.g. data).")
+
+
+@command.command("show")
+@ckpt_argument
+@key_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def show(ckpt: str, key: str | None, as_json: bool) -> None:
+    """Epoch, world, workers, per-source progress and exposure, the pipeline's fingerprint."""
+    d = summary(load_checkpoint(ckpt, key))
+    if as_json:
+        click.echo(json.dumps(d, indent=2))
+        return
+    click.echo("\n".join(_show_lines(ckpt, d)))
+
+
+@command.command("diff")
+@ckpt_argument
+@key_option
+@click.option("--pipeline", "spec", required=True, help="FILE.py:FUNCTION making the loader.")
+@click.option("--rename", multiple=True, help="A mixture source renamed: OLD=NEW (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def diff(ckpt: str, key: str | None, spec: str, rename: tuple[str, ...], as_json: bool) -> None:
+    """Which allow= values loading CKPT into the pipeline FILE.py:FUNCTION makes needs."""
+    st = load_checkpoint(ckpt, key)
+    renames = dict(r.split("=", 1) for r in rename if "=" in r)
+    if len(renames) != len(rename):
+        raise click.BadParameter("give renames as OLD=NEW", param_hint="--rename")
+    made = load_pipeline(spec)
+    dataset = getattr(made, "dataset", made)
+    fingerprint = dataset.fingerprint()
+    changes = diff_fingerprints(st["pipeline"], fingerprint, renames)
+    need = sorted({c.kind for c in changes if c.kind is not None})
+    refused = [c.what for c in changes if c.kind is None]
+    out = {
+        "allow": need,
+        "rename": renames,
+        "changes": [{"allow": c.kind, "what": c.what} for c in changes],
+        "refused": refused,
+        "world": st["world"],
+        "workers": st["num_workers"],
+    }
+    if as_json:
+        click.echo(json.dumps(out, indent=2))
+    else:
+        for c in changes:
+            click.echo(f"{c.kind or 'refused'}: {c.what}")
+        if refused:
+            click.echo("the state cannot be loaded into this pipeline")
+        elif need:
+            arg: Any = set(need)
+            if renames:
+                arg = {k: renames if k == "sources" else True for k in need}
+            click.echo(f"load with allow={arg!r}")
+        else:
+            click.echo("loads as it is (world size and worker count are re-planned)")
+    if refused:
+        click.get_current_context().exit(1)
