@@ -36,7 +36,6 @@ from shardkit.format.layout import INDEX_DIR, index_name
 from shardkit.format.manifest.compact import save_manifest
 from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
 from shardkit.io.stores import is_object_url
-from shardkit.write.outputs import ObjectOutput, local_target
 from shardkit.write.writer import (
     DEFAULT_CHECKSUM,
     DEFAULT_PREFIX,
@@ -44,6 +43,7 @@ from shardkit.write.writer import (
     WriterKeywords,
     shard_name,
 )
+from shardkit.write.writer.outputs import ObjectOutput, local_target
 
 if TYPE_CHECKING:
     from typing import Unpack  # Python 3.11; only annotations use it

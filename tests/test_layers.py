@@ -50,23 +50,15 @@ ORDER: dict[str, list[list[str]]] = {
     "shardkit.format.tario": [
         ["names", "headers", "sparse", "buffer", "members", "index", "reader", "writer"]
     ],
-    "shardkit.write": [
-        ["select", "table_meta", "image_check", "sources", "discover", "tables", "records"],
-        [
-            "lock",
-            "options",
-            "existing",
-            "outputs",
-            "remote_lock",
-            "writer",
-            "config",
-            "targets",
-            "workers",
-            "remote_build",
-            "prepare",
-            "build",
-            "remote_merge",
-        ],
+    "shardkit.write": [["inputs"], ["writer"], ["build"]],
+    "shardkit.write.inputs": [
+        ["select", "table_meta", "image_check", "sources", "discover", "tables", "records"]
+    ],
+    "shardkit.write.writer": [
+        ["lock", "options", "existing", "outputs", "object_lock", "shard_writer"]
+    ],
+    "shardkit.write.build": [
+        ["config", "targets", "workers", "remote_build", "plan", "run", "remote_merge"]
     ],
     "shardkit.check": [["summary", "decoded", "report", "verify", "adopt"]],
     "shardkit.plan": [["world", "order", "schedule", "ranges", "resampled", "assign"]],
@@ -100,7 +92,6 @@ ORDER: dict[str, list[list[str]]] = {
     "shardkit.streaming": [
         [
             "resume",
-            "allow",
             "transfer",
             "arena",
             "sync",
@@ -117,7 +108,7 @@ ORDER: dict[str, list[list[str]]] = {
     ],
     "shardkit.cli": [
         ["_fields", "_plot", "_tune", "build", "bench"],
-        ["cache", "demo", "inspect", "manifest", "plan", "state", "verify"],
+        ["cache", "demo", "inspect", "manifest", "plan", "verify"],
     ],
 }
 LAYERS = ORDER["shardkit"]

@@ -35,7 +35,7 @@ from shardkit.format.pieces import DEFAULT_PIECE_SIZE
 from shardkit.format.tario.index import write_index
 from shardkit.io.stores import is_object_url
 from shardkit.urls import REMOTE_PREFIXES, expand_braces
-from shardkit.write.outputs import ObjectOutput
+from shardkit.write.writer.outputs import ObjectOutput
 
 __all__ = ["adopt_remote", "is_remote_pattern"]
 

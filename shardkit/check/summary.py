@@ -27,7 +27,7 @@ from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
 from shardkit.format.pieces import DEFAULT_PIECE_SIZE, Pieces
 from shardkit.format.tario.index import sample_signature, write_index
 from shardkit.format.tario.reader import TarReader
-from shardkit.write.discover import discover
+from shardkit.write.inputs.discover import discover
 
 __all__ = [
     "GOOD_SHARD_BYTES",

@@ -16,8 +16,8 @@ from shardkit.format.checksum import ALGORITHMS
 from shardkit.format.images import REENCODE_FORMATS, ImageOptions
 from shardkit.units import format_bytes, parse_size
 from shardkit.write.build import BuildConfig, BuildPlan, BuildResult, plan_build, run_build
-from shardkit.write.select import TreeOptions, parse_require
-from shardkit.write.sources import ON_ERROR, SOURCE_TYPES, FieldMap, parse_field_spec
+from shardkit.write.inputs.select import TreeOptions, parse_require
+from shardkit.write.inputs.sources import ON_ERROR, SOURCE_TYPES, FieldMap, parse_field_spec
 
 __all__ = ["command", "parse_part", "parse_size_option", "tar_policy_option"]
 

@@ -18,7 +18,7 @@ from shardkit.cache import make_opener
 from shardkit.check.verify import verify
 from shardkit.units import format_bytes
 from shardkit.write.build import build
-from shardkit.write.sources import FieldMap, parse_field_spec
+from shardkit.write.inputs.sources import FieldMap, parse_field_spec
 
 __all__ = ["command", "generate"]
 

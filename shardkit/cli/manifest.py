@@ -22,9 +22,9 @@ from shardkit.io.stores import is_object_url
 from shardkit.units import format_bytes, parse_size
 from shardkit.urls import expand_braces
 from shardkit.write.build import merge_parts
-from shardkit.write.discover import discover
-from shardkit.write.outputs import ObjectOutput, local_target
-from shardkit.write.remote_merge import merge_object_parts
+from shardkit.write.build.remote_merge import merge_object_parts
+from shardkit.write.inputs.discover import discover
+from shardkit.write.writer.outputs import ObjectOutput, local_target
 
 __all__ = ["command"]
 

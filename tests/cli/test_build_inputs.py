@@ -11,7 +11,7 @@ import pytest
 from shardkit.errors import ConfigError, WriterError
 from shardkit.format.manifest.model import Manifest
 from shardkit.write.build import build
-from shardkit.write.prepare import part_range, split_contiguous
+from shardkit.write.build.plan import part_range, split_contiguous
 from tests.helpers.data import tiny_image
 from tests.helpers.hostile import run_cli_measured
 from tests.helpers.readback import read_samples, shardkit, write_jsonl

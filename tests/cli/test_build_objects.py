@@ -22,7 +22,7 @@ from shardkit.cache import make_opener
 from shardkit.format.layout import index_name
 from shardkit.format.manifest.model import Manifest
 from shardkit.io import load_manifest
-from shardkit.write.remote_lock import LEASE
+from shardkit.write.writer.object_lock import LEASE
 from tests.helpers.readback import read_samples, shardkit, write_jsonl
 from tests.helpers.stores import Store, object_store
 

@@ -19,9 +19,9 @@ from shardkit.format.codecs import decode_field
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.index import read_index
 from shardkit.write.build import BuildConfig, build, merge_parts, plan_build, split_contiguous
-from shardkit.write.discover import discover
-from shardkit.write.records import read_units
-from shardkit.write.sources import SourceError, SourceOptions, parse_field_spec
+from shardkit.write.inputs.discover import discover
+from shardkit.write.inputs.records import read_units
+from shardkit.write.inputs.sources import SourceError, SourceOptions, parse_field_spec
 from tests.helpers.data import make_shards
 from tests.helpers.readback import assert_whole, keys_of, read_samples, write_jsonl
 

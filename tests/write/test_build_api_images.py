@@ -19,8 +19,8 @@ import pytest
 import shardkit as sk
 from shardkit.errors import ConfigError, WriterError
 from shardkit.format.manifest.model import Manifest
-from shardkit.write.prepare import auto_workers
-from shardkit.write.sources import Unit
+from shardkit.write.build.plan import auto_workers
+from shardkit.write.inputs.sources import Unit
 from tests.helpers.buildfn import fails_on_seven, three_samples
 from tests.helpers.readback import assert_whole, keys_of, read_samples, shard_digests, shardkit
 

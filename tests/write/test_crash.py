@@ -17,7 +17,7 @@ import pytest
 
 from shardkit.format.manifest.model import Manifest
 from shardkit.write.build import build
-from shardkit.write.sources import parse_field_spec
+from shardkit.write.inputs.sources import parse_field_spec
 from tests.helpers.readback import (
     assert_whole,
     hidden_leftovers,

@@ -11,7 +11,7 @@ import pytest
 
 from shardkit.format.manifest.model import Manifest
 from shardkit.write.build import build, merge_parts
-from shardkit.write.select import TreeOptions
+from shardkit.write.inputs.select import TreeOptions
 from tests.helpers.data import make_shards
 from tests.helpers.readback import assert_whole, keys_of, read_samples, shardkit
 

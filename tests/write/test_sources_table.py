@@ -14,9 +14,9 @@ import pytest
 
 from shardkit.errors import ConfigError, WriterError
 from shardkit.format.codecs import decode_field
-from shardkit.write.discover import discover
-from shardkit.write.records import read_units
-from shardkit.write.sources import SourceError, SourceOptions, parse_field_spec
+from shardkit.write.inputs.discover import discover
+from shardkit.write.inputs.records import read_units
+from shardkit.write.inputs.sources import SourceError, SourceOptions, parse_field_spec
 from tests.helpers.data import tiny_image
 
 _IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])

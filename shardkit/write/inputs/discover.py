@@ -1,6 +1,6 @@
 """Discovery for ``shardkit build``: the user's source arguments (folders, files, globs,
 brace patterns, manifests of existing shards, tables) turned into :class:`Unit` s in a
-fixed order, the same on every run and every machine (see :mod:`shardkit.write.sources`)."""
+fixed order, the same on every run and every machine (see :mod:`shardkit.write.inputs.sources`)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from shardkit.format.images import ImageOptions
 from shardkit.format.layout import is_index_name
 from shardkit.format.manifest.model import Manifest, expand_braces, incomplete_reason
 from shardkit.format.tario.reader import split_key
-from shardkit.write.select import TreeOptions, group_samples, select_files
-from shardkit.write.sources import JSONL_EXTS, SOURCE_TYPES, Kind, Unit
-from shardkit.write.table_meta import TABLE_EXTS, table_parts
+from shardkit.write.inputs.select import TreeOptions, group_samples, select_files
+from shardkit.write.inputs.sources import JSONL_EXTS, SOURCE_TYPES, Kind, Unit
+from shardkit.write.inputs.table_meta import TABLE_EXTS, table_parts
 
 __all__ = ["DiscoverOptions", "discover", "manifest_units", "table_units"]
 

@@ -1,6 +1,6 @@
 """One build per object-store output: lock objects created with a conditional put.
 
-A local output is locked with ``flock`` (:mod:`shardkit.write.lock`), which dies with its
+A local output is locked with ``flock`` (:mod:`shardkit.write.writer.lock`), which dies with its
 process. An object store has no such lock, so a build into ``s3://``, ``gs://`` or ``az://``
 creates ``.lock-{manifest}`` and ``.lock-{prefix}-shards`` beside its output only where they
 are not there (S3 ``If-None-Match: *``, GCS generation 0, Azure no overwrite: the store
@@ -30,7 +30,7 @@ from typing import Any
 
 from shardkit.errors import WriterError
 from shardkit.io.stores import ObjectStore
-from shardkit.write.outputs import pid_alive
+from shardkit.write.writer.outputs import pid_alive
 
 __all__ = ["LEASE", "RENEW", "ObjectLock"]
 

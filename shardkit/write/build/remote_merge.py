@@ -17,8 +17,8 @@ import posixpath
 from shardkit.errors import ManifestError
 from shardkit.format.manifest.model import Manifest
 from shardkit.urls import join
-from shardkit.write.outputs import ObjectOutput
-from shardkit.write.workers import build_info
+from shardkit.write.build.targets import build_info
+from shardkit.write.writer.outputs import ObjectOutput
 
 __all__ = ["merge_object_parts"]
 

@@ -27,11 +27,11 @@ from shardkit.durable import atomic_write
 from shardkit.errors import ShardkitError, WriterError
 from shardkit.format.manifest.model import Manifest
 from shardkit.io.stores import is_object_url
-from shardkit.write.outputs import ObjectOutput
+from shardkit.write.writer.outputs import ObjectOutput
 
 if TYPE_CHECKING:
-    from shardkit.write.config import BuildPlan
-    from shardkit.write.sources import BadRecord
+    from shardkit.write.build.config import BuildPlan
+    from shardkit.write.inputs.sources import BadRecord
 
 __all__ = [
     "ErrorLog",

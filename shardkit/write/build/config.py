@@ -15,9 +15,9 @@ from shardkit.format.manifest.check import MAX_COUNT
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.reader import DEFAULT_MAX_MEMBER, TAR_POLICIES
 from shardkit.units import parse_size
-from shardkit.write.image_check import CHECK_IMAGES
-from shardkit.write.select import TreeOptions
-from shardkit.write.sources import DEFAULT_MAX_RECORD, ON_ERROR, FieldMap, Unit
+from shardkit.write.inputs.image_check import CHECK_IMAGES
+from shardkit.write.inputs.select import TreeOptions
+from shardkit.write.inputs.sources import DEFAULT_MAX_RECORD, ON_ERROR, FieldMap, Unit
 from shardkit.write.writer import COMPRESSIONS
 
 __all__ = ["BuildConfig", "BuildPlan", "BuildResult", "check_config"]

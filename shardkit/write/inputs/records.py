@@ -1,9 +1,9 @@
-"""Reading a build's input units into samples (see :mod:`shardkit.write.sources` for units).
+"""Reading a build's input units into samples (see :mod:`shardkit.write.inputs.sources` for units).
 
 One reader per unit kind: JSONL lines (plain, ``.zst``, ``.gz``), a file-tree sample
 (optionally with its images re-encoded), an existing tar shard, or the samples a build
 function yields for one input. Record readers turn a bad record into a
-:class:`~shardkit.write.sources.BadRecord` when ``on_error="skip"``; a new record source (a
+:class:`~shardkit.write.inputs.sources.BadRecord` when ``on_error="skip"``; a new record source (a
 table format) follows :func:`_read_jsonl`'s pattern.
 """
 
@@ -26,8 +26,8 @@ from shardkit.format.codecs import encode_field, zstd_reader
 from shardkit.format.images import IMAGE_EXTS, reencode_image
 from shardkit.format.tario.reader import read_shard
 from shardkit.format.tario.writer import check_key
-from shardkit.write.image_check import image_problem
-from shardkit.write.sources import BadRecord, SourceError, SourceOptions, Unit
+from shardkit.write.inputs.image_check import image_problem
+from shardkit.write.inputs.sources import BadRecord, SourceError, SourceOptions, Unit
 
 __all__ = ["read_units"]
 
@@ -265,7 +265,7 @@ def _read_unit(
     elif unit.kind == "call":
         yield from _read_call(unit, opts, skip)
     elif unit.kind == "table":
-        from shardkit.write.tables import read_table
+        from shardkit.write.inputs.tables import read_table
 
         yield from read_table(unit, opts, skip)
     else:

@@ -1,7 +1,7 @@
 """The last step of a parallel build into an object store, and ``overwrite`` there.
 
 With ``workers > 1`` each worker streams its shards straight into the store under names of
-its own (``{prefix}-wNNNN-NNNNNN.tar``, see :mod:`shardkit.write.targets`) and leaves its
+its own (``{prefix}-wNNNN-NNNNNN.tar``, see :mod:`shardkit.write.build.targets`) and leaves its
 own manifest; :func:`finalize_remote` then writes the build's one manifest over them, in
 worker order, with their ETag records and one report of skipped records, and deletes the
 work objects, the build's state last. Nothing is copied or renamed: an object store has no
@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from shardkit.errors import WriterError
 from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
-from shardkit.write.outputs import ObjectOutput
-from shardkit.write.targets import ObjectPlace, build_info, errors_name, read_manifest
+from shardkit.write.build.targets import ObjectPlace, build_info, errors_name, read_manifest
+from shardkit.write.writer.outputs import ObjectOutput
 
 if TYPE_CHECKING:
-    from shardkit.write.config import BuildPlan
+    from shardkit.write.build.config import BuildPlan
 
 __all__ = ["clear_remote", "drop_work", "finalize_remote", "finished_remote"]
 

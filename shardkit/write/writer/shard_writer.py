@@ -8,7 +8,8 @@ quadratic in its shard count. The journal is folded into the manifest (written a
 at close, on resume, and whenever it has grown as long as the manifest (so rewrites cost
 O(shards) in all). At any instant manifest and journal list only whole shards. A ``with``
 block that raises finishes no shard: the one being written is deleted. Where the bytes go (a
-local directory, an object-store prefix) is the output's business (:mod:`shardkit.write.outputs`).
+local directory, an object-store prefix) is the output's business
+(:mod:`shardkit.write.writer.outputs`).
 """
 
 from __future__ import annotations
@@ -36,32 +37,15 @@ from shardkit.format.tario.writer import (
     member_header,
     padding,
 )
-from shardkit.write.existing import refuse_existing, remove_existing
-from shardkit.write.lock import OutputLock
-from shardkit.write.options import (
-    COMPRESSIONS,
-    DEFAULT_CHECKSUM,
-    DEFAULT_PREFIX,
-    WriterKeywords,
-    WriterOptions,
-    shard_name,
-    shard_suffix,
-)
-from shardkit.write.outputs import LocalOutput, ObjectOutput, make_output
+from shardkit.write.writer.existing import refuse_existing, remove_existing
+from shardkit.write.writer.lock import OutputLock
+from shardkit.write.writer.options import WriterKeywords, WriterOptions, shard_name
+from shardkit.write.writer.outputs import LocalOutput, ObjectOutput, make_output
 
 if TYPE_CHECKING:
     from typing import Unpack  # Python 3.11; only annotations use it
 
-__all__ = [  # the options' names are re-exported: their home was this module
-    "COMPRESSIONS",
-    "DEFAULT_CHECKSUM",
-    "DEFAULT_PREFIX",
-    "ShardWriter",
-    "WriterKeywords",
-    "WriterOptions",
-    "shard_name",
-    "shard_suffix",
-]
+__all__ = ["ShardWriter"]
 
 log = logging.getLogger(__name__)
 _FLUSH = 4 << 20
@@ -95,10 +79,10 @@ class ShardWriter:
     ``out_dir`` may be an object-store url (``s3://bucket/prefix/``, ``gs://...``,
     ``az://container/...``): shards are streamed up as they are written, each appears only
     when whole, the manifest goes last and ``resume=True`` goes on from what is verifiably
-    there (:mod:`shardkit.write.outputs`). Any other ``scheme://`` is an error.
+    there (:mod:`shardkit.write.writer.outputs`). Any other ``scheme://`` is an error.
 
     One writer per local output: the writer locks its manifest name and shard prefix in
-    ``out_dir`` (:mod:`shardkit.write.lock`) until it is closed; a second writer (or build)
+    ``out_dir`` (:mod:`shardkit.write.writer.lock`) until it is closed; a second writer (or build)
     there is a :class:`WriterError` naming the holder's pid and host.
     """
 

@@ -1,7 +1,7 @@
 """``shardkit build`` as a library: sources in, shards and one checksum manifest out.
 
 :func:`plan_build` reads the sources into a fixed list of input units (see
-:mod:`shardkit.write.sources`) and checks the options and what the output directory already
+:mod:`shardkit.write.inputs.sources`) and checks the options and what the output directory already
 holds; :func:`run_build` writes the shards; :func:`build` does both.
 
 - ``workers=N`` splits the units into N contiguous groups of about equal bytes, one
@@ -18,7 +18,7 @@ holds; :func:`run_build` writes the shards; :func:`build` does both.
   that did not finish fails ``verify`` and is refused by readers). ``overwrite=True``
   starts over.
 - One build per output at a time: a build locks its manifest name and shard prefix in
-  the output directory (:mod:`shardkit.write.lock`); a second one fails at once naming
+  the output directory (:mod:`shardkit.write.writer.lock`); a second one fails at once naming
   the first's pid and host.
 - ``on_error="skip"`` leaves bad records out and names them in
   ``manifest.errors.jsonl``; the default stops at the first.
@@ -26,11 +26,11 @@ holds; :func:`run_build` writes the shards; :func:`build` does both.
 - The output may be an object-store prefix (``s3://bucket/set/``, ``gs://``, ``az://``):
   shards are streamed into it with no local copy, workers write under names of their own
   and the manifest goes last; the build's state, lock and report are objects there
-  (:mod:`shardkit.write.targets`, :mod:`shardkit.write.remote_build`,
-  :mod:`shardkit.write.remote_lock`).
+  (:mod:`shardkit.write.build.targets`, :mod:`shardkit.write.build.remote_build`,
+  :mod:`shardkit.write.writer.object_lock`).
 
-The options and plan are in :mod:`shardkit.write.config`, planning in
-:mod:`shardkit.write.prepare`, the processes in :mod:`shardkit.write.workers`.
+The options and plan are in :mod:`shardkit.write.build.config`, planning in
+:mod:`shardkit.write.build.plan`, the processes in :mod:`shardkit.write.build.workers`.
 """
 
 from __future__ import annotations
@@ -49,37 +49,25 @@ from shardkit.errors import ConfigError, ManifestError, ShardkitError, WriterErr
 from shardkit.format.manifest.compact import save_manifest
 from shardkit.format.manifest.model import Manifest, creation_info
 from shardkit.io.stores import is_object_url
-from shardkit.write.config import BuildConfig, BuildPlan, BuildResult
-from shardkit.write.prepare import (
+from shardkit.write.build.config import BuildConfig, BuildPlan, BuildResult
+from shardkit.write.build.plan import (
     check_unchanged,
     clear_output,
     output_lock,
     plan_build,
-    split_contiguous,
 )
-from shardkit.write.remote_build import finalize_remote, finished_remote
-from shardkit.write.targets import place_of, store_failures
-from shardkit.write.workers import (
+from shardkit.write.build.remote_build import finalize_remote, finished_remote
+from shardkit.write.build.targets import build_info, errors_name, place_of, store_failures
+from shardkit.write.build.workers import (
     Progress,
     Reporter,
-    build_info,
-    errors_name,
     finalize,
     make_jobs,
     run_workers,
     write_job,
 )
 
-__all__ = [
-    "BuildConfig",
-    "BuildPlan",
-    "BuildResult",
-    "build",
-    "merge_parts",
-    "plan_build",
-    "run_build",
-    "split_contiguous",
-]
+__all__ = ["build", "merge_parts", "run_build"]
 
 log = logging.getLogger(__name__)
 

@@ -34,9 +34,9 @@ from shardkit._types import Sample
 from shardkit.errors import ConfigError, WriterError
 from shardkit.format.codecs import encode_field
 from shardkit.format.tario.writer import check_field, check_key
-from shardkit.write.image_check import image_problem
-from shardkit.write.sources import BadRecord, SourceError, SourceOptions, Unit
-from shardkit.write.table_meta import (
+from shardkit.write.inputs.image_check import image_problem
+from shardkit.write.inputs.sources import BadRecord, SourceError, SourceOptions, Unit
+from shardkit.write.inputs.table_meta import (
     byte_slices,
     is_parquet,
     one_line,

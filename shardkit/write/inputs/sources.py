@@ -2,11 +2,11 @@
 
 A build's input is a list of :class:`Unit` s, the pieces of work that parallel workers
 and ``--part`` split between them: one JSONL file, one tar shard, or one sample of a file
-tree. :func:`~shardkit.write.discover.discover` turns the user's source arguments into units in a
-fixed order;
+tree. :func:`~shardkit.write.inputs.discover.discover` turns the user's source arguments
+into units in a fixed order;
 :func:`read_units` turns units into samples (``{"__key__": key, field: bytes}``), each with
 the number of input bytes it consumed, so a progress bar can show where the build is
-(the readers are in :mod:`shardkit.write.records`).
+(the readers are in :mod:`shardkit.write.inputs.records`).
 
 File trees follow the WebDataset convention: ``dir/abc.jpg`` and ``dir/abc.json`` are the
 fields ``jpg`` and ``json`` of the sample ``dir/abc`` (the key is split at the first dot of
@@ -132,7 +132,7 @@ class Unit:
     (an existing shard; ``payload`` the reason when it is left out, named in the build's
     error report), ``call`` (``payload`` is one input of a build function;
     ``path`` its repr) or ``table`` (a Parquet row group ``group``, or an Arrow file; see
-    :mod:`shardkit.write.tables`). ``size`` is the bytes it occupies on disk (1 for a
+    :mod:`shardkit.write.inputs.tables`). ``size`` is the bytes it occupies on disk (1 for a
     call).
     """
 

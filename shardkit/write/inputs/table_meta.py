@@ -1,7 +1,7 @@
 """Parquet and Arrow files as build inputs: what they are and how they split (row groups).
 
-The reading itself is :mod:`shardkit.write.tables`; this is what discovery needs, below
-:mod:`shardkit.write.sources`. pyarrow is the optional extra ``shardkit[parquet]``.
+The reading itself is :mod:`shardkit.write.inputs.tables`; this is what discovery needs, below
+:mod:`shardkit.write.inputs.sources`. pyarrow is the optional extra ``shardkit[parquet]``.
 """
 
 from __future__ import annotations

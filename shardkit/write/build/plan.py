@@ -25,14 +25,14 @@ from shardkit.format.layout import INDEX_DIR
 from shardkit.format.manifest.model import Manifest
 from shardkit.io.stores import is_object_url
 from shardkit.units import parse_size
-from shardkit.write.config import BuildConfig, BuildPlan, check_config
-from shardkit.write.discover import DiscoverOptions, discover
-from shardkit.write.lock import OutputLock
-from shardkit.write.outputs import make_output
-from shardkit.write.remote_build import clear_remote
-from shardkit.write.remote_lock import ObjectLock
-from shardkit.write.sources import Unit
-from shardkit.write.targets import ObjectPlace, build_info, place_of, store_failures
+from shardkit.write.build.config import BuildConfig, BuildPlan, check_config
+from shardkit.write.build.remote_build import clear_remote
+from shardkit.write.build.targets import ObjectPlace, build_info, place_of, store_failures
+from shardkit.write.inputs.discover import DiscoverOptions, discover
+from shardkit.write.inputs.sources import Unit
+from shardkit.write.writer.lock import OutputLock
+from shardkit.write.writer.object_lock import ObjectLock
+from shardkit.write.writer.outputs import make_output
 
 __all__ = [
     "auto_workers",
@@ -241,7 +241,7 @@ def _output_of(out_dir: str | os.PathLike[str]) -> str:
 
 def output_lock(plan: BuildPlan) -> contextlib.AbstractContextManager[Any]:
     """The lock a build holds on its output: its manifest name and its shard prefix (in an
-    object store, lock objects: :mod:`shardkit.write.remote_lock`)."""
+    object store, lock objects: :mod:`shardkit.write.writer.object_lock`)."""
     names = (plan.manifest_name, f"{plan.shard_prefix}-shards")
     if is_object_url(plan.out_dir):
         out = ObjectPlace(plan).out

@@ -32,10 +32,7 @@ from shardkit.format.manifest.compact import save_manifest
 from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
 from shardkit.io.stores import is_object_url
 from shardkit.units import parse_size
-from shardkit.write.outputs import ObjectOutput
-from shardkit.write.records import read_units
-from shardkit.write.sources import BadRecord, SourceOptions, Unit
-from shardkit.write.targets import (
+from shardkit.write.build.targets import (
     ErrorLog,
     ObjectErrorLog,
     ObjectPlace,
@@ -45,18 +42,18 @@ from shardkit.write.targets import (
     read_manifest,
     store_failures,
 )
+from shardkit.write.inputs.records import read_units
+from shardkit.write.inputs.sources import BadRecord, SourceOptions, Unit
 from shardkit.write.writer import ShardWriter, WriterOptions, shard_name
+from shardkit.write.writer.outputs import ObjectOutput
 
 if TYPE_CHECKING:
-    from shardkit.write.config import BuildConfig, BuildPlan
+    from shardkit.write.build.config import BuildConfig, BuildPlan
 
 __all__ = [
-    "ErrorLog",
     "Job",
     "Progress",
     "Reporter",
-    "build_info",
-    "errors_name",
     "finalize",
     "make_jobs",
     "run_workers",
