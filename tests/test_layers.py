@@ -92,6 +92,7 @@ ORDER: dict[str, list[list[str]]] = {
     "shardkit.streaming": [
         [
             "resume",
+            "allow",
             "transfer",
             "arena",
             "sync",
@@ -108,7 +109,7 @@ ORDER: dict[str, list[list[str]]] = {
     ],
     "shardkit.cli": [
         ["_fields", "_plot", "_tune", "build", "bench"],
-        ["cache", "demo", "inspect", "manifest", "plan", "verify"],
+        ["cache", "demo", "inspect", "manifest", "plan", "state", "verify"],
     ],
 }
 LAYERS = ORDER["shardkit"]
