@@ -303,3 +303,30 @@ def test_adopting_a_shard_names_the_member_it_refuses(tmp_path: Path) -> None:
     made = shardkit("manifest", "from-shards", shards)
     assert made.returncode == 1, made.stdout + made.stderr
     assert "special.tar at byte 1536" in made.stderr and "FIFO" in made.stderr, made.stderr
+
+
+@pytest.mark.parametrize("layout", tarcorpus.extended_layouts(), ids=lambda x: x.name)
+def test_extended_headers_read_as_every_reader_reads_them_or_refused(
+    tmp_path: Path, layout: tarcorpus.Layout
+) -> None:
+    """Pax sizes on members a reader skips, GNU long names and pax paths stacked: read as
+    tarfile, webdataset and GNU tar all read them, or refused naming why (they disagree,
+    or the policy refuses the member) at the member's first header."""
+    path = tmp_path / "x.tar"
+    path.write_bytes(layout.data)
+    want = tarfile_files(layout.data)
+    names = [name for name, _ in want]
+    if layout.refused is None:
+        assert tarcorpus.listed_files("tar", path) == names
+        _conforms(layout.data, layout.policy)
+        assert tarcorpus.webdataset_samples(path) == as_samples(want)
+        return
+    with pytest.raises(ShardFormatError, match=layout.refused) as info:
+        list(read_shard(path, policy=layout.policy))
+    assert info.value.offset == 0 and info.value.url == str(path)
+    try:
+        _members(layout.data, "lenient")
+    except ShardFormatError:  # refused under every policy: only where readers disagree
+        assert names != tarcorpus.listed_files("tar", path) or names != tarcorpus.listed_files(
+            "bsdtar", path
+        )

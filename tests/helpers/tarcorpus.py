@@ -17,11 +17,12 @@ import struct
 import subprocess
 import tarfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from shardkit.format.tario.names import normal_name, split_key
-from tests.helpers.hostile import header, pad, with_fields
+from tests.helpers.hostile import EOA, header, member, pad, pax, pax_record, with_fields
 
 Files = list[tuple[str, bytes]]
 
@@ -249,3 +250,141 @@ def webdataset_samples(path: Path) -> list[dict[str, Any]]:
         got = [plain_sample(s) for s in wds.WebDataset([str(path)], shardshuffle=False)]
         gc.collect()
     return got
+
+
+def listed_files(tool: str, path: Path) -> list[str]:
+    """The regular members ``tool`` (``tar``: GNU tar, or ``bsdtar``) lists in the tar at
+    ``path``, named in the normal form (``-tv``: lines starting ``-``, or ``C`` for GNU tar's
+    contiguous files; no spaces in names)."""
+    cmd = [tool, "-tvf", str(path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
+    return [normal_name(line.split()[-1]) for line in out.splitlines() if line[:1] in "-C"]
+
+
+def long_header(text: str, typeflag: bytes = b"L") -> bytes:
+    """A GNU long-name (``L``) or long-link (``K``) header carrying ``text``."""
+    data = text.encode() + b"\0"
+    return header("././@LongLink", len(data), typeflag=typeflag) + pad(data)
+
+
+def pax_header(*records: tuple[str, str], typeflag: bytes = b"x") -> bytes:
+    """A pax header of ``(keyword, value)`` records, in order."""
+    return pax(b"".join(pax_record(k, v) for k, v in records), typeflag=typeflag)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A hand-made tar whose extended headers readers may apply differently: ``refused`` is
+    None when tarfile, webdataset and GNU tar read it alike (and shardkit must too), else
+    what shardkit's refusal says (they disagree, or the ``policy`` refuses the member)."""
+
+    name: str
+    data: bytes
+    refused: str | None = None
+    policy: str = "strict"
+
+
+HIDDEN = member("h.txt", b"hidden member")  # what a reader that skips too little hands out
+_TAIL = member("a.txt", b"after") + EOA
+
+
+def _sized(typeflag: bytes, **kw: Any) -> bytes:
+    """A pax ``size`` of one member's worth over a ``typeflag`` header, then that member."""
+    return pax_header(("size", str(len(HIDDEN)))) + header("t", 0, typeflag=typeflag, **kw) + HIDDEN
+
+
+def extended_layouts() -> list[Layout]:
+    """Extended headers stacked and applied to members a reader skips, in the layouts
+    where readers agree and where they do not (``tests/format/test_conformance.py``)."""
+    file = member("u.txt", b"data")
+    pax_size = f"pax size of {len(HIDDEN)} bytes"
+    no_data = f"tarfile reads 0 bytes of data after its header, GNU tar {len(HIDDEN)}"
+    out = [Layout(f"pax size on type {t.decode()}", _sized(t) + _TAIL) for t in (b"V", b"A", b"D")]
+    out += [
+        Layout("pax size on an unknown type, lenient", _sized(b"Q") + _TAIL, policy="lenient"),
+        Layout("pax size on an unknown type", _sized(b"Q") + _TAIL, "type 'Q'"),
+        Layout("pax size on a directory", _sized(b"5") + _TAIL, pax_size, "lenient"),
+        Layout("pax size on a directory, strict", _sized(b"5") + _TAIL, pax_size),
+        Layout("pax size on a hard link", _sized(b"1", linkname=b"a.txt") + _TAIL, no_data),
+        Layout(
+            "pax size on a symbolic link",
+            _sized(b"2", linkname=b"a.txt") + _TAIL,
+            no_data,
+            "lenient",
+        ),
+        Layout("pax size on a FIFO", _sized(b"6") + _TAIL, no_data, "lenient"),
+        Layout(
+            "pax size before a global header",
+            pax_header(("size", str(len(HIDDEN))))
+            + pax_header(("comment", "c"), typeflag=b"g")
+            + header("t.txt", 0)
+            + HIDDEN
+            + _TAIL,
+        ),
+        Layout(
+            "pax size then a long name",
+            pax_header(("size", "1024"))
+            + long_header("l.txt")
+            + header("u.txt", 0)
+            + HIDDEN
+            + _TAIL,
+        ),
+        Layout(
+            "a long name then a pax size",
+            long_header("l.txt")
+            + pax_header(("size", "1024"))
+            + header("u.txt", 0)
+            + HIDDEN
+            + _TAIL,
+        ),
+        Layout(
+            "pax path then a long name",
+            pax_header(("path", "p.txt")) + long_header("l.txt") + file + _TAIL,
+        ),
+        Layout(
+            "a long name then the same pax path",
+            long_header("p.txt") + pax_header(("path", "p.txt")) + file + _TAIL,
+        ),
+        Layout(
+            "a long name then a pax path",
+            long_header("l.txt") + pax_header(("path", "p.txt")) + file + _TAIL,
+            "'l.txt' as tarfile applies its extended headers and 'p.txt' as GNU tar",
+        ),
+        Layout(
+            "two long names",
+            long_header("l1.txt") + long_header("l2.txt") + file + _TAIL,
+            "'l1.txt' as tarfile .* and 'l2.txt' as GNU tar",
+        ),
+        Layout(
+            "two pax headers",
+            pax_header(("size", "1024"))
+            + pax_header(("mtime", "5"))
+            + header("u.txt", 0)
+            + HIDDEN
+            + _TAIL,
+            "tarfile reads 1024 bytes of data after its header, GNU tar 0",
+        ),
+        Layout(
+            "a long link then a pax linkpath on a symbolic link",
+            long_header("k1", b"K")
+            + pax_header(("linkpath", "k2"))
+            + header("s.txt", typeflag=b"2", linkname=b"k0")
+            + _TAIL,
+            policy="lenient",
+        ),
+        Layout(
+            "a pax linkpath then a long link on a file",
+            pax_header(("linkpath", "k2")) + long_header("k1", b"K") + file + _TAIL,
+        ),
+        Layout(
+            "a pax path ending in a slash on a file",
+            pax_header(("path", "q.txt/")) + file + _TAIL,
+            "'q.txt' as tarfile .* and 'q.txt/' as GNU tar",
+        ),
+        Layout(
+            "a sparse name then a pax path",
+            pax_header(("GNU.sparse.name", "s.txt"), ("path", "p.txt")) + file + _TAIL,
+            "'p.txt' as tarfile .* and 's.txt' as GNU tar",
+        ),
+    ]
+    return out

@@ -11,7 +11,9 @@ What each header type gives (the README's format section says why):
 - regular files (``0``, NUL, ``7``) and GNU sparse files (type ``S`` and the pax sparse
   formats, expanded as tarfile expands them) are members;
 - pax (``x``, Solaris ``X``) and GNU long-name (``L``, ``K``) headers describe the next
-  member; a global pax header (``g``) is checked and, unless it sets a name or size
+  member (what its name and size are, or why readers disagree on them, is decided in one
+  place: :func:`~shardkit.format.tario.extended.member_facts`); a global pax header
+  (``g``) is checked and, unless it sets a name or size
   (refused: it would apply to every member after it), changes nothing;
 - directories (``5``, and old-style names ending in ``/``) are passed over, never data;
 - volume labels (``V``), Solaris ACLs (``A``) and GNU dump directories (``D``) are
@@ -29,15 +31,15 @@ from typing import BinaryIO
 from shardkit.errors import ConfigError, ShardFormatError
 from shardkit.format.tario import sparse
 from shardkit.format.tario.buffer import DEFAULT_MAX_MEMBER, Buffered, stream_size
+from shardkit.format.tario.extended import Extended, MemberFacts, member_facts
 from shardkit.format.tario.headers import (
     BLOCK,
     ZERO_BLOCK,
     checksum_ok,
     parse_number,
     parse_pax,
-    ustar_name,
 )
-from shardkit.format.tario.names import name_problem, normal_name
+from shardkit.format.tario.names import name_problem
 
 __all__ = [
     "BLOCK",
@@ -171,16 +173,20 @@ class MemberReader(Buffered):
         except ValueError:
             raise self._error(f"bad size field {bytes(hdr[124:136])!r}", off) from None
 
-    def _extended(self, typeflag: bytes, size: int, off: int, pax: dict[str, str]) -> None:
-        """Read an extended header (pax ``x``/``X``/``g``, GNU ``L``/``K``) into ``pax``."""
+    def _extended(self, typeflag: bytes, size: int, off: int, first: int, ext: Extended) -> None:
+        """Read an extended header (pax ``x``/``X``/``g``, GNU ``L``/``K``) at ``off`` into
+        ``ext``, for the member whose headers start at ``first``."""
         if size > _MAX_META:
             raise self._error(f"extended header of {size} bytes is too large", off)
         data = self._member_data(size, off, "<extended header>")
-        if typeflag in (b"x", b"X"):
-            pax.update(parse_pax(data, self.url, off))
-        elif typeflag == b"L":
-            pax["path"] = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-        elif typeflag == b"g":
+        try:
+            if typeflag in (b"x", b"X"):
+                ext.add_pax(parse_pax(data, self.url, off))
+            elif typeflag in (b"L", b"K"):
+                ext.add_long(typeflag, data)
+        except ValueError as exc:
+            raise self._error(str(exc), first) from None
+        if typeflag == b"g":
             records = parse_pax(data, self.url, off)
             for key in records:
                 if key in _GLOBAL_REFUSED or key.startswith("GNU.sparse."):
@@ -190,15 +196,14 @@ class MemberReader(Buffered):
                         off,
                     )
 
-    def _name(self, hdr: bytes, size: int, first: int, pax: dict[str, str]) -> tuple[str, int]:
-        """The normal name and the stored size of a file member whose headers start at
-        ``first``; a name ending in ``/`` is an old-style directory entry."""
-        name = pax.get("GNU.sparse.name") or pax.get("path") or ustar_name(hdr)
-        if "size" in pax:
-            if not (pax["size"].isascii() and pax["size"].isdigit()):
-                raise self._error("pax size is not a number", first)
-            size = int(pax["size"])
-        return normal_name(name), size
+    def _facts(
+        self, hdr: bytes, typeflag: bytes, size: int, first: int, ext: Extended
+    ) -> MemberFacts:
+        """The member's name and size from all its headers (one rule: :func:`member_facts`)."""
+        try:
+            return member_facts(ext, hdr, typeflag, size)
+        except ValueError as exc:
+            raise self._error(str(exc), first) from None
 
     def _checked(self, name: str, first: int) -> str:
         problem = name_problem(name)
@@ -219,7 +224,7 @@ class MemberReader(Buffered):
 
     def _next_member(self) -> tuple[str, bytes | int] | None:
         """The next file member (through any extended headers), or None at the end."""
-        pax: dict[str, str] = {}  # extended records (and a GNU long name as "path")
+        ext = Extended()  # the extended headers before the member
         first: int | None = None  # offset of the current member's first (extended) header
         while True:
             off = self._base + self._pos
@@ -236,24 +241,25 @@ class MemberReader(Buffered):
                 first = off
             typeflag = hdr[156:157]
             if typeflag in _EXTENDED:
-                self._extended(typeflag, size, off, pax)
+                self._extended(typeflag, size, off, first, ext)
                 if typeflag == b"g" and first == off:
                     first = None
                 continue
+            facts = self._facts(hdr, typeflag, size, first, ext)
             if typeflag in _REGULAR:
-                item = self._file(hdr, typeflag, size, first, pax)
+                item = self._file(hdr, typeflag, facts, first, ext.pax)
                 if item is not None:
                     return item
             else:
-                self._other(typeflag, size, first, ustar_name(hdr))
-            pax, first = {}, None
+                self._other(typeflag, facts, first)
+            ext, first = Extended(), None
 
     def _file(
-        self, hdr: bytes, typeflag: bytes, size: int, first: int, pax: dict[str, str]
+        self, hdr: bytes, typeflag: bytes, facts: MemberFacts, first: int, pax: dict[str, str]
     ) -> tuple[str, bytes | int] | None:
         """A regular or sparse member's name and data; None for an old-style directory."""
-        name, size = self._name(hdr, size, first, pax)
-        if name.endswith("/"):
+        name, size = facts.name, facts.size
+        if facts.directory:
             if size:  # tarfile reads these bytes as data, GNU tar skips them, bsdtar not
                 raise self._error(
                     f"directory entry {name!r} claims {size} bytes of data, which tar "
@@ -269,23 +275,14 @@ class MemberReader(Buffered):
         data = self._member_data(size, first, name, keep=self.keep_data)
         return name, (data if self.keep_data else size)
 
-    def _other(self, typeflag: bytes, size: int, first: int, name: str) -> None:
+    def _other(self, typeflag: bytes, facts: MemberFacts, first: int) -> None:
         """Pass over a member that is not a file, or refuse it (see the module's list)."""
+        name, size = facts.name, facts.size
         if typeflag == b"5":  # no data, whatever its size field says (as every reader)
             self._count("directory", first, name)
             return
-        kind = _NO_DATA.get(typeflag)
-        if kind is not None:
-            if size and typeflag != b"1":  # tarfile takes no data, GNU tar skips some
-                raise self._error(
-                    f"{kind} member {name!r} claims {size} bytes of data, which tar "
-                    "readers disagree on",
-                    first,
-                )
-            data = 0
-        else:
-            kind = _METADATA.get(typeflag) or f"type {typeflag.decode('latin-1')!r}"
-            data = size
+        kind = _NO_DATA.get(typeflag) or _METADATA.get(typeflag)
+        kind = kind or f"type {typeflag.decode('latin-1')!r}"
         if typeflag not in _METADATA and self.policy != "lenient":
             raise self._error(
                 f"member {name!r} is a {kind}; shards hold regular files "
@@ -293,7 +290,7 @@ class MemberReader(Buffered):
                 "--tar-policy lenient)",
                 first,
             )
-        self._member_data(data, first, f"<{kind}>", keep=False)
+        self._member_data(size, first, f"<{kind}>", keep=False)
         self._count(kind, first, name)
 
     @property
