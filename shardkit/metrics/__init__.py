@@ -230,6 +230,14 @@ class LoaderStats:
             )
         )
 
+    def add(self, counts: Mapping[str, float]) -> None:
+        """Counts no batch carried (the samples dropped at a shared epoch end), added to
+        this iteration's and the total."""
+        with self._lock:
+            for key, n in counts.items():
+                for s in (self.current, self.total):
+                    s.counts[key] = s.counts.get(key, 0.0) + n
+
     def totals(self) -> tuple[dict[str, float], dict[str, float]]:
         """``(counters, io counters)`` of every iteration so far, summed over workers."""
         with self._lock:

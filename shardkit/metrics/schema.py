@@ -5,7 +5,12 @@ dict with these keys, always all of them; counts are ``int``, rates and times ``
 
 ========================  =========================================================
 ``batches``               batches the training loop received
-``samples``, ``bytes``    samples read and their bytes in the shards
+``samples``, ``bytes``    samples that reached the training loop (after ``select``
+                          and skips), bytes read from the shards
+``filtered_samples``      samples a ``select`` refused
+``dropped_samples``       samples of this rank's share of the epoch never delivered
+                          because the epoch ended for every rank at once (another
+                          rank's data ended first): read ahead or never read
 ``seconds``               wall time from ``iter()`` to the last batch (summed)
 ``first_batch_s``         time from ``iter()`` to the first batch (for the total:
                           the first iteration's, the cold start)
@@ -106,6 +111,8 @@ COUNT_KEYS = (
     "skipped_shards",
     "skipped_samples",
     "skipped_members",
+    "filtered_samples",
+    "dropped_samples",
 )
 RATE_KEYS = (
     "seconds",
@@ -194,6 +201,8 @@ def window(
         "skipped_shards": _int(counts, "skipped_shards"),
         "skipped_samples": _int(counts, "skipped_samples"),
         "skipped_members": _int(counts, "skipped_members"),
+        "filtered_samples": _int(counts, "filtered_samples"),
+        "dropped_samples": _int(counts, "dropped_samples"),
         "seconds": float(seconds),
         "first_batch_s": float(first_batch_s),
         "samples_per_s": float(counts.get("samples", 0.0)) * per_s,

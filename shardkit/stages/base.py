@@ -242,6 +242,16 @@ class Stage:
         which bounds how long a filter may drop everything (:class:`Fruitless`)."""
         return None if self.upstream is None else self.upstream.endless()
 
+    def left(self, ctx: Context, state: Mapping[str, Any] | None) -> int | None:
+        """Samples worker ``ctx`` has still to give this epoch from ``state`` (its pipeline
+        state after the last item it delivered; None: from the start); None where not known
+        (an endless or mixed pipeline)."""
+        if self.upstream is None:
+            return None
+        if isinstance(state, Mapping) and state.get("stage") == self.name and "source" in state:
+            state = state.get("after", state["source"])  # a stage with a position of its own
+        return self.upstream.left(ctx, state)
+
     def carry(self, state: Mapping[str, Any] | None, epoch: int) -> dict[str, Any] | None:
         """The state epoch ``epoch`` starts from when the epoch before ended (or was left) at
         ``state``: None, a fresh start, unless a stage keeps something across epochs (a

@@ -45,14 +45,28 @@ class Select(Step):
     def params(self) -> dict[str, Any]:
         return {"predicate": callable_name(self.predicate)}
 
+    def iterate(self, ctx: Context, state: Mapping[str, Any] | None = None) -> Cursor:
+        up = self._up().iterate(ctx, state)
+        cur = Cursor(up)
+        cur.items = self._kept(up, cur.own)
+        return cur
+
     def run(self, items: Iterator[Any]) -> Iterator[Any]:
+        return self._kept(items, {})
+
+    def _kept(self, items: Iterator[Any], own: dict[str, float]) -> Iterator[Any]:
+        """The items kept; each one refused is counted in ``own`` as ``filtered_samples``
+        and taken off ``samples`` (what goes on is what reaches the training loop)."""
         pred = self.predicate
         fruitless = Fruitless(f"select({callable_name(pred)})", self._up())
+        own["filtered_samples"] = own["samples"] = 0.0
         for item in items:
             if pred(item):
                 fruitless.kept()
                 yield item
             else:
+                own["filtered_samples"] += 1
+                own["samples"] -= 1
                 fruitless.dropped()
 
     def lengths(self, ctx: Context, state: Mapping[str, Any] | None = None) -> list[int] | None:

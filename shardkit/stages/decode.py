@@ -248,7 +248,13 @@ class _DecodeCursor(Cursor):
         super().__init__(up)
         self.stage = stage
         self.bad = bad
-        self.skipped = {"skipped_samples": 0.0, "skipped_shards": 0.0, "decode_s": 0.0}
+        # "samples": minus those skipped here (the source counted them as read)
+        self.skipped = {
+            "skipped_samples": 0.0,
+            "skipped_shards": 0.0,
+            "decode_s": 0.0,
+            "samples": 0.0,
+        }
         self.items = self._decode_all()
 
     def state(self) -> dict[str, Any]:
@@ -267,6 +273,7 @@ class _DecodeCursor(Cursor):
         for sample in self.upstream:
             if bad_urls and sample.get("__url__") in bad_urls:
                 skipped["skipped_samples"] += 1
+                skipped["samples"] -= 1
                 fruitless.dropped()
                 continue
             t = perf_counter()
@@ -277,6 +284,7 @@ class _DecodeCursor(Cursor):
                 if policy == "raise":
                     raise
                 skipped["skipped_samples"] += 1
+                skipped["samples"] -= 1
                 count_error(skipped, exc)
                 if policy == "skip_shard":
                     bad_urls.add(str(sample.get("__url__")))

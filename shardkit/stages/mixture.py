@@ -258,6 +258,9 @@ class Mix(Stage):
             "sources": subs,
         }
 
+    def left(self, ctx: Context, state: Mapping[str, Any] | None) -> int | None:
+        return None  # what a mixture still draws is not known up front
+
     def endless(self) -> int | None:
         """Under ``"never"`` (or over an endless source) the mixture never ends: one pass is
         every source's samples."""

@@ -104,6 +104,9 @@ class WithEpoch(Stage):
     def endless(self) -> int | None:
         return None  # n items an epoch
 
+    def left(self, ctx: Context, state: Mapping[str, Any] | None) -> int | None:
+        return None  # its epoch is n items, not the samples its upstream holds
+
     def lengths(self, ctx: Context, state: Mapping[str, Any] | None = None) -> list[int] | None:
         if self._up().endless() is None:
             return None  # the upstream may end first: the loader's vote ends the epoch

@@ -136,6 +136,14 @@ class ShardSource(Stage):
         c = self.config
         return self.catalog().total if c.resampled and c.epoch_length is None else None
 
+    def left(self, ctx: Context, state: Mapping[str, Any] | None) -> int | None:
+        """The stream positions after ``state``'s (all of them without one)."""
+        lengths = self.lengths(ctx, state)
+        if lengths is None:
+            return None
+        done = 0 if state is None else int(state.get("position", 0))
+        return max(lengths[ctx.worker] - done, 0)
+
     def lengths(self, ctx: Context, state: Mapping[str, Any] | None = None) -> list[int] | None:
         history = () if state is None else self._history_of(state)
         where = self.where(ctx)

@@ -103,7 +103,7 @@ class WorkerSide(IterableDataset[Any]):
             t = perf_counter()
             nxt = next(it, _END)
             busy += perf_counter() - t
-            if m is None and nxt is _END:
+            if nxt is _END:  # after the end: what was read past the last item counts
                 m = meta()
             yield item, m
             item = nxt
