@@ -77,6 +77,7 @@ PUBLIC: dict[str, list[str]] = {
         "tensorboard",
         "write_prometheus",
     ],
+    "shardkit.ray": ["ShardDatasink"],
     "shardkit.stages": [
         "POLICIES",
         "Batched",
