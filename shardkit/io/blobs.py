@@ -18,7 +18,6 @@ import contextlib
 import os
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
 from shardkit.counters import Counters
 from shardkit.errors import ConfigError, FetchError
@@ -35,20 +34,18 @@ __all__ = [
     "az_client",
     "az_error",
     "gs_client",
-    "split_blob_url",
 ]
 
 _RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-_SCHEMES = {"gs": "gs", "az": "az"}
 
 
-def split_blob_url(url: str) -> tuple[str, str, str]:
-    """``gs://bucket/a/b.tar`` -> ``("gs", "bucket", "a/b.tar")`` (``az://container/...``)."""
-    parts = urlsplit(url)
-    key = parts.path.lstrip("/")
-    if parts.scheme not in _SCHEMES or not parts.netloc or not key:
-        raise ConfigError(f"not a gs:// or az:// url with a bucket and a key: {url!r}")
-    return parts.scheme, parts.netloc, key
+def _split(url: str) -> tuple[str, str, str]:
+    """``gs://bucket/a/b.tar`` -> ``("gs", "bucket", "a/b.tar")`` (``az://container/...``),
+    as :func:`parse_url` splits it."""
+    where = parse_url(url, need_key=True)
+    if where.scheme not in ("gs", "az"):
+        raise ConfigError(f"not a gs:// or az:// url: {where}")
+    return where.scheme, where.bucket, where.key
 
 
 class _Body:
@@ -102,7 +99,7 @@ class BlobSource:
         """Where ``url`` lives, in full: the scheme, the service endpoint this process's
         client talks to, the bucket (container) and the key; the same url on another
         service (an emulator, another account) is another location."""
-        scheme, bucket, key = split_blob_url(url)
+        scheme, bucket, key = _split(url)
         return f"{scheme}://{bucket}/{key} @ {self.endpoint()}"
 
     def _get(self, bucket: str, key: str, start: int, stop: int | None) -> tuple[Any, int | None]:
@@ -139,7 +136,7 @@ class BlobSource:
         self, url: str, start: int = 0, end: int | None = None, *, gate: Gate | None = None
     ) -> Iterator[bytes]:
         """Yield the bytes ``[start, end)`` of ``url`` (``end`` None: to its end)."""
-        _, bucket, key = split_blob_url(url)
+        _, bucket, key = _split(url)
 
         def open_range(pos: int, stop: int | None) -> _Body:
             last = pos + self.cfg.range_size
@@ -162,7 +159,7 @@ class BlobSource:
     def get(self, url: str, *, etag: str | None = None) -> tuple[bytes | None, str | None]:
         """The whole (small) object; no conditional gets here (``etag`` is ignored)."""
         del etag
-        _, bucket, key = split_blob_url(url)
+        _, bucket, key = _split(url)
         data = b"".join(
             resuming_chunks(
                 url,

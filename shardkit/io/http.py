@@ -20,7 +20,6 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
-from urllib.parse import urlsplit
 
 import requests
 import urllib3
@@ -29,8 +28,9 @@ from shardkit.counters import Counters
 from shardkit.errors import FetchError
 from shardkit.io.config import IoConfig
 from shardkit.io.retry import Retryable, RetryPolicy, parse_retry_after, resuming_chunks
+from shardkit.urls import parse_url
 
-__all__ = ["CHUNK", "Gate", "HttpSource", "http_location", "policy_of"]
+__all__ = ["CHUNK", "Gate", "HttpSource", "policy_of"]
 
 CHUNK = 1 << 20
 _RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -44,17 +44,6 @@ Gate = Callable[[], AbstractContextManager[object]]
 def policy_of(cfg: IoConfig) -> RetryPolicy:
     """The retry policy an :class:`IoConfig` describes."""
     return cfg.retry
-
-
-def http_location(url: str) -> str:
-    """``url`` as one canonical location: scheme and host lower-cased, the port spelled
-    out (80/443 by default), user info and fragment dropped (they name no other object)."""
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    port = parts.port or (443 if scheme == "https" else 80)
-    host = (parts.hostname or "").lower()
-    query = f"?{parts.query}" if parts.query else ""
-    return f"{scheme}://{host}:{port}{parts.path or '/'}{query}"
 
 
 class _Body:
@@ -134,12 +123,13 @@ class HttpSource:
     def location(self, url: str) -> str:
         """Where ``url`` lives, in full and in one spelling (scheme, host, port, path,
         query): what a node's copy of a manifest or its compact form is named by."""
-        return http_location(url)
+        return parse_url(url).location()
 
     def stream(
         self, url: str, start: int = 0, end: int | None = None, *, gate: Gate | None = None
     ) -> Iterator[bytes]:
         """Yield the bytes ``[start, end)`` of ``url`` (``end`` None: to its end)."""
+        parse_url(url, need_key=True)  # a url naming another place is refused, not read
         return resuming_chunks(
             url,
             lambda pos, stop: self._open_range(url, pos, stop, gate),
@@ -219,6 +209,7 @@ class HttpSource:
 
     def get(self, url: str, *, etag: str | None = None) -> tuple[bytes | None, str | None]:
         """The whole object and its ETag; ``(None, etag)`` if it still has ``etag`` (304)."""
+        parse_url(url, need_key=True)
         seen: dict[str, str | None] = {}
 
         def whole(pos: int, end: int | None) -> _Body:

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote, unquote
 
 import requests
 
 from shardkit.errors import ConfigError
-from shardkit.io.http import Gate, HttpSource, http_location
+from shardkit.io.http import Gate, HttpSource
+from shardkit.urls import parse_url
 
 __all__ = ["HubSource", "hub_token", "resolve_hub_url"]
 
@@ -30,10 +31,10 @@ _KINDS = {"datasets": "datasets/", "models": "", "spaces": "spaces/"}
 
 def resolve_hub_url(url: str, endpoint: str | None = None) -> str:
     """The https resolve url of ``hf://...`` (see the module docstring)."""
-    parts = urlsplit(url)
-    if parts.scheme != "hf":
-        raise ConfigError(f"not an hf:// url: {url!r}")
-    words = [parts.netloc, *parts.path.lstrip("/").split("/")]
+    where = parse_url(url)
+    if where.scheme != "hf":
+        raise ConfigError(f"not an hf:// url: {where}")
+    words = [where.bucket, *where.key.split("/")]
     kind = words[0] if words[0] in _KINDS else "models"
     rest = words[1:] if words[0] in _KINDS else words
     if len(rest) < 3 or not all(rest[:2]) or not rest[-1]:
@@ -80,7 +81,7 @@ class HubSource(HttpSource):
         return s
 
     def location(self, url: str) -> str:
-        return http_location(resolve_hub_url(url))
+        return parse_url(resolve_hub_url(url)).location()
 
     def stream(
         self, url: str, start: int = 0, end: int | None = None, *, gate: Gate | None = None

@@ -14,15 +14,15 @@ import os
 import re
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
 from shardkit.counters import Counters
 from shardkit.errors import ConfigError, FetchError
 from shardkit.io.config import IoConfig
 from shardkit.io.http import CHUNK, Gate, policy_of
 from shardkit.io.retry import Retryable, parse_retry_after, resuming_chunks
+from shardkit.urls import parse_url
 
-__all__ = ["S3Source", "split_s3_url"]
+__all__ = ["S3Source"]
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 _RETRY_CODES = frozenset(
@@ -30,13 +30,12 @@ _RETRY_CODES = frozenset(
 )
 
 
-def split_s3_url(url: str) -> tuple[str, str]:
-    """``s3://bucket/a/b.tar`` → ``("bucket", "a/b.tar")``."""
-    parts = urlsplit(url)
-    key = parts.path.lstrip("/")
-    if parts.scheme != "s3" or not parts.netloc or not key:
-        raise ConfigError(f"not an s3 url with a bucket and a key: {url!r}")
-    return parts.netloc, key
+def _split(url: str) -> tuple[str, str]:
+    """The bucket and key of an ``s3://`` url naming an object (:func:`parse_url`)."""
+    where = parse_url(url, need_key=True)
+    if where.scheme != "s3":
+        raise ConfigError(f"not an s3:// url: {where}")
+    return where.bucket, where.key
 
 
 class _S3Body:
@@ -126,7 +125,7 @@ class S3Source:
         ``endpoint_url``, ``AWS_ENDPOINT_URL`` or the profile's config), its region and
         profile, the bucket and the key. The same ``s3://`` url on another store is
         another location, so nothing derived from one is taken for the other."""
-        bucket, key = split_s3_url(url)
+        bucket, key = _split(url)
         client = self.client
         meta = client.meta
         profile = self._profile or "default"
@@ -136,7 +135,7 @@ class S3Source:
         self, url: str, start: int = 0, end: int | None = None, *, gate: Gate | None = None
     ) -> Iterator[bytes]:
         """Yield the bytes ``[start, end)`` of ``url`` (``end`` None: to its end)."""
-        bucket, key = split_s3_url(url)
+        bucket, key = _split(url)
         return resuming_chunks(
             url,
             lambda pos, stop: self._open_range(url, bucket, key, pos, stop, gate),
@@ -192,7 +191,7 @@ class S3Source:
 
     def get(self, url: str, *, etag: str | None = None) -> tuple[bytes | None, str | None]:
         """The whole object and its ETag; ``(None, etag)`` if it still has ``etag``."""
-        bucket, key = split_s3_url(url)
+        bucket, key = _split(url)
         extra = {"IfNoneMatch": etag} if etag else {}
         seen: dict[str, Any] = {}
 
