@@ -165,8 +165,8 @@ def open_upstream(up: Stage, ctx: Context, state: Mapping[str, Any] | None) -> C
     st = check_state(state, name, 1, ("buffer", "done", "source"))
     size = check_int(st, name, "buffer", 1)
     done = _unmask(st["done"], name)
-    if name == "budget_batched" and not st.get("held", True):
-        return up.iterate(ctx, st["source"])
+    if name == "budget_batched" and not st.get("held", True):  # no group held
+        return open_upstream(up, ctx, st["source"])
     return _Replay(open_upstream(up, ctx, st["source"]), size, done, st["source"])
 
 

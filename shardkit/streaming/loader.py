@@ -149,8 +149,9 @@ class WebLoader:
         lengths = self.dataset.lengths(self._logical)
         if lengths is None:
             raise TypeError(
-                "the length of this loader is not known up front (select, pack_tokens, mix "
-                "or endless resampling): every rank still yields the same number of batches"
+                "the length of this loader is not known up front (select, pack_tokens, mix, "
+                "batched(budget=) or endless resampling): every rank still yields the same "
+                "number of batches"
             )
         if self.batch_size is None:
             return sum(lengths)

@@ -72,6 +72,8 @@ def test_budget_batches_cost_at_most_b_and_hold_every_document_once(tmp_path: Pa
         assert cost <= BUDGET or len(keys(b)) == 1
     with pytest.raises(TypeError, match="not known up front"):
         len(budget_pipeline(m))
+    with pytest.raises(TypeError, match=r"batched\(budget=\)"):
+        len(WebLoader(budget_pipeline(m)))
 
 
 def test_two_ranks_steps_cost_within_ten_percent(tmp_path: Path) -> None:
