@@ -14,6 +14,9 @@ Faults are queued per path pattern and each hits ``times`` requests:
 - ``long``: answer a Range with a 206 whose Content-Range and body run ``after`` bytes past
   the range asked for (the file's next bytes, each flipped unless ``honest``).
 
+- ``wide``: answer a Range with a 206 whose Content-Range is a superset of the range
+  asked (starting ``at`` bytes before it and running ``after`` bytes past it, within the
+  object), with the object's bytes, as some servers and CDNs do;
 - ``full``: answer a Range with 200 and the whole object;
 - ``swap``: serve the bytes of ``other`` (a path of the same size) under this name.
 
@@ -75,7 +78,8 @@ class Fault:
     """A fault served to the next ``times`` requests whose path matches ``pattern``."""
 
     pattern: str
-    kind: str  # "drop" | "status" | "stall" | "corrupt" | "trickle" | "long" | "full" | "swap"
+    kind: str  # "drop" | "status" | "stall" | "corrupt" | "trickle" | "long" | "wide" | "full"
+    # | "swap"
     times: int = 1
     after: int = 0
     at: int = 0
@@ -270,6 +274,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._empty(rec, 416, {"Content-Range": f"bytes */{size}"})
         if fault is not None and fault.kind == "long" and status == 206:
             return self._long(rec, target, lo, hi, size, fault)
+        if fault is not None and fault.kind == "wide" and status == 206:
+            lo, hi = max(0, lo - fault.at), min(size, hi + fault.after)
         if fault is not None and fault.kind == "full":
             status, lo, hi = 200, 0, size  # a server that ignores Range
         if fault is not None and fault.kind == "swap" and fault.other:
