@@ -36,7 +36,7 @@ from shardkit.plan.schedule import Schedule, choose
 from shardkit.stages.base import Context, Cursor, Grid, Stage, check_int, check_state
 from shardkit.stages.source import sources_of
 
-__all__ = ["STOPS", "Mix", "find_mix", "mix_state", "reweighted"]
+__all__ = ["STOPS", "Mix", "drawn_from", "find_mix", "given_in", "mix_state", "reweighted"]
 
 STOPS = ("first", "longest", "never")
 _BLOCK = 1024
@@ -60,6 +60,31 @@ def mix_state(state: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
             return state
         state = state.get("source")
     return None
+
+
+def drawn_from(cursor: Cursor) -> _MixCursor | None:
+    """The mixture cursor a cursor reads from (None: none): its ``last`` is the source of
+    the item that came out of it last."""
+    found: Cursor | None = cursor
+    while found is not None:
+        if isinstance(found, _MixCursor):
+            return found
+        found = found.upstreams[0] if found.upstreams else None
+    return None
+
+
+def given_in(state: Mapping[str, Any] | None, n: int) -> list[list[int]]:
+    """Per source ``[samples, tokens]`` a stage above the mixture delivered of what its
+    state still holds back (``"given"``: a packer's document or group being cut, whose
+    state is the one before it), summed down the ``"source"`` nesting."""
+    out = [[0, 0] for _ in range(n)]
+    while isinstance(state, Mapping) and state.get("stage") != Mix.name:
+        for entry in state.get("given") or ():
+            if isinstance(entry, list) and len(entry) == 3 and 0 <= entry[0] < n:
+                out[entry[0]][0] += int(entry[1])
+                out[entry[0]][1] += int(entry[2])
+        state = state.get("source")
+    return out
 
 
 def reweighted(fingerprint: Any) -> Any:
@@ -290,6 +315,7 @@ class Mix(Stage):
         ``states`` (one process's or one rank's), ``share`` (realized fraction of the
         samples) and ``weight`` (scheduled now, at the job's progress)."""
         mixes = []
+        n = len(self.stages)
         for w, state in enumerate(states):
             found = mix_state(state)
             if found is None:
@@ -297,8 +323,9 @@ class Mix(Stage):
             m = self.check(found)
             if m.get("shared") and (where.rank, w) != (0, 0):  # the merged totals: rank 0's
                 m["counts"] = [[0, 0] for _ in self.stages]
+            for k, (s, t) in enumerate(given_in(state, n)):  # counted at delivery
+                m["counts"][k] = [m["counts"][k][0] + s, m["counts"][k][1] + t]
             mixes.append(m)
-        n = len(self.stages)
         samples = [sum(m["counts"][k][0] for m in mixes) for k in range(n)]
         tokens = [sum(m["counts"][k][1] for m in mixes) for k in range(n)]
         epochs = [max((int(m["epochs"][k]) for m in mixes), default=0) for k in range(n)]
@@ -333,6 +360,7 @@ class _MixCursor(Cursor):
         super().__init__(*ups)
         self.scale = ctx.world * ctx.workers
         self._block = (-2 * _BLOCK, np.empty(0))  # no block yet
+        self.last: int | None = None  # the source of the item given last
         self.items = self._mix()
 
     def _at(self, k: int) -> Context:
@@ -395,6 +423,7 @@ class _MixCursor(Cursor):
             st["taken"][1] += n
             st["counts"][k][0] += 1
             st["counts"][k][1] += n
+            self.last = k
             yield item
 
     def state(self) -> dict[str, Any]:

@@ -34,7 +34,7 @@ import numpy as np
 
 from shardkit.errors import ConfigError, DecodeError, StateDictError
 from shardkit.stages.base import Context, Cursor, Grid, Stage, check_int, check_state
-from shardkit.stages.mixture import find_mix
+from shardkit.stages.mixture import drawn_from, find_mix
 from shardkit.stages.packing import Segment, best_fit, pieces, segments_boundaries
 from shardkit.values import as_int, is_integer
 
@@ -221,23 +221,30 @@ class PackTokens(Stage):
         pos, cu = segments_boundaries(segments, self.seq_len)
         return {"tokens": out, "position_ids": pos, "cu_seqlens": cu}
 
-    def _place(self, docs: list[np.ndarray], dtype: np.dtype[Any]) -> list[Any]:
-        """One group's sequences: its documents' pieces placed best-fit decreasing."""
+    def _place(
+        self, docs: list[np.ndarray], dtype: np.dtype[Any]
+    ) -> list[tuple[Any, list[tuple[int, int, int]]]]:
+        """One group's sequences, its documents' pieces placed best-fit decreasing, each
+        with its pieces ``(document, offset, length)``."""
         if not docs:
             return []
-        parts = [(d, off, n) for d in docs for off, n in pieces(len(d), self.seq_len)]
+        parts = [(i, off, n) for i, d in enumerate(docs) for off, n in pieces(len(d), self.seq_len)]
         out = []
         for members in best_fit([n for _, _, n in parts], self.seq_len):
             seq = np.full(self.seq_len, self.pad, dtype=dtype)
             segments: list[Segment] = []
             at = 0
             for m in members:
-                doc, off, n = parts[m]
-                seq[at : at + n] = doc[off : off + n]
+                i, off, n = parts[m]
+                seq[at : at + n] = docs[i][off : off + n]
                 segments.append((off, n))
                 at += n
-            out.append(self._emit(seq, segments))
+            out.append((self._emit(seq, segments), [parts[m] for m in members]))
         return out
+
+    def real_tokens(self, doc: np.ndarray) -> int:
+        """A document's own tokens (its ``eos`` aside): what a mixture counts of it."""
+        return len(doc) - (1 if self.eos is not None else 0)
 
     def params(self) -> dict[str, Any]:
         dtype = None if self.dtype is None else self.dtype.str
@@ -280,6 +287,7 @@ class _PackCursor(Cursor):
         self.stage = stage
         self.held: dict[str, Any] | None = None
         self.seen: np.dtype[Any] | None = None  # the widest output dtype so far
+        self.mix = drawn_from(up)  # a mixture below: exposure is counted at delivery
         self.items = self._best_fit(skip) if stage.strategy == "best_fit" else self._greedy(skip)
 
     def state(self) -> dict[str, Any]:
@@ -288,6 +296,8 @@ class _PackCursor(Cursor):
         out = {"stage": self.stage.name, "version": self.stage.version, "skip": 0, "source": now}
         if held:  # a document is being cut: resume re-reads it; "after" has it consumed
             out.update(skip=held["skip"], source=held["source"], after=now)
+            if held.get("given"):  # what of it was delivered, per mixture source
+                out["given"] = [list(g) for g in held["given"]]
         if self.seen is not None and self.stage.dtype is None:
             out["dtype"] = self.seen.str
         return out
@@ -298,12 +308,17 @@ class _PackCursor(Cursor):
         self.seen = self.stage.out_dtype(self.seen, doc)
         return doc
 
+    def _source(self) -> int | None:
+        """The mixture source of the document read last (None: no mixture)."""
+        return None if self.mix is None else self.mix.last
+
     def _greedy(self, skip: int) -> Iterator[Any]:
         stage, up = self.stage, self.upstream
         seq_len = stage.seq_len
         it = up
         cur = np.empty(0, dtype=np.int64)
         cur_off = 0
+        source: int | None = None
         before = up.state()
         out: np.ndarray | None = None
         while True:
@@ -316,6 +331,7 @@ class _PackCursor(Cursor):
                     if sample is None:
                         return
                     cur, cur_off, skip = self._doc(sample), skip, 0
+                    source = self._source()
                     if out is None:
                         out = np.empty(seq_len, dtype=self.seen)
                     elif out.dtype != self.seen:  # a wider document: never narrow its ids
@@ -331,6 +347,8 @@ class _PackCursor(Cursor):
             assert out is not None
             if cur_off < len(cur):
                 self.held = {"source": before, "skip": cur_off}
+                if source is not None:  # the held document's delivered tokens
+                    self.held["given"] = [[source, 1, min(cur_off, stage.real_tokens(cur))]]
             else:
                 self.held = None  # nothing held: upstream's state is exact
             yield stage._emit(out.copy(), segments)
@@ -340,7 +358,7 @@ class _PackCursor(Cursor):
         it = up
         while True:
             before = up.state()
-            docs = []
+            docs, sources = [], []
             for _ in range(stage.buffer):
                 sample = next(it, None)
                 if sample is None:
@@ -348,11 +366,24 @@ class _PackCursor(Cursor):
                 doc = self._doc(sample)
                 if len(doc):
                     docs.append(doc)
+                    sources.append(self._source())
             seqs = stage._place(docs, self.seen) if self.seen is not None else []
-            for i in range(skip, len(seqs)):
+            given: dict[int, list[int]] = {}  # per source: samples, tokens delivered
+            for i, (seq, parts) in enumerate(seqs):
+                for d, off, n in parts:
+                    k = sources[d]
+                    if k is not None:
+                        real = stage.real_tokens(docs[d])
+                        got = given.setdefault(k, [0, 0])
+                        got[0] += off == 0
+                        got[1] += max(min(off + n, real) - off, 0)
+                if i < skip:
+                    continue
                 held = i + 1 < len(seqs)  # sequences of this group are still to come
                 self.held = {"source": before, "skip": i + 1} if held else None
-                yield seqs[i]
+                if self.held is not None and given:
+                    self.held["given"] = [[k, s, t] for k, (s, t) in sorted(given.items())]
+                yield seq
             skip = 0
             if sample is None:
                 return
