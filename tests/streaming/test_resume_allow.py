@@ -163,3 +163,28 @@ def test_sources_added_removed_and_renamed(make_shards: MakeShards) -> None:
     again = loader(mixed({"web": a, "code": c}, {"web": 1, "code": 1}), 2)
     again.load_state_dict(resaved)  # saved again, it fits the new pipeline
     assert again.stats()["sources"]["b"]["samples"] == before["b"]["samples"]
+
+
+def test_a_new_seq_len_under_best_fit_goes_on_at_the_next_group(tmp_path: Path) -> None:
+    m = lognormal_shards(tmp_path / "d", n=120)  # document i's tokens are all i
+
+    def packed(seq_len: int) -> ShardDataset:
+        return (
+            base(m)
+            .pack_tokens("tokens.npy", seq_len, strategy="best_fit", buffer=16, pad=-1)
+            .batched(2)
+        )
+
+    head, state = head_and_state(loader(packed(2048), 0), 3)
+    ld = loader(packed(512), 0)
+    ld.load_state_dict(state, allow={"seq_len"})
+    tail = list(ld)
+    assert all(np.asarray(b).shape[1] == 512 for b in tail)
+    tokens = np.concatenate([np.asarray(b).ravel() for b in head + tail])
+    counts = np.bincount(tokens[tokens >= 0], minlength=120)
+    lengths = np.array([np.asarray(s["tokens.npy"]).size for s in base(m)])
+    keys = [s["__key__"] for s in base(m)]
+    by_doc = np.zeros(120, dtype=np.int64)
+    by_doc[[int(k.split("-")[1]) for k in keys]] = lengths
+    assert (counts <= by_doc).all(), "a token given twice"
+    assert counts.sum() > 0.8 * by_doc.sum()
