@@ -1,0 +1,228 @@
+"""Steps of equal cost across ranks: budget batches against plain ones (issue 31).
+
+Data: real shards of documents whose token counts are log-normal (median 300, sigma 1.0,
+at most 32,768), int32 tokens.
+
+Part ``balance``: two ranks' pipelines (``split_by_node(r, 2)``, ``shuffle(1000)``, read one
+after the other in this process) and their per-step costs: for each step, the ratio of the
+costliest rank's cost to the ranks' mean (max/mean: 1.0 is a perfect balance; the slowest
+rank sets the step time), its median and 90th percentile, and the share of steps whose two
+costs are within 10% (max <= 1.1 min). Rows:
+
+- ``batched(24)``: plain batches of 24 documents, cost in tokens and in attention (the sum
+  of squared document lengths);
+- ``batched(budget=B, cost="tokens.npy")``: ``B`` = 24 mean documents' tokens;
+- ``batched(budget=B2, cost=squares)``: ``B2`` = 24 mean documents' squared lengths (each
+  document's cost its length squared), with the default buffer (256) and with 1,024;
+- ``pack_tokens(2048, boundaries=True)`` then ``batched(8)``, attention cost from
+  ``cu_seqlens``, against ``batched(budget=8 mean sequences, cost=attention_cost)``.
+
+The steps are those both ranks have (the loader's shared epoch end stops there).
+
+Part ``rate``: samples/s of a WebLoader (2 worker processes) over one rank's share, plain
+``batched(24)`` against the token budget, and the same pipelines read in this process
+(0 workers); medians of ``--repeats``, interleaved.
+
+    python scripts/bench/budget.py --docs 40000 --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from scripts.bench._common import finish, fresh_dir, log, table
+from shardkit import ShardDataset, WebLoader
+from shardkit.stages.budget import attention_cost
+from shardkit.write.writer import ShardWriter
+
+SEQ_LEN = 2048
+
+
+def make_docs(root: str, n: int, seed: int = 0) -> np.ndarray:
+    """``n`` log-normal documents in shards of 5,000; their lengths."""
+    rng = np.random.default_rng(seed)
+    lens = np.clip(rng.lognormal(np.log(300), 1.0, n), 1, 32768).astype(np.int64)
+    with ShardWriter(fresh_dir(root), prefix="docs", maxsize="2GB") as w:
+        for i, k in enumerate(lens):
+            w.write({"__key__": f"doc-{i:08d}", "tokens.npy": rng.integers(0, 50_000, k, np.int32)})
+            if (i + 1) % 5000 == 0:
+                w.next_shard()
+    return lens
+
+
+def squares(sample: dict[str, Any]) -> float:
+    """A document's attention cost: its length squared."""
+    n = sample["tokens.npy"].size
+    return float(n * n)
+
+
+def base(root: str, rank: int = 0, world: int = 2) -> ShardDataset:
+    return (
+        ShardDataset(Path(root, "manifest.json"), seed=7)
+        .split_by_node(rank, world)
+        .shuffle(1000)
+        .decode()
+    )
+
+
+def tokens(batch: Any) -> float:
+    return float(sum(len(t) for t in batch["tokens.npy"]))
+
+
+def attention(batch: Any) -> float:
+    if "cu_seqlens" in batch:
+        runs = np.diff(np.asarray(batch["cu_seqlens"]))
+        return float(np.dot(runs, runs))
+    return float(sum(len(t) ** 2 for t in batch["tokens.npy"]))
+
+
+def balance(per_rank: list[list[float]]) -> dict[str, float]:
+    steps = np.array(list(zip(*per_rank, strict=False)), dtype=float)
+    ratio = steps.max(axis=1) / steps.mean(axis=1)
+    within = steps.max(axis=1) <= 1.1 * steps.min(axis=1)
+    return {
+        "steps": len(steps),
+        "ratio_median": float(np.median(ratio)),
+        "ratio_p90": float(np.percentile(ratio, 90)),
+        "within_10pct": float(within.mean()),
+    }
+
+
+def part_balance(root: str, lens: np.ndarray) -> list[dict[str, Any]]:
+    mean_tokens = float(lens.mean())
+    mean_squares = float((lens.astype(float) ** 2).mean())
+    b_tokens, b_squares = 24 * mean_tokens, 24 * mean_squares
+    seq_cost = []  # the mean attention cost of a packed sequence, measured on rank 0
+    for i, seq in enumerate(base(root, 0).pack_tokens("tokens.npy", SEQ_LEN, boundaries=True)):
+        seq_cost.append(attention_cost(seq))
+        if i == 2000:
+            break
+    b_packed = 8 * float(np.mean(seq_cost))
+    pipelines: list[tuple[str, Callable[[int], Iterable[Any]], list[tuple[str, Any]]]] = [
+        (
+            "batched(24)",
+            lambda r: base(root, r).batched(24),
+            [("tokens", tokens), ("attention", attention)],
+        ),
+        (
+            f"batched(budget={b_tokens:.0f}, cost='tokens.npy')",
+            lambda r: base(root, r).batched(budget=b_tokens, cost="tokens.npy"),
+            [("tokens", tokens)],
+        ),
+        (
+            f"batched(budget={b_squares:.3g}, cost=squares)",
+            lambda r: base(root, r).batched(budget=b_squares, cost=squares),
+            [("attention", attention)],
+        ),
+        (
+            f"batched(budget={b_squares:.3g}, cost=squares, buffer=1024)",
+            lambda r: base(root, r).batched(budget=b_squares, cost=squares, buffer=1024),
+            [("attention", attention)],
+        ),
+        (
+            f"pack_tokens({SEQ_LEN}, boundaries) + batched(8)",
+            lambda r: base(root, r).pack_tokens("tokens.npy", SEQ_LEN, boundaries=True).batched(8),
+            [("attention", attention)],
+        ),
+        (
+            f"pack_tokens({SEQ_LEN}, boundaries) + batched(budget={b_packed:.3g}, attention_cost)",
+            lambda r: (
+                base(root, r)
+                .pack_tokens("tokens.npy", SEQ_LEN, boundaries=True)
+                .batched(budget=b_packed, cost=attention_cost, buffer=128)
+            ),
+            [("attention", attention)],
+        ),
+    ]
+    rows = []
+    for name, make, costs in pipelines:
+        batches = [list(make(r)) for r in (0, 1)]
+        for cost_name, cost in costs:
+            per_rank = [[cost(b) for b in bs] for bs in batches]
+            row = {"pipeline": name, "cost": cost_name, **balance(per_rank)}
+            log(f"{name} [{cost_name}]: {row}")
+            rows.append(row)
+    return rows
+
+
+def samples_of(batch: Any) -> int:
+    return len(batch["__key__"])
+
+
+def part_rate(root: str, repeats: int, b_tokens: float) -> list[dict[str, Any]]:
+    makers = {
+        "batched(24)": lambda: base(root, 0).batched(24),
+        "batched(budget)": lambda: base(root, 0).batched(budget=b_tokens, cost="tokens.npy"),
+    }
+    rows = []
+    for workers in (2, 0):
+        times: dict[str, list[float]] = {k: [] for k in makers}
+        counts: dict[str, int] = {}
+        for _ in range(repeats):
+            for name, make in makers.items():
+                loader = WebLoader(make(), num_workers=workers, persistent_workers=False)
+                t = time.perf_counter()
+                counts[name] = sum(samples_of(b) for b in loader)
+                times[name].append(time.perf_counter() - t)
+        for name in makers:
+            rate = counts[name] / statistics.median(times[name])
+            rows.append({"pipeline": name, "workers": workers, "samples_per_s": rate})
+            log(f"rate {name} workers={workers}: {rate:,.0f} samples/s")
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--docs", type=int, default=40_000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--parts", default="balance,rate")
+    p.add_argument("--work", default="bench-out/budget")
+    p.add_argument("--out", default="bench-out")
+    args = p.parse_args()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    lens = make_docs(args.work, args.docs)
+    results: dict[str, Any] = {"docs": args.docs, "mean_tokens": float(lens.mean())}
+    texts = []
+    if "balance" in args.parts:
+        rows = part_balance(args.work, lens)
+        results["balance"] = rows
+        texts.append(
+            table(
+                ["pipeline", "cost", "steps", "max/mean median", "p90", "within 10%"],
+                [
+                    [
+                        r["pipeline"],
+                        r["cost"],
+                        str(r["steps"]),
+                        f"{r['ratio_median']:.3f}",
+                        f"{r['ratio_p90']:.3f}",
+                        f"{100 * r['within_10pct']:.0f}%",
+                    ]
+                    for r in rows
+                ],
+            )
+        )
+    if "rate" in args.parts:
+        rows = part_rate(args.work, args.repeats, 24 * float(lens.mean()))
+        results["rate"] = rows
+        texts.append(
+            table(
+                ["pipeline", "workers", "samples/s"],
+                [[r["pipeline"], str(r["workers"]), f"{r['samples_per_s']:,.0f}"] for r in rows],
+            )
+        )
+    finish(args.out, "budget", results, texts, "per-step cost balance and rate (issue 31)")
+
+
+if __name__ == "__main__":
+    main()
