@@ -31,6 +31,7 @@ from shardkit.format.manifest.model import Manifest, ShardEntry, incomplete_reas
 from shardkit.format.tario.index import SampleIndex, parse_index, sample_signature, shard_binding
 from shardkit.format.tario.reader import TarReader, stream_size
 from shardkit.io import IoConfig, RemoteOpener, load_manifest
+from shardkit.units import plural
 from shardkit.urls import WithinBase, check_within
 
 if TYPE_CHECKING:
@@ -302,7 +303,8 @@ def verify_shard(
 def _skip_note(url: str, kinds: dict[str, int], tar_policy: str) -> str:
     what = ", ".join(f"{n} {k}" for k, n in kinds.items())
     return (
-        f"{url}: skipped {sum(kinds.values())} members ({what}) under the {tar_policy} tar policy"
+        f"{url}: skipped {plural(sum(kinds.values()), 'member')} ({what}) under the "
+        f"{tar_policy} tar policy"
     )
 
 

@@ -19,7 +19,7 @@ import click
 from tqdm import tqdm
 
 from shardkit.cli.build import parse_size_option, tar_policy_option
-from shardkit.units import format_bytes
+from shardkit.units import format_bytes, plural
 
 __all__ = ["command", "render"]
 
@@ -32,8 +32,8 @@ def render(stats: dict[str, Any]) -> str:
     """The human-readable report."""
     s = stats
     lines = [
-        f"streamed {s['samples']:,} samples ({format_bytes(s['bytes'])}) in "
-        f"{s['seconds']:.1f} s: {s['workers']} workers, batches of "
+        f"streamed {plural(s['samples'], 'sample')} ({format_bytes(s['bytes'])}) in "
+        f"{s['seconds']:.1f} s: {plural(s['workers'], 'worker')}, batches of "
         f"{s['batch_size']}{', decoded' if s['decode'] else ''}",
         f"  samples/s    {s['samples_per_s']:,.0f}  ({s['batches_per_s']:,.1f} batches/s)",
         f"  MB/s         {s['mb_per_s']:,.1f}",
@@ -60,14 +60,20 @@ def render(stats: dict[str, Any]) -> str:
         lines.append(f"  per worker   {rates} samples/s")
     if s["cache_hits"] or s["cache_misses"] or s["bytes_fetched"]:
         lines.append(
-            f"  cache        {s['cache_hits']} hits, {s['cache_misses']} misses "
+            f"  cache        {plural(s['cache_hits'], 'hit')}, "
+            f"{plural(s['cache_misses'], 'miss', 'misses')} "
             f"({s['cache_hit_ratio']:.0%} hit), {format_bytes(s['bytes_fetched'])} fetched "
-            f"in {s['requests']:,} requests"
+            f"in {plural(s['requests'], 'request')}"
         )
     lines.append(
-        f"  problems     {s['retries']} retries, {s['errors']} errors, "
-        f"{s['skipped_shards']} shards / {s['skipped_samples']} samples skipped"
-        + (f", {s['skipped_members']} tar members skipped" if s["skipped_members"] else "")
+        f"  problems     {plural(s['retries'], 'retry', 'retries')}, "
+        f"{plural(s['errors'], 'error')}, {plural(s['skipped_shards'], 'shard')} / "
+        f"{plural(s['skipped_samples'], 'sample')} skipped"
+        + (
+            f", {plural(s['skipped_members'], 'tar member')} skipped"
+            if s["skipped_members"]
+            else ""
+        )
     )
     if "cpu_cores" in s:
         lines.append(f"  CPU          {s['cpu_cores']:.2f} cores ({s['cpu_s']:.1f} s)")

@@ -28,7 +28,7 @@ from shardkit.format.tario.index import INDEX_MAGIC
 from shardkit.io import IoConfig, load_manifest
 from shardkit.plan.assign import PlanConfig, Ranges, worker_stream
 from shardkit.plan.world import Context
-from shardkit.units import format_bytes, parse_size
+from shardkit.units import format_bytes, parse_size, plural
 
 __all__ = ["command"]
 
@@ -119,8 +119,9 @@ def stat(cache_dir: str, limit: str | None, as_json: bool) -> None:
         return
     click.echo(f"cache {st.root}")
     click.echo(
-        f"  {kinds['shards']} shards ({format_bytes(kinds['shard_bytes'])}), "
-        f"{kinds['indexes']} sample indexes ({format_bytes(kinds['index_bytes'])})"
+        f"  {plural(kinds['shards'], 'shard')} ({format_bytes(kinds['shard_bytes'])}), "
+        f"{plural(kinds['indexes'], 'sample index', 'sample indexes')} "
+        f"({format_bytes(kinds['index_bytes'])})"
     )
     used = format_bytes(st.bytes)
     if cap:
@@ -200,7 +201,8 @@ def warm(manifest: str, cache_dir: str, limit: str | None, **opts: Any) -> None:
         click.echo(json.dumps({"summary": summary, "io": opener.stats()}, indent=1))
         return
     click.echo(
-        f"warmed {len(ids)} shards: {summary['fetched']} fetched, {summary['cached']} already "
+        f"warmed {plural(len(ids), 'shard')}: {summary['fetched']} fetched, "
+        f"{summary['cached']} already "
         f"cached, {summary['shared']} fetched by another process, {summary['no room']} "
         "did not fit"
     )
@@ -268,6 +270,6 @@ def clean(cache_dir: str, keep: str | None, everything: bool, as_json: bool) -> 
         click.echo(json.dumps(out, indent=1))
         return
     click.echo(
-        f"evicted {n} shards ({format_bytes(freed)}); {left.shards} left, "
+        f"evicted {plural(n, 'shard')} ({format_bytes(freed)}); {left.shards} left, "
         f"{left.in_use} of them being read"
     )

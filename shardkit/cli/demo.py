@@ -16,7 +16,7 @@ import numpy as np
 
 from shardkit.cache import make_opener
 from shardkit.check.verify import verify
-from shardkit.units import format_bytes
+from shardkit.units import format_bytes, plural
 from shardkit.write.build import build
 from shardkit.write.inputs.sources import FieldMap, parse_field_spec
 
@@ -102,15 +102,16 @@ def _lines(d: dict[str, Any]) -> list[str]:
     fmt = format_bytes
     status = "OK" if v["ok"] else f"{len(v['problems'])} PROBLEMS"
     return [
-        f"generated {g['samples']:,} documents (text + int32 tokens) as {g['kind']}: "
+        f"generated {plural(g['samples'], 'document')} (text + int32 tokens) as {g['kind']}: "
         f"{fmt(g['bytes'])} in {g['seconds']:.2f} s",
-        f"built {b['shards']} shards, {fmt(b['bytes'])}, in {b['seconds']:.2f} s "
-        f"with {b['workers']} worker(s): {b['samples_per_s']:,.0f} samples/s, "
+        f"built {plural(b['shards'], 'shard')}, {fmt(b['bytes'])}, in {b['seconds']:.2f} s "
+        f"with {plural(b['workers'], 'worker')}: {b['samples_per_s']:,.0f} samples/s, "
         f"{b['mb_per_s']:.1f} MB/s of input",
-        f"verified {v['shards']} shards ({v['level']}: size, checksum, sample count, index) "
+        f"verified {plural(v['shards'], 'shard')} "
+        f"({v['level']}: size, checksum, sample count, index) "
         f"in {v['seconds']:.2f} s: {status}",
-        f"streamed {d['stream']['samples']:,} samples through WebLoader "
-        f"({d['stream']['workers']} workers, batches of 32, decoded): "
+        f"streamed {plural(d['stream']['samples'], 'sample')} through WebLoader "
+        f"({plural(d['stream']['workers'], 'worker')}, batches of 32, decoded): "
         f"{d['stream']['samples_per_s']:,.0f} samples/s, {d['stream']['mb_per_s']:.1f} MB/s",
     ]
 

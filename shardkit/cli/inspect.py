@@ -43,7 +43,7 @@ def _field_lines(fields: dict[str, dict[str, Any]]) -> list[str]:
     for name, st in fields.items():
         missing = f", missing in {st['missing']:,}" if st["missing"] else ""
         lines.append(
-            f"    {name:<16} {st['count']:>10,} samples  {format_bytes(st['bytes']):>10}"
+            f"    {name:<16} {plural(st['count'], 'sample'):>18}  {format_bytes(st['bytes']):>10}"
             f"  (mean {format_bytes(st['mean_bytes'])}{missing})"
         )
     return lines
@@ -52,12 +52,13 @@ def _field_lines(fields: dict[str, dict[str, Any]]) -> list[str]:
 def _manifest_lines(d: dict[str, Any]) -> list[str]:
     lines = [
         f"manifest {d['path']}" + (" (INCOMPLETE)" if d["incomplete"] else ""),
-        f"  {d['shards']:,} shards, {d['samples']:,} samples, {format_bytes(d['bytes'])} "
+        f"  {plural(d['shards'], 'shard')}, {plural(d['samples'], 'sample')}, "
+        f"{format_bytes(d['bytes'])} "
         f"(mean sample {format_bytes(d['mean_sample_bytes'])}), "
         f"checksums {d['checksum_algorithm']}",
         f"  shard size: {_spread(d['shard_bytes'])}",
         f"  samples per shard: {_spread(d['shard_samples'], lambda v: f'{v:,}')}",
-        f"  sample indexes: {d['indexed_shards']} of {d['shards']} shards",
+        f"  sample indexes: {d['indexed_shards']} of {plural(d['shards'], 'shard')}",
     ]
     note = _size_note(d)
     if note:
@@ -95,7 +96,7 @@ def _size_note(d: dict[str, Any]) -> str | None:
 def _shard_lines(d: dict[str, Any]) -> list[str]:
     return [
         f"shard {d['path']}",
-        f"  {d['samples']:,} samples, {format_bytes(d['bytes'])}, {d['checksum']}",
+        f"  {plural(d['samples'], 'sample')}, {format_bytes(d['bytes'])}, {d['checksum']}",
         f"  sample size (in the tar): {_spread(d['sample_bytes'])}",
     ]
 

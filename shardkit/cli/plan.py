@@ -32,7 +32,7 @@ from shardkit.cache import make_opener
 from shardkit.cli.build import tar_policy_option
 from shardkit.errors import ConfigError
 from shardkit.io import load_manifest
-from shardkit.units import format_bytes
+from shardkit.units import format_bytes, plural
 
 __all__ = ["command", "need"]
 
@@ -154,7 +154,7 @@ def _report(n: dict[str, Any]) -> list[str]:
         if "measured_samples_per_s" in n:
             got = f"{n['measured_samples_per_s']:,.0f} samples/s ({got})"
         if "measured_workers" in n:
-            got += f" with {n['measured_workers']} workers"
+            got += f" with {plural(n['measured_workers'], 'worker')}"
         decoded = n.get("measured_decoded")
         if decoded is not None:
             got += (
@@ -168,7 +168,7 @@ def _report(n: dict[str, Any]) -> list[str]:
         line = f"  {verdict_text} a rank's need ({n['headroom']:.1f}x)"
         if "workers_needed" in n:
             k = n["workers_needed"]
-            line += f"; about {k} worker{'s' if k > 1 else ''} would feed it"
+            line += f"; about {plural(k, 'worker')} would feed it"
         lines.append(line)
     return lines
 

@@ -18,21 +18,21 @@ from shardkit.check.verify import VerifyReport, verify
 from shardkit.cli.build import tar_policy_option
 from shardkit.errors import ShardkitError
 from shardkit.io import load_manifest
-from shardkit.units import format_bytes
+from shardkit.units import format_bytes, plural
 
 __all__ = ["command"]
 
 
 def _summary(report: VerifyReport) -> str:
-    what = f"{report.shards} shards, {format_bytes(report.bytes)}, level {report.level}"
+    what = f"{plural(report.shards, 'shard')}, {format_bytes(report.bytes)}, level {report.level}"
     took = f"in {report.seconds:.2f} s"
     if report.ok:
         return f"OK: {what} {took}"
     if not report.problems:
         return f"FAILED: the manifest is incomplete ({what}) {took}"
-    n = len(report.problems)
-    bad = len(report.bad_shards)
-    return f"FAILED: {n} problem{'s' * (n != 1)} in {bad} of {report.shards} shards ({what}) {took}"
+    problems = plural(len(report.problems), "problem")
+    bad = f"{len(report.bad_shards)} of {plural(report.shards, 'shard')}"
+    return f"FAILED: {problems} in {bad} ({what}) {took}"
 
 
 def _unreadable(manifest: str, level: str, exc: BaseException, as_json: bool) -> None:

@@ -22,6 +22,7 @@ from shardkit.io import Opener
 from shardkit.io.config import ReaderLimits
 from shardkit.read.catalog import ByteRange, Catalog, ShardInfo
 from shardkit.read.policy import DATA_ERRORS, count_error, report
+from shardkit.units import plural
 
 __all__ = ["read_stream"]
 
@@ -99,7 +100,7 @@ def read_stream(
             counts["skipped_shards"] += 1
             counts["skipped_samples"] += hi - lo - got
             count_error(counts, exc)
-            report(policy, exc, f"{hi - lo - got} samples of shard {shard}")
+            report(policy, exc, f"{plural(hi - lo - got, 'sample')} of shard {shard}")
 
 
 def _hinted(
@@ -224,7 +225,7 @@ def _take(
                     )
             return
     raise ShardFormatError(
-        f"the shard ends {want - got} samples short of the range asked for; the manifest "
+        f"the shard ends {plural(want - got, 'sample')} short of the range asked for; the manifest "
         f"says it holds {info.nsamples}",
         url=url,
     )

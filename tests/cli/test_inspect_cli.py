@@ -45,3 +45,19 @@ def test_the_note_says_what_to_do_once() -> None:
     assert small == "8 shards under the 500 MB-2 GB that streams best (--maxsize 1GB)"
     mixed = _size_note(_summary([900_000_000, 3_000_000_000, 10, 900_000_000]))
     assert mixed == "2 shards outside 500 MB-2 GB: s1.tar 3.00 GB, s2.tar 10 B"
+
+
+def test_one_shard_of_one_sample_is_said_in_the_singular(
+    make_shards: Callable[..., Manifest],
+) -> None:
+    from shardkit.units import plural
+
+    assert [plural(n, "shard") for n in (0, 1, 2, 1234)] == [
+        "0 shards", "1 shard", "2 shards", "1,234 shards"
+    ]  # fmt: skip
+    assert plural(1, "index", "indexes") == "1 index"
+    assert plural(3, "index", "indexes") == "3 indexes"
+    m = make_shards([1])
+    res = CliRunner().invoke(cli, ["inspect", str(Path(m.base or "") / "manifest.json")])
+    assert "  1 shard, 1 sample, " in res.output, res.output
+    assert "1 samples" not in res.output and "1 shards" not in res.output

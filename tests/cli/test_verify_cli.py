@@ -420,3 +420,15 @@ def test_verify_decode_names_the_sample_whose_field_does_not_decode(tmp_path: Pa
         ("decode", f"sample '{k}' field '{f}'")
         for k, f in (("cut", "jpg"), ("text", "jpg"), ("arr", "npy"), ("arr", "json"))
     )
+
+
+def test_counts_in_the_summary_agree_with_their_nouns(
+    make_shards: Callable[..., Manifest], tmp_path: Path
+) -> None:
+    make_shards([2], subdir="one")
+    manifest = tmp_path / "one" / "manifest.json"
+    ok = run(str(manifest))
+    assert "OK: 1 shard, " in ok.stdout, ok.stdout
+    (tmp_path / "one" / "data-000000.tar").unlink()
+    bad = run(str(manifest))
+    assert "FAILED: 1 problem in 1 of 1 shard (1 shard, " in bad.stdout, bad.stdout

@@ -210,13 +210,13 @@ def test_folder_include_exclude_require_and_case_insensitive_fields(tmp_path: Pa
     need = ["--exclude", "*.md", "--require-fields", "jpg;png,json"]
     strict = shardkit("build", src, "-o", tmp_path / "strict", *need)
     assert strict.returncode == 2
-    assert "1 samples lack a required field (jpg|png, json): b/4 has json" in strict.stderr
+    assert "1 sample without a required field (jpg|png, json): b/4 has json" in strict.stderr
     assert not (tmp_path / "strict" / "manifest.json").exists()
 
     out = tmp_path / "out"
     r = shardkit("build", src, "-o", out, *need, "--on-error", "skip")
     assert r.returncode == 0, r.stderr
-    assert "left out 1 samples without jpg|png, json: b/4 has json" in r.stderr
+    assert "left out 1 sample without jpg|png, json: b/4 has json" in r.stderr
     samples = read_samples(out / "manifest.json")
     assert keys_of(samples) == ["a/1", "a/2", "b/3"]
     assert samples[1]["jpg"] == _image("JPEG", 2)

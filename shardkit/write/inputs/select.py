@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from shardkit.errors import ConfigError
 from shardkit.format.images import IMAGE_EXTS
+from shardkit.units import plural
 
 __all__ = [
     "TreeOptions",
@@ -143,7 +144,7 @@ def group_samples(
     samples = [(k, tuple(sorted(groups[k].items()))) for k in sorted(groups)]
     if upper and notes is not None:
         notes.append(
-            f"{root}: {len(upper):,} files have upper-case extensions (e.g. {upper[0]}); "
+            f"{root}: {plural(len(upper), 'file')} with upper-case extensions (e.g. {upper[0]}); "
             "their fields are stored in lower case, as readers look them up"
         )
     if opts.require:
@@ -154,7 +155,8 @@ def group_samples(
             shown = "; ".join(f"{k} has {', '.join(f for f, _ in dict(samples)[k])}" for k in first)
             if not skip_bad:
                 raise ConfigError(
-                    f"{root}: {len(bad):,} samples lack a required field ({want}): {shown}; "
+                    f"{root}: {plural(len(bad), 'sample')} without a required field ({want}): "
+                    f"{shown}; "
                     "narrow the input with --include/--exclude, or pass --on-error skip "
                     "to leave them out"
                 )
@@ -165,7 +167,8 @@ def group_samples(
                         skipped.append((k, m, f"lacks a required field ({want}); has {has}"))
             samples = [s for s in samples if s[0] not in bad]
             if notes is not None:
-                notes.append(f"{root}: left out {len(bad):,} samples without {want}: {shown}")
+                left = plural(len(bad), "sample")
+                notes.append(f"{root}: left out {left} without {want}: {shown}")
     elif notes is not None:
         note = image_mix_note([(k, [f for f, _ in m]) for k, m in samples])
         if note:
