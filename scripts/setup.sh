@@ -3,16 +3,18 @@
 #   bash scripts/setup.sh runtime   torch and shardkit's core dependencies (what demo.sh needs)
 #   bash scripts/setup.sh dev       (the default) also the test and dev tools, every optional
 #                                   backend, Azurite from npm and bsdtar/pzstd (best effort)
+#   bash scripts/setup.sh PROFILE --check   exit 0 if .venv holds PROFILE already, else 1
 # torch is pinned first: torch==2.13.0 is the CPU wheel on disk; an unpinned torch would
 # download a CUDA build. A second run with the same pyproject.toml and this script installs
 # nothing; a runtime venv asked for dev is upgraded (dev holds all of runtime).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile=${1:-dev}
-case "$profile" in
-runtime | dev) ;;
+check=${2:-}
+case "$profile:$check" in
+runtime: | dev: | runtime:--check | dev:--check) ;;
 *)
-  echo "usage: bash scripts/setup.sh [runtime|dev]" >&2
+  echo "usage: bash scripts/setup.sh [runtime|dev] [--check]" >&2
   exit 2
   ;;
 esac
@@ -26,6 +28,11 @@ installed() {
   [ "$have" = "dev $want" ] && return 0
   [ "$profile" = runtime ] && [ "$have" = "runtime $want" ]
 }
+
+if [ -n "$check" ]; then
+  installed
+  exit
+fi
 
 if [ "$profile" = dev ]; then
   # bsdtar and pzstd write part of the tar conformance corpus (tests/helpers/tarcorpus.py;
