@@ -6,7 +6,7 @@ rules of :mod:`~shardkit.format.tario.headers` and :mod:`~shardkit.format.tario.
 Hostile members (absolute or ``..`` paths, sizes past the end of the data, bad header
 checksums, bad sparse maps) raise :class:`ShardFormatError` naming the shard and offset.
 
-What each header type gives (the README's format section says why):
+What each header type gives (docs/format.md says why):
 
 - regular files (``0``, NUL, ``7``) and GNU sparse files (type ``S`` and the pax sparse
   formats, expanded as tarfile expands them) are members;
