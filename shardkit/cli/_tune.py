@@ -92,6 +92,7 @@ def tune_lines(result: dict[str, Any]) -> list[str]:
             f"{r['workers']:>7} {pf:>8} {r['samples_per_s']:>11,.0f} {r['mb_per_s']:>8,.1f} "
             f"{r['wait_fraction']:>6.1%} {r['first_batch_s']:>8.2f}s {r['cpu_cores']:>9.2f}"
         )
+    lines.append("(idle: the share of time bench's empty loop waited; high by design, not a fault)")
     c = result["choice"]
     flags = f"--workers {c['workers']}"
     if c["prefetch_factor"] is not None:

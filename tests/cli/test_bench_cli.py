@@ -145,3 +145,15 @@ def test_bench_on_bad_data_one_line_or_a_handler(tmp_path: Path) -> None:
     skip = shardkit(*args, "--handler", "skip_shard", "--json")
     assert skip.returncode == 0, skip.stderr
     assert json.loads(skip.stdout)["skipped_shards"] >= 1
+
+
+def test_tune_table_says_what_idle_means() -> None:
+    from shardkit.cli._tune import tune_lines
+
+    row = {"workers": 2, "prefetch_factor": 2, "samples_per_s": 900.0, "mb_per_s": 3.0,
+           "wait_fraction": 0.97, "first_batch_s": 0.1, "cpu_cores": 1.5}  # fmt: skip
+    result = {"rows": [row], "choice": row, "feeds_target": True,
+              "target_samples_per_s": 500.0, "target_from": "--target"}  # fmt: skip
+    lines = tune_lines(result)
+    assert " 97.0% " in lines[1]
+    assert lines[2].startswith("(idle: the share of time bench's empty loop waited")
