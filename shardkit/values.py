@@ -8,8 +8,9 @@ a set of weights checks it here, once, where it arrives:
 - :func:`as_position`: a sequence position (``ds[i]``): ints and numpy integers, never a
   bool, a float or a string (:class:`TypeError`); out of range an :class:`IndexError`
   naming the length.
-- :func:`as_int`: a count or a step given as configuration: ints, numpy integers and
-  integral floats (``1e6``), never a bool, NaN, inf or ``2.5`` (:class:`ConfigError`).
+- :func:`as_int`: a count, a step, a seed or an epoch given as configuration: ints, numpy
+  integers (and, where asked, integral floats such as ``1e6``), never a bool, a string,
+  NaN, inf or ``2.5`` (:class:`ConfigError`).
 - :func:`normalised`: weights as exact fractions of their sum (``[1e308, 1e308]`` is
   ``[0.5, 0.5]``), refusing NaN, inf, negatives, an all-zero set and a positive weight
   too small beside the others to be represented (it would be drawn never).
@@ -46,11 +47,17 @@ def as_position(value: Any, length: int, what: str = "index") -> int:
     return i % length if length else i
 
 
-def as_int(value: Any, what: str, *, low: int | None = None) -> int:
-    """``value`` as an int ``>= low``: an int, a numpy integer or an integral float."""
+def as_int(value: Any, what: str, *, low: int | None = None, floats: bool = True) -> int:
+    """``value`` as an int ``>= low``: an int, a numpy integer or (``floats``) an integral
+    float such as ``1e6``."""
     if is_integer(value):
         n = operator.index(value)
-    elif isinstance(value, float | np.floating) and math.isfinite(value) and value == int(value):
+    elif (
+        floats
+        and isinstance(value, float | np.floating)
+        and math.isfinite(value)
+        and value == int(value)
+    ):
         n = int(value)
     else:
         raise ConfigError(f"{what} must be an integer, got {type(value).__name__} {value!r}")
@@ -76,11 +83,11 @@ def normalised(weights: Sequence[Any], what: str) -> tuple[float, ...]:
             f"{what}: need finite weights >= 0 with a positive sum, got {list(weights)!r}"
         )
     top = max(values)
-    total = sum(values)
+    scaled, total = values, sum(values)
     if not math.isfinite(total):  # the sum overflows: scaled by the largest, it cannot
-        values = [w / top for w in values]
-        total = sum(values)
-    out = tuple(w / total for w in values)
+        scaled = [w / top for w in values]
+        total = sum(scaled)
+    out = tuple(w / total for w in scaled)
     lost = [weights[i] for i, w in enumerate(out) if values[i] > 0 and w == 0]
     if lost:
         raise ConfigError(

@@ -19,6 +19,7 @@ from typing import Any
 
 from shardkit.errors import ConfigError, StateDictError
 from shardkit.stages.base import Context, Cursor, Grid, Stage, check_int, check_state
+from shardkit.values import as_int
 
 __all__ = ["WithEpoch", "share"]
 
@@ -43,9 +44,7 @@ class WithEpoch(Stage):
 
     def __init__(self, upstream: Stage, n: int) -> None:
         super().__init__(upstream)
-        if type(n) is not int or n < 1:
-            raise ConfigError(f"with_epoch: n must be an int >= 1, got {n!r}")
-        self.n = n
+        self.n = as_int(n, "with_epoch: n", low=1, floats=False)
 
     def params(self) -> dict[str, Any]:
         return {"n": self.n}

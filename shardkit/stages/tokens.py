@@ -141,7 +141,7 @@ class PackTokens(Stage):
         pad: int = 0,
     ) -> None:
         super().__init__(upstream)
-        seq_len = as_int(seq_len, "pack_tokens: seq_len", low=1)
+        seq_len = as_int(seq_len, "pack_tokens: seq_len", low=1, floats=False)
         if dtype is not None:
             dtype = _int_dtype(dtype)
         for what, token in (("eos", eos), ("pad", pad)):
@@ -151,8 +151,7 @@ class PackTokens(Stage):
             raise ConfigError(
                 f"pack_tokens: strategy must be one of {STRATEGIES}, not {strategy!r}"
             )
-        if type(buffer) is not int or buffer < 1:
-            raise ConfigError(f"pack_tokens: buffer must be an int >= 1, got {buffer!r}")
+        buffer = as_int(buffer, "pack_tokens: buffer", low=1, floats=False)
         self.field = field
         self.seq_len = seq_len
         self.eos = None if eos is None else int(eos)

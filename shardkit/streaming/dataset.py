@@ -33,7 +33,6 @@ from typing import Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from shardkit.counters import add_counts
-from shardkit.errors import ConfigError
 from shardkit.format.manifest.model import Manifest
 from shardkit.io.config import IoConfig
 from shardkit.io.verified import VERIFY_TIME
@@ -50,6 +49,7 @@ from shardkit.stages.epoch import Epoch
 from shardkit.streaming.frameworks import check_framework
 from shardkit.streaming.recipe import DEFAULT_BUFSIZE, Recipe, io_config
 from shardkit.streaming.resume import EPOCH_MISMATCH, Loaded, check_dataset_state, dataset_state
+from shardkit.values import as_int
 
 __all__ = ["DEFAULT_BUFSIZE", "EPOCH_MISMATCH", "ShardDataset"]
 
@@ -96,6 +96,7 @@ class ShardDataset(Recipe, IterableDataset[Any]):
         io: IoConfig | None = None,
     ) -> None:
         super().__init__()
+        seed = as_int(seed, "ShardDataset: seed", low=0, floats=False)
         config = PlanConfig(seed, shardshuffle, remainder, resampled, None)
         io = io_config(io, cache_dir, cache_limit)
         handler = check_policy(handler)
@@ -146,8 +147,7 @@ class ShardDataset(Recipe, IterableDataset[Any]):
         any other raises :class:`StateDictError`, unless it was loaded with
         ``epoch_mismatch="discard"``.
         """
-        if type(epoch) is not int or epoch < 0:
-            raise ConfigError(f"epoch must be an int >= 0, got {epoch!r}")
+        epoch = as_int(epoch, "set_epoch: epoch", low=0, floats=False)
         check_framework(self.splits_by_node, self._length)
         if self._loaded is not None:
             self._loaded = self._loaded.at_epoch(epoch)

@@ -13,6 +13,7 @@ from shardkit.errors import ConfigError
 from shardkit.plan.schedule import Schedule
 from shardkit.stages.mixture import STOPS, Mix
 from shardkit.streaming.dataset import ShardDataset
+from shardkit.values import as_int
 
 __all__ = ["Mix", "mix"]
 
@@ -73,6 +74,7 @@ def mix(
     mixing; the result takes ``batched``, ``map``, ``pack_tokens``, ``with_epoch`` and a
     loader.
     """
+    seed = as_int(seed, "mix: seed", low=0, floats=False)
     labels, sets = _names(datasets, names)
     if not sets:
         raise ConfigError("mix needs at least one data set")

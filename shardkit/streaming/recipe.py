@@ -35,6 +35,7 @@ from shardkit.stages.budget import BudgetBatched
 from shardkit.stages.mixture import find_mix
 from shardkit.stages.nominal import WithEpoch
 from shardkit.stages.packing import collate_packed
+from shardkit.values import as_int
 
 __all__ = ["DEFAULT_BUFSIZE", "Recipe", "io_config"]
 
@@ -132,6 +133,7 @@ class Recipe:
         ``mix`` or ``batched``) the items there, batches after ``batched``: with an endless
         mixture (``stop="never"``) every rank yields ``n`` per epoch, split over its
         workers (see :mod:`shardkit.stages.nominal`)."""
+        n = as_int(n, "with_epoch: n", low=1, floats=False)
         if self._grouped or find_mix(self._tail) is not None:
             return self._then(lambda up: WithEpoch(up, n))
         if not all(s.config.resampled for s in self._sources):
