@@ -2,7 +2,8 @@
 
 What one training rank's loader delivers, in the loader stats schema
 (:mod:`shardkit.metrics.schema`): samples/s, MB/s, time to the first batch, how long the
-loop waited for a batch (p50, p99, share of wall time), per-worker rates, cache hits and
+loop waited for a batch (p50, p99, and the share of wall time, near 100% here because the
+loop does no work), per-worker rates, cache hits and
 bytes fetched, retries, errors and skips, and the CPU it took. It streams for
 ``--seconds`` (starting new epochs if the data set is small) with ``--workers``
 DataLoader workers and batches of ``--batch-size``. ``--plot FILE.png`` draws the run;
@@ -140,7 +141,9 @@ def render(stats: dict[str, Any]) -> str:
 )
 def command(manifest: str, plot_path: str | None, as_json: bool, **opts: Any) -> None:
     """Stream MANIFEST (a manifest, url list pattern or shard) through the loader a training
-    rank would use and print samples/s, MB/s and how long the training loop waited."""
+    rank would use and print samples/s, MB/s, the first batch and where the time went (the
+    loop does no work, so it waits on the loader by design: compare samples/s with what a
+    training step takes, `shardkit plan`)."""
     tune, tune_workers, tune_prefetch = (
         opts.pop("tune"),
         opts.pop("tune_workers"),
