@@ -1,11 +1,12 @@
 """Batches filled to a cost budget, and the regrouping that lets a batching change mid-run.
 
-``batched(budget=B, cost=...)`` reads its upstream in groups of ``buffer`` items and packs
-each group into batches whose cost is at most ``B`` (:func:`fill_to_budget`): the fewest
-batches the group's cost allows, filled largest first into the least loaded batch, so that
-every batch of a group carries about the same cost (a group of total cost ``T`` makes
-``ceil(T / B)`` batches, each near ``T / ceil(T / B)``, when the items fit). An item
-costlier than ``B`` is a batch of its own. Every rank fills its batches from its own
+``batched(budget=B, cost=...)`` reads its upstream in groups, each until it holds the cost
+of ``GROUP_BATCHES`` (16) batches or ``buffer`` items, and packs each group into batches
+whose cost is at most ``B`` (:func:`fill_to_budget`): the fewest batches the group's cost
+allows, filled largest first into the least loaded batch, so that every batch of a group
+carries about the same cost (a group of total cost ``T`` makes ``ceil(T / B)`` batches, each
+near ``T / ceil(T / B)``: at least 15/16 of ``B`` when the items fit and the group is
+whole). An item costlier than ``B`` is a batch of its own. Every rank fills its batches from its own
 stream, so the steps of the ranks cost about the same with no data moved between them;
 the number of batches then differs by rank, and the loader's shared epoch end
 (:mod:`shardkit.streaming.sync`) keeps the DDP contract: the epoch ends for every rank
@@ -15,8 +16,9 @@ when one rank's data ends (the rest of the others' is not given: each item at mo
 raw bytes' length before ``decode``); a callable gives any number (:func:`attention_cost`:
 the sum of squared document lengths of a packed sequence, from its ``cu_seqlens``).
 
-State, a cursor: the upstream's state before the group being given (``source``), how many
-of its batches were given (``skip``) and which of its items (``done``, a bit mask in hex).
+State, a cursor: the upstream's state before the group being given (``source``), its
+item count (``size``), how many of its batches were given (``skip``) and which of its items
+(``done``, a bit mask in hex).
 A restore re-reads the group, packs it again and skips what was given. An elastic resume
 goes on after the group (its rest is left out, as :mod:`shardkit.stages.tokens` does).
 
@@ -59,6 +61,7 @@ __all__ = [
 ]
 
 REGROUP = "regroup"
+GROUP_BATCHES = 16
 _BATCHINGS = ("budget_batched", REGROUP)
 
 
@@ -162,8 +165,8 @@ def open_upstream(up: Stage, ctx: Context, state: Mapping[str, Any] | None) -> C
     if state is None or state.get("stage") not in _BATCHINGS:
         return up.iterate(ctx, state)
     name = str(state.get("stage"))
-    st = check_state(state, name, 1, ("buffer", "done", "source"))
-    size = check_int(st, name, "buffer", 1)
+    st = check_state(state, name, 1, ("size", "done", "source"))
+    size = check_int(st, name, "size")
     done = _unmask(st["done"], name)
     if name == "budget_batched" and not st.get("held", True):  # no group held
         return open_upstream(up, ctx, st["source"])
@@ -192,7 +195,7 @@ class _Replay(Cursor):
     def state(self) -> dict[str, Any]:
         if self.size == 0:  # the group was given: the upstream's state is exact
             return self.upstream.state()
-        out = {"stage": REGROUP, "version": 1, "buffer": self.size, "done": _mask(self.done)}
+        out = {"stage": REGROUP, "version": 1, "size": self.size, "done": _mask(self.done)}
         out["source"] = self.before
         if self.after is not None:
             out["after"] = self.after
@@ -200,13 +203,15 @@ class _Replay(Cursor):
 
 
 class BudgetBatched(Stage):
-    """Batches of cost at most ``budget``, packed from groups of ``buffer`` items.
+    """Batches of cost at most ``budget``, packed from groups of the cost of
+    :data:`GROUP_BATCHES` batches (at most ``buffer`` items).
 
     Args:
         upstream: the stage before.
         budget: the most cost a batch holds (an item costlier is a batch of its own).
         cost: a field name (its element count) or ``item -> number``.
-        buffer: items per group (more: fuller batches, more memory).
+        buffer: the most items a group holds (fewer: less memory, emptier batches when a
+            group ends before it holds the cost of 16 batches).
         collate: ``list[item] -> batch`` (numpy collation by default).
     """
 
@@ -219,7 +224,7 @@ class BudgetBatched(Stage):
         budget: float,
         cost: str | Callable[[Any], float],
         *,
-        buffer: int = 256,
+        buffer: int = 1024,
         collate: Callable[[list[Any]], Any] | None = None,
     ) -> None:
         super().__init__(upstream)
@@ -278,6 +283,7 @@ class BudgetBatched(Stage):
             "buffer": self.buffer,
             "cost": self.cost_name(),
             "held": False,
+            "size": 0,
             "skip": 0,
             "done": "",
             "source": dict(source),
@@ -303,20 +309,39 @@ class _BudgetCursor(Cursor):
 
     def _batches(self, skip: int) -> Iterator[Any]:
         stage, up = self.stage, self.upstream
-        cost, collate = stage.cost, stage.collate
+        collate = stage.collate
         while True:
             before = up.state()
-            group = list(itertools.islice(up, stage.buffer))
-            batches = fill_to_budget([cost(x) for x in group], stage.budget)
+            group, costs = self._group()
+            batches = fill_to_budget(costs, stage.budget)
             done: list[int] = [i for b in batches[:skip] for i in b]
             for k in range(skip, len(batches)):
                 done.extend(batches[k])
                 more = k + 1 < len(batches)
-                self.held = {"source": before, "skip": k + 1, "done": _mask(done)} if more else None
+                held = {"source": before, "size": len(group), "skip": k + 1, "done": _mask(done)}
+                self.held = held if more else None
                 t = perf_counter()
                 out = collate([group[i] for i in batches[k]])
                 self.own["collate_s"] += perf_counter() - t
                 yield out
             skip = 0
-            if len(group) < stage.buffer:
+            if not group:
                 return
+
+    def _group(self) -> tuple[list[Any], list[float]]:
+        """The next group (and its items' costs): items until they cost
+        ``GROUP_BATCHES`` budgets (one costlier than the budget counts as one) or there are
+        ``buffer`` of them."""
+        stage = self.stage
+        cost, budget, most = stage.cost, stage.budget, stage.buffer
+        goal = GROUP_BATCHES * budget
+        group: list[Any] = []
+        costs: list[float] = []
+        total = 0.0
+        for item in self.upstream:
+            group.append(item)
+            costs.append(c := float(cost(item)))
+            total += min(c, budget)
+            if total >= goal or len(group) >= most:
+                break
+        return group, costs
