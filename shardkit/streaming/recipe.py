@@ -189,11 +189,11 @@ class Recipe:
         partial: bool = True,
         budget: float | None = None,
         cost: str | Callable[[Any], float] | None = None,
-        buffer: int = 256,
+        buffer: int = 1024,
     ) -> R:
         """Group ``n`` items, or (``budget=B``) items of total ``cost`` at most ``B``,
-        packed from groups of ``buffer`` items (see :mod:`shardkit.stages.budget`: every
-        rank's batches then cost about the same). ``cost``: a field name (its element
+        packed from groups of 16 batches' cost, at most ``buffer`` items (see
+        :mod:`shardkit.stages.budget`: every rank's batches then cost about the same). ``cost``: a field name (its element
         count) or ``item -> number``; ``collate``: a function, ``"numpy"`` (default) or
         ``"torch"``."""
         if collate == "torch":
