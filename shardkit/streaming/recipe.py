@@ -193,9 +193,9 @@ class Recipe:
     ) -> R:
         """Group ``n`` items, or (``budget=B``) items of total ``cost`` at most ``B``,
         packed from groups of 16 batches' cost, at most ``buffer`` items (see
-        :mod:`shardkit.stages.budget`: every rank's batches then cost about the same). ``cost``: a field name (its element
-        count) or ``item -> number``; ``collate``: a function, ``"numpy"`` (default) or
-        ``"torch"``."""
+        :mod:`shardkit.stages.budget`: every rank's batches then cost about the same).
+        ``cost``: a field name (its element count) or ``item -> number``; ``collate``: a
+        function, ``"numpy"`` (default) or ``"torch"``."""
         if collate == "torch":
             fn: Callable[[list[Any]], Any] | None = _torch_collate
         elif collate in (None, "numpy"):
