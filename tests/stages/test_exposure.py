@@ -4,8 +4,6 @@ the batches handed out so far, after every batch, with 0 workers and worker proc
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -28,9 +26,13 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return out
 
 
-@pytest.mark.parametrize(("strategy", "workers"), [("best_fit", 0), ("greedy", 0), ("best_fit", 2)])
+@pytest.mark.parametrize(
+    ("strategy", "workers", "mode"),
+    [("best_fit", 0, "process"), ("greedy", 0, "process"), ("best_fit", 2, "process"),
+     ("greedy", 2, "thread")],
+)  # fmt: skip
 def test_token_exposure_is_counted_at_delivery(
-    sources: dict[str, str], strategy: str, workers: int
+    sources: dict[str, str], strategy: str, workers: int, mode: str
 ) -> None:
     sets = {n: sk.ShardDataset(m, seed=3).decode() for n, m in sources.items()}
     ds = (
@@ -38,7 +40,7 @@ def test_token_exposure_is_counted_at_delivery(
         .pack_tokens("tokens.npy", 16, strategy=strategy, buffer=12, pad=-1)
         .batched(2)
     )
-    loader = sk.WebLoader(ds, num_workers=workers)
+    loader = sk.WebLoader(ds, num_workers=workers, worker_mode=mode)
     given = {"web": 0, "code": 0}
     for batch in loader:
         tokens = np.asarray(batch)

@@ -42,11 +42,11 @@ def pipeline(manifest: str, **split: Any) -> sk.ShardDataset:
     return ds.select(keep).map(key_of).batched(3, collate=list)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize(("workers", "mode"), [(0, "process"), (2, "process"), (2, "thread")])
 def test_samples_are_what_reached_the_loop_and_filtered_what_select_refused(
-    manifest: str, workers: int
+    manifest: str, workers: int, mode: str
 ) -> None:
-    loader = sk.WebLoader(pipeline(manifest), num_workers=workers)
+    loader = sk.WebLoader(pipeline(manifest), num_workers=workers, worker_mode=mode)
     got = [k for batch in loader for k in batch]
     stats = loader.stats()
     refused = [f"{i:04d}" for i in range(N) if not keep({"__key__": f"{i:04d}"})]
