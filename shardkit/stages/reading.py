@@ -12,6 +12,7 @@ from collections.abc import Generator, Iterator
 from typing import Any
 
 from shardkit._types import Opener, Sample
+from shardkit.errors import ShardError
 from shardkit.io.config import ReaderLimits
 from shardkit.plan.assign import Ranges, ResampledStream
 from shardkit.plan.order import Window, iter_order, nth_output, resume_window
@@ -22,6 +23,7 @@ from shardkit.stages.base import Context, Cursor
 __all__ = ["SourceCursor", "Stream", "last_of", "stream_length"]
 
 Stream = Ranges | ResampledStream
+Row = tuple[int, int, int, int]  # shard, first sample, end, stream position of the first
 
 
 def stream_length(stream: Stream) -> int | None:
@@ -93,7 +95,27 @@ class SourceCursor(Cursor):
         """Yield ``(stream position, sample)`` from ``start`` on."""
         catalog, opener, policy, limits = self.read
         ranges = self.stream.iter_ranges(start)
+        if stream_length(self.stream) is None:  # endless: a skip policy must not spin
+            ranges = self._watched(ranges, catalog.total, policy)
         return read_stream(ranges, catalog, opener, self.counts, policy, limits)
+
+    def _watched(self, ranges: Iterator[Row], per_pass: int, policy: str) -> Iterator[Row]:
+        """``ranges``, ended by a ShardError when the skip policy dropped three passes over
+        the data (at least 1,000 samples) in a row: every shard fails, nothing would come."""
+        counts = self.counts
+        limit = max(3 * per_pass, 1000)
+        mark = (counts["samples"], counts["skipped_samples"])
+        for row in ranges:
+            if counts["samples"] != mark[0]:
+                mark = (counts["samples"], counts["skipped_samples"])
+            elif counts["skipped_samples"] - mark[1] >= limit:
+                raise ShardError(
+                    f"handler={policy!r} skipped {int(counts['skipped_samples'] - mark[1])} "
+                    f"samples in a row of an endless resampled stream (3 passes over its "
+                    f"{per_pass} samples) and none was read: every shard fails; nothing "
+                    "would ever come (handler='raise' shows the first error)"
+                )
+            yield row
 
     def _plain(self) -> Iterator[Sample]:
         counts = self.counts

@@ -4,12 +4,13 @@ never fewer items than the length they promised (issue 29, class 6)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from shardkit import ShardDataset, WebLoader, mix
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, ShardError
 from shardkit.format.manifest.model import Manifest
 
 MakeShards = Callable[..., Manifest]
@@ -53,3 +54,18 @@ def test_an_endless_mixture_with_nothing_in_it_does_not_give_fewer_batches_than_
     assert len(loader) == 6
     with pytest.raises(ConfigError, match=r"with_epoch\(6\): the endless pipeline ran out"):
         list(loader)
+
+
+@pytest.mark.timeout(20)
+def test_a_resampled_source_whose_every_shard_fails_is_an_error_not_a_spin(
+    make_shards: MakeShards,
+) -> None:
+    m = make_shards([5, 5, 5])
+    for shard in m.shards:  # same size, other bytes: every read fails its checksum
+        path = Path(str(m.base)) / shard.url
+        data = bytearray(path.read_bytes())
+        data[600:700] = b"\xff" * 100
+        path.write_bytes(bytes(data))
+    ds = ShardDataset(m, resampled=True, handler="skip_shard", seed=1)
+    with pytest.raises(ShardError, match="skipped 1000 samples in a row of an endless"):
+        next(iter(ds))
