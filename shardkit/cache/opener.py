@@ -30,6 +30,7 @@ from shardkit.cache.fill import ShardFill
 from shardkit.cache.layout import Layout
 from shardkit.cache.locks import NodeSlots
 from shardkit.cache.manifests import fetch_manifest_once
+from shardkit.cache.rate import Admission, NodeRate
 from shardkit.cache.store import CacheKey, CacheStore
 from shardkit.cache.stream import CacheStream
 from shardkit.counters import Counters
@@ -116,6 +117,13 @@ class CachingOpener:
             reserve,
             wait=cfg.cache_wait,
             lease=2 * cfg.read_timeout,
+        )
+        self.rate = NodeRate(
+            os.path.join(root, "slots", "rate"),
+            start=cfg.node_rate or (float(cfg.node_requests) if cfg.rate_adapt else 0.0),
+            adapt=cfg.rate_adapt,
+            wait=cfg.cache_wait,
+            counters=self.counters,
         )
         self._local_state: _Local | None = None
 
@@ -281,10 +289,17 @@ class CachingOpener:
     def fetch(self, url: str, start: int, end: int, *, urgent: bool = False) -> Iterator[bytes]:
         """The remote bytes ``[start, end)``, each request under the node's request cap
         (``urgent``: a reader waits for them, see :class:`NodeSlots`)."""
-        gate = functools.partial(self.slots.slot, urgent=urgent) if self.cfg.node_requests else None
-        return self._source(url).stream(url, start, end, gate=gate)
+        return self._source(url).stream(url, start, end, gate=functools.partial(self._gate, urgent))
 
     # -- internals -----------------------------------------------------------------
+    @contextlib.contextmanager
+    def _gate(self, urgent: bool, until: float | None) -> Iterator[Admission]:
+        """One request's turn on the node: a slot of the cap, then the rate's next start."""
+        with contextlib.ExitStack() as held:
+            if self.cfg.node_requests:
+                held.enter_context(self.slots.slot(urgent=urgent))
+            yield held.enter_context(self.rate.gate(until))
+
     def _source(self, url: str) -> RangeSource:
         src = self.remote.source(url)
         assert src is not None

@@ -22,8 +22,8 @@ from typing import Any
 from shardkit.counters import Counters
 from shardkit.errors import ConfigError, FetchError
 from shardkit.io.config import IoConfig
-from shardkit.io.http import CHUNK, Gate, policy_of
-from shardkit.io.retry import Retryable, resuming_chunks
+from shardkit.io.http import CHUNK, policy_of
+from shardkit.io.retry import Gate, Retryable, resuming_chunks
 from shardkit.per_process import PerProcess
 from shardkit.urls import parse_url
 
@@ -140,20 +140,16 @@ class BlobSource:
 
         def open_range(pos: int, stop: int | None) -> _Body:
             last = pos + self.cfg.range_size
-            stop = last if stop is None else min(stop, last)
-            stack = contextlib.ExitStack()
-            if gate is not None:
-                stack.enter_context(gate())
-            try:
-                body = self._call(url, bucket, key, pos, stop)
-            except BaseException:
-                stack.close()
-                raise
-            body.stack = stack
-            return body
+            return self._call(url, bucket, key, pos, last if stop is None else min(stop, last))
 
         return resuming_chunks(
-            url, open_range, start, end, policy=policy_of(self.cfg), counters=self.counters
+            url,
+            open_range,
+            start,
+            end,
+            policy=policy_of(self.cfg),
+            counters=self.counters,
+            gate=gate,
         )
 
     def get(self, url: str, *, etag: str | None = None) -> tuple[bytes | None, str | None]:

@@ -48,6 +48,12 @@ class CacheConfig:
         prefetch_depth: how many of the next shards of a plan are fetched ahead.
         prefetch_threads: background download threads per process.
         node_requests: concurrent remote requests per node for cache fills (0: no cap).
+        node_rate: remote requests per second per node that cache fills start from (0:
+            ``node_requests`` per second, doubled every second until the store first
+            throttles: a slow start; with ``rate_adapt=False``, 0 is no pacing).
+        rate_adapt: the node's rate adapts to the store (:mod:`shardkit.cache.rate`):
+            halved on a 429 or 503 (SlowDown), raised additively while requests are
+            served; False keeps it at ``node_rate`` (0: unpaced).
         piece_parallel: ranged requests in flight per shard and process filling the cache.
         cache_wait: seconds a reader waits for a piece another process is fetching before
             :class:`CacheError` (its own requests are bounded by the retry policy).
@@ -63,6 +69,8 @@ class CacheConfig:
     prefetch_depth: int = 2
     prefetch_threads: int = 2
     node_requests: int = 16
+    node_rate: float = 0.0
+    rate_adapt: bool = True
     piece_parallel: int = 4
     cache_wait: float = 300.0
     manifest_ttl: float = 300.0
@@ -72,7 +80,7 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if not self.cache_wait > 0:
             raise ConfigError(f"cache_wait must be > 0, got {self.cache_wait!r}")
-        for name in ("prefetch_depth", "node_requests", "manifest_ttl"):
+        for name in ("prefetch_depth", "node_requests", "node_rate", "manifest_ttl"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if min(self.prefetch_threads, self.piece_parallel) < 1:
@@ -133,7 +141,8 @@ class IoConfig:
             ``max_attempts``, ``backoff_base``, ``backoff_max``, ``retry_after_max``,
             ``deadline``, ``min_rate``, ``rate_window``).
         cache: the node-local cache (:class:`CacheConfig`: ``cache_dir``, ``cache_limit``,
-            ``prefetch_depth``, ``prefetch_threads``, ``node_requests``,
+            ``prefetch_depth``, ``prefetch_threads``, ``node_requests``, ``node_rate``,
+            ``rate_adapt``,
             ``piece_parallel``, ``cache_wait``, ``manifest_ttl``, ``on_cache_error``,
             ``cache_verify``).
         limits: what a reader holds at most and checks (:class:`ReaderLimits`:
@@ -272,6 +281,16 @@ class IoConfig:
     def node_requests(self) -> int:
         """``cache.node_requests``."""
         return self.cache.node_requests
+
+    @property
+    def node_rate(self) -> float:
+        """``cache.node_rate``."""
+        return self.cache.node_rate
+
+    @property
+    def rate_adapt(self) -> bool:
+        """``cache.rate_adapt``."""
+        return self.cache.rate_adapt
 
     @property
     def piece_parallel(self) -> int:

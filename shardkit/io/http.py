@@ -17,8 +17,7 @@ import contextlib
 import http.client
 import os
 import re
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
 from typing import Any
 
 import requests
@@ -27,18 +26,15 @@ import urllib3
 from shardkit.counters import Counters
 from shardkit.errors import FetchError
 from shardkit.io.config import IoConfig
-from shardkit.io.retry import Retryable, RetryPolicy, parse_retry_after, resuming_chunks
+from shardkit.io.retry import Gate, Retryable, RetryPolicy, parse_retry_after, resuming_chunks
 from shardkit.urls import parse_url
 
-__all__ = ["CHUNK", "Gate", "HttpSource", "policy_of"]
+__all__ = ["CHUNK", "HttpSource", "policy_of"]
 
 CHUNK = 1 << 20
 _RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 _UNSATISFIABLE = re.compile(r"bytes\s+\*/(\d+)")
-
-Gate = Callable[[], AbstractContextManager[object]]
-"""A slot held for the length of one request (the per-node request cap)."""
 
 
 def policy_of(cfg: IoConfig) -> RetryPolicy:
@@ -132,11 +128,12 @@ class HttpSource:
         parse_url(url, need_key=True)  # a url naming another place is refused, not read
         return resuming_chunks(
             url,
-            lambda pos, stop: self._open_range(url, pos, stop, gate),
+            lambda pos, stop: self._open_range(url, pos, stop),
             start,
             end,
             policy=policy_of(self.cfg),
             counters=self.counters,
+            gate=gate,
         )
 
     def _request(self, url: str, headers: dict[str, str]) -> requests.Response:
@@ -157,19 +154,10 @@ class HttpSource:
         except requests.RequestException as exc:
             raise FetchError(f"bad request: {exc}", url=url) from exc
 
-    def _open_range(self, url: str, pos: int, end: int | None, gate: Gate | None) -> _Body:
+    def _open_range(self, url: str, pos: int, end: int | None) -> _Body:
         stop = pos + self.cfg.range_size if end is None else min(end, pos + self.cfg.range_size)
-        stack = contextlib.ExitStack()
-        try:
-            if gate is not None:
-                stack.enter_context(gate())
-            resp = self._request(url, {"Range": f"bytes={pos}-{stop - 1}"})
-            body = self._body(url, resp, pos, stop, end)
-        except BaseException:
-            stack.close()
-            raise
-        body.stack = stack
-        return body
+        resp = self._request(url, {"Range": f"bytes={pos}-{stop - 1}"})
+        return self._body(url, resp, pos, stop, end)
 
     def _body(
         self, url: str, resp: requests.Response, pos: int, stop: int, end: int | None

@@ -21,7 +21,8 @@ from urllib.parse import quote, unquote
 import requests
 
 from shardkit.errors import ConfigError
-from shardkit.io.http import Gate, HttpSource
+from shardkit.io.http import HttpSource
+from shardkit.io.retry import Gate
 from shardkit.urls import parse_url
 
 __all__ = ["HubSource", "hub_token", "resolve_hub_url"]

@@ -23,10 +23,11 @@ from shardkit.format.checksum import split_checksum
 from shardkit.format.digest import Digest
 from shardkit.io.blobs import AzSource, BlobSource, GsSource
 from shardkit.io.config import IoConfig
-from shardkit.io.http import Gate, HttpSource
+from shardkit.io.http import HttpSource
 from shardkit.io.hub import HubSource
 from shardkit.io.local import open_local
 from shardkit.io.pipe import check_pipe_allowed, open_pipe
+from shardkit.io.retry import Gate
 from shardkit.io.s3 import S3Source
 from shardkit.io.verified import PieceStream
 from shardkit.urls import HTTP_SCHEMES, url_scheme

@@ -28,20 +28,25 @@ object (defaults: 1 KiB/s over 30 s, as ``curl -Y 1024 -y 30``).
 from __future__ import annotations
 
 import collections
+import contextlib
 import email.utils
 import logging
 import random
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
 from shardkit.counters import Counters
-from shardkit.errors import ConfigError, FetchError
+from shardkit.errors import CacheError, ConfigError, FetchError
 
 __all__ = [
     "DEFAULT_MIN_RATE",
     "DEFAULT_RATE_WINDOW",
+    "Admission",
+    "Gate",
+    "NoTurn",
     "RangeResponse",
     "RetryPolicy",
     "Retryable",
@@ -163,6 +168,23 @@ def parse_retry_after(value: str | None) -> float | None:
 OpenRange = Callable[[int, int | None], RangeResponse]
 
 
+class Admission(Protocol):
+    """What a gate hands one request: told how the store answered it (a status, or None
+    for no answer), so a node's rate can adapt (:mod:`shardkit.cache.rate`)."""
+
+    def answered(self, status: int | None, retry_after: float | None = None) -> None: ...
+
+
+class NoTurn(CacheError):
+    """A gate has no turn for a request before the deadline of its read."""
+
+
+Gate = Callable[[float | None], AbstractContextManager["Admission | None"]]
+"""The node's gate, held for the length of one request (its request cap and rate): called
+with the :func:`time.monotonic` time by which the request must start (None: no deadline
+runs), it waits for the request's turn."""
+
+
 class _Clock:
     """When the read's current trouble began (None: none since the last whole answer)."""
 
@@ -182,6 +204,10 @@ class _Clock:
         if self.first is None:
             return policy.deadline
         return policy.deadline - (time.monotonic() - self.first)
+
+    def until(self, policy: RetryPolicy) -> float | None:
+        """When the deadline falls (None: not in trouble, no deadline runs)."""
+        return None if self.first is None else self.first + policy.deadline
 
 
 class _Pace:
@@ -235,25 +261,52 @@ def resuming_chunks(
     *,
     policy: RetryPolicy,
     counters: Counters,
+    gate: Gate | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Iterator[bytes]:
     """Yield the bytes of ``[start, end)`` of ``url`` (``end`` None: to the object's end).
 
     ``open_range(pos, end)`` opens a read from ``pos``; it may deliver fewer bytes than
     asked (one range of a configured size), and the loop asks again from where it ended.
+    Each request holds ``gate`` (the node's request cap and rate) from before it is sent
+    until its body is closed, and tells it how the store answered; never while waiting
+    to try again.
     """
     rng = random.Random()
     pos = start
     failures = 0
     clock = _Clock()
+    last: Retryable | None = None
     while end is None or pos < end:
+        held = contextlib.ExitStack()
+        admission: Admission | None = None
         opened = time.monotonic()
         try:
+            if gate is not None:
+                admission = held.enter_context(gate(clock.until(policy)))
+                opened = time.monotonic()
             resp = open_range(pos, end)
         except Retryable as exc:
+            held.close()
+            if admission is not None:
+                admission.answered(exc.status, exc.retry_after)
             exc.since = opened if exc.since is None else exc.since
+            last = exc
             failures = _failed(url, exc, failures, policy, counters, rng, sleep, clock)
             continue
+        except NoTurn as exc:
+            raise FetchError(
+                f"giving up after {clock.spent():.1f} s (the deadline is {policy.deadline:g} s; "
+                f"{exc}): {last}",
+                url=url,
+                status=None if last is None else last.status,
+                attempts=failures,
+            ) from exc
+        except BaseException:
+            held.close()
+            raise
+        if admission is not None:
+            admission.answered(200)
         pace = _Pace(policy.min_rate, max(0.01, min(policy.window(), clock.left(policy))), opened)
         try:
             if resp.total is not None and (end is None or end > resp.total):
@@ -270,10 +323,14 @@ def resuming_chunks(
             failures = 0  # a whole answer: the trouble is over
             clock.first = None
         except Retryable as exc:
+            resp.close()
+            held.close()
             exc.since = pace.wait_began if exc.since is None else exc.since
+            last = exc
             failures = _failed(url, exc, failures, policy, counters, rng, sleep, clock)
         finally:
             resp.close()
+            held.close()
 
 
 def _failed(

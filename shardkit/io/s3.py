@@ -18,8 +18,8 @@ from typing import Any
 from shardkit.counters import Counters
 from shardkit.errors import ConfigError, FetchError
 from shardkit.io.config import IoConfig
-from shardkit.io.http import CHUNK, Gate, policy_of
-from shardkit.io.retry import Retryable, parse_retry_after, resuming_chunks
+from shardkit.io.http import CHUNK, policy_of
+from shardkit.io.retry import Gate, Retryable, parse_retry_after, resuming_chunks
 from shardkit.urls import parse_url
 
 __all__ = ["S3Source"]
@@ -138,11 +138,12 @@ class S3Source:
         bucket, key = _split(url)
         return resuming_chunks(
             url,
-            lambda pos, stop: self._open_range(url, bucket, key, pos, stop, gate),
+            lambda pos, stop: self._open_range(url, bucket, key, pos, stop),
             start,
             end,
             policy=policy_of(self.cfg),
             counters=self.counters,
+            gate=gate,
         )
 
     def _call(self, url: str, **kwargs: Any) -> dict[str, Any]:
@@ -168,26 +169,14 @@ class S3Source:
         except BotoCoreError as exc:
             raise Retryable(f"S3 connection failed: {exc}") from exc
 
-    def _open_range(
-        self, url: str, bucket: str, key: str, pos: int, end: int | None, gate: Gate | None
-    ) -> _S3Body:
+    def _open_range(self, url: str, bucket: str, key: str, pos: int, end: int | None) -> _S3Body:
         stop = pos + self.cfg.range_size if end is None else min(end, pos + self.cfg.range_size)
-        stack = contextlib.ExitStack()
-        if gate is not None:
-            stack.enter_context(gate())
-        try:
-            out = self._call(url, Bucket=bucket, Key=key, Range=f"bytes={pos}-{stop - 1}")
-        except BaseException:
-            stack.close()
-            raise
+        out = self._call(url, Bucket=bucket, Key=key, Range=f"bytes={pos}-{stop - 1}")
         if out.get("InvalidRange"):  # asked past the end: nothing there, as with a file
-            stack.close()
             return _S3Body(_Empty(), 0, pos, self.counters)
         m = _CONTENT_RANGE.match(out.get("ContentRange") or "")
         total = int(m.group(3)) if m and m.group(3) != "*" else None
-        body = _S3Body(out["Body"], stop - pos, total, self.counters)
-        body.stack = stack
-        return body
+        return _S3Body(out["Body"], stop - pos, total, self.counters)
 
     def get(self, url: str, *, etag: str | None = None) -> tuple[bytes | None, str | None]:
         """The whole object and its ETag; ``(None, etag)`` if it still has ``etag``."""
