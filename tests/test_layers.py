@@ -55,11 +55,19 @@ ORDER: dict[str, list[list[str]]] = {
         ["select", "table_meta", "image_check", "sources", "discover", "tables", "records"]
     ],
     "shardkit.write.writer": [
-        ["lock", "options", "existing", "outputs", "object_lock", "shard_writer"]
+        [
+            "lock",
+            "options",
+            "members",
+            "target",
+            "local",
+            "object_lock",
+            "objects",
+            "where",
+            "shard_writer",
+        ]
     ],
-    "shardkit.write.build": [
-        ["config", "targets", "workers", "remote_build", "plan", "run", "remote_merge"]
-    ],
+    "shardkit.write.build": [["config", "workers", "join", "plan", "run", "merge"]],
     "shardkit.check": [["summary", "decoded", "report", "verify", "adopt"]],
     "shardkit.plan": [["world", "order", "schedule", "ranges", "resampled", "assign"]],
     "shardkit.io": [

@@ -26,16 +26,14 @@ from urllib.parse import urlsplit
 
 from shardkit._types import Opener
 from shardkit.check.summary import FieldStats, add_fields, scan_stream
-from shardkit.durable import atomic_write
 from shardkit.errors import ConfigError
 from shardkit.format.checksum import new_hasher
 from shardkit.format.layout import index_name
 from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
 from shardkit.format.pieces import DEFAULT_PIECE_SIZE
 from shardkit.format.tario.index import write_index
-from shardkit.io.stores import is_object_url
 from shardkit.urls import REMOTE_PREFIXES, expand_braces
-from shardkit.write.writer.outputs import ObjectOutput
+from shardkit.write.writer.where import open_target
 
 __all__ = ["adopt_remote", "is_remote_pattern"]
 
@@ -95,7 +93,8 @@ def adopt_remote(
         raise ConfigError(f"workers must be at least 1, got {workers}")
     origin = _origin(urls)
     rels = [_relative(u, origin) for u in urls]
-    out, put = _index_sink(out_dir)
+    target = open_target(out_dir)  # where the indexes go: a local folder or a store prefix
+    out = target.base
     lock = threading.Lock()
 
     def count(n: int) -> None:
@@ -114,7 +113,7 @@ def adopt_remote(
                 scan.offsets, scan.end, signatures=scan.signatures, shard_checksum=scan.checksum
             )
             idx = index_name(rel)
-            put(idx, data)
+            target.put(idx, data)
             h = new_hasher(algo)
             h.update(data)
             idx_sum = f"{algo}:{h.hexdigest()}"
@@ -144,21 +143,4 @@ def adopt_remote(
         entries = [dataclasses.replace(e, url=sub + r) for e, r in zip(entries, rels, strict=True)]
         origins = ()
     m = Manifest(entries, algo, fields, created, base=out, origins=origins)
-    return m, (f"{out}/manifest.json" if is_object_url(out) else os.path.join(out, "manifest.json"))
-
-
-def _index_sink(out_dir: str) -> tuple[str, Callable[[str, bytes], object]]:
-    """Where the sample indexes go (``out_dir``: a local directory or an object-store url):
-    its normal form and a ``put(relative name, bytes)`` that writes one whole."""
-    if is_object_url(out_dir):
-        target = ObjectOutput(out_dir, "manifest.json")
-        return target.base, lambda rel, data: target.store.put(target.key(rel), data)
-    out = os.path.abspath(out_dir)
-    os.makedirs(out, exist_ok=True)
-
-    def put(rel: str, data: bytes) -> None:
-        path = os.path.join(out, *rel.split("/"))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        atomic_write(path, data)
-
-    return out, put
+    return m, f"{out}/manifest.json"

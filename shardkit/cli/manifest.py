@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import re
 
 import click
 from tqdm import tqdm
@@ -21,10 +22,9 @@ from shardkit.format.pieces import DEFAULT_PIECE_SIZE
 from shardkit.io.stores import is_object_url
 from shardkit.units import format_bytes, parse_size
 from shardkit.urls import expand_braces
-from shardkit.write.build import merge_parts
-from shardkit.write.build.remote_merge import merge_object_parts
+from shardkit.write.build.merge import merge_object_parts, merge_parts
 from shardkit.write.inputs.discover import discover
-from shardkit.write.writer.outputs import ObjectOutput, local_target
+from shardkit.write.writer.where import open_target
 
 __all__ = ["command"]
 
@@ -34,6 +34,18 @@ _FILES = (".json", ".csv")  # an -o naming a manifest file, not a directory
 @click.group("manifest")
 def command() -> None:
     """Make, merge and export shard manifests."""
+
+
+def _local_out(out: str, what: str) -> None:
+    """``-o`` of a command that writes only locally: a url is an error saying what does
+    stream into an object store, never a folder named after the scheme."""
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", out):
+        hint = "sk.ShardWriter(url) streams shards into s3://, gs:// and az:// today; "
+        raise ConfigError(
+            f"{out!r}: {what} writes to a local directory "
+            f"({hint if is_object_url(out) else ''}write locally and copy, "
+            "or use a shared file system)"
+        )
 
 
 def _echo_manifest(m: Manifest, path: str, as_json: bool, what: str) -> None:
@@ -98,7 +110,7 @@ def from_shards(source: str, out_path: str | None, checksum: str, index: bool, p
             "shards first (or build them there: shardkit build ... -o URL)"
         )
     if out_path is not None and not is_object_url(out_path):
-        local_target(out_path, "manifest from-shards -o")
+        _local_out(out_path, "manifest from-shards -o")
     if is_remote_pattern(source):
         _adopt(source, out_path, (checksum, index, piece_size, workers, tar_policy), as_json,
                progress)  # fmt: skip
@@ -154,11 +166,9 @@ def _adopt(source: str, out_path: str | None, how: tuple[str, bool, str, int, st
             raise click.UsageError(str(exc)) from None
     if out_path.endswith(_FILES):
         path = out_path
-    if is_object_url(path):  # its CSV beside it; each node builds the compact form itself
-        head, name = posixpath.split(path)
-        ObjectOutput(head + "/", name).write_manifest(m)
-    else:
-        save_manifest(m, path)  # and its compact form beside it
+    head, name = posixpath.split(path)
+    # with its CSV; locally its compact form too (in a store each node builds that itself)
+    open_target(head or ".", name).write_manifest(m)
     _echo_manifest(m, path, as_json, "wrote")
 
 
@@ -186,7 +196,7 @@ def merge(parts: tuple[str, ...], out_path: str, allow_incomplete: bool, as_json
         m = merge_object_parts(urls, out_path, allow_incomplete=allow_incomplete)
         _echo_manifest(m, out_path, as_json, "merged")
         return
-    local_target(out_path, "manifest merge -o")
+    _local_out(out_path, "manifest merge -o")
     for p in parts:
         if not os.path.isfile(p):
             raise click.BadParameter(f"File {p!r} does not exist.", param_hint="PARTS...")

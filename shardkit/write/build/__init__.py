@@ -2,8 +2,9 @@
 run (one writer or worker processes), join (one manifest), merge (parts)."""
 
 from shardkit.write.build.config import BuildConfig, BuildPlan, BuildResult
+from shardkit.write.build.merge import merge_parts
 from shardkit.write.build.plan import plan_build, split_contiguous
-from shardkit.write.build.run import build, merge_parts, run_build
+from shardkit.write.build.run import build, run_build
 
 __all__ = [
     "BuildConfig",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,8 +18,9 @@ from shardkit.write.inputs.image_check import CHECK_IMAGES
 from shardkit.write.inputs.select import TreeOptions
 from shardkit.write.inputs.sources import DEFAULT_MAX_RECORD, ON_ERROR, FieldMap, Unit
 from shardkit.write.writer import COMPRESSIONS
+from shardkit.write.writer.target import Target
 
-__all__ = ["BuildConfig", "BuildPlan", "BuildResult", "check_config"]
+__all__ = ["BuildConfig", "BuildPlan", "BuildResult", "check_config", "manifest_name"]
 
 
 @dataclass(frozen=True)
@@ -85,11 +85,17 @@ class BuildConfig:
     tar_policy: str = "strict"
 
 
+def manifest_name(part: tuple[int, int] | None) -> str:
+    """A build's manifest: ``manifest.json``, or a part's ``manifest.part-I-of-N.json``."""
+    return "manifest.json" if part is None else f"manifest.part-{part[0]:04d}-of-{part[1]:04d}.json"
+
+
 @dataclass(frozen=True)
 class BuildPlan:
-    """What :func:`run_build` will do: the units of this part, split between workers."""
+    """What :func:`run_build` will do: the units of this part, split between workers, and
+    the target (a folder or an object-store prefix) chosen once where the output arrived."""
 
-    out_dir: str
+    target: Target
     config: BuildConfig
     units: tuple[Unit, ...]
     groups: tuple[range, ...]
@@ -119,21 +125,23 @@ class BuildPlan:
         return self.config.prefix if part is None else f"{self.config.prefix}-p{part[0]:04d}"
 
     @property
+    def out_dir(self) -> str:
+        """The output: a folder's absolute path or a prefix's url (no trailing ``/``)."""
+        return self.target.base
+
+    @property
     def manifest_name(self) -> str:
-        part = self.config.part
-        return (
-            "manifest.json"
-            if part is None
-            else f"manifest.part-{part[0]:04d}-of-{part[1]:04d}.json"
-        )
+        return self.target.manifest_name
 
     @property
     def manifest_path(self) -> str:
-        return os.path.join(self.out_dir, self.manifest_name)
+        return f"{self.out_dir}/{self.manifest_name}"
 
     @property
-    def work_dir(self) -> str:
-        return os.path.join(self.out_dir, f".{self.shard_prefix}.work")
+    def work_stem(self) -> str:
+        """The name of a parallel build's work (``.{stem}/`` locally, ``.{stem}-*``
+        objects in a store)."""
+        return f"{self.shard_prefix}.work"
 
 
 @dataclass(frozen=True)

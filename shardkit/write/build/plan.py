@@ -15,24 +15,17 @@ import json
 import logging
 import os
 import pickle
-import re
-import shutil
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from shardkit.errors import ConfigError, WriterError
-from shardkit.format.layout import INDEX_DIR
 from shardkit.format.manifest.model import Manifest
-from shardkit.io.stores import is_object_url
 from shardkit.units import parse_size
-from shardkit.write.build.config import BuildConfig, BuildPlan, check_config
-from shardkit.write.build.remote_build import clear_remote
-from shardkit.write.build.targets import ObjectPlace, build_info, place_of, store_failures
+from shardkit.write.build.config import BuildConfig, BuildPlan, check_config, manifest_name
 from shardkit.write.inputs.discover import DiscoverOptions, discover
 from shardkit.write.inputs.sources import Unit
-from shardkit.write.writer.lock import OutputLock
-from shardkit.write.writer.object_lock import ObjectLock
-from shardkit.write.writer.outputs import make_output
+from shardkit.write.writer.target import Target, build_info, store_failures
+from shardkit.write.writer.where import open_target
 
 __all__ = [
     "auto_workers",
@@ -112,14 +105,12 @@ def _previous(plan: BuildPlan) -> Manifest | None:
     Every refusal says which way out applies: ``--resume`` (same inputs and options, not
     finished), ``--overwrite`` (start over) or another output directory.
     """
-    path, work, c = plan.manifest_path, plan.work_dir, plan.config
+    path, c, target, stem = plan.manifest_path, plan.config, plan.target, plan.work_stem
     if c.overwrite:
         return None
-    place = place_of(plan)
-    if is_object_url(plan.out_dir):
-        work = f"{plan.out_dir}/{ObjectPlace(plan).stem}*"
-    old = place.state()
-    busy = place.has_work()
+    work = target.work_name(stem)
+    old = target.work_state(stem)
+    busy = target.has_work(stem)
     if old is not None:
         if old.get("config") != plan.fingerprint:
             raise ConfigError(
@@ -133,7 +124,7 @@ def _previous(plan: BuildPlan) -> Manifest | None:
             )
     elif busy and not c.resume:
         raise ConfigError(f"{work} holds an interrupted build: pass --resume or --overwrite")
-    m = place.manifest()
+    m = target.read_manifest()
     if m is None:
         return None
     info = build_info(m)
@@ -158,26 +149,25 @@ def _call_units(inputs: Iterable[Any]) -> list[Unit]:
     return [Unit("call", repr(x)[:200], 1, f"{i:08d}", payload=x) for i, x in enumerate(inputs)]
 
 
-def _workers_for(c: BuildConfig, units: Sequence[Unit], out: str) -> int:
+def _workers_for(c: BuildConfig, units: Sequence[Unit], target: Target) -> int:
     """The worker count: given, the one an interrupted build used, or chosen by size."""
     if c.workers is not None:
         return max(1, min(c.workers, len(units)))
     if c.resume:
-        for meta in _earlier_meta(c, out):
+        for meta in _earlier_meta(c, target):
             w = (meta.get("options") or {}).get("workers")
             if isinstance(w, int) and w >= 1:
                 return w
     return max(1, min(auto_workers(units), len(units)))
 
 
-def _earlier_meta(c: BuildConfig, out: str) -> list[dict[str, Any]]:
-    """The ``created.build`` facts an earlier build of this output left (work dir, manifest)."""
+def _earlier_meta(c: BuildConfig, target: Target) -> list[dict[str, Any]]:
+    """The ``created.build`` facts an earlier build of this output left (work, manifest)."""
     found: list[dict[str, Any]] = []
-    place = place_of(BuildPlan(out, c, (), (), ""))
-    state = place.state()
+    state = target.work_state(BuildPlan(target, c, (), (), "").work_stem)
     if state is not None:
         found.append(state)
-    m = place.manifest()
+    m = target.read_manifest()
     if m is not None:
         found.append(build_info(m))
     return found
@@ -195,7 +185,8 @@ def plan_build(
     """
     c = config or BuildConfig()
     check_config(c)
-    out = _output_of(out_dir)
+    target = open_target(out_dir, manifest_name(c.part))  # the one choice: folder or store
+    out = target.base
     if not sources:
         raise ConfigError("no sources given" if c.fn is None else "no inputs given")
     notes: list[str] = []
@@ -210,7 +201,7 @@ def plan_build(
         r = part_range([u.size for u in units], c.part[1], c.part[0])
         units = units[r.start : r.stop]
     with store_failures(out):
-        workers = _workers_for(c, units, out)
+        workers = _workers_for(c, units, target)
     if c.workers is None and workers > 1:
         notes.append(
             f"using {workers} workers for {sum(u.size for u in units) / 1e6:,.0f} MB of input "
@@ -221,32 +212,23 @@ def plan_build(
     groups = tuple(split_contiguous([u.size for u in units], workers))
     options = _options(c, workers)
     plan = BuildPlan(
-        out, c, tuple(units), groups, _fingerprint(units, options), None, options, tuple(notes)
+        target, c, tuple(units), groups, _fingerprint(units, options), None, options, tuple(notes)
     )
-    # another build writing here now: refused at once, named (a missing dir has none)
-    local = not is_object_url(out) and os.path.isdir(out)
-    with store_failures(out), output_lock(plan) if local else contextlib.nullcontext():
+    # another build writing here now: refused at once, named (a missing folder has none;
+    # a store's lock objects are taken when the build runs)
+    lock = output_lock(plan) if os.path.isdir(out) else contextlib.nullcontext()
+    with store_failures(out), lock:
         if c.overwrite:
             _check_overwrite(plan)
         done = _previous(plan)
     return dataclasses.replace(plan, done=done) if done is not None else plan
 
 
-def _output_of(out_dir: str | os.PathLike[str]) -> str:
-    """A build's output: an object-store url (no trailing ``/``) or an absolute path."""
-    if is_object_url(out_dir):
-        return str(out_dir).rstrip("/")
-    return os.path.abspath(make_output(out_dir, "manifest.json").base)
-
-
 def output_lock(plan: BuildPlan) -> contextlib.AbstractContextManager[Any]:
     """The lock a build holds on its output: its manifest name and its shard prefix (in an
     object store, lock objects: :mod:`shardkit.write.writer.object_lock`)."""
-    names = (plan.manifest_name, f"{plan.shard_prefix}-shards")
-    if is_object_url(plan.out_dir):
-        out = ObjectPlace(plan).out
-        return ObjectLock(out.store, [out.key(f".lock-{n}") for n in names], plan.out_dir)
-    return OutputLock(plan.out_dir, names)
+    lock = plan.target.lock((plan.manifest_name, f"{plan.shard_prefix}-shards"))
+    return lock if lock is not None else contextlib.nullcontext()
 
 
 def check_unchanged(plan: BuildPlan) -> None:
@@ -275,24 +257,9 @@ def _check_picklable(fn: Callable[..., Any]) -> None:
         ) from None
 
 
-def _earlier_outputs(plan: BuildPlan) -> list[str]:
-    """The files ``overwrite`` deletes: this prefix and part's shards, indexes, manifest."""
-    out = plan.out_dir
-    if not os.path.isdir(out):
-        return []
-    shard = re.compile(rf"^{re.escape(plan.shard_prefix)}-\d{{6,}}\.tar(?:\.zst|\.gz)?(?:\.idx)?$")
-    stem = os.path.splitext(plan.manifest_name)[0]
-    mine = {plan.manifest_name, stem + ".csv", stem + ".errors.jsonl"}
-    found = [os.path.join(out, n) for n in sorted(os.listdir(out)) if n in mine or shard.match(n)]
-    indexes = os.path.join(out, INDEX_DIR)
-    if os.path.isdir(indexes):
-        found += [os.path.join(indexes, n) for n in sorted(os.listdir(indexes)) if shard.match(n)]
-    return found
-
-
 def _check_overwrite(plan: BuildPlan) -> None:
     """Refuse an ``overwrite`` that would delete one of the build's own inputs."""
-    doomed = set(_earlier_outputs(plan))
+    doomed = set(plan.target.doomed(plan.shard_prefix))
     for u in plan.units:
         paths = [os.path.join(u.path, rel) for _, rel in u.members] if u.members else [u.path]
         hit = next((p for p in paths if os.path.abspath(p) in doomed), None)
@@ -304,18 +271,10 @@ def _check_overwrite(plan: BuildPlan) -> None:
 
 
 def clear_output(plan: BuildPlan) -> None:
-    """``overwrite``: delete what an earlier build of this prefix and part left behind."""
-    if is_object_url(plan.out_dir):
-        clear_remote(plan)
-        return
-    removed = 0
-    for path in _earlier_outputs(plan):
-        os.unlink(path)
-        removed += 1
-    out = plan.out_dir
-    if os.path.isdir(plan.work_dir):
-        shutil.rmtree(plan.work_dir)
-    log.info("overwrite: removed %d files of the earlier build in %s", removed, out)
+    """``overwrite``: delete what an earlier build of this prefix and part left behind (in
+    a store, the old manifest first: no manifest ever lists a deleted object)."""
+    removed = plan.target.clear(plan.shard_prefix, plan.work_stem)
+    log.info("overwrite: removed %d files of the earlier build in %s", removed, plan.out_dir)
 
 
 def _group_of(acc: int, size: int, i: int, count: int, total: int, n: int) -> int:

@@ -35,39 +35,21 @@ The options and plan are in :mod:`shardkit.write.build.config`, planning in
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from shardkit.durable import atomic_write
-from shardkit.errors import ConfigError, ManifestError, ShardkitError, WriterError
-from shardkit.format.manifest.compact import save_manifest
+from shardkit.errors import ConfigError, ShardkitError, WriterError
 from shardkit.format.manifest.model import Manifest, creation_info
-from shardkit.io.stores import is_object_url
 from shardkit.write.build.config import BuildConfig, BuildPlan, BuildResult
-from shardkit.write.build.plan import (
-    check_unchanged,
-    clear_output,
-    output_lock,
-    plan_build,
-)
-from shardkit.write.build.remote_build import finalize_remote, finished_remote
-from shardkit.write.build.targets import build_info, errors_name, place_of, store_failures
-from shardkit.write.build.workers import (
-    Progress,
-    Reporter,
-    finalize,
-    make_jobs,
-    run_workers,
-    write_job,
-)
+from shardkit.write.build.join import JoinSpec, join_workers
+from shardkit.write.build.plan import check_unchanged, clear_output, output_lock, plan_build
+from shardkit.write.build.workers import Progress, Reporter, make_jobs, run_workers, write_job
+from shardkit.write.writer.target import build_info, store_failures
 
-__all__ = ["build", "merge_parts", "run_build"]
+__all__ = ["build", "run_build"]
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +93,7 @@ def _run_build(plan: BuildPlan, progress: Progress | None) -> BuildResult:
         written, kept, manifest = 0, plan.done.total_samples, plan.done
     elif len(plan.groups) == 1:
         written, kept = write_job(make_jobs(plan)[0], Reporter(count))
-        found = place_of(plan).manifest()
+        found = plan.target.read_manifest()
         if found is None:
             raise WriterError(f"{plan.manifest_path} is missing after the build wrote it")
         manifest = found
@@ -127,16 +109,22 @@ def _run_build(plan: BuildPlan, progress: Progress | None) -> BuildResult:
 
 
 def _run_workers(plan: BuildPlan, count: Progress) -> tuple[int, Manifest]:
-    """The workers, then the one manifest (renames locally; over the workers' own shards in
-    an object store, unless a crash came after it was written)."""
-    if not is_object_url(plan.out_dir):
-        written, _ = run_workers(plan, count)
-        return written, finalize(plan)
-    finished = finished_remote(plan)
-    if finished is not None:
-        return 0, finished
-    written, _ = run_workers(plan, count)
-    return written, finalize_remote(plan)
+    """The workers, then the one manifest (:mod:`shardkit.write.build.join`), unless a
+    crash came after it was written (the work is then deleted)."""
+    target, stem, c = plan.target, plan.work_stem, plan.config
+    done = target.read_manifest()
+    info = build_info(done)
+    if done is not None and info.get("config") == plan.fingerprint and info.get("complete"):
+        target.drop_work(stem)
+        return 0, done
+    jobs = make_jobs(plan)
+    written = 0
+    if not target.begin_work(stem, plan.meta):  # True: every worker had finished
+        written, _ = run_workers(jobs, count)
+    created = creation_info(build={**plan.meta, "complete": True})
+    part = {"index": c.part[0], "count": c.part[1]} if c.part else None
+    spec = JoinSpec(plan.shard_prefix, c.compress, c.checksum, created, part)
+    return written, join_workers(target, stem, [j.target for j in jobs], spec)
 
 
 def build(
@@ -185,90 +173,3 @@ def build(
     bar = tqdm(total=plan.total_bytes, unit=unit[0], unit_scale=unit[1], desc="build", disable=None)
     with bar:
         return run_build(plan, progress=lambda _n, b: bar.update(b))
-
-
-def merge_parts(
-    paths: Sequence[str | os.PathLike[str]],
-    out_path: str | os.PathLike[str],
-    *,
-    allow_incomplete: bool = False,
-) -> Manifest:
-    """Join the partial manifests of ``build --part`` into one manifest at ``out_path``.
-
-    Refuses a part whose build did not finish, and a set of parts with one missing
-    (unless ``allow_incomplete``); urls are rewritten relative to ``out_path``'s
-    directory, which must hold every shard.
-    """
-    parts = [Manifest.load(p) for p in paths]
-    for path, m in zip(paths, parts, strict=True):
-        info = build_info(m)
-        if info and not info.get("complete"):
-            raise ManifestError(
-                "this part's build did not finish: run it again with --resume", path=str(path)
-            )
-    merged = Manifest.merge(parts)
-    incomplete = merged.created.get("incomplete")
-    if incomplete and not allow_incomplete:
-        count = next(p.part["count"] for p in parts if p.part is not None)
-        have = {p.part["index"] for p in parts if p.part is not None}
-        gaps = (i for i in range(count) if i not in have)  # lazily: count may be 10**9
-        missing = ", ".join(str(i) for i in itertools.islice(gaps, 10))
-        more = ", ..." if count - len(have) > 10 else ""
-        raise ManifestError(f"only {incomplete} given: part {missing}{more} missing")
-    out = os.path.abspath(os.fspath(out_path))
-    base = os.path.dirname(out)
-    shards = []
-    for s in merged.shards:
-        url = merged.rebase(s.url, base)
-        index = merged.rebase(s.index, base) if s.index else None
-        if os.path.isabs(url) or url.startswith("../"):
-            raise ManifestError(
-                f"shard {url} is outside {base}; write the merged manifest higher up"
-            )
-        same = url == s.url and index == s.index
-        shards.append(s if same else dataclasses.replace(s, url=url, index=index))
-    merged.shards, merged.base = shards, base
-    merged.created = creation_info(merged_parts=len(parts))
-    if incomplete:
-        merged.created["incomplete"] = incomplete
-    skipped = _merge_error_logs(paths, parts, out)
-    if skipped:
-        report = os.path.basename(errors_name(out))
-        merged.created["build"] = {"complete": True, "skipped_records": skipped, "errors": report}
-    save_manifest(merged, out)
-    return merged
-
-
-def _merge_error_logs(
-    paths: Sequence[str | os.PathLike[str]], parts: Sequence[Manifest], out: str
-) -> int:
-    """The parts' skipped-record reports joined, in part order, beside the merged manifest;
-    the number of records they name (what the parts' manifests count)."""
-    logs: list[tuple[int, str]] = []
-    skipped = 0
-    for path, m in zip(paths, parts, strict=True):
-        info = build_info(m)
-        count = int(info.get("skipped_records") or 0)
-        if not count:
-            continue
-        report = os.path.join(os.path.dirname(os.path.abspath(path)), str(info.get("errors")))
-        if not os.path.exists(report):
-            raise ManifestError(
-                f"this part skipped {count} records but its report {report} is missing",
-                path=str(path),
-            )
-        skipped += count
-        logs.append(((m.part or {}).get("index", 0), report))
-    target = errors_name(out)
-    if not logs:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(target)
-        return 0
-
-    def chunks() -> Iterator[bytes]:
-        for _, report in sorted(logs):
-            with open(report, "rb") as f:
-                yield from iter(lambda: f.read(1 << 20), b"")
-
-    atomic_write(target, chunks())
-    return skipped

@@ -25,7 +25,19 @@ from collections.abc import Iterable
 
 from shardkit.errors import WriterError
 
-__all__ = ["OutputLock"]
+__all__ = ["OutputLock", "pid_alive"]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a live writer's temp file is not ours to delete)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
 
 _HELD: dict[str, tuple[int, int, int]] = {}  # real path -> (fd, holders, holding thread)
 _GUARD = threading.Lock()

@@ -30,7 +30,7 @@ from typing import Any
 
 from shardkit.errors import WriterError
 from shardkit.io.stores import ObjectStore
-from shardkit.write.writer.outputs import pid_alive
+from shardkit.write.writer.lock import pid_alive
 
 __all__ = ["LEASE", "RENEW", "ObjectLock"]
 

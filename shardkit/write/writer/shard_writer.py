@@ -8,14 +8,13 @@ quadratic in its shard count. The journal is folded into the manifest (written a
 at close, on resume, and whenever it has grown as long as the manifest (so rewrites cost
 O(shards) in all). At any instant manifest and journal list only whole shards. A ``with``
 block that raises finishes no shard: the one being written is deleted. Where the bytes go (a
-local directory, an object-store prefix) is the output's business
-(:mod:`shardkit.write.writer.outputs`).
+local directory, an object-store prefix) is the target's business
+(:mod:`shardkit.write.writer.target`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import gzip
 import json
 import logging
 import os
@@ -23,24 +22,21 @@ from collections.abc import Iterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from shardkit.errors import ConfigError, ManifestError, WriterError
+from shardkit.errors import ConfigError, WriterError
 from shardkit.format.checksum import new_hasher
-from shardkit.format.codecs import encode_field, zstd_writer
+from shardkit.format.codecs import zstd_writer
 from shardkit.format.digest import Digest, HashingWriter
 from shardkit.format.layout import index_name as shard_index_name
 from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
 from shardkit.format.tario.index import sample_signature, write_index
 from shardkit.format.tario.writer import (
     END_OF_ARCHIVE,
-    check_field,
     check_key,
-    member_header,
-    padding,
 )
-from shardkit.write.writer.existing import refuse_existing, remove_existing
-from shardkit.write.writer.lock import OutputLock
+from shardkit.write.writer.members import encode_sample, gzip_writer
 from shardkit.write.writer.options import WriterKeywords, WriterOptions, shard_name
-from shardkit.write.writer.outputs import LocalOutput, ObjectOutput, make_output
+from shardkit.write.writer.target import Lock, Target
+from shardkit.write.writer.where import open_target
 
 if TYPE_CHECKING:
     from typing import Unpack  # Python 3.11; only annotations use it
@@ -51,16 +47,12 @@ log = logging.getLogger(__name__)
 _FLUSH = 4 << 20
 
 
-def _gzip_writer(f: Any) -> gzip.GzipFile:
-    # mtime=0 and no name: the same samples give the same bytes on every run
-    return gzip.GzipFile(filename="", mode="wb", compresslevel=6, fileobj=f, mtime=0)
-
-
 class ShardWriter:
     """Write samples into size- and/or count-limited tar shards with a manifest.
 
     Args:
-        out_dir: directory for shards and ``manifest.json`` / ``manifest.csv``.
+        out_dir: directory for shards and ``manifest.json`` / ``manifest.csv`` (or the
+            :class:`~shardkit.write.writer.target.Target` a build chose).
         options: how shards are cut, named and checked (:class:`WriterOptions`: prefix,
             maxsize, maxcount, checksum, compress, piece_size, image_quality).
         manifest: the manifest file name inside ``out_dir``.
@@ -79,16 +71,16 @@ class ShardWriter:
     ``out_dir`` may be an object-store url (``s3://bucket/prefix/``, ``gs://...``,
     ``az://container/...``): shards are streamed up as they are written, each appears only
     when whole, the manifest goes last and ``resume=True`` goes on from what is verifiably
-    there (:mod:`shardkit.write.writer.outputs`). Any other ``scheme://`` is an error.
+    there (:mod:`shardkit.write.writer.objects`). Any other ``scheme://`` is an error.
 
     One writer per local output: the writer locks its manifest name and shard prefix in
-    ``out_dir`` (:mod:`shardkit.write.writer.lock`) until it is closed; a second writer (or build)
-    there is a :class:`WriterError` naming the holder's pid and host.
+    ``out_dir`` (:mod:`shardkit.write.writer.lock`) until it is closed; a second writer (or
+    build) there is a :class:`WriterError` naming the holder's pid and host.
     """
 
     def __init__(
         self,
-        out_dir: str | os.PathLike[str],
+        out_dir: str | os.PathLike[str] | Target,
         options: WriterOptions | None = None,
         *,
         manifest: str = "manifest.json",
@@ -99,7 +91,7 @@ class ShardWriter:
         endpoint_url: str | None = None,
         **keywords: Unpack[WriterKeywords],
     ) -> None:
-        self.out_dir = os.fspath(out_dir)
+        self.out_dir = out_dir.base if isinstance(out_dir, Target) else os.fspath(out_dir)
         if "%" in os.path.basename(self.out_dir) and ".tar" in os.path.basename(self.out_dir):
             raise ConfigError(
                 f"{self.out_dir!r} looks like a webdataset shard pattern: ShardWriter takes "
@@ -121,12 +113,12 @@ class ShardWriter:
         self.compress = opts.compress
         self.piece_size = opts.piece_bytes
         self.image_quality = opts.image_quality
-        self.output = make_output(self.out_dir, manifest, endpoint_url=endpoint_url)
+        self.output = open_target(out_dir, manifest, endpoint_url=endpoint_url)
         self.manifest_path = self.output.manifest_path
-        self._lock: OutputLock | None = None
-        if isinstance(self.output, LocalOutput):
-            names = (manifest, f"{self.prefix}-shards")
-            self._lock = OutputLock(self.out_dir, names).acquire()
+        names = (self.output.manifest_name, f"{self.prefix}-shards")
+        self._lock: Lock | None = self.output.lock(names, writer=True)
+        if self._lock is not None:
+            self._lock.acquire()
         try:
             self._start(start_index, resume, overwrite, part)
         except BaseException:
@@ -142,13 +134,10 @@ class ShardWriter:
         self, start_index: int, resume: bool, overwrite: bool, part: tuple[int, int] | None
     ) -> None:
         """Under the lock: check what the output holds, then set up the first shard."""
-        local = isinstance(self.output, LocalOutput)
-        if overwrite and isinstance(self.output, ObjectOutput):
+        if overwrite:
             self.output.remove_existing(self.prefix)
-        elif overwrite:
-            remove_existing(self.manifest_path, self.prefix)
-        elif not resume and local:
-            refuse_existing(self.manifest_path)
+        elif not resume:
+            self.output.refuse_existing()
         self.manifest = Manifest(
             checksum_algorithm=self.algo,
             created=creation_info(),
@@ -193,7 +182,7 @@ class ShardWriter:
         if self._closed:
             raise WriterError("write() on a closed ShardWriter")
         key = check_key(sample.get("__key__"))  # type: ignore[arg-type]
-        pieces, size, sizes = self._encode(str(key), sample)
+        pieces, size, sizes = encode_sample(str(key), sample, self._good_fields, self.image_quality)
         if self._file is not None and (
             self._offset + size + len(END_OF_ARCHIVE) > self.maxsize
             or (self.maxcount is not None and len(self._offsets) >= self.maxcount)
@@ -219,34 +208,6 @@ class ShardWriter:
         if self._pending_size >= _FLUSH:
             with self._disk():
                 self._flush()
-
-    def _encode(
-        self, key: str, sample: Mapping[str, Any]
-    ) -> tuple[list[bytes | bytearray | memoryview], int, dict[str, int]]:
-        """The tar pieces of one sample, their total size, and each field's payload size."""
-        pieces: list[bytes | bytearray | memoryview] = []
-        size = 0
-        sizes: dict[str, int] = {}
-        for field, value in sample.items():
-            if not isinstance(field, str):
-                raise WriterError(f"sample {key!r}: field names must be strings, got {field!r}")
-            if field.startswith("__"):
-                continue
-            if field not in self._good_fields:
-                check_field(key, field)
-                self._good_fields.add(field)
-            data = encode_field(key, field, value, image_quality=self.image_quality)
-            header = member_header(f"{key}.{field}", len(data))
-            pad = padding(len(data))
-            pieces.append(header)
-            pieces.append(data)
-            if pad:
-                pieces.append(pad)
-            size += len(header) + len(data) + len(pad)
-            sizes[field] = len(data)
-        if not sizes:
-            raise WriterError(f"sample {key!r} has no fields")
-        return pieces, size, sizes
 
     def next_shard(self) -> None:
         """Finish the shard being written now (if any); the next sample starts a new one."""
@@ -321,7 +282,7 @@ class ShardWriter:
         if self.compress == "zstd":
             self._sink = zstd_writer(self._hashing)  # type: ignore[arg-type]
         elif self.compress == "gzip":
-            self._sink = _gzip_writer(self._hashing)
+            self._sink = gzip_writer(self._hashing)
         else:
             self._sink = self._hashing
         self._offset = 0
@@ -384,26 +345,15 @@ class ShardWriter:
         try:
             self.output.append_journal(name, line)
         except OSError:
-            if isinstance(self.output, LocalOutput):
-                for path in (name, shard_index_name(name)):
-                    with contextlib.suppress(OSError):
-                        os.unlink(os.path.join(self.out_dir, path))
+            self.output.undo_shard(name)
             raise
 
     def _drop_unfolded(self) -> None:
         """The manifest on a local disk is the last word (it could not be rewritten): the
         shards only the journal lists go, and the journal, so every shard there is listed
         (a resume writes them again)."""
-        if not isinstance(self.output, LocalOutput):
-            return
-        for entry in self.manifest.shards[self._folded :]:
-            for url in (entry.url, entry.index):
-                if url:
-                    with contextlib.suppress(OSError):
-                        os.unlink(os.path.join(self.out_dir, url))
-        del self.manifest.shards[self._folded :]
-        with contextlib.suppress(OSError):
-            self.output.forget_journal()
+        if self.output.drop_unfolded(self.manifest.shards[self._folded :]):
+            del self.manifest.shards[self._folded :]
 
     def _write_manifest(self) -> None:
         """Fold the journal into the manifest: write it whole, then drop the journal."""
@@ -411,39 +361,15 @@ class ShardWriter:
         self._folded = len(self.manifest.shards)
 
     def _load_existing(self) -> None:
-        existing, journal = self.output.existing()
-        if existing is None and not journal:
+        found = self.output.resumable(self.algo)
+        if found is None:
             return
-        if existing is not None:
-            old = existing
-            self.manifest.created = dict(old.created)  # the build's fingerprint stays
-        else:
-            old = Manifest(checksum_algorithm=self.algo, base=self.manifest.base)
-        listed = {e.url for e in old.shards}
-        self._folded = len(old.shards)  # what the manifest there lists
-        for entry, fields in journal:
-            if entry.url in listed:  # folded already: a kill came before the journal went
-                continue
-            old.shards.append(entry)
-            for field, st in fields.items():
-                acc = old.fields.setdefault(field, {"count": 0, "bytes": 0})
-                acc["count"] += st["count"]
-                acc["bytes"] += st["bytes"]
-        if old.checksum_algorithm != self.algo:
-            raise ManifestError(
-                f"cannot resume: existing shards use {old.checksum_algorithm}, "
-                f"this writer {self.algo}",
-                path=self.manifest_path,
-            )
-        for i, s in enumerate(old.shards):
-            wrong = self.output.check_shard(s, None)
-            if wrong is not None:
-                raise ManifestError(
-                    f"cannot resume: shard {s.url} {wrong}", path=self.manifest_path, entry=i
-                )
-        self.manifest.shards = list(old.shards)
-        self.manifest.fields = old.fields
-        self.resumed_samples = old.total_samples
-        self.next_index += len(old.shards)
-        if journal:
+        if found.listed is not None:
+            self.manifest.created = dict(found.manifest.created)  # the build's fingerprint stays
+        self._folded = found.listed or 0  # what the manifest there lists
+        self.manifest.shards = list(found.manifest.shards)
+        self.manifest.fields = found.manifest.fields
+        self.resumed_samples = found.manifest.total_samples
+        self.next_index += len(found.manifest.shards)
+        if found.journalled:
             self._write_manifest()

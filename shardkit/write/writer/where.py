@@ -1,0 +1,36 @@
+"""The one place a writer's output is told apart: a local folder or an object-store prefix
+(see :mod:`shardkit.write.writer.target`)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from shardkit.errors import ConfigError
+from shardkit.io.stores import is_object_url
+from shardkit.write.writer.local import LocalTarget
+from shardkit.write.writer.objects import ObjectTarget
+from shardkit.write.writer.target import Target
+
+__all__ = ["open_target"]
+
+
+def open_target(
+    out: str | os.PathLike[str] | Target,
+    manifest: str = "manifest.json",
+    *,
+    endpoint_url: str | None = None,
+) -> Target:
+    """The target of an output: an object-store url or a local folder; any other
+    ``scheme://`` is an error, never a folder named after it. A Target is taken as it is."""
+    if isinstance(out, Target):
+        return out
+    text = os.fspath(out)
+    if is_object_url(text):
+        return ObjectTarget(str(text), manifest, endpoint_url)
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text):
+        raise ConfigError(
+            f"{text!r}: a writer writes to a local directory or to s3://, gs:// or az://; "
+            "not to this scheme"
+        )
+    return LocalTarget(text, manifest)
