@@ -160,7 +160,26 @@ def part_inprocess(ds: Dataset, fm: Formats, args: Any) -> tuple[str, list[dict[
         sk_ds = ("shardkit ShardDataset", lambda: _readers.read_sk_dataset(fm.manifest))
         off = lambda: _readers.read_sk_dataset(fm.manifest, "off")  # noqa: E731
         contenders[2:2] = [sk_ds, ("shardkit ShardDataset verify=off", off)]
+        for size in args.piece_size_list:  # the same samples, pieces of another size
+            manifest = _write_pieces(ds, fm, args.shard_bytes, size)
+            read = lambda m=manifest: _readers.read_sk_dataset(m)  # noqa: E731
+            contenders.insert(3, (f"shardkit ShardDataset, {size >> 20} MiB pieces", read))
     return _inprocess(ds, contenders, fm.sk_bytes, args, "1 process, no decode")
+
+
+def _write_pieces(ds: Dataset, fm: Formats, shard_bytes: int, piece_size: int) -> str:
+    """The shardkit shards again with ``piece_size``-byte pieces (outside the timing); the
+    manifest's path."""
+    from _common import fresh_dir
+
+    import shardkit
+
+    out = fresh_dir(os.path.join(fm.root, f"shardkit-p{piece_size}"))
+    with shardkit.ShardWriter(out, maxsize=shard_bytes, piece_size=piece_size) as w:
+        for sample in ds.samples:
+            w.write(sample)
+    settle(sorted(glob.glob(os.path.join(out, "*.tar"))))
+    return os.path.join(out, "manifest.json")
 
 
 def part_foreign(ds: Dataset, fm: Formats, args: Any) -> tuple[str, list[dict[str, Any]]]:
@@ -411,6 +430,12 @@ def parse_args() -> Any:
     p.add_argument("--resume-workers", default="0,2")
     p.add_argument("--cold", action="store_true", help="drop the page cache before runs")
     p.add_argument(
+        "--piece-sizes",
+        default="",
+        help="part 1: also read verified ShardDatasets of the same samples written with "
+        "these piece sizes (comma list, e.g. 4MiB,1MiB; the default set has 16 MiB)",
+    )
+    p.add_argument(
         "--as-written",
         action="store_true",
         help="read files in the page-cache state their writers left (no settle)",
@@ -421,6 +446,7 @@ def parse_args() -> Any:
     args.resume_bytes = parse_size(args.resume_size)
     args.position_list = [float(x) for x in args.positions.split(",")]
     args.resume_worker_list = [int(x) for x in args.resume_workers.split(",")]
+    args.piece_size_list = [parse_size(x) for x in args.piece_sizes.split(",") if x]
     return args
 
 
