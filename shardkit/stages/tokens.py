@@ -287,6 +287,9 @@ class _PackCursor(Cursor):
         self.held: dict[str, Any] | None = None
         self.seen: np.dtype[Any] | None = None  # the widest output dtype so far
         self.mix = drawn_from(up)  # a mixture below: exposure is counted at delivery
+        # "samples": a document counts once its first token is delivered (held back
+        # from the source's count while it waits in a group or is never reached)
+        self.own["samples"] = 0.0
         self.items = self._best_fit(skip) if stage.strategy == "best_fit" else self._greedy(skip)
 
     def state(self) -> dict[str, Any]:
@@ -331,6 +334,7 @@ class _PackCursor(Cursor):
                         return
                     cur, cur_off, skip = self._doc(sample), skip, 0
                     source = self._source()
+                    self.own["samples"] -= 1 if len(cur) else 0
                     if out is None:
                         out = np.empty(seq_len, dtype=self.seen)
                     elif out.dtype != self.seen:  # a wider document: never narrow its ids
@@ -350,6 +354,7 @@ class _PackCursor(Cursor):
                     self.held["given"] = [[source, 1, min(cur_off, stage.real_tokens(cur))]]
             else:
                 self.held = None  # nothing held: upstream's state is exact
+            self.own["samples"] += sum(1 for off, _ in segments if off == 0)
             yield stage._emit(out.copy(), segments)
 
     def _best_fit(self, skip: int) -> Iterator[Any]:
@@ -366,6 +371,7 @@ class _PackCursor(Cursor):
                 if len(doc):
                     docs.append(doc)
                     sources.append(self._source())
+                    self.own["samples"] -= 1
             seqs = stage._place(docs, self.seen) if self.seen is not None else []
             given: dict[int, list[int]] = {}  # per source: samples, tokens delivered
             for i, (seq, parts) in enumerate(seqs):
@@ -382,6 +388,7 @@ class _PackCursor(Cursor):
                 self.held = {"source": before, "skip": i + 1} if held else None
                 if self.held is not None and given:
                     self.held["given"] = [[k, s, t] for k, (s, t) in sorted(given.items())]
+                self.own["samples"] += sum(1 for _, off, _ in parts if off == 0)
                 yield seq
             skip = 0
             if sample is None:

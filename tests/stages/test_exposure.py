@@ -1,6 +1,7 @@
 """Per-source token exposure is what was delivered (issue 29, class 7): after best-fit or
 greedy packing, ``stats()["sources"][name]["tokens"]`` equals the tokens of that source in
-the batches handed out so far, after every batch, with 0 workers and worker processes."""
+the batches handed out so far, and ``stats()["samples"]`` the documents begun in them,
+after every batch, with 0 workers, worker processes and threads."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import shardkit as sk
 
 CODE = 100_000  # code ids are >= CODE, web ids below
+START = 50_000  # a document's first id: its source's base + START + its number
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +22,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         rng = np.random.default_rng(seed)
         with sk.ShardWriter(root / name, maxcount=10, prefix=name) as w:
             for i, n in enumerate(rng.integers(1, 40, 40)):
-                ids = base + rng.integers(0, 1000, int(n))
+                ids = base + np.concatenate([[START + i], rng.integers(0, 1000, int(n) - 1)])
                 w.write({"__key__": f"{name}-{i:03d}", "tokens.npy": ids.astype(np.int32)})
         out[name] = str(root / name / "manifest.json")
     return out
@@ -42,10 +44,13 @@ def test_token_exposure_is_counted_at_delivery(
     )
     loader = sk.WebLoader(ds, num_workers=workers, worker_mode=mode)
     given = {"web": 0, "code": 0}
+    begun = 0
     for batch in loader:
         tokens = np.asarray(batch)
         given["web"] += int(((tokens >= 0) & (tokens < CODE)).sum())
         given["code"] += int((tokens >= CODE).sum())
-        exposure = loader.stats()["sources"]
-        assert {n: exposure[n]["tokens"] for n in given} == given
+        begun += int(((tokens >= 0) & (tokens % CODE >= START)).sum())
+        stats = loader.stats()
+        assert {n: stats["sources"][n]["tokens"] for n in given} == given
+        assert stats["samples"] == begun
     assert given["web"] > 0 and given["code"] > 0
