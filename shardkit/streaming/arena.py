@@ -2,9 +2,12 @@
 process without a fresh shared segment, or a pipe full of bytes, per batch.
 
 Each worker process owns up to :data:`SLOTS` slots, each a shared-memory segment made once
-and reused. A batch's arrays, CPU tensors and big lists of bytes are copied into a free
-slot; what crosses the worker's pipe is a :class:`Parcel`: the batch's structure with
-references into the slot (and, until the training process has it, the segment itself).
+and reused. A batch's arrays, CPU tensors, lists of arrays of one dtype (one buffer and the
+arrays' lengths: a batch of variable-length token arrays is one copy in the worker and one
+split in C in the training process) and big lists of bytes are copied into a free slot;
+what crosses the worker's pipe is a :class:`Parcel`: the batch's structure with references
+into the slot (and, until the training process has it, the segment itself). The training
+process opens it into what :func:`~shardkit.streaming.transfer.deliver` gives every mode.
 
 Reuse must never overwrite a batch the training process still reads, so a slot is free
 only when the training process has *released* it, through a control block it made and
@@ -39,10 +42,13 @@ import torch
 from shardkit.errors import TransferError
 from shardkit.streaming.transfer import (
     InlineBatch,
-    InlineBytes,
     PackedBytes,
-    arrived,
+    Pickled,
+    bytes_offsets,
+    c_order,
     can_pin,
+    deliver,
+    join_bytes,
     shared_bytes,
     tensorable,
 )
@@ -63,8 +69,7 @@ _ALIGN = 64
 _MIN_SEGMENT = 1 << 20
 _MASK = (1 << 63) - 1
 _RELEASED, _KNOWN = 0, 1  # the control block's two words per slot
-_ARRAY_MIN = 1024  # smaller arrays pickle with the batch's structure
-BYTES_MIN = 256 << 10  # a list of bytes at least this big crosses as PackedBytes
+_ARRAY_MIN = 1024  # smaller arrays (lists of arrays: in all) pickle with the structure
 # a worker's first batch up to this size is pickled through the pipe: a slot's first
 # segment costs its making and its file descriptor's passing to the training process,
 # more than a small batch through the pipe; a big batch crosses the pipe slower than that
@@ -107,15 +112,17 @@ _LOCK = threading.RLock()  # the main thread and the pin thread open parcels
 SEGMENTS_RECEIVED = 0  # segments this process was sent (how well slots are reused)
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Ref:
     """A placeholder in a parcel's structure: ``nbytes`` at ``offset`` of the slot."""
 
-    kind: str  # "array", "tensor" or "bytes"
+    kind: str  # "array", "tensor", "arrays" (a list of them, one dtype) or "bytes"
     offset: int
     nbytes: int
     dtype: Any = None  # numpy dtype str, a torch dtype, or the bytes' offsets
-    shape: tuple[int, ...] = ()
+    shape: tuple[int, ...] = ()  # of an array; of each of "arrays" but the first dimension
+    rows: list[int] | None = None  # "arrays": each one's first dimension
+    index: int = 0  # its value's place in the batch's values (an InlineBatch's)
 
 
 @dataclass
@@ -159,19 +166,20 @@ class WorkerArena:
         self.batches = 0
 
     def pack(self, tree: Any) -> Any:
-        """The batch as a parcel; the batch itself when nothing in it is worth a slot."""
+        """The batch as a parcel; as it is (C-ordered where pickle needs it) when nothing in
+        it is worth a slot."""
         found: list[tuple[_Ref, Any]] = []
         end = [0]
         skeleton = _collect(tree, found, end)
         if not found:
-            return tree
+            return skeleton
         if (
             self.batches == 0
             and end[0] <= INLINE_FIRST
             and all(r.kind != "tensor" for r, _ in found)
         ):
             self.batches = 1  # the first batch crosses the pipe whole (see INLINE_FIRST)
-            return InlineBatch(_inline(skeleton, {id(r): v for r, v in found}))
+            return InlineBatch(skeleton, [v for _, v in found], _Ref)
         index, slot = self._free_slot(end[0])
         slot.seq += 1
         slot.used = self.batches = self.batches + 1
@@ -216,61 +224,71 @@ class WorkerArena:
 
 
 def _collect(x: Any, found: list[tuple[_Ref, Any]], end: list[int]) -> Any:
-    """``x`` with what goes into the slot replaced by :class:`_Ref` placeholders."""
+    """``x`` with what goes into the slot replaced by :class:`_Ref` placeholders (the
+    containers :func:`~shardkit.streaming.transfer.deliver` walks, and only those)."""
     t = type(x)
     if t is np.ndarray:
-        if not tensorable(x) or x.nbytes < _ARRAY_MIN:
+        if not tensorable(x):  # C order before pickle: it drops a strided array's byte order
+            return c_order(x)
+        if x.nbytes < _ARRAY_MIN:
             return x
-        return _place("array", x, x.nbytes, x.dtype.str, x.shape, found, end)
+        return _place(_Ref("array", 0, x.nbytes, x.dtype.str, x.shape), x, found, end)
     if t is torch.Tensor:
+        if x.is_conj() or x.is_neg():  # torch's sharing drops these bits: wrong values
+            x = _resolved(x)
         if x.device.type != "cpu" or x.layout != torch.strided or x.is_quantized:
             return x
         if x.requires_grad or x.nbytes < _ARRAY_MIN:
             return x
-        return _place("tensor", x, x.nbytes, x.dtype, tuple(x.shape), found, end)
+        return _place(_Ref("tensor", 0, x.nbytes, x.dtype, tuple(x.shape)), x, found, end)
     if t is dict:
         return {k: _collect(v, found, end) for k, v in x.items()}
     if t is tuple:
         return tuple(_collect(v, found, end) for v in x)
     if t is list and x:
-        if type(x[0]) is bytes and all(type(b) is bytes for b in x):
-            ends = np.cumsum([len(b) for b in x]).tolist()
-            if ends[-1] >= BYTES_MIN:
-                return _place("bytes", x, int(ends[-1]), [0, *ends], (), found, end)
-            return x
+        offsets = bytes_offsets(x)
+        if offsets is not None:
+            return _place(_Ref("bytes", 0, offsets[-1], offsets), x, found, end)
+        ref = _arrays(x)
+        if ref is not None:
+            return _place(ref, x, found, end)
         return [_collect(v, found, end) for v in x]
     return x
 
 
-def _inline(x: Any, values: dict[int, Any]) -> Any:
-    """The skeleton ``x`` with each placeholder's value as the pipe carries it: an array
-    C-contiguous (as a slot hands it out), a list of bytes as :class:`InlineBytes`."""
-    t = type(x)
-    if t is _Ref:
-        value = values[id(x)]
-        if x.kind == "bytes":
-            return InlineBytes(value, x.dtype)
-        return np.ascontiguousarray(value)
-    if t is dict:
-        return {k: _inline(v, values) for k, v in x.items()}
-    if t is tuple:
-        return tuple(_inline(v, values) for v in x)
-    if t is list:
-        return [_inline(v, values) for v in x]
-    return x
+def _resolved(x: torch.Tensor) -> torch.Tensor:
+    """A lazy conjugate or negation made real (a worker's pickle would drop it)."""
+    if x.requires_grad:
+        raise TransferError(
+            f"a conjugate or negative view of shape {tuple(x.shape)} that needs grad cannot "
+            "cross to the training process (torch's sharing drops the view's sign): "
+            "resolve_conj()/resolve_neg() it in the pipeline, or use worker_mode='thread'"
+        )
+    return x.resolve_conj().resolve_neg()
 
 
-def _place(
-    kind: str,
-    value: Any,
-    nbytes: int,
-    dtype: Any,
-    shape: tuple[int, ...],
-    found: list[tuple[_Ref, Any]],
-    end: list[int],
-) -> _Ref:
-    ref = _Ref(kind, _HEAD + end[0], nbytes, dtype, shape)
-    end[0] += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+def _arrays(x: list[Any]) -> _Ref | None:
+    """A list of tensorable arrays of one dtype and one shape but the first dimension, of
+    at least _ARRAY_MIN bytes in all: its placeholder (its place in the slot still 0)."""
+    first = x[0]
+    if type(first) is not np.ndarray or first.ndim == 0 or not tensorable(first):
+        return None
+    dtype, tail = first.dtype, first.shape[1:]
+    rows, nbytes = [], 0
+    for a in x:
+        if type(a) is not np.ndarray or a.dtype != dtype or a.shape[1:] != tail:
+            return None
+        rows.append(a.shape[0])
+        nbytes += a.nbytes
+    if nbytes < _ARRAY_MIN:
+        return None
+    return _Ref("arrays", 0, nbytes, dtype.str, tail, rows)
+
+
+def _place(ref: _Ref, value: Any, found: list[tuple[_Ref, Any]], end: list[int]) -> _Ref:
+    ref.offset = _HEAD + end[0]
+    ref.index = len(found)
+    end[0] += (ref.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
     found.append((ref, value))
     return ref
 
@@ -279,13 +297,13 @@ def _write(view: np.ndarray, ref: _Ref, value: Any) -> None:
     dst = view[ref.offset : ref.offset + ref.nbytes]
     if ref.kind == "array":
         np.copyto(dst.view(value.dtype).reshape(value.shape), value)
+    elif ref.kind == "arrays":  # one copy of them all, in C
+        shape = (sum(ref.rows or ()), *ref.shape)
+        np.concatenate(value, out=dst.view(ref.dtype).reshape(shape))
     elif ref.kind == "tensor":
-        torch.from_numpy(dst).copy_(value.detach().contiguous().reshape(-1).view(torch.uint8))
+        torch.from_numpy(dst).copy_(value.contiguous().reshape(-1).view(torch.uint8))
     else:
-        start = 0
-        for b, stop in zip(value, ref.dtype[1:], strict=True):
-            dst[start:stop] = np.frombuffer(b, dtype=np.uint8)
-            start = stop
+        join_bytes(dst, value, ref.dtype)
 
 
 # -- the training process --------------------------------------------------------------
@@ -302,14 +320,17 @@ class Held(np.ndarray):
 
 
 def take_over(batch: Any) -> tuple[Any, float]:
-    """A batch from a worker process as the training loop gets it (a parcel opened, small
-    arrays made tensors) and the seconds opening it took."""
-    if type(batch) is InlineBatch:
-        return arrived(batch.tree), 0.0
-    if type(batch) is not Parcel:
-        return arrived(batch), 0.0
+    """A batch from a worker process as the training loop gets it (unpickled, a parcel
+    opened, small arrays made tensors: :func:`deliver`) and the seconds that took."""
     t = perf_counter()
-    out = open_parcel(batch)
+    if type(batch) is Pickled:
+        batch = batch.load()
+    if type(batch) is InlineBatch:
+        out = batch.open()
+    elif type(batch) is Parcel:
+        out = open_parcel(batch)
+    else:  # nothing worth a slot, or pinned already by the pin thread
+        out = deliver(batch)
     return out, perf_counter() - t
 
 
@@ -327,13 +348,13 @@ def open_parcel(parcel: Parcel, pin: bool = False) -> Any:
     if int.from_bytes(view[:8].tobytes(), "little") != parcel.seq:
         raise TransferError(f"{where}: the slot holds another batch")
     word = _word(parcel.gen, parcel.seq)
-    if pin:
-        out = _build(parcel.tree, view, None, pin)
+    if pin:  # copies (pinned where this process can pin)
+        out = _build(parcel.tree, view, None, can_pin())
         ctl[_RELEASED] = word
         return out
     hold = _Hold()
     weakref.finalize(hold, ctl.__setitem__, _RELEASED, word)
-    return _build(parcel.tree, view, hold, pin)
+    return _build(parcel.tree, view, hold, False)
 
 
 _NONE: tuple[Any, Any, Any] = (None, None, None)
@@ -352,37 +373,33 @@ def _register(key: tuple[int, int, int], parcel: Parcel) -> None:
 
 
 def _build(x: Any, view: np.ndarray, hold: _Hold | None, pin: bool) -> Any:
-    t = type(x)
-    if t is _Ref:
-        return _materialize(x, view, hold, pin)
-    if t is dict:
-        return {k: _build(v, view, hold, pin) for k, v in x.items()}
-    if t is tuple:
-        return tuple(_build(v, view, hold, pin) for v in x)
-    if t is list and any(isinstance(v, (_Ref, dict, tuple, list)) for v in x):
-        # any item, not the first only: a small array stays inline before a placed one
-        return [_build(v, view, hold, pin) for v in x]
-    if t is np.ndarray and tensorable(x):
-        return torch.from_numpy(x)
-    return x
+    """The batch of a parcel's skeleton: placeholders opened into the slot's bytes (views
+    that keep ``hold`` alive, or pinned copies when ``hold`` is None), the rest delivered."""
+
+    def opened(ref: _Ref) -> Any:
+        return _materialize(ref, view, hold, pin)
+
+    return deliver(x, pin, (_Ref, opened))
 
 
 def _materialize(ref: _Ref, view: np.ndarray, hold: _Hold | None, pin: bool) -> Any:
     raw = view[ref.offset : ref.offset + ref.nbytes]
     if hold is None:  # a (pinned) copy
-        flat = torch.empty(ref.nbytes, dtype=torch.uint8, pin_memory=pin and can_pin())
+        flat = torch.empty(ref.nbytes, dtype=torch.uint8, pin_memory=pin)
         flat.copy_(torch.from_numpy(raw))
-        if ref.kind == "array":
-            return flat.view(_torch_dtype(ref.dtype)).reshape(ref.shape)
-    else:
+    else:  # a view of the held view keeps it, and the hold, alive
         held = raw.view(Held)
         held.hold = hold
-        if ref.kind == "array":  # a view of the held view keeps it, and the hold, alive
-            return torch.from_numpy(held.view(np.dtype(ref.dtype)).reshape(ref.shape))
         flat = torch.from_numpy(held)
     if ref.kind == "bytes":
         return PackedBytes.over(flat, ref.dtype)
-    return flat.view(ref.dtype).reshape(ref.shape)
+    if ref.kind == "tensor":
+        return flat.view(ref.dtype).reshape(ref.shape)
+    typed = flat.view(_torch_dtype(ref.dtype))
+    if ref.kind == "array":
+        return typed.reshape(ref.shape)
+    rows = ref.rows or []
+    return list(torch.split(typed.reshape(sum(rows), *ref.shape), rows))
 
 
 _DTYPES: dict[str, torch.dtype] = {}

@@ -25,7 +25,7 @@ from torch.utils.data._utils.pin_memory import pin_memory
 
 from shardkit.errors import ConfigError, FetchError
 from shardkit.streaming.arena import Lanes
-from shardkit.streaming.workers import Collate, WorkerSide
+from shardkit.streaming.workers import Collate, WorkerSide, exit_is_an_error
 
 __all__ = ["WORKER_MODES", "ThreadWorkers", "close_at_exit", "make_workers", "stop_workers"]
 
@@ -212,7 +212,8 @@ class ThreadWorkers:
         items = None
         try:
             if self.init_fn is not None:
-                self.init_fn(w)
+                with exit_is_an_error(f"worker_init_fn of thread worker {w}"):
+                    self.init_fn(w)
             items = self.side.stream(w, self.workers, own_io=False)
             for batch in self._batches(items):
                 if not put(batch):

@@ -1,37 +1,53 @@
 """How batches cross from DataLoader workers to the training process.
 
-Batches arrive with numpy arrays as tensors. From worker processes, arrays, tensors and big
-lists of bytes (a :class:`PackedBytes`) cross in a per-worker shared-memory arena reused
-from batch to batch (:mod:`shardkit.streaming.arena`); the rest pickles through the
-worker's pipe. What to iterate and from where goes the other way, from the loader to its
-workers, through a :class:`Mailbox`.
+**One rule for every worker mode** (0 workers, thread workers, worker processes): a batch is
+handed out as :func:`deliver` makes it, so the three give equal batches (values, types,
+dtypes, shapes, strides) for any collate output, or the same named error. Through dicts,
+tuples and lists (exactly those types, every element): a numpy array of numbers torch holds,
+in this machine's byte order, becomes a C-contiguous tensor (copied only when it is not one
+or is read-only); other arrays (big-endian, strings, objects, long doubles) stay numpy,
+C-contiguous; a CPU tensor arrives C-contiguous with a lazy conjugate or negation resolved
+(one that needs grad, sparse, quantized or on a device as it is); a list of ``bytes`` of at
+least :data:`BYTES_MIN` in all becomes a :class:`PackedBytes`; anything else (strings,
+numbers, None, other objects and what they hold) as it is.
+
+From worker processes, arrays, tensors, lists of same-dtype arrays (one buffer and their
+lengths, split in C on arrival) and big lists of bytes cross in a per-worker shared-memory
+arena reused from batch to batch (:mod:`shardkit.streaming.arena`); the rest is pickled in the
+worker (:class:`Pickled`: a batch pickle cannot carry is a :class:`TransferError` there, not a
+worker that never answers). What to iterate and from where goes the other way, from the
+loader to its workers, through a :class:`Mailbox`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import pickle
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
 import numpy as np
 import torch
 
-from shardkit.errors import StateDictError
+from shardkit.errors import StateDictError, TransferError
 
 __all__ = [
+    "BYTES_MIN",
     "InlineBatch",
-    "InlineBytes",
     "Mailbox",
     "PackedBytes",
-    "arrived",
+    "Pickled",
+    "bytes_offsets",
+    "c_order",
     "can_pin",
+    "deliver",
     "shared_bytes",
     "tensorable",
-    "to_torch",
 ]
 
 _MAILBOX = 1 << 18
+BYTES_MIN = 256 << 10  # a list of bytes at least this big arrives as one PackedBytes
 
 
 class Mailbox:
@@ -55,13 +71,79 @@ class Mailbox:
         return out
 
 
-_NESTED = (np.ndarray, dict, tuple, list)
+_TENSORABLE: dict[np.dtype[Any], bool] = {}
 
 
 def tensorable(x: np.ndarray) -> bool:
-    """An array torch can take over: numbers in this machine's byte order (a big-endian
-    array, strings, objects stay numpy)."""
-    return x.dtype.kind in "biufc" and x.dtype.isnative
+    """An array torch can take over: numbers of a dtype torch has, in this machine's byte
+    order (big-endian arrays, strings, objects, long doubles stay numpy)."""
+    dt = x.dtype
+    ok = _TENSORABLE.get(dt)
+    if ok is None:
+        ok = dt.kind in "biufc" and dt.isnative and _torch_has(dt)
+        _TENSORABLE[dt] = ok
+    return ok
+
+
+def _torch_has(dt: np.dtype[Any]) -> bool:
+    try:
+        torch.from_numpy(np.empty(0, dtype=dt))
+    except TypeError:
+        return False
+    return True
+
+
+def _c_strides(shape: tuple[int, ...], item: int) -> tuple[int, ...]:
+    """The strides C order gives ``shape`` (in units of ``item``)."""
+    out = []
+    for n in reversed(shape):
+        out.append(item)
+        item *= n
+    return tuple(reversed(out))
+
+
+def _c_layout(x: np.ndarray) -> bool:
+    """C-contiguous with C order's strides: numpy calls an array contiguous whatever the
+    stride of a dimension of one (or of an empty array), which may be negative or odd."""
+    if not x.flags.c_contiguous:
+        return False
+    if x.size > 1 and 1 not in x.shape:
+        return True
+    return x.strides == _c_strides(x.shape, x.itemsize)
+
+
+def c_order(x: np.ndarray) -> np.ndarray:
+    """``x`` itself when laid out in C order, else a C-ordered copy (0-d stays 0-d)."""
+    return x if _c_layout(x) else np.array(x, order="C")
+
+
+def _tensor(x: np.ndarray) -> torch.Tensor:
+    """A tensorable array as a C-contiguous tensor: its memory when it can be, else a copy
+    (torch cannot hold negative strides, and must not write into a read-only array)."""
+    if not (x.flags.writeable and _c_layout(x)):
+        x = np.array(x, order="C")
+    return torch.from_numpy(x)
+
+
+def _plain_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor as every mode hands it out: C-contiguous (C order's strides), a lazy
+    conjugate or negation resolved; one that needs grad, or is sparse, quantized or on a
+    device, as it is."""
+    if t.requires_grad or t.layout != torch.strided or t.is_quantized or t.device.type != "cpu":
+        return t
+    t = t.resolve_conj().resolve_neg().contiguous()
+    if (t.numel() > 1 and 1 not in t.shape) or t.stride() == _c_strides(t.shape, 1):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def bytes_offsets(x: list[Any]) -> list[int] | None:
+    """A non-empty list of ``bytes`` of at least :data:`BYTES_MIN` in all: its items'
+    offsets in one buffer (``[0, end0, end1, ...]``); else None."""
+    if type(x[0]) is not bytes or not all(type(b) is bytes for b in x):
+        return None
+    ends = np.cumsum([len(b) for b in x]).tolist()
+    return [0, *ends] if ends[-1] >= BYTES_MIN else None
 
 
 def shared_bytes(n: int) -> torch.Tensor:
@@ -75,21 +157,17 @@ def shared_bytes(n: int) -> torch.Tensor:
 
 
 class PackedBytes(Sequence[bytes]):
-    """A batch's list of ``bytes`` as it arrives from a worker: one shared-memory tensor.
+    """A batch's big list of ``bytes`` (see :data:`BYTES_MIN`) as it is handed out: one
+    uint8 tensor (from a worker process, in shared memory) and the items' offsets.
 
     A read-only sequence: ``len``, indexing and iteration give ``bytes`` (copied out on
     access); :attr:`tensor` and :attr:`offsets` give zero-copy access to all of it.
     """
 
-    def __init__(self, items: list[bytes]) -> None:
-        ends = np.cumsum([len(b) for b in items])
-        self.tensor = shared_bytes(int(ends[-1]))
-        view = self.tensor.numpy()
-        start = 0
-        for b, end in zip(items, ends.tolist(), strict=True):
-            view[start:end] = np.frombuffer(b, dtype=np.uint8)
-            start = end
-        self.offsets: list[int] = [0, *ends.tolist()]
+    def __init__(self, items: list[bytes], offsets: list[int]) -> None:
+        self.tensor = torch.empty(offsets[-1], dtype=torch.uint8)
+        join_bytes(self.tensor.numpy(), items, offsets)
+        self.offsets = offsets
 
     @classmethod
     def over(cls, tensor: torch.Tensor, offsets: list[int]) -> PackedBytes:
@@ -126,28 +204,68 @@ class PackedBytes(Sequence[bytes]):
         return f"PackedBytes({len(self)} items, {self.offsets[-1]} bytes)"
 
 
-class InlineBytes:
-    """A list of ``bytes`` joined, as it crosses a worker's pipe (pickled, no shared
-    memory): it arrives as the :class:`PackedBytes` a slot would give (:func:`arrived`)."""
-
-    __slots__ = ("data", "offsets")
-
-    def __init__(self, items: list[bytes], offsets: list[int]) -> None:
-        self.data = np.frombuffer(b"".join(items), dtype=np.uint8)
-        self.offsets = offsets
+def join_bytes(dst: np.ndarray, items: list[bytes], offsets: list[int]) -> None:
+    """``items`` copied into the uint8 array ``dst`` at ``offsets``."""
+    for b, start, stop in zip(items, offsets, offsets[1:], strict=False):
+        dst[start:stop] = np.frombuffer(b, dtype=np.uint8)
 
 
 @dataclass
 class InlineBatch:
-    """A worker's first batch as it crosses the pipe whole (numpy arrays, InlineBytes; see
-    :data:`shardkit.streaming.arena.INLINE_FIRST`): it arrives as a slot's batch would,
-    pinned too when the DataLoader pins."""
+    """A worker's first batch as it crosses the pipe whole (see
+    :data:`shardkit.streaming.arena.INLINE_FIRST`): its structure, with placeholders of type
+    ``ref`` (an ``index`` into ``values``) where a slot would hold a value, and those values
+    as the worker made them. It arrives as a slot's batch would (:func:`deliver`), pinned
+    too when the DataLoader pins."""
 
     tree: Any
+    values: list[Any]
+    ref: type
+
+    def open(self, pin: bool = False) -> Any:
+        """The batch as the training loop gets it."""
+
+        def value(placeholder: Any) -> Any:
+            return deliver(self.values[placeholder.index], pin)
+
+        return deliver(self.tree, pin, (self.ref, value))
 
     def pin_memory(self, device: Any = None) -> Any:
         """Called by the DataLoader's pin thread: the batch with pinned tensors."""
-        return arrived(self.tree, pin=can_pin())
+        return self.open(can_pin())
+
+
+class Pickled:
+    """A worker process's batch (or parcel) pickled in the worker: pickle's refusal is a
+    :class:`TransferError` there, raised in the training loop as any worker error is (the
+    DataLoader's queue pickled it in a background thread, which only printed the error, and
+    the training loop waited for the batch forever)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, obj: Any, worker: int) -> None:
+        from multiprocessing.reduction import ForkingPickler  # torch's reductions, shared memory
+
+        try:
+            self.data = bytes(ForkingPickler.dumps(obj, pickle.HIGHEST_PROTOCOL))
+        except Exception as exc:  # pickle raises many kinds; all mean one thing
+            raise TransferError(
+                f"worker {worker}'s batch cannot cross to the training process: "
+                f"{type(exc).__name__}: {exc}; return only picklable values from the "
+                "pipeline and collate_fn, or use worker_mode='thread'"
+            ) from exc
+
+    def load(self) -> Any:
+        """The object as it was pickled."""
+        return pickle.loads(self.data)  # noqa: S301 - our own worker's bytes
+
+    def pin_memory(self, device: Any = None) -> Any:
+        """Called by the DataLoader's pin thread: loaded, then pinned as its kind pins."""
+        obj = self.load()
+        pin = getattr(obj, "pin_memory", None)
+        if type(obj) is not torch.Tensor and pin is not None:
+            return pin()
+        return deliver(obj, pin=can_pin())
 
 
 def can_pin() -> bool:
@@ -155,39 +273,32 @@ def can_pin() -> bool:
     return torch.cuda.is_available()
 
 
-def to_torch(x: Any) -> Any:
-    """Numpy arrays (of numbers) become tensors, in dicts, tuples and lists of them."""
+Refs = tuple[type, Callable[[Any], Any]]
+
+
+def deliver(x: Any, pin: bool = False, refs: Refs | None = None) -> Any:
+    """``x`` as the training loop gets it in every worker mode (the module docstring's rule).
+
+    ``pin``: tensors made here are copied into pinned memory. ``refs``: a type of
+    placeholder and how to open one (a worker process's parcel, into its slot)."""
     t = type(x)
     if t is np.ndarray:
         if not tensorable(x):
-            return x
-        return torch.from_numpy(x if x.flags.writeable else x.copy())
-    if t is dict:
-        return {k: to_torch(v) for k, v in x.items()}
-    if t is tuple:
-        return tuple(to_torch(v) for v in x)
-    if t is list and x and isinstance(x[0], _NESTED):
-        return [to_torch(v) for v in x]
-    return x  # strings, numbers, lists of bytes go as they are
-
-
-def arrived(x: Any, pin: bool = False) -> Any:
-    """In the training process: the small numpy arrays of a worker's batch become tensors
-    (and a worker's first batch's :class:`InlineBytes` a :class:`PackedBytes`); ``pin``:
-    those made here are copied into pinned memory."""
-    t = type(x)
-    if t is np.ndarray:
-        if not tensorable(x):
-            return x
-        out = torch.from_numpy(x)
+            return c_order(x)
+        out = _tensor(x)
         return out.pin_memory() if pin else out
-    if t is InlineBytes:
-        data = torch.from_numpy(x.data if x.data.flags.writeable else x.data.copy())
-        return PackedBytes.over(data.pin_memory() if pin else data, x.offsets)
+    if t is torch.Tensor:
+        out = _plain_tensor(x)
+        return out.pin_memory() if pin and not out.is_pinned() else out
     if t is dict:
-        return {k: arrived(v, pin) for k, v in x.items()}
+        return {k: deliver(v, pin, refs) for k, v in x.items()}
     if t is tuple:
-        return tuple(arrived(v, pin) for v in x)
-    if t is list and x and isinstance(x[0], _NESTED):
-        return [arrived(v, pin) for v in x]
+        return tuple(deliver(v, pin, refs) for v in x)
+    if t is list and x:
+        offsets = bytes_offsets(x)
+        if offsets is not None:
+            return PackedBytes(x, offsets)
+        return [deliver(v, pin, refs) for v in x]
+    if refs is not None and t is refs[0]:
+        return refs[1](x)
     return x

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from time import perf_counter
 from typing import Any
 
@@ -17,6 +18,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
 from shardkit.counters import add_counts
+from shardkit.errors import TransferError
 from shardkit.metrics import counter_delta
 from shardkit.per_process import PerProcess
 from shardkit.plan.order import stream_seed
@@ -24,9 +26,9 @@ from shardkit.stages import Context
 from shardkit.stages.epoch import Epoch
 from shardkit.streaming.arena import Lanes, WorkerArena
 from shardkit.streaming.dataset import ShardDataset
-from shardkit.streaming.transfer import Mailbox, to_torch
+from shardkit.streaming.transfer import Mailbox, Pickled, deliver
 
-__all__ = ["Collate", "WorkerSide"]
+__all__ = ["Collate", "WorkerSide", "exit_is_an_error"]
 
 _END = object()
 
@@ -37,6 +39,20 @@ def _seed_everything(seed: int) -> None:
     # the CPU generator: torch.manual_seed would queue a CUDA seeding too, with a stack
     # trace read from the source files; a worker that uses CUDA keeps torch's seed
     torch.default_generator.manual_seed(seed)
+
+
+@contextmanager
+def exit_is_an_error(who: str) -> Iterator[None]:
+    """``sys.exit()`` in user code run by a worker (the pipeline, collate_fn, the init
+    function) is an error that reaches the training loop: in a thread it ended the training
+    script with status 0 and no message; in a worker process, the worker with no message."""
+    try:
+        yield
+    except SystemExit as exc:
+        raise TransferError(
+            f"{who} called sys.exit({exc.code!r}) while making a batch: the data pipeline "
+            "cannot end the training job; raise an exception to stop it"
+        ) from exc
 
 
 class WorkerSide(IterableDataset[Any]):
@@ -94,19 +110,20 @@ class WorkerSide(IterableDataset[Any]):
 
         every = self.every
         count = 0
-        t = perf_counter()
-        item = next(it, _END)
-        busy += perf_counter() - t
-        while item is not _END:
-            count += 1
-            m = meta() if count % every == 0 else None  # before the next item is read
+        with exit_is_an_error(f"worker {logical}'s pipeline"):
             t = perf_counter()
-            nxt = next(it, _END)
+            item = next(it, _END)
             busy += perf_counter() - t
-            if nxt is _END:  # after the end: what was read past the last item counts
-                m = meta()
-            yield item, m
-            item = nxt
+            while item is not _END:
+                count += 1
+                m = meta() if count % every == 0 else None  # before the next item is read
+                t = perf_counter()
+                nxt = next(it, _END)
+                busy += perf_counter() - t
+                if nxt is _END:  # after the end: what was read past the last item counts
+                    m = meta()
+                yield item, m
+                item = nxt
 
 
 def _no_io() -> dict[str, float]:
@@ -134,7 +151,8 @@ class Collate:
 
     ``lanes``: the loader's worker processes' control block; in a worker process the batch
     then goes into the worker's shared-memory arena (:mod:`shardkit.streaming.arena`).
-    Without it (threads, or no workers) numpy arrays just become tensors."""
+    Without it (threads, or no workers) the batch is delivered where it is made
+    (:func:`~shardkit.streaming.transfer.deliver`)."""
 
     def __init__(
         self, fn: Callable[[list[Any]], Any] | None, batched: bool, lanes: Lanes | None = None
@@ -153,14 +171,15 @@ class Collate:
     def __call__(self, items: Any) -> tuple[Any, Any]:
         t = perf_counter()
         if self.batched:
-            batch, meta = self.fn([x[0] for x in items]), items[-1][1]
+            with exit_is_an_error("collate_fn"):
+                batch, meta = self.fn([x[0] for x in items]), items[-1][1]
             _count_side("collate_s", perf_counter() - t)
         else:
             batch, meta = items
         arena = self._arena.get()
         if arena is None:
-            return to_torch(batch), meta
+            return deliver(batch), meta
         t = perf_counter()
-        parcel = arena.pack(batch)
+        parcel = Pickled(arena.pack(batch), arena.worker)
         _count_side("transfer_s", perf_counter() - t)
         return parcel, meta

@@ -17,7 +17,7 @@ from shardkit.errors import TransferError
 from shardkit.format.manifest.model import Manifest
 from shardkit.streaming import arena
 from shardkit.streaming.arena import SLOTS, Lanes, Parcel, WorkerArena, open_parcel, take_over
-from shardkit.streaming.transfer import InlineBatch, PackedBytes, arrived, to_torch
+from shardkit.streaming.transfer import InlineBatch, PackedBytes, deliver
 from shardkit.write.writer import ShardWriter
 
 MakeShards = Callable[..., Manifest]
@@ -199,7 +199,7 @@ def _pack_tree(a: WorkerArena, tree: Any) -> Parcel:
 def test_numbers_in_another_byte_order_stay_numpy_in_every_mode() -> None:
     """torch cannot hold a big-endian array: it stays numpy (it raised before)."""
     big = np.arange(10, dtype=">i4")
-    assert to_torch({"x": big})["x"] is big and arrived((big,))[0] is big
+    assert deliver({"x": big})["x"] is big and deliver((big,), pin=True)[0] is big
 
 
 def test_a_workers_small_first_batch_crosses_the_pipe_as_a_slot_would_give_it() -> None:
