@@ -14,8 +14,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from shardkit import ShardDataset, ShardFormatError, ShardWriter, WriterError, read_shard
+from shardkit.cli import cli
 from shardkit.format.tario.reader import TarReader, iter_members
 from tests.helpers import hostile, tarcorpus
 from tests.helpers.readback import read_samples, shardkit
@@ -330,3 +332,29 @@ def test_extended_headers_read_as_every_reader_reads_them_or_refused(
         assert names != tarcorpus.listed_files("tar", path) or names != tarcorpus.listed_files(
             "bsdtar", path
         )
+
+
+def test_extended_header_layouts_through_the_cli_and_the_dataset(tmp_path: Path) -> None:
+    """The member a pax size hides (on a volume label) reaches no entry point: adopted by
+    ``manifest from-shards``, checked by ``verify --deep`` and read by ``ShardDataset`` as
+    tarfile and webdataset read it; a layout the readers disagree on is refused by name."""
+    layouts = {x.name: x for x in tarcorpus.extended_layouts()}
+    read, refused = tmp_path / "read", tmp_path / "refused"
+    read.mkdir()
+    refused.mkdir()
+    data = layouts["pax size on type V"].data
+    (read / "a.tar").write_bytes(data)
+    (refused / "b.tar").write_bytes(layouts["two long names"].data)
+    runner = CliRunner()
+    made = runner.invoke(cli, ["manifest", "from-shards", str(read)])
+    assert made.exit_code == 0, made.output
+    checked = runner.invoke(cli, ["verify", "--deep", str(read / "manifest.json")])
+    assert checked.exit_code == 0, checked.output
+    want = as_samples(tarfile_files(data))
+    assert [s["__key__"] for s in want] == ["a"]  # not the hidden "h"
+    got = ShardDataset(str(read / "manifest.json"), seed=0)
+    assert [{k: v for k, v in s.items() if k in ("__key__", "txt")} for s in got] == want
+    assert tarcorpus.webdataset_samples(read / "a.tar") == want
+    no = runner.invoke(cli, ["manifest", "from-shards", str(refused)])
+    assert no.exit_code == 1 and isinstance(no.exception, ShardFormatError), no.output
+    assert "b.tar at byte 0" in str(no.exception) and "'l1.txt' as tarfile" in str(no.exception)
