@@ -365,6 +365,12 @@ def extended_layouts() -> list[Layout]:
             "tarfile reads 1024 bytes of data after its header, GNU tar 0",
         ),
         Layout(
+            "a long name on an old-style directory header",  # the sample loop's fast path
+            long_header("p.txt") + header("d/", len(HIDDEN), typeflag=b"\0") + HIDDEN + _TAIL,
+            f"tarfile reads 0 bytes of data after its header, GNU tar {len(HIDDEN)}",
+            "lenient",
+        ),
+        Layout(
             "a long link then a pax linkpath on a symbolic link",
             long_header("k1", b"K")
             + pax_header(("linkpath", "k2"))

@@ -172,8 +172,8 @@ class TarReader(MemberReader):
                     return None
                 name, psize = rec
         plain = plain_header(buf, q)
-        if plain is None:
-            return None
+        if plain is None or plain[0].endswith(b"/"):
+            return None  # a header name ending in "/": tarfile may take it for a directory
         if name is None:
             if plain[2]:  # a ustar prefix: the general path joins it
                 return None
