@@ -132,12 +132,17 @@ def _spread(costs: Sequence[float], order: list[int], budget: float, k: int) -> 
     return bins
 
 
-def _mask(done: Iterable[int]) -> str:
-    """Item positions as a hex bit mask."""
+def _bits(done: Iterable[int]) -> int:
+    """Item positions as a bit mask."""
     bits = 0
     for i in done:
         bits |= 1 << i
-    return format(bits, "x")
+    return bits
+
+
+def _mask(done: Iterable[int]) -> str:
+    """Item positions as a hex bit mask."""
+    return format(_bits(done), "x")
 
 
 def _unmask(text: Any, stage: str) -> set[int]:
@@ -290,58 +295,87 @@ class BudgetBatched(Stage):
         }
 
 
+class _Group:
+    """A group being read: its items and their costs, until they cost ``GROUP_BATCHES``
+    budgets (an item costlier than the budget counts as one) or there are ``buffer``;
+    ``before``/``after``: the upstream's states at its ends."""
+
+    def __init__(self, stage: BudgetBatched, up: Cursor) -> None:
+        self.stage, self.up = stage, up
+        self.before = up.state()
+        self.after: dict[str, Any] | None = None
+        self.items: list[Any] = []
+        self.costs: list[float] = []
+        self.total = 0.0
+
+    def read(self, n: int | None = None) -> _Group:
+        """Read ``n`` more items (None: to the group's end)."""
+        if self.after is not None:
+            return self
+        stage, up, items, costs = self.stage, self.up, self.items, self.costs
+        cost, budget, most = stage.cost, stage.budget, stage.buffer
+        goal = GROUP_BATCHES * budget
+        total = self.total
+        left = -1 if n is None else n
+        while left != 0:
+            left -= 1
+            item = next(up, None)
+            if item is None:
+                self.after = up.state()
+                break
+            items.append(item)
+            c = float(cost(item))
+            costs.append(c)
+            total += c if c < budget else budget
+            if total >= goal or len(items) >= most:
+                self.after = up.state()
+                break
+        self.total = total
+        return self
+
+
 class _BudgetCursor(Cursor):
-    """Packs its upstream's groups into budget batches; holds the group being given."""
+    """Packs its upstream's groups into budget batches; holds the group being given.
+
+    While it gives a group's batches it reads the next group a little before each (about
+    as many items as a batch holds), so that every batch costs the worker about the same
+    time: a whole group read at once would stall the loader's turn-taking workers.
+    """
 
     def __init__(self, stage: BudgetBatched, up: Cursor, skip: int) -> None:
         super().__init__(up)
         self.stage = stage
         self.held: dict[str, Any] | None = None
+        self.clean = up.state()  # where a fresh cursor goes on when no group is held
         self.own["collate_s"] = 0.0
         self.items = self._batches(skip)
 
     def state(self) -> dict[str, Any]:
-        now = self.upstream.state()
-        out = self.stage._fresh(now)
+        out = self.stage._fresh(self.clean)
         if self.held is not None:
-            out.update(self.held, held=True, after=now)
+            out.update(self.held, held=True)
         return out
 
     def _batches(self, skip: int) -> Iterator[Any]:
-        stage, up = self.stage, self.upstream
-        collate = stage.collate
-        while True:
-            before = up.state()
-            group, costs = self._group()
-            batches = fill_to_budget(costs, stage.budget)
-            done: list[int] = [i for b in batches[:skip] for i in b]
+        stage, collate = self.stage, self.stage.collate
+        group = _Group(stage, self.upstream).read()
+        while group.items:
+            batches = fill_to_budget(group.costs, stage.budget)
+            ahead = _Group(stage, self.upstream)
+            per = -(-len(group.items) // len(batches))
+            done = _bits(i for b in batches[:skip] for i in b)
             for k in range(skip, len(batches)):
-                done.extend(batches[k])
-                more = k + 1 < len(batches)
-                held = {"source": before, "size": len(group), "skip": k + 1, "done": _mask(done)}
-                self.held = held if more else None
+                done |= _bits(batches[k])
+                if k + 1 < len(batches):
+                    self.held = {"source": group.before, "size": len(group.items)}
+                    self.held.update(skip=k + 1, done=format(done, "x"), after=group.after)
+                else:  # the group is given: a fresh cursor reads the next one
+                    self.held, self.clean = None, ahead.before
                 t = perf_counter()
-                out = collate([group[i] for i in batches[k]])
+                out = collate([group.items[i] for i in batches[k]])
                 self.own["collate_s"] += perf_counter() - t
                 yield out
+                ahead.read(per)
             skip = 0
-            if not group:
-                return
-
-    def _group(self) -> tuple[list[Any], list[float]]:
-        """The next group (and its items' costs): items until they cost
-        ``GROUP_BATCHES`` budgets (one costlier than the budget counts as one) or there are
-        ``buffer`` of them."""
-        stage = self.stage
-        cost, budget, most = stage.cost, stage.budget, stage.buffer
-        goal = GROUP_BATCHES * budget
-        group: list[Any] = []
-        costs: list[float] = []
-        total = 0.0
-        for item in self.upstream:
-            group.append(item)
-            costs.append(c := float(cost(item)))
-            total += min(c, budget)
-            if total >= goal or len(group) >= most:
-                break
-        return group, costs
+            group = ahead.read()
+        self.held, self.clean = None, group.after or self.upstream.state()
