@@ -175,7 +175,9 @@ def open_upstream(up: Stage, ctx: Context, state: Mapping[str, Any] | None) -> C
     done = _unmask(st["done"], name)
     if name == "budget_batched" and not st.get("held", True):  # no group held
         return open_upstream(up, ctx, st["source"])
-    return _Replay(open_upstream(up, ctx, st["source"]), size, done, st["source"])
+    replay = _Replay(open_upstream(up, ctx, st["source"]), size, done, st["source"])
+    replay.after = st.get("after")  # known before the group is read again
+    return replay
 
 
 class _Replay(Cursor):
