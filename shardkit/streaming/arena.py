@@ -44,6 +44,7 @@ from shardkit.streaming.transfer import (
     InlineBatch,
     PackedBytes,
     Pickled,
+    atoms,
     bytes_offsets,
     c_order,
     can_pin,
@@ -242,6 +243,8 @@ def _collect(x: Any, found: list[tuple[_Ref, Any]], end: list[int]) -> Any:
             return x
         return _place(_Ref("tensor", 0, x.nbytes, x.dtype, tuple(x.shape)), x, found, end)
     if t is dict:
+        if atoms(x.values()):
+            return x
         return {k: _collect(v, found, end) for k, v in x.items()}
     if t is tuple:
         return tuple(_collect(v, found, end) for v in x)
@@ -249,6 +252,8 @@ def _collect(x: Any, found: list[tuple[_Ref, Any]], end: list[int]) -> Any:
         offsets = bytes_offsets(x)
         if offsets is not None:
             return _place(_Ref("bytes", 0, offsets[-1], offsets), x, found, end)
+        if atoms(x):
+            return x
         ref = _arrays(x)
         if ref is not None:
             return _place(ref, x, found, end)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import pickle
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -38,6 +38,7 @@ __all__ = [
     "Mailbox",
     "PackedBytes",
     "Pickled",
+    "atoms",
     "bytes_offsets",
     "c_order",
     "can_pin",
@@ -135,6 +136,15 @@ def _plain_tensor(t: torch.Tensor) -> torch.Tensor:
     if (t.numel() > 1 and 1 not in t.shape) or t.stride() == _c_strides(t.shape, 1):
         return t
     return t.clone(memory_format=torch.contiguous_format)
+
+
+_ATOMS = frozenset({str, bytes, int, float, bool, complex, type(None)})
+
+
+def atoms(values: Iterable[Any]) -> bool:
+    """Whether all ``values`` are strings, bytes, numbers or None: nothing in them to
+    deliver (a json column's records, a batch's keys), told in C."""
+    return _ATOMS.issuperset(map(type, values))
 
 
 def bytes_offsets(x: list[Any]) -> list[int] | None:
@@ -291,6 +301,8 @@ def deliver(x: Any, pin: bool = False, refs: Refs | None = None) -> Any:
         out = _plain_tensor(x)
         return out.pin_memory() if pin and not out.is_pinned() else out
     if t is dict:
+        if atoms(x.values()):
+            return x
         return {k: deliver(v, pin, refs) for k, v in x.items()}
     if t is tuple:
         return tuple(deliver(v, pin, refs) for v in x)
@@ -298,6 +310,8 @@ def deliver(x: Any, pin: bool = False, refs: Refs | None = None) -> Any:
         offsets = bytes_offsets(x)
         if offsets is not None:
             return PackedBytes(x, offsets)
+        if atoms(x):
+            return x
         return [deliver(v, pin, refs) for v in x]
     if refs is not None and t is refs[0]:
         return refs[1](x)
