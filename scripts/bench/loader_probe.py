@@ -9,7 +9,10 @@
   7 passes; ``--against`` too);
 - ``rate``: samples/s of ``ShardDataset(...).decode().batched(32)`` through a WebLoader
   with 2 fresh worker processes, and its first batch; with ``--against DIR`` the same
-  measured with other checkouts' shardkit (PYTHONPATH=DIR), runs interleaved.
+  measured with other checkouts' shardkit (PYTHONPATH=DIR), runs interleaved;
+- ``llm``: LLM documents (a json record + 256-1800 int32 tokens, decoded, batches of 32):
+  samples/s of 0 workers, 2 worker processes and 2 thread workers (kept across epochs, the
+  loader's default) and each one's first batch; ``--against`` too.
 
 Every measurement runs in a fresh child process; the figures are medians of ``--runs``.
 
@@ -41,6 +44,30 @@ def make_data(work: str, profile: str) -> str:
     manifest = os.path.join(out, "manifest.json")
     if not os.path.exists(manifest):
         _peers.write_shardkit(make_dataset(profile, 80_000_000), out, 16_000_000)
+    return manifest
+
+
+LLM_DOCS = 20_000  # ~84 MB: a json record and 256-1800 int32 tokens (1,028 on average)
+
+
+def make_llm(work: str) -> str:
+    """The LLM-document shards (16 MB shards), written once; the manifest's path."""
+    import numpy as np
+
+    import shardkit
+
+    out = os.path.join(work, "llm")
+    manifest = os.path.join(out, "manifest.json")
+    if not os.path.exists(manifest):
+        rng = np.random.default_rng(0)
+        with shardkit.ShardWriter(out, maxsize=16_000_000) as w:
+            for i in range(LLM_DOCS):
+                n = int(rng.integers(256, 1801))
+                record = {"id": i, "url": f"https://example.org/doc/{i}", "lang": "en"}
+                tokens = rng.integers(0, 128_000, size=n, dtype=np.int32)
+                w.write(
+                    {"__key__": f"d{i:08d}", "json": {**record, "tokens": n}, "tokens.npy": tokens}
+                )
     return manifest
 
 
@@ -95,7 +122,12 @@ def child_epochs(manifest: str, kept: bool) -> dict[str, float]:
 
 def child_rate(manifest: str) -> dict[str, float]:
     loader = _loader(manifest, persistent_workers=False)  # as in checkouts before kept ones
-    t = time.perf_counter()
+    return _first_and_rate(loader, time.perf_counter())
+
+
+def _first_and_rate(loader: Any, t: float) -> dict[str, float]:
+    """Seconds from ``t`` (the loader's making) to its first batch; then the median
+    samples/s of 3 more epochs."""
     it = iter(loader)
     next(it)
     first = time.perf_counter() - t
@@ -135,7 +167,19 @@ def child_reads(manifest: str) -> dict[str, float]:
     return out
 
 
+def child_llm(manifest: str, mode: str) -> dict[str, float]:
+    """``mode``: "0" (no workers), "process" or "thread" (2 workers, kept across epochs);
+    the first batch counted from the WebLoader's making."""
+    import shardkit
+
+    ds = shardkit.ShardDataset(manifest).decode().batched(32)
+    workers = {"num_workers": 0} if mode == "0" else {"num_workers": 2, "worker_mode": mode}
+    t = time.perf_counter()
+    return _first_and_rate(shardkit.WebLoader(ds, **workers), t)
+
+
 CHILDREN = {
+    "llm": child_llm,
     "stages": child_stages,
     "epochs": child_epochs,
     "reads": child_reads,
@@ -202,7 +246,8 @@ def main() -> None:
     p.add_argument("--work", default="/tmp/shardkit-loader-probe")
     p.add_argument("--against", nargs="*", default=[], help="other checkouts (stages, reads, rate)")
     a = p.parse_args()
-    small, medium = make_data(a.work, "small"), make_data(a.work, "medium")
+    if set(a.probes) - {"llm"}:
+        small, medium = make_data(a.work, "small"), make_data(a.work, "medium")
     print(f"load average before: {os.getloadavg()}")
     trees = [ROOT] + [os.path.abspath(t) for t in a.against]
     if "stages" in a.probes:
@@ -218,6 +263,12 @@ def main() -> None:
                 print(f"epochs, {name}, {'kept' if kept else 'fresh'} workers:", med)
     if "rate" in a.probes:
         _per_tree("rate", "2 fresh workers", trees, (small, medium), a.runs)
+    if "llm" in a.probes:
+        llm = make_llm(a.work)
+        modes = ("0", "process", "thread")
+        specs = [(tree, ("llm", llm, mode)) for tree in trees for mode in modes]
+        for (tree, (_, _, mode)), (_, med) in zip(specs, _interleaved(specs, a.runs), strict=True):
+            print(f"llm, {mode} workers, {tree}:", med)
     print(f"load average after: {os.getloadavg()}")
 
 
