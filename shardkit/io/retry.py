@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from shardkit.counters import Counters
 from shardkit.errors import CacheError, ConfigError, FetchError
@@ -52,9 +52,11 @@ __all__ = [
     "Retryable",
     "parse_retry_after",
     "resuming_chunks",
+    "retried",
 ]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # The minimum rate of a remote body, as curl's --speed-limit 1024 --speed-time 30: a store
 # under load is slow but keeps well above 1 KiB/s; a trickle below it for 30 s of waiting is
@@ -283,7 +285,7 @@ def resuming_chunks(
         opened = time.monotonic()
         try:
             if gate is not None:
-                admission = held.enter_context(gate(clock.until(policy)))
+                admission = _turn(url, gate, held, policy, clock, failures, last)
                 opened = time.monotonic()
             resp = open_range(pos, end)
         except Retryable as exc:
@@ -294,14 +296,6 @@ def resuming_chunks(
             last = exc
             failures = _failed(url, exc, failures, policy, counters, rng, sleep, clock)
             continue
-        except NoTurn as exc:
-            raise FetchError(
-                f"giving up after {clock.spent():.1f} s (the deadline is {policy.deadline:g} s; "
-                f"{exc}): {last}",
-                url=url,
-                status=None if last is None else last.status,
-                attempts=failures,
-            ) from exc
         except BaseException:
             held.close()
             raise
@@ -331,6 +325,69 @@ def resuming_chunks(
         finally:
             resp.close()
             held.close()
+
+
+def retried(
+    url: str,
+    call: Callable[[], T],
+    *,
+    policy: RetryPolicy,
+    counters: Counters,
+    gate: Gate | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """``call()`` (one whole request: a write of a part, a chunk, a block, a commit),
+    made again after each :class:`Retryable` failure it raises, under the same policy,
+    deadline and gate as a read (see :func:`resuming_chunks`); its result.
+
+    ``call`` must be safe to repeat: it sends the same bytes to the same place, or asks
+    the store first where an earlier try ended."""
+    rng = random.Random()
+    failures = 0
+    clock = _Clock()
+    last: Retryable | None = None
+    while True:
+        sent = time.monotonic()
+        with contextlib.ExitStack() as held:
+            admission = None
+            if gate is not None:
+                admission = _turn(url, gate, held, policy, clock, failures, last)
+                sent = time.monotonic()
+            try:
+                out = call()
+            except Retryable as exc:
+                if admission is not None:
+                    admission.answered(exc.status, exc.retry_after)
+                exc.since = sent if exc.since is None else exc.since
+                last = exc
+            else:
+                if admission is not None:
+                    admission.answered(200)
+                return out
+        failures = _failed(url, last, failures, policy, counters, rng, sleep, clock)
+
+
+def _turn(
+    url: str,
+    gate: Gate,
+    held: contextlib.ExitStack,
+    policy: RetryPolicy,
+    clock: _Clock,
+    failures: int,
+    last: Retryable | None,
+) -> Admission | None:
+    """Wait for the gate's turn, held by ``held``; a turn past the deadline is the end of
+    the read, named as a failure after its retries."""
+    try:
+        return held.enter_context(gate(clock.until(policy)))
+    except NoTurn as exc:
+        raise FetchError(
+            f"giving up after {clock.spent():.1f} s (the deadline is {policy.deadline:g} s; "
+            f"{exc}): {last}",
+            url=url,
+            status=None if last is None else last.status,
+            attempts=failures,
+        ) from exc
 
 
 def _failed(

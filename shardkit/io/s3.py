@@ -22,12 +22,37 @@ from shardkit.io.http import CHUNK, policy_of
 from shardkit.io.retry import Gate, Retryable, parse_retry_after, resuming_chunks
 from shardkit.urls import parse_url
 
-__all__ = ["S3Source"]
+__all__ = ["S3Source", "s3_retryable"]
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 _RETRY_CODES = frozenset(
-    {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError"}
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestTimeout",
+        "InternalError",
+        "ServiceUnavailable",
+    }
 )
+
+
+def s3_retryable(exc: Exception) -> Retryable | None:
+    """A boto3 error worth another try (429, 5xx, ``SlowDown`` and its kin, no answer or
+    a dropped connection) as :class:`Retryable`; None for any other."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    if isinstance(exc, ClientError):
+        meta = exc.response.get("ResponseMetadata", {})
+        status = meta.get("HTTPStatusCode")
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code in _RETRY_CODES or status in (429, 500, 502, 503, 504):
+            retry_after = parse_retry_after(meta.get("HTTPHeaders", {}).get("retry-after"))
+            return Retryable(f"S3 {code}", status=status, retry_after=retry_after)
+        return None
+    if isinstance(exc, BotoCoreError):
+        return Retryable(f"S3 connection failed: {exc}")
+    return None
 
 
 def _split(url: str) -> tuple[str, str]:
@@ -154,20 +179,18 @@ class S3Source:
         try:
             out: dict[str, Any] = self.client.get_object(**kwargs)
             return out
-        except ClientError as exc:
-            meta = exc.response.get("ResponseMetadata", {})
-            status = meta.get("HTTPStatusCode")
+        except (ClientError, BotoCoreError) as exc:
+            again = s3_retryable(exc)
+            if again is not None:
+                raise again from exc
+            assert isinstance(exc, ClientError)  # every BotoCoreError is retryable
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             code = exc.response.get("Error", {}).get("Code", "")
             if status == 304 or code in ("304", "NotModified"):
                 return {"NotModified": True}
-            if code in _RETRY_CODES or status in (429, 500, 502, 503, 504):
-                retry_after = parse_retry_after(meta.get("HTTPHeaders", {}).get("retry-after"))
-                raise Retryable(f"S3 {code}", status=status, retry_after=retry_after) from exc
             if code == "InvalidRange":
                 return {"InvalidRange": True}
             raise FetchError(f"S3 {code}: {exc}", url=url, status=status) from exc
-        except BotoCoreError as exc:
-            raise Retryable(f"S3 connection failed: {exc}") from exc
 
     def _open_range(self, url: str, bucket: str, key: str, pos: int, end: int | None) -> _S3Body:
         stop = pos + self.cfg.range_size if end is None else min(end, pos + self.cfg.range_size)

@@ -7,9 +7,12 @@ The stores themselves are in :mod:`shardkit.io.stores`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
+from shardkit.counters import Counters
+from shardkit.io.retry import Retryable, RetryPolicy, retried
 from shardkit.urls import OBJECT_SCHEMES, url_scheme
 
 __all__ = [
@@ -23,6 +26,7 @@ __all__ = [
 
 DEFAULT_PART_SIZE = 8 << 20  # S3's smallest part is 5 MiB; GCS wants multiples of 256 KiB
 STALE_UPLOAD_AGE = 6 * 3600.0
+T = TypeVar("T")
 
 
 def is_object_url(target: object) -> bool:
@@ -88,13 +92,42 @@ class Upload:
 
 
 class ObjectStore:
-    """One bucket (or container) of an object store, seen through a key prefix."""
+    """One bucket (or container) of an object store, seen through a key prefix.
+
+    Every write request (a part, a chunk, a block, a commit, a small object) is retried
+    on 429, 5xx, ``SlowDown`` and dropped connections under ``retry``, as reads are
+    (:func:`shardkit.io.retry.retried`; the SDKs' own retries are off for them, so each
+    try is counted once, in ``counters``), and fails with a FetchError naming the object,
+    the attempts and the time."""
 
     scheme = ""
 
-    def __init__(self, bucket: str, *, part_size: int = DEFAULT_PART_SIZE) -> None:
+    def __init__(
+        self, bucket: str, *, part_size: int = DEFAULT_PART_SIZE, retry: RetryPolicy | None = None
+    ) -> None:
         self.bucket = bucket
         self.part_size = part_size
+        self.retry = retry or RetryPolicy()
+        self.counters = Counters()
+
+    def again(self, key: str, call: Callable[[], T]) -> T:
+        """``call()``, one write request for ``key``, retried as the class says."""
+
+        def once() -> T:
+            try:
+                return call()
+            except Exception as exc:
+                mapped = self.retryable(exc)
+                if mapped is None:
+                    raise
+                raise mapped from exc
+
+        return retried(self.url(key), once, policy=self.retry, counters=self.counters)
+
+    def retryable(self, exc: Exception) -> Retryable | None:
+        """The SDK's error as :class:`Retryable` when another try may succeed; else None."""
+        del exc
+        return None
 
     def url(self, key: str) -> str:
         return f"{self.scheme}://{self.bucket}/{key}"

@@ -15,8 +15,12 @@ dead writer leaves behind is named by the store:
 
 The interface is in :mod:`shardkit.io.store_base` (re-exported here). Clients come from
 the same places the readers' do (:mod:`shardkit.io.s3`,
-:mod:`shardkit.io.blobs`); the SDKs' own retries are on for writes (a part is re-sent
-whole, so a retry cannot duplicate bytes).
+:mod:`shardkit.io.blobs`). Every write request is retried by shardkit's own loop, under
+the policy and deadline of reads (:meth:`ObjectStore.again`): an S3 part is sent again
+whole under its number, a GCS chunk from where the session says the store has the bytes
+to, an Azure block again under its id; a commit (S3's complete, Azure's block list) is
+idempotent, and a complete whose first answer was lost finds the object made. The object
+appears only at its commit, so a write that fails after its retries leaves none.
 """
 
 from __future__ import annotations
@@ -24,10 +28,13 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime
+import re
 from collections.abc import Iterator
 from typing import Any
 
 from shardkit.errors import ConfigError, FetchError
+from shardkit.io.retry import Retryable, parse_retry_after
+from shardkit.io.s3 import s3_retryable
 from shardkit.io.store_base import (
     DEFAULT_PART_SIZE,
     STALE_UPLOAD_AGE,
@@ -41,6 +48,7 @@ from shardkit.urls import OBJECT_SCHEMES, parse_url
 __all__ = ["ObjectInfo", "ObjectStore", "Upload", "is_object_url", "open_store"]
 
 _GS_TIMEOUT = (30.0, 120.0)  # connect, read: seconds per request of a GCS upload
+_RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
 
 def open_store(
@@ -66,28 +74,54 @@ def open_store(
 class _S3Upload(Upload):
     def __init__(self, store: S3Store, key: str) -> None:
         super().__init__(store.part_size)
-        self._c = store.client
+        self._s, self._c = store, store.writer
         self._b, self._k = store.bucket, key
-        self._id = self._c.create_multipart_upload(Bucket=self._b, Key=key)["UploadId"]
+        made = store.again(key, lambda: self._c.create_multipart_upload(Bucket=self._b, Key=key))
+        self._id = made["UploadId"]
         self._parts: list[dict[str, Any]] = []
 
     def _send(self, part: bytes) -> None:
         n = len(self._parts) + 1
-        out = self._c.upload_part(
-            Bucket=self._b, Key=self._k, UploadId=self._id, PartNumber=n, Body=part
+        out = self._s.again(
+            self._k,
+            lambda: self._c.upload_part(
+                Bucket=self._b, Key=self._k, UploadId=self._id, PartNumber=n, Body=part
+            ),
         )
         self._parts.append({"PartNumber": n, "ETag": out["ETag"]})
 
     def _finish(self, last: bytes) -> str:
         if last or not self._parts:
             self._send(last)
-        out = self._c.complete_multipart_upload(
-            Bucket=self._b, Key=self._k, UploadId=self._id, MultipartUpload={"Parts": self._parts}
-        )
+        tries = [0]
+        return self._s.again(self._k, lambda: self._complete(tries))
+
+    def _complete(self, tries: list[int]) -> str:
+        """One complete; a retried one told the upload is gone finds the object its
+        lost first answer made (the size of every part sent), else raises."""
+        from botocore.exceptions import ClientError
+
+        tries[0] += 1
+        try:
+            out = self._c.complete_multipart_upload(
+                Bucket=self._b,
+                Key=self._k,
+                UploadId=self._id,
+                MultipartUpload={"Parts": self._parts},
+            )
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            info = self._s.head(self._k) if tries[0] > 1 and code == "NoSuchUpload" else None
+            if info is None or info.size != self.size:
+                raise
+            return info.etag
         return str(out.get("ETag", ""))
 
     def _drop(self) -> None:
-        self._c.abort_multipart_upload(Bucket=self._b, Key=self._k, UploadId=self._id)
+        self._s.again(
+            self._k,
+            lambda: self._c.abort_multipart_upload(Bucket=self._b, Key=self._k, UploadId=self._id),
+        )
 
 
 class S3Store(ObjectStore):
@@ -101,13 +135,23 @@ class S3Store(ObjectStore):
             import boto3
         except ImportError as exc:
             raise ConfigError("s3:// targets need boto3: pip install 'shardkit[s3]'") from exc
-        self.client = boto3.session.Session().client("s3", endpoint_url=endpoint_url)
+        from botocore.config import Config
+
+        session = boto3.session.Session()
+        self.client = session.client("s3", endpoint_url=endpoint_url)
+        # writes: every try through shardkit's loop (again), each counted once
+        once = Config(retries={"total_max_attempts": 1})
+        self.writer = session.client("s3", endpoint_url=endpoint_url, config=once)
+
+    def retryable(self, exc: Exception) -> Retryable | None:
+        return s3_retryable(exc)
 
     def upload(self, key: str) -> Upload:
         return _S3Upload(self, key)
 
     def put(self, key: str, data: bytes) -> str:
-        out = self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
+        w = self.writer
+        out = self.again(key, lambda: w.put_object(Bucket=self.bucket, Key=key, Body=data))
         return str(out.get("ETag", ""))
 
     def create(self, key: str, data: bytes) -> bool:
@@ -186,20 +230,56 @@ class _GsUpload(Upload):
         self._store, self._key = store, key
 
     def _put(self, data: bytes, *, last: bool) -> Any:
+        """Send ``data`` (the next chunk), retried: after a failed try the session is asked
+        how far the store has the bytes, and the rest of the chunk goes from there."""
         lo, hi = self._sent, self._sent + len(data)
         total = str(hi) if last else "*"
-        span = f"bytes {lo}-{hi - 1}/{total}" if data else f"bytes */{total}"
-        resp = self._http.put(
-            self._session, data=data, headers={"Content-Range": span}, timeout=_GS_TIMEOUT
-        )
-        want = (200, 201) if last else (308,)
-        if resp.status_code not in want:
-            raise FetchError(
-                f"{self._store.url(self._key)}: the resumable upload answered HTTP "
-                f"{resp.status_code} to {span} (wanted {want}): {resp.text[:200]}"
-            )
+        tries = [0]
+
+        def once() -> Any:
+            at = lo
+            if tries[0]:
+                resp = self._ask(f"bytes */{total}")
+                if resp.status_code in (200, 201):
+                    return resp  # the last chunk's first answer was lost: the object is made
+                at = self._persisted(resp, lo)
+            tries[0] += 1
+            if at == hi and not last:
+                return None  # the store has the whole chunk
+            span = f"bytes {at}-{hi - 1}/{total}" if at < hi else f"bytes */{total}"
+            return self._ask(span, data[at - lo :], want=(200, 201) if last else (308,))
+
+        resp = self._store.again(self._key, once)
         self._sent = hi
         return resp
+
+    def _ask(self, span: str, data: bytes = b"", want: tuple[int, ...] = (200, 201, 308)) -> Any:
+        """One PUT to the session; a status worth another try as Retryable."""
+        import requests
+
+        try:
+            resp = self._http.put(
+                self._session, data=data, headers={"Content-Range": span}, timeout=_GS_TIMEOUT
+            )
+        except requests.RequestException as exc:
+            raise Retryable(f"GCS connection failed: {exc}") from exc
+        if resp.status_code in want:
+            return resp
+        if resp.status_code in _RETRY_STATUS:
+            retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+            raise Retryable(f"GCS HTTP {resp.status_code} to {span}", status=resp.status_code,
+                            retry_after=retry_after)  # fmt: skip
+        raise FetchError(
+            f"{self._store.url(self._key)}: the resumable upload answered HTTP "
+            f"{resp.status_code} to {span} (wanted {want}): {resp.text[:200]}"
+        )
+
+    @staticmethod
+    def _persisted(resp: Any, lo: int) -> int:
+        """Where the store's copy ends, from a status answer's ``Range: bytes=0-N`` (none:
+        no bytes; the GCS emulator spells that ``bytes=0-0``, GCS never persists 1 byte)."""
+        m = re.match(r"bytes=0-(\d+)$", resp.headers.get("Range", ""))
+        return max(lo, int(m.group(1)) + 1) if m and m.group(1) != "0" else lo
 
     def _send(self, part: bytes) -> None:
         self._put(part, last=False)
@@ -233,9 +313,19 @@ class GsStore(ObjectStore):
     def upload(self, key: str) -> Upload:
         return _GsUpload(self, key)
 
+    def retryable(self, exc: Exception) -> Retryable | None:
+        import requests
+        from google.api_core import exceptions as gexc
+
+        if isinstance(exc, gexc.GoogleAPICallError) and exc.code in _RETRY_STATUS:
+            return Retryable(f"GCS {type(exc).__name__}: {exc}", status=exc.code)
+        if isinstance(exc, requests.RequestException):
+            return Retryable(f"GCS connection failed: {exc}")
+        return None
+
     def put(self, key: str, data: bytes) -> str:
         blob = self.client.bucket(self.bucket).blob(key)
-        blob.upload_from_string(data)
+        self.again(key, lambda: blob.upload_from_string(data, retry=None))
         return str(blob.etag or "")
 
     def create(self, key: str, data: bytes) -> bool:
@@ -278,10 +368,11 @@ class _AzUpload(Upload):
         super().__init__(store.part_size)
         self._blob = store.container.get_blob_client(key)
         self._ids: list[str] = []
+        self._store, self._key = store, key
 
     def _send(self, part: bytes) -> None:
         block = base64.b64encode(f"{len(self._ids):010d}".encode()).decode()
-        self._blob.stage_block(block, part)
+        self._store.again(self._key, lambda: self._blob.stage_block(block, part))
         self._ids.append(block)
 
     def _finish(self, last: bytes) -> str:
@@ -289,7 +380,8 @@ class _AzUpload(Upload):
 
         if last or not self._ids:
             self._send(last)
-        out = self._blob.commit_block_list([BlobBlock(block_id=b) for b in self._ids])
+        blocks = [BlobBlock(block_id=b) for b in self._ids]
+        out = self._store.again(self._key, lambda: self._blob.commit_block_list(blocks))
         return str(out.get("etag", ""))
 
     def _drop(self) -> None:
@@ -319,8 +411,18 @@ class AzStore(ObjectStore):
     def upload(self, key: str) -> Upload:
         return _AzUpload(self, key)
 
+    def retryable(self, exc: Exception) -> Retryable | None:
+        from azure.core import exceptions as aexc
+
+        if isinstance(exc, aexc.HttpResponseError) and exc.status_code in _RETRY_STATUS:
+            return Retryable(f"Azure {exc.status_code}: {exc.reason}", status=exc.status_code)
+        if isinstance(exc, (aexc.ServiceRequestError, aexc.ServiceResponseError)):
+            return Retryable(f"Azure connection failed: {exc}")
+        return None
+
     def put(self, key: str, data: bytes) -> str:
-        out = self.container.get_blob_client(key).upload_blob(data, overwrite=True)
+        blob = self.container.get_blob_client(key)
+        out = self.again(key, lambda: blob.upload_blob(data, overwrite=True))
         return str(out.get("etag", ""))
 
     def create(self, key: str, data: bytes) -> bool:
