@@ -11,6 +11,7 @@ from shardkit.errors import ConfigError, DecodeError
 from shardkit.stages.base import Context, Cursor, Fruitless, Grid, Stage, Step, callable_name
 from shardkit.stages.budget import open_upstream, settled
 from shardkit.stages.collate import collate_numpy
+from shardkit.values import as_int
 
 __all__ = ["Batched", "Map", "Select", "ToTuple"]
 
@@ -138,9 +139,7 @@ class Batched(Step):
         partial: bool = True,
     ) -> None:
         super().__init__(upstream)
-        if n < 1:
-            raise ConfigError(f"batch size must be at least 1, got {n}")
-        self.n = n
+        self.n = as_int(n, "batched: the batch size n", low=1, floats=False)
         self.collate = collate or collate_numpy
         self.partial = partial
 

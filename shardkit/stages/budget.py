@@ -63,6 +63,7 @@ __all__ = [
 REGROUP = "regroup"
 GROUP_BATCHES = 16
 _BATCHINGS = ("budget_batched", REGROUP)
+_END = object()
 
 
 class FieldCost:
@@ -80,13 +81,56 @@ class FieldCost:
                 f"batched(budget=): cost={self.field!r} needs samples (dicts) holding that "
                 f"field, got {type(sample).__name__}: batch before to_tuple(), or give "
                 "cost= a callable",
-                key=str(sample.get("__key__")) if isinstance(sample, Mapping) else None,
+                key=_key(sample),
             ) from None
-        size = getattr(value, "size", None)
-        return float(size if isinstance(size, int) else len(value))
+        numel = getattr(value, "numel", None)  # a tensor (its size is a method)
+        if callable(numel):
+            return float(numel())
+        size = getattr(value, "size", None)  # a numpy array or scalar
+        if isinstance(size, int):
+            return float(size)
+        if isinstance(value, (bytes, bytearray, memoryview, str, list, tuple)):
+            return float(len(value))
+        raise DecodeError(
+            f"batched(budget=): cost={self.field!r} counts the elements of an array, list or "
+            f"bytes, got {type(value).__name__}: give cost= a callable",
+            key=_key(sample),
+        )
 
     def __repr__(self) -> str:
         return f"field:{self.field}"
+
+
+def _key(sample: Any) -> str | None:
+    return str(sample.get("__key__")) if isinstance(sample, Mapping) else None
+
+
+def _cost_of(cost: Callable[[Any], Any], item: Any) -> float:
+    """``cost(item)``, a finite number >= 0 (not a bool or a string), else a DecodeError
+    naming the item and the cost."""
+    c = cost(item)
+    ok = isinstance(c, int | float | np.integer | np.floating) and not isinstance(
+        c, bool | np.bool_
+    )
+    value = float(c) if ok else math.nan
+    if not (math.isfinite(value) and value >= 0):
+        name = repr(cost) if isinstance(cost, FieldCost) else callable_name(cost)
+        raise DecodeError(
+            f"batched(budget=): cost {name} gave {c!r}: a cost must be a finite number >= 0",
+            key=_key(item),
+        )
+    return value
+
+
+def _budget(budget: Any) -> float | int:
+    """``budget`` as a Python number: finite and > 0 (numpy numbers taken, bools not)."""
+    ok = isinstance(budget, int | float | np.integer | np.floating) and not isinstance(
+        budget, bool | np.bool_
+    )
+    if not ok or not (math.isfinite(budget) and budget > 0):
+        raise ConfigError(f"batched: budget must be a finite number > 0, got {budget!r}")
+    value: float | int = budget.item() if isinstance(budget, np.generic) else budget
+    return value
 
 
 def attention_cost(sample: Mapping[str, Any]) -> float:
@@ -235,8 +279,7 @@ class BudgetBatched(Stage):
         collate: Callable[[list[Any]], Any] | None = None,
     ) -> None:
         super().__init__(upstream)
-        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
-            raise ConfigError(f"batched: budget must be a number > 0, got {budget!r}")
+        budget = _budget(budget)
         if type(buffer) is not int or buffer < 1:
             raise ConfigError(f"batched: buffer must be an int >= 1, got {buffer!r}")
         if isinstance(cost, str):
@@ -321,12 +364,12 @@ class _Group:
         left = -1 if n is None else n
         while left != 0:
             left -= 1
-            item = next(up, None)
-            if item is None:
+            item = next(up, _END)  # an item may be None
+            if item is _END:
                 self.after = up.state()
                 break
             items.append(item)
-            c = float(cost(item))
+            c = _cost_of(cost, item)
             costs.append(c)
             total += c if c < budget else budget
             if total >= goal or len(items) >= most:
