@@ -284,7 +284,22 @@ class Mix(Stage):
         }
 
     def left(self, ctx: Context, state: Mapping[str, Any] | None) -> int | None:
-        return None  # what a mixture still draws is not known up front
+        """Under ``"longest"`` what every source has still to give (each in its own epoch);
+        else None (under ``"first"`` the rest of the others is left by design, under
+        ``"never"`` nothing ends)."""
+        if self.stop != "longest":
+            return None
+        st = None if state is None else self.check(state)
+        total = 0
+        for k, stage in enumerate(self.stages):
+            epoch = ctx.epoch if st is None else int(st["epochs"][k])
+            sub = None if st is None else st["sources"][k]
+            where = Context(ctx.rank, ctx.world, ctx.worker, ctx.workers, epoch)
+            n = stage.left(where, sub)
+            if n is None:
+                return None
+            total += n
+        return total
 
     def endless(self) -> int | None:
         """Under ``"never"`` (or over an endless source) the mixture never ends: one pass is

@@ -56,12 +56,29 @@ def test_samples_are_what_reached_the_loop_and_filtered_what_select_refused(
     assert sum(w["samples"] for w in stats["per_worker"]) == len(got)
 
 
+def mixed(manifest: str, rank: int) -> sk.ShardDataset:
+    """Two sources (the set twice, seeds apart), each filtered, mixed to the longest."""
+    sets = [
+        sk.ShardDataset(manifest, shardshuffle=False, seed=s)
+        .split_by_node(rank=rank, world_size=2)
+        .select(keep)
+        for s in (1, 2)
+    ]
+    return sk.mix(sets, [1, 3], stop="longest").map(key_of).batched(3, collate=list)
+
+
 def _rank(manifest: str, rank: int) -> dict[str, Any]:
-    loader = sk.WebLoader(pipeline(manifest, rank=rank, world_size=2), sync=True)
-    got = [k for batch in loader for k in batch]
-    stats = loader.stats()
+    out: dict[str, Any] = {}
     keys = ("samples", "filtered_samples", "dropped_samples")
-    return {"got": got, **{k: stats[k] for k in keys}}
+    for name, ds in (
+        ("plain", pipeline(manifest, rank=rank, world_size=2)),
+        ("mix", mixed(manifest, rank)),
+    ):
+        loader = sk.WebLoader(ds, sync=True)
+        got = [k for batch in loader for k in batch]
+        stats = loader.stats()
+        out[name] = {"got": got, **{k: stats[k] for k in keys}}
+    return out
 
 
 @pytest.mark.integration
@@ -69,7 +86,14 @@ def _rank(manifest: str, rank: int) -> dict[str, Any]:
 def test_dropped_samples_are_the_share_the_shared_epoch_end_cut_off(
     manifest: str, tmp_path: Path
 ) -> None:
-    ranks = run_ranks(functools.partial(_rank, manifest), 2, tmp_path)
+    both = run_ranks(functools.partial(_rank, manifest), 2, tmp_path)
+    mixes = [r["mix"] for r in both]
+    assert sum(r["dropped_samples"] for r in mixes) > 0
+    for rank, r in enumerate(mixes):  # each source's share, once delivered, refused or cut
+        share = len(list(sk.ShardDataset(manifest).split_by_node(rank=rank, world_size=2)))
+        assert r["samples"] == len(r["got"])
+        assert r["samples"] + r["filtered_samples"] + r["dropped_samples"] == 2 * share
+    ranks = [r["plain"] for r in both]
     assert -(-len(ranks[0]["got"]) // 3) == -(-len(ranks[1]["got"]) // 3)  # the shared end
     assert sum(r["dropped_samples"] for r in ranks) > 0
     for rank, r in enumerate(ranks):
