@@ -13,15 +13,16 @@ costs are within 10% (max <= 1.1 min). Rows:
   of squared document lengths);
 - ``batched(budget=B, cost="tokens.npy")``: ``B`` = 24 mean documents' tokens;
 - ``batched(budget=B2, cost=squares)``: ``B2`` = 24 mean documents' squared lengths (each
-  document's cost its length squared), with the default buffer (256) and with 1,024;
+  document's cost its length squared), with the default buffer (1,024) and with 4,096;
 - ``pack_tokens(2048, boundaries=True)`` then ``batched(8)``, attention cost from
   ``cu_seqlens``, against ``batched(budget=8 mean sequences, cost=attention_cost)``.
 
 The steps are those both ranks have (the loader's shared epoch end stops there).
 
-Part ``rate``: samples/s of a WebLoader (2 worker processes) over one rank's share, plain
-``batched(24)`` against the token budget, and the same pipelines read in this process
-(0 workers); medians of ``--repeats``, interleaved.
+Part ``rate``: a WebLoader's epoch over one rank's share (2 fresh worker processes, then 0
+workers), plain ``batched(24)`` against the token budget: samples/s, and samples per CPU
+second of this process and its workers (steadier than the wall time on a shared machine);
+medians of ``--repeats``, interleaved.
 
     python scripts/bench/budget.py --docs 40000 --repeats 5
 """
@@ -29,6 +30,7 @@ Part ``rate``: samples/s of a WebLoader (2 worker processes) over one rank's sha
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import sys
 import time
@@ -125,8 +127,8 @@ def part_balance(root: str, lens: np.ndarray) -> list[dict[str, Any]]:
             [("attention", attention)],
         ),
         (
-            f"batched(budget={b_squares:.3g}, cost=squares, buffer=1024)",
-            lambda r: base(root, r).batched(budget=b_squares, cost=squares, buffer=1024),
+            f"batched(budget={b_squares:.3g}, cost=squares, buffer=4096)",
+            lambda r: base(root, r).batched(budget=b_squares, cost=squares, buffer=4096),
             [("attention", attention)],
         ),
         (
@@ -159,25 +161,43 @@ def samples_of(batch: Any) -> int:
     return len(batch["__key__"])
 
 
+def cpu_seconds() -> float:
+    """CPU seconds of this process and of its children that ended (the workers, once a
+    loader without kept workers has stopped them)."""
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def part_rate(root: str, repeats: int, b_tokens: float) -> list[dict[str, Any]]:
+    """Samples/s of one rank's share (of 2), an epoch in fresh workers, and samples per CPU
+    second (this process and its workers: on a shared machine the CPU time varies less
+    with the others' load than the wall time), medians of ``repeats``."""
     makers = {
         "batched(24)": lambda: base(root, 0).batched(24),
         "batched(budget)": lambda: base(root, 0).batched(budget=b_tokens, cost="tokens.npy"),
     }
     rows = []
     for workers in (2, 0):
-        times: dict[str, list[float]] = {k: [] for k in makers}
+        walls: dict[str, list[float]] = {k: [] for k in makers}
+        cpus: dict[str, list[float]] = {k: [] for k in makers}
         counts: dict[str, int] = {}
         for _ in range(repeats):
             for name, make in makers.items():
                 loader = WebLoader(make(), num_workers=workers, persistent_workers=False)
-                t = time.perf_counter()
+                t, c = time.perf_counter(), cpu_seconds()
                 counts[name] = sum(samples_of(b) for b in loader)
-                times[name].append(time.perf_counter() - t)
+                walls[name].append(time.perf_counter() - t)
+                cpus[name].append(cpu_seconds() - c)
         for name in makers:
-            rate = counts[name] / statistics.median(times[name])
-            rows.append({"pipeline": name, "workers": workers, "samples_per_s": rate})
-            log(f"rate {name} workers={workers}: {rate:,.0f} samples/s")
+            rate = counts[name] / statistics.median(walls[name])
+            per_cpu = counts[name] / statistics.median(cpus[name])
+            rows.append(
+                {"pipeline": name, "workers": workers, "samples_per_s": rate, "per_cpu_s": per_cpu}
+            )
+            log(f"rate {name} workers={workers}: {rate:,.0f}/s, {per_cpu:,.0f} per CPU s")
     return rows
 
 
@@ -217,8 +237,16 @@ def main() -> None:
         results["rate"] = rows
         texts.append(
             table(
-                ["pipeline", "workers", "samples/s"],
-                [[r["pipeline"], str(r["workers"]), f"{r['samples_per_s']:,.0f}"] for r in rows],
+                ["pipeline", "workers", "samples/s", "samples per CPU s"],
+                [
+                    [
+                        r["pipeline"],
+                        str(r["workers"]),
+                        f"{r['samples_per_s']:,.0f}",
+                        f"{r['per_cpu_s']:,.0f}",
+                    ]
+                    for r in rows
+                ],
             )
         )
     finish(args.out, "budget", results, texts, "per-step cost balance and rate (issue 31)")
