@@ -3,7 +3,8 @@ worker processes each, one collective per step (a rank with more batches would h
 the short timeout fails the test instead).
 
 One job: a budget epoch (equal batch counts, no document twice, per-step token counts of
-the ranks within 10% on >= 90% of steps), then a batch-size change mid-epoch (budget ->
+the ranks within 10% on >= 90% of steps), its exact resume (head + tail == the epoch on
+every rank), then a batch-size change mid-epoch (budget ->
 batched(8), loaded on every rank with allow={"batch_size"}: equal counts, nothing twice),
 and a plain batched(4) state saved by the 2 ranks, loaded on 1 process with batched(8) (a
 batch-size ramp on a new world size): head + tail is every document once.
@@ -55,6 +56,9 @@ def _rank(rank: int, root: str) -> dict[str, Any]:
     epoch = steps(head_ld)
     head = steps(iter(head_ld), 3)
     state = head_ld.state_dict()  # every rank, the same step
+    exact = loader(budget)
+    exact.load_state_dict(json.loads(json.dumps(state)))
+    exact_tail = steps(exact)
     ramp = loader(ds(root, rank, 2).batched(8))
     ramp.load_state_dict(json.loads(json.dumps(state)), allow={"batch_size"})
     tail = steps(ramp)
@@ -63,7 +67,8 @@ def _rank(rank: int, root: str) -> dict[str, Any]:
     plain_state = plain.state_dict()
     if rank == 0:
         Path(root, "plain_state.json").write_text(json.dumps(plain_state), encoding="utf-8")
-    return {"epoch": epoch, "head": head, "tail": tail, "plain_head": plain_head}
+    out = {"epoch": epoch, "head": head, "tail": tail, "plain_head": plain_head}
+    return {**out, "exact_tail": exact_tail}
 
 
 def test_budget_batches_and_batch_size_changes_on_two_ranks(tmp_path: Path) -> None:
@@ -79,6 +84,8 @@ def test_budget_batches_and_batch_size_changes_on_two_ranks(tmp_path: Path) -> N
     pairs = list(zip(*([s["cost"] for s in e] for e in epochs), strict=True))
     assert sum(max(p) <= 1.1 * min(p) for p in pairs) / len(pairs) >= 0.9
 
+    for r in got:  # exact: head + tail is the uninterrupted epoch, batch for batch
+        assert r["head"] + r["exact_tail"] == r["epoch"]
     assert len(got[0]["tail"]) == len(got[1]["tail"])
     changed = [k for r in got for s in r["head"] + r["tail"] for k in s["keys"]]
     assert len(changed) == len(set(changed)) and len(changed) > N * 0.9
