@@ -188,3 +188,17 @@ def test_a_new_seq_len_under_best_fit_goes_on_at_the_next_group(tmp_path: Path) 
     by_doc[[int(k.split("-")[1]) for k in keys]] = lengths
     assert (counts <= by_doc).all(), "a token given twice"
     assert counts.sum() > 0.8 * by_doc.sum()
+
+
+def test_sources_and_weights_change_on_another_worker_count(make_shards: MakeShards) -> None:
+    a = make_shards([15, 15], prefix="a")
+    b = make_shards([10, 10], prefix="b")
+    c = make_shards([6, 6], prefix="c", seed=9)
+    head, state = head_and_state(loader(mixed({"a": a, "b": b}, {"a": 1, "b": 1}), 2), 6)
+    later = loader(mixed({"a": a, "c": c}, {"a": 1, "c": 3}), 1)  # 2 workers -> 1
+    later.load_state_dict(state, allow={"sources", "weights"})
+    tail = list(later)
+    head_a, tail_a = ids(head, "a"), ids(tail, "a")
+    assert not set(head_a) & set(tail_a) and len(set(tail_a)) == len(tail_a)
+    assert len(head_a) + len(tail_a) == 30, "a kept source gives the rest of its epoch"
+    assert len(set(ids(tail, "c"))) == len(ids(tail, "c")) == 12 and not ids(tail, "b")
