@@ -15,10 +15,13 @@ Every error shardkit raises on purpose derives from :class:`ShardkitError`::
     └── WriterError
 
 Context lives in attributes and in the message. Errors from libraries are translated
-once, at the seam where they happen, and chained with ``raise ... from exc``.
+once, at the seam where they happen, and chained with ``raise ... from exc``. A message never
+carries a url's credentials: every ShardkitError's text goes through :func:`redact`.
 """
 
 from __future__ import annotations
+
+import re
 
 __all__ = [
     "CacheError",
@@ -33,11 +36,39 @@ __all__ = [
     "StateDictError",
     "TransferError",
     "WriterError",
+    "has_userinfo",
+    "redact",
 ]
+
+# user info, to the last ``@`` of the word: plain (``user@``, ``user:pw@``), or with a colon
+# before an ``@`` further on (a secret holding ``/``, ``#``, ``?`` or ``@`` unencoded, as AWS
+# secret keys hold ``/``); a url with ``:`` and ``@`` in its path loses more than it must
+# in a message, never less
+_USERINFO = re.compile(r"(?<=://)(?:\S*:\S*|[^/?#\s]*)@")
+_SECRET_PARAM = re.compile(
+    r"(?i)([?&][^=&#\s]*(?:sig|token|secret|password|credential|key)[^=&#\s]*=)[^&#\s'\"]*"
+)
+
+
+def redact(text: str) -> str:
+    """``text`` (a url, or a message holding urls) with its credentials replaced by ``***``:
+    the user info of every ``scheme://user:secret@`` and the values of query parameters
+    that name a signature, token, key, secret, password or credential (a presigned url)."""
+    return _SECRET_PARAM.sub(r"\1***", _USERINFO.sub("***@", text))
+
+
+def has_userinfo(text: str) -> bool:
+    """Whether ``text`` holds a url's user info (``scheme://user:secret@``)."""
+    return _USERINFO.search(text) is not None
 
 
 class ShardkitError(Exception):
-    """Root of every error shardkit raises on purpose."""
+    """Root of every error shardkit raises on purpose; its message names no credential (a
+    presigned url's signature, a token, ``user:secret@``: :func:`redact`), whichever code
+    made it."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class ConfigError(ShardkitError, ValueError):
@@ -157,8 +188,9 @@ class StateDictError(ShardkitError, ValueError):
 
 
 class TransferError(ShardkitError):
-    """A batch that cannot be taken over from a worker process as it was made (a shared
-    segment that never arrived, a slot that holds another batch): never handed out."""
+    """A batch that cannot reach the training loop as it was made: a shared segment that
+    never arrived, a slot that holds another batch, a batch pickle cannot carry out of a
+    worker process, a worker's ``sys.exit()``. Never handed out, never a hang."""
 
 
 class WriterError(ShardkitError):
