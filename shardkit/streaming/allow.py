@@ -68,8 +68,10 @@ class Allowed:
         """``allow`` (names, or a mapping name -> True or, for ``"sources"``, renames)."""
         kinds: set[str] = {"weights"} if reweight else set()
         rename: dict[str, str] = {}
-        if isinstance(allow, str):
+        if isinstance(allow, str | bytes):
             raise ConfigError(f"allow must be a set of names, not the string {allow!r}")
+        if allow is not None and not isinstance(allow, Collection):
+            raise ConfigError(f"allow must be a set of names, not {type(allow).__name__}")
         items = allow.items() if isinstance(allow, Mapping) else ((k, True) for k in allow or ())
         for kind, value in items:
             if kind not in ALLOW:
@@ -79,7 +81,11 @@ class Allowed:
                     raise ConfigError(
                         f"allow: only 'sources' takes a mapping (renames), not {kind!r}"
                     )
-                rename.update({str(a): str(b) for a, b in value.items()})
+                if not all(isinstance(x, str) for pair in value.items() for x in pair):
+                    raise ConfigError(
+                        f"allow: 'sources' renames names to names (strings), got {dict(value)!r}"
+                    )
+                rename.update(value)
             elif value is not True:
                 raise ConfigError(f"allow: {kind!r} takes True or (sources) a mapping")
             kinds.add(kind)
@@ -135,6 +141,8 @@ def diff_fingerprints(
             )
         ]
     out: list[Change] = []
+    if rename and where == "pipeline" and not any(_name(s) == Mix.name for s in here + saved):
+        return [Change(None, f"allow renames sources {sorted(rename)}, but there is no mixture")]
     for a, b in zip(saved, here, strict=True):
         if not isinstance(a, Mapping) or not isinstance(b, Mapping):
             out += _strict(a, b, where)
@@ -156,6 +164,9 @@ def _diff_mix(
     a: Mapping[str, Any], b: Mapping[str, Any], rename: Mapping[str, str], where: str
 ) -> list[Change]:
     out: list[Change] = []
+    named = _check_renames(list(a.get("names", [])), list(b.get("names", [])), rename)
+    if named:
+        return [Change(None, f"{where}: {named}")]
     if a.get("schedule") != b.get("schedule"):
         out.append(Change("weights", "the mixture's weights or schedule"))
     old = [rename.get(n, n) for n in a.get("names", [])]
@@ -179,6 +190,26 @@ def _diff_mix(
         where,
     )
     return out
+
+
+def _check_renames(saved: list[str], here: list[str], rename: Mapping[str, str]) -> str:
+    """What is wrong with ``rename`` between a mixture's ``saved`` and ``here`` names ('' if
+    nothing): each rename maps a source of the state to one of this pipeline, and no two
+    sources go onto one name (a kept source started over, or two cursors folded)."""
+    for old, new in rename.items():
+        if old not in saved:
+            return f"allow renames {old!r}, which is not a source of the state (its: {saved})"
+        if new not in here:
+            return (
+                f"allow renames {old!r} to {new!r}, which is not a source of this pipeline "
+                f"(its: {here})"
+            )
+    onto = [rename.get(n, n) for n in saved]
+    twice = sorted({n for n in onto if onto.count(n) > 1})
+    if twice:
+        whose = {n: [m for m in saved if rename.get(m, m) == n] for n in twice}
+        return f"allow renames two sources of the state onto one name: {whose}"
+    return ""
 
 
 def _walk(state: Any) -> Iterator[dict[str, Any]]:

@@ -151,6 +151,7 @@ def check_job_state(state: Any) -> dict[str, Any]:
     workers = check_int(st, STAGE, "num_workers", 1)
     if not isinstance(st["complete"], bool):
         raise StateDictError(f"{STAGE}: key 'complete' must be true or false")
+    _check_retired(st.get("retired"))
     ranks = st["ranks"]
     if not isinstance(ranks, list) or not ranks:
         raise StateDictError(f"{STAGE}: key 'ranks' must be a non-empty list")
@@ -171,6 +172,19 @@ def check_job_state(state: Any) -> dict[str, Any]:
         if not all(w is None or isinstance(w, Mapping) for w in states):
             raise StateDictError(f"{STAGE}: rank {rank}: a worker state must be a dict or null")
     return st
+
+
+def _check_retired(retired: Any) -> None:
+    """The exposure of the sources a load removed: name -> {samples, tokens, epochs}."""
+    if retired is None:
+        return
+    if not isinstance(retired, Mapping):
+        raise StateDictError(f"{STAGE}: key 'retired' must be a dict of source name -> counts")
+    for name, done in retired.items():
+        if not isinstance(done, Mapping):
+            raise StateDictError(f"{STAGE}: 'retired' source {name!r} must be a dict of counts")
+        for key in ("samples", "tokens", "epochs"):
+            check_int(done, f"{STAGE}: 'retired' source {name!r}", key)
 
 
 def fits_epoch(state: Mapping[str, Any], epoch: int) -> bool:
