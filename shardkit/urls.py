@@ -29,7 +29,7 @@ import stat
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
-from shardkit.errors import ConfigError, ManifestError
+from shardkit.errors import ConfigError, ManifestError, has_userinfo, redact
 
 __all__ = [
     "HTTP_SCHEMES",
@@ -265,23 +265,6 @@ class WithinBase:
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 _BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # s3, gs, az and the hub's first word
 _HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~-]+)(?::(\d{1,5}))?")
-# user info, to the last ``@`` of the word: plain (``user@``, ``user:pw@``), or with a colon
-# before an ``@`` further on (a secret holding ``/``, ``#``, ``?`` or ``@`` unencoded, as AWS
-# secret keys hold ``/``); a url with ``:`` and ``@`` in its path loses more than it must
-# in a message, never less
-_USERINFO = re.compile(r"(?<=://)(?:\S*:\S*|[^/?#\s]*)@")
-_SECRET_PARAM = re.compile(
-    r"(?i)([?&][^=&#\s]*(?:sig|token|secret|password|credential|key)[^=&#\s]*=)[^&#\s]*"
-)
-
-
-def redact(text: str) -> str:
-    """``text`` (a url, or a message holding urls) with its credentials replaced by ``***``:
-    the user info of every ``scheme://user:secret@`` and the values of query parameters
-    that name a signature, token, key, secret, password or credential (a presigned url)."""
-    return _SECRET_PARAM.sub(r"\1***", _USERINFO.sub("***@", text))
-
-
 _CREDENTIALS = (
     "credentials do not belong in a url (they would reach manifests, logs and errors); "
     "give them through the environment (the store's SDK chain, or ~/.netrc for http)"
@@ -412,7 +395,7 @@ def parse_url(url: str, *, need_key: bool = False) -> ObjectUrl:
     else:
         ok = _BUCKET.fullmatch(authority) is not None
     if not ok:
-        if "@" in authority or _USERINFO.search(url):
+        if "@" in authority or has_userinfo(url):
             raise _refused(url, _CREDENTIALS)
         what = "host[:port]" if scheme in HTTP_SCHEMES else "bucket name"
         raise _refused(url, f"no {what} follows {scheme}://")
