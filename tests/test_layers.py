@@ -27,6 +27,7 @@ ORDER: dict[str, list[list[str]]] = {
             "urls",
             "per_process",
             "counters",
+            "activity",
             "durable",
         ],
         ["format"],
@@ -87,7 +88,18 @@ ORDER: dict[str, list[list[str]]] = {
         ]
     ],
     "shardkit.cache": [
-        ["locks", "ledger", "layout", "store", "upkeep", "manifests", "fill", "stream", "opener"]
+        [
+            "locks",
+            "rate",
+            "ledger",
+            "layout",
+            "store",
+            "upkeep",
+            "manifests",
+            "fill",
+            "stream",
+            "opener",
+        ]
     ],
     "shardkit.read": [
         ["policy", "indexes", "remote_compact", "catalog", "stream", "lookup", "keys"]
@@ -111,6 +123,7 @@ ORDER: dict[str, list[list[str]]] = {
             "mixing",
             "workers",
             "threads",
+            "stall",
             "loader",
             "measure",
         ]

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from shardkit._types import ObjectRef
+from shardkit.activity import waiting
 from shardkit.cache.layout import CacheKey, Layout, inode_of
 from shardkit.cache.locks import claim_byte, try_lock, unlock, wait_claim
 from shardkit.cache.store import CacheStore
@@ -123,7 +124,7 @@ class ShardFill:
             if verdict == _BAD:
                 raise self._bad or self.check.whole_error(None)
             left = wait - (time.monotonic() - t0)
-            if left <= 0 or not wait_claim(fd, at, left):
+            if left <= 0 or not self._held_off(fd, at, left, "the whole shard's check"):
                 raise CacheError(
                     f"{self.url}: waited {time.monotonic() - t0:.0f} s for another fill to "
                     f"check the whole shard (cache_wait={wait:g})"
@@ -139,11 +140,18 @@ class ShardFill:
         while not self._fetch(fd, k, split=split, urgent=True, claimed=after):
             after()
             left = wait - (time.monotonic() - t0)
-            if left <= 0 or not wait_claim(fd, self.key.size + k, left):
+            if left <= 0 or not self._held_off(fd, self.key.size + k, left, f"piece {k}"):
                 raise CacheError(
                     f"{self.url}: waited {time.monotonic() - t0:.0f} s for piece {k} of "
                     f"another fill (cache_wait={wait:g})"
                 )
+
+    def _held_off(self, fd: int, byte: int, timeout: float, what: str) -> bool:
+        """Wait for another process's claim on ``byte`` (:func:`wait_claim`), named as
+        this thread's wait (:mod:`shardkit.activity`: a stall report finds its pid)."""
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        with waiting("cache fill", url=self.url, of=what, file=path, byte=byte):
+            return wait_claim(fd, byte, timeout)
 
     # -- fetching a piece ----------------------------------------------------------
     def _fetch(

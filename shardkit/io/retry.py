@@ -38,6 +38,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from shardkit.activity import waiting
 from shardkit.counters import Counters
 from shardkit.errors import CacheError, ConfigError, FetchError
 
@@ -225,11 +226,12 @@ class _Pace:
         self.marks: collections.deque[tuple[float, int]] = collections.deque([(0.0, 0)])
         self.wait_began = opened  # where trouble began if the body breaks now
 
-    def chunks(self, body: Iterator[bytes]) -> Iterator[bytes]:
+    def chunks(self, body: Iterator[bytes], wait: waiting) -> Iterator[bytes]:
         """``body``'s chunks; :class:`Retryable` when a window falls below the rate."""
         while True:
             began = time.monotonic()
-            chunk = next(body, None)
+            with wait:
+                chunk = next(body, None)
             now = time.monotonic()
             self.waited += now - began
             if chunk is None:
@@ -279,22 +281,30 @@ def resuming_chunks(
     failures = 0
     clock = _Clock()
     last: Retryable | None = None
+    wait = waiting("fetch", url=url, attempt=1)
+
+    def nap(seconds: float) -> None:
+        with wait:
+            sleep(seconds)
+
     while end is None or pos < end:
         held = contextlib.ExitStack()
         admission: Admission | None = None
         opened = time.monotonic()
+        wait.detail.update(attempt=failures + 1, offset=pos)
         try:
-            if gate is not None:
-                admission = _turn(url, gate, held, policy, clock, failures, last)
-                opened = time.monotonic()
-            resp = open_range(pos, end)
+            with wait:
+                if gate is not None:
+                    admission = _turn(url, gate, held, policy, clock, failures, last)
+                    opened = time.monotonic()
+                resp = open_range(pos, end)
         except Retryable as exc:
             held.close()
             if admission is not None:
                 admission.answered(exc.status, exc.retry_after)
             exc.since = opened if exc.since is None else exc.since
             last = exc
-            failures = _failed(url, exc, failures, policy, counters, rng, sleep, clock)
+            failures = _failed(url, exc, failures, policy, counters, rng, nap, clock)
             continue
         except BaseException:
             held.close()
@@ -306,7 +316,7 @@ def resuming_chunks(
             if resp.total is not None and (end is None or end > resp.total):
                 end = resp.total  # like a file: a read past the end stops at the end
             before = pos
-            for chunk in pace.chunks(resp.chunks()):
+            for chunk in pace.chunks(resp.chunks(), wait):
                 pos += len(chunk)
                 yield chunk
             if pos == before:
@@ -321,7 +331,7 @@ def resuming_chunks(
             held.close()
             exc.since = pace.wait_began if exc.since is None else exc.since
             last = exc
-            failures = _failed(url, exc, failures, policy, counters, rng, sleep, clock)
+            failures = _failed(url, exc, failures, policy, counters, rng, nap, clock)
         finally:
             resp.close()
             held.close()

@@ -74,7 +74,7 @@ def metrics(
     base = {} if rank is None else {"rank": str(rank)}
     out: list[Metric] = []
     for key, value in scalars(stats).items():
-        if key in COUNT_KEYS:
+        if key in COUNT_KEYS or key == "stalls":  # stalls: the loader's, not a window's
             out.append(Metric(f"{prefix}_{key}", "counter", f"{key} since start", [(base, value)]))
         else:
             out.append(Metric(f"{prefix}_{key}", "gauge", f"{key} since start", [(base, value)]))
@@ -88,6 +88,14 @@ def metrics(
     for key in _WORKER_KEYS if workers else ():
         samples = [({**base, "worker": str(w["worker"])}, float(w[key])) for w in workers]
         out.append(Metric(f"{prefix}_worker_{key}", "gauge", f"{key} per worker", samples))
+    stalled = [r for r in stats.get("stall", ()) if r.get("worker") is not None or r.get("thread")]
+    if stalled:  # the latest stall report: how long each worker has waited, and on what
+        rows = [
+            ({**base, "worker": str(r["worker"] if r["worker"] is not None else r["thread"]),
+              "waits": str(r["waits"])}, float(r.get("for_s", 0.0)))
+            for r in stalled
+        ]  # fmt: skip
+        out.append(Metric(f"{prefix}_stall_wait_s", "gauge", "latest stall: seconds waited", rows))
     sources = dict(stats.get("sources") or {})
     for key in _SOURCE_KEYS if sources else ():
         kind = "counter" if key in ("samples", "tokens") else "gauge"

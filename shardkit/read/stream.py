@@ -14,6 +14,7 @@ from time import perf_counter
 from typing import Any, BinaryIO
 
 from shardkit._types import Sample
+from shardkit.activity import at
 from shardkit.errors import ShardFormatError
 from shardkit.format.compression import compressed_name
 from shardkit.format.tario.index import sample_signature
@@ -170,6 +171,7 @@ def _read_range(
             max_member=limits.max_member, policy=limits.tar_policy,
         )  # fmt: skip
         told = [0]
+        at(info.url, lambda: reader.offset)  # where a stall report finds this reader
         try:
             for sample in _take(reader.samples(), info, where, lo, hi):
                 if reader.skipped:  # rare: a member passed over (counted before the sample)

@@ -49,6 +49,7 @@ from shardkit.streaming.resume import (
     merge_rank_states,
     resume_plan,
 )
+from shardkit.streaming.stall import StallWatch
 from shardkit.streaming.sync import EpochEnd
 from shardkit.streaming.threads import close_at_exit, make_workers, stop_workers
 from shardkit.streaming.transfer import Mailbox, PackedBytes
@@ -77,6 +78,10 @@ class WebLoader:
             (``num_workers`` threads of this process, in the same order, with the same
             state and DDP contract; for pipelines whose work releases the GIL: see
             :mod:`shardkit.streaming.threads`).
+        stall_warn: seconds without a batch before the loader names the stall: where each
+            worker's reader is and what it waits on, logged and in ``stats()`` (see
+            :mod:`shardkit.streaming.stall`); None: never.
+        stall_stacks: log the workers' Python stacks with a stall's report.
         dataloader_kwargs: more DataLoader options.
     """
 
@@ -90,6 +95,8 @@ class WebLoader:
         drop_last: bool = False,
         sync: bool | None = None,
         worker_mode: str = "process",
+        stall_warn: float | None = 300.0,
+        stall_stacks: bool = False,
         **dataloader_kwargs: Any,
     ) -> None:
         if not isinstance(dataset, ShardDataset):
@@ -122,6 +129,7 @@ class WebLoader:
         self._opened: dict[int, float] = {}
         self._voting = False  # a load changed the batching: the ranks vote on the epoch end
         self._retired: dict[str, dict[str, int]] = {}  # sources a load removed: exposure
+        self._stall = StallWatch(stall_warn, stall_stacks)
 
     # -- epochs and length ---------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -196,7 +204,10 @@ class WebLoader:
             self._io_base = self.dataset.io_stats()
         synced = self._job() and (self._sync is True or not self._lockstep())
         self._opened = {}  # seconds spent taking over each worker's batches
-        gen = self._iterate(iter(self._loader), synced)
+        self._stall.prepare()  # before worker processes start: they report to it
+        it = iter(self._loader)
+        self._stall.begin(self._where.rank, lambda: [p.pid for p in getattr(it, "_workers", ())])
+        gen = self._iterate(it, synced)
         close_at_exit(gen)
         return gen
 
@@ -254,6 +265,7 @@ class WebLoader:
             stop_workers(it, self._loader)
             raise
         finally:
+            self._stall.end()
             stats.stop()
 
     def _voted(self, it: Iterator[Any]) -> Iterator[Any]:
@@ -292,6 +304,7 @@ class WebLoader:
 
     def _deliver(self, got: Any, t: float) -> Any:
         """Record a batch's meta (its worker's cursor, counters) as it is handed out."""
+        self._stall.beat()
         batch, meta = cast(tuple[Any, dict[str, Any]], got)
         w = int(meta["w"])
         self._states[w] = meta["s"]
@@ -410,6 +423,8 @@ class WebLoader:
         of this rank's latest batch). :func:`shardkit.metrics.job_summary` turns it into
         the job's view; :mod:`shardkit.metrics.export` sends it to TensorBoard or Prometheus."""
         out = self._stats.summary()
+        out["stalls"] = self._stall.stalls  # reports of no batch for stall_warn s
+        out["stall"] = self._stall.last  # the latest: each worker's place and wait
         if self._job_skips is not None:
             out.update({f"job_{k}": v for k, v in self._job_skips.items()})
         mixture = find_mix(self.dataset.pipeline())
