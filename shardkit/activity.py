@@ -138,8 +138,10 @@ def reports(directory: str) -> dict[int, dict[str, Any]]:
     return out
 
 
-def lock_holders(path: str, byte: int) -> list[int]:
-    """The pids holding a lock on byte ``byte`` of the file ``path`` (``/proc/locks``)."""
+def lock_holders(path: str, byte: int, *, besides: int = 0) -> list[int]:
+    """The pids holding a lock on byte ``byte`` of the file ``path`` (``/proc/locks``); an
+    open file description lock shows no pid there, and then the pids that have the file
+    open, other than ``besides``, are named (one of them holds it)."""
     try:
         st = os.stat(path)
         with open("/proc/locks") as f:
@@ -156,4 +158,23 @@ def lock_holders(path: str, byte: int) -> list[int]:
         if int(start) <= byte and (end == "EOF" or byte <= int(end)):
             with contextlib.suppress(ValueError):
                 found.append(int(parts[4]))
-    return found
+    if found and all(pid > 0 for pid in found):
+        return found
+    return _openers((st.st_dev, st.st_ino), besides) if found else []
+
+
+def _openers(file: tuple[int, int], besides: int) -> list[int]:
+    """The pids with ``file`` (device, inode) open (``/proc/PID/fd``), ``besides`` not."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == besides:
+            continue
+        with contextlib.suppress(OSError):
+            fds = os.path.join("/proc", entry, "fd")
+            for fd in os.listdir(fds):
+                with contextlib.suppress(OSError):
+                    st = os.stat(os.path.join(fds, fd))
+                    if (st.st_dev, st.st_ino) == file:
+                        pids.append(int(entry))
+                        break
+    return pids

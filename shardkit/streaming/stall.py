@@ -115,9 +115,7 @@ class StallWatch:
         self.stalls += 1
         self.last = rows
         lines = "; ".join(_describe(r) for r in rows) or "no reader has started"
-        log.warning(
-            "no batch for %.0f s (stall_warn=%g): %s", quiet, self.warn or 0.0, lines
-        )
+        log.warning("no batch for %.0f s (stall_warn=%g): %s", quiet, self.warn or 0.0, lines)
         for pid, text in stacks.items():
             log.warning("stacks of pid %d:\n%s", pid, text)
         return rows
@@ -139,7 +137,9 @@ class StallWatch:
         if "shard" not in row and wait["what"] == "fetch":  # its first bytes: there
             row["shard"], row["offset"] = wait.get("url"), wait.get("offset")
         if wait["what"] == "cache fill" and "file" in wait:
-            row["held_by"] = activity.lock_holders(str(wait["file"]), int(wait["byte"]))
+            row["held_by"] = activity.lock_holders(
+                str(wait["file"]), int(wait["byte"]), besides=pid
+            )
         return row
 
     def _ask_stacks(self) -> dict[int, str]:
