@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
-from torch.utils.data._utils.pin_memory import pin_memory
 
 from shardkit.errors import ConfigError, FetchError
 from shardkit.streaming.arena import Lanes
+from shardkit.streaming.transfer import deliver
 from shardkit.streaming.workers import Collate, WorkerSide, exit_is_an_error
 
 __all__ = ["WORKER_MODES", "ThreadWorkers", "close_at_exit", "make_workers", "stop_workers"]
@@ -118,7 +118,8 @@ class ThreadWorkers:
         collate_fn, drop_last: as for DataLoader.
         options: DataLoader options: ``prefetch_factor`` (batches each worker makes
             ahead, default 2), ``timeout`` (seconds to wait for a batch, 0: no limit),
-            ``pin_memory`` (and ``pin_memory_device``), ``worker_init_fn`` (called in each
+            ``pin_memory`` (tensors pinned as worker processes' are; ``pin_memory_device``
+            is accepted and means nothing, as in torch), ``worker_init_fn`` (called in each
             thread with its worker id); process options are accepted and mean nothing.
     """
 
@@ -145,7 +146,6 @@ class ThreadWorkers:
         self.ahead = max(int(options.get("prefetch_factor") or 2), 1)
         self.timeout = float(options.get("timeout") or 0)
         self.pin = bool(options.get("pin_memory")) and torch.cuda.is_available()
-        self.pin_device = str(options.get("pin_memory_device") or "")
         self.init_fn: Callable[[int], Any] | None = options.get("worker_init_fn")
 
     def __iter__(self) -> Iterator[Any]:
@@ -180,7 +180,7 @@ class ThreadWorkers:
                     del going[turn % len(going)]
                     continue  # the next worker takes this turn
                 turn = turn % len(going) + 1
-                yield pin_memory(got, self.pin_device or None) if self.pin else got  # type: ignore[no-untyped-call]
+                yield (deliver(got[0], pin=True), got[1]) if self.pin else got
         finally:
             stop.set()
             for q in queues:  # wake workers blocked on a full queue

@@ -171,21 +171,32 @@ class PackedBytes(Sequence[bytes]):
     uint8 tensor (from a worker process, in shared memory) and the items' offsets.
 
     A read-only sequence: ``len``, indexing and iteration give ``bytes`` (copied out on
-    access); :attr:`tensor` and :attr:`offsets` give zero-copy access to all of it.
+    access); :attr:`tensor` and :attr:`offsets` give zero-copy access to all of it. Made
+    where the batch was (threads, 0 workers), it keeps the items and joins them into
+    :attr:`tensor` only when that is asked for.
     """
 
     def __init__(self, items: list[bytes], offsets: list[int]) -> None:
-        self.tensor = torch.empty(offsets[-1], dtype=torch.uint8)
-        join_bytes(self.tensor.numpy(), items, offsets)
+        self._items: list[bytes] | None = items
+        self._tensor: torch.Tensor | None = None
         self.offsets = offsets
 
     @classmethod
     def over(cls, tensor: torch.Tensor, offsets: list[int]) -> PackedBytes:
         """The items at ``offsets`` of a uint8 tensor (no copy)."""
         out = cls.__new__(cls)
-        out.tensor = tensor
+        out._items = None
+        out._tensor = tensor
         out.offsets = offsets
         return out
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """All the items' bytes, one after another (see :attr:`offsets`)."""
+        if self._tensor is None:
+            self._tensor = torch.empty(self.offsets[-1], dtype=torch.uint8)
+            join_bytes(self._tensor.numpy(), self._items or [], self.offsets)
+        return self._tensor
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -201,6 +212,8 @@ class PackedBytes(Sequence[bytes]):
         if not -n <= i < n:
             raise IndexError(f"index {i} of {n} items")
         i %= n
+        if self._items is not None:
+            return self._items[i]
         return self.tensor.numpy()[self.offsets[i] : self.offsets[i + 1]].tobytes()
 
     def __eq__(self, other: object) -> bool:

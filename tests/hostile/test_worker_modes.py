@@ -158,6 +158,7 @@ def same(a: Any, b: Any, where: str = "batch") -> None:
         assert a.tolist() == b.tolist(), where
     elif type(a) is PackedBytes:
         assert a.offsets == b.offsets and list(a) == list(b), where
+        assert torch.equal(a.tensor, b.tensor), where
     elif type(a) in (list, tuple):
         assert len(a) == len(b), where
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
