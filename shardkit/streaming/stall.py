@@ -19,6 +19,7 @@ import shutil
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -61,6 +62,8 @@ class StallWatch:
             return
         if self._dir is None or not os.path.isdir(self._dir):
             self._dir = tempfile.mkdtemp(prefix="shardkit-stall-")
+            # gone with the loader (or at exit): its workers' reporters stop with it
+            weakref.finalize(self, shutil.rmtree, self._dir, ignore_errors=True)
         activity.watch_from(self._dir)
 
     def begin(self, rank: int, pids: Callable[[], list[int]]) -> None:
