@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Protocol, Union
+from typing import Any, BinaryIO, Protocol
 
-__all__ = ["Hint", "ObjectRef", "Opener", "PieceChecksums", "Sample"]
+__all__ = ["ObjectRef", "Opener", "PieceChecksums", "Sample"]
 
 # One sample of a shard set, as WebDataset has it: ``__key__`` (and ``__url__`` once read)
 # and one value per field (``bytes`` as stored, until decoded).
@@ -33,8 +33,9 @@ class ObjectRef:
     """What a manifest promises about one object: where it is (``url``, resolved), its
     ``size``, ``checksum`` (``algo:hex``) and piece checksums; None where it does not say.
 
-    The one value openers, prefetch and the cache pass around: everything verified or
-    named after an object (a cache file, a piece map) is derived from it.
+    The one value openers, prefetch and the cache pass around (``Opener.open(ref, start,
+    end)``): everything verified or named after an object (a cache file, a piece map) is
+    derived from it.
     """
 
     url: str
@@ -42,52 +43,26 @@ class ObjectRef:
     checksum: str | None = None
     pieces: PieceChecksums | None = None
 
-    @classmethod
-    def of(cls, hint: Hint) -> ObjectRef:
-        """The ref of a prefetch hint (a ref already, or a 3- or 4-tuple)."""
-        if isinstance(hint, ObjectRef):
-            return hint
-        url, size, checksum, *more = hint
-        return cls(url, size, checksum, more[0] if more else None)
-
     @property
     def verifiable(self) -> bool:
         """Whether its bytes can be checked (a size and a checksum are known)."""
         return self.size is not None and self.checksum is not None
 
 
-Hint = Union[  # noqa: UP007 - a runtime alias
-    ObjectRef,
-    tuple[str, int | None, str | None],
-    tuple[str, int | None, str | None, PieceChecksums | None],
-]
-"""A shard coming next: its :class:`ObjectRef`, or (older callers) ``(url, size,
-checksum)``, optionally with its pieces."""
-
-
 class Opener(Protocol):
-    """Turns a resolved url into bytes.
+    """Turns what a manifest promises about an object into its bytes.
 
-    ``open`` returns a binary stream over ``[start, end)`` of the object (``end`` None:
-    to its end); the caller closes it. ``size``, ``checksum`` and ``pieces``, when given,
-    are what the manifest promises for the whole object, so a caching opener can verify
-    what it stores (piece by piece, with ``pieces``).
+    ``open`` returns a binary stream over ``[start, end)`` of ``ref``'s object (``end``
+    None: to its end), verified against what ``ref`` promises (its size, checksum and
+    pieces, where it gives them); the caller closes it. ``read`` returns unverified bytes
+    of a url (a sample index, a manifest: what has no checksum of its own here).
     """
 
-    def open(
-        self,
-        url: str,
-        *,
-        start: int = 0,
-        end: int | None = None,
-        size: int | None = None,
-        checksum: str | None = None,
-        pieces: PieceChecksums | None = None,
-    ) -> BinaryIO: ...
+    def open(self, ref: ObjectRef, start: int = 0, end: int | None = None) -> BinaryIO: ...
 
     def read(self, url: str, *, start: int = 0, end: int | None = None) -> bytes: ...
 
-    def prefetch(self, shards: Sequence[Hint]) -> None:
+    def prefetch(self, refs: Sequence[ObjectRef]) -> None:
         """Hint: these shards come next in this reader's plan."""
         ...
 

@@ -14,7 +14,7 @@ from shardkit._types import Opener
 from shardkit.cache.manifests import fetch_manifest_once
 from shardkit.cache.opener import CachingOpener
 from shardkit.cache.store import CachedShard, CacheKey, CacheStat, CacheStore
-from shardkit.io import IoConfig, RemoteOpener
+from shardkit.io import IoConfig, UncachedOpener
 
 __all__ = [
     "CacheKey",
@@ -54,5 +54,5 @@ def make_opener(
 def opener_for(cfg: IoConfig) -> Opener:
     """The opener for a config: caching when it names a cache dir (the cache sits on io)."""
     if cfg.cache_dir is None:
-        return RemoteOpener(cfg)
+        return UncachedOpener(cfg)
     return CachingOpener(cfg)

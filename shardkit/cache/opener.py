@@ -1,6 +1,6 @@
 """The caching opener: remote shards through the node-local cache.
 
-``open(url, size=, checksum=, pieces=)`` of a remote shard is served from the cache when
+``open(ref, start, end)`` of a remote shard is served from the cache when
 the shard is there (a hit, under a lease). On a miss it is read from the shard's temp file
 as it fills, piece by piece, each piece verified before a byte of it is handed out (see
 :mod:`shardkit.cache.fill`): every process on the node that wants the shard fetches the
@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO
 
-from shardkit._types import Hint, ObjectRef, PieceChecksums
+from shardkit._types import ObjectRef
 from shardkit.cache.fill import ShardFill
 from shardkit.cache.layout import Layout
 from shardkit.cache.locks import NodeSlots
@@ -36,7 +36,7 @@ from shardkit.cache.stream import CacheStream
 from shardkit.counters import Counters
 from shardkit.errors import CacheError, ChecksumError, ConfigError
 from shardkit.io.config import IoConfig
-from shardkit.io.remote import RangeSource, RemoteOpener, buffered
+from shardkit.io.remote import RangeSource, UncachedOpener, buffered
 from shardkit.io.verified import VerifiedFile, file_digest
 from shardkit.urls import REMOTE_SCHEMES, url_scheme
 
@@ -100,11 +100,11 @@ class CachingOpener:
         remote: the uncached opener underneath (made from ``cfg`` if not given).
     """
 
-    def __init__(self, cfg: IoConfig, remote: RemoteOpener | None = None) -> None:
+    def __init__(self, cfg: IoConfig, remote: UncachedOpener | None = None) -> None:
         if cfg.cache_dir is None:
             raise CacheError("a caching opener needs a cache_dir")
         self.cfg = cfg
-        self.remote = remote or RemoteOpener(cfg)
+        self.remote = remote or UncachedOpener(cfg)
         self.counters = self.remote.counters
         self.store = CacheStore(cfg.cache_dir, cfg.cache_limit)
         root = self.store.root
@@ -139,23 +139,12 @@ class CachingOpener:
         return self._local_state
 
     # -- the Opener protocol -------------------------------------------------------
-    def open(
-        self,
-        url: str,
-        *,
-        start: int = 0,
-        end: int | None = None,
-        size: int | None = None,
-        checksum: str | None = None,
-        pieces: PieceChecksums | None = None,
-    ) -> BinaryIO:
-        """Stream ``[start, end)`` of ``url``, through the cache when it can be cached."""
-        ref = ObjectRef(url, size, checksum, pieces)
-        if size is None or checksum is None or self.remote.source(url) is None:
-            return self.remote.open(
-                url, start=start, end=end, size=size, checksum=checksum, pieces=pieces
-            )
-        stop = size if end is None else min(end, size)
+    def open(self, ref: ObjectRef, start: int = 0, end: int | None = None) -> BinaryIO:
+        """Stream ``[start, end)`` of ``ref``, through the cache when it can be cached (a
+        remote object with a size and checksum); else as the uncached opener does."""
+        if ref.size is None or ref.checksum is None or self.remote.source(ref.url) is None:
+            return self.remote.open(ref, start, end)
+        stop = ref.size if end is None else min(end, ref.size)
         return self._open_ref(ref, start, stop)
 
     def _open_ref(self, ref: ObjectRef, start: int, stop: int) -> BinaryIO:
@@ -163,7 +152,7 @@ class CachingOpener:
         assert ref.size is not None and ref.checksum is not None
         key = CacheKey.of(ref.checksum, ref.size)
         if not self._usable():
-            return self._direct(ref, start, stop)
+            return self.remote.open(ref, start, stop)
         layout = Layout.of(ref.size, ref.pieces)
         try:
             fd, published = self._open_part(key, layout)
@@ -176,7 +165,7 @@ class CachingOpener:
         self._drop_lease(key)  # the reader holds its own lease from here
         if fd is None:
             self.counters.add("cache_no_room")
-            return self._direct(ref, start, stop)
+            return self.remote.open(ref, start, stop)
         if published:
             if os.fstat(fd).st_size != ref.size:
                 return self._other_size(key, ref, start, stop, fd)
@@ -191,15 +180,15 @@ class CachingOpener:
         return buffered(CacheStream(self, key, ref.url, start, stop, fd=fd, fill=fill))
 
     def read(self, url: str, *, start: int = 0, end: int | None = None) -> bytes:
-        with self.open(url, start=start, end=end) as f:
+        with self.open(ObjectRef(url), start, end) as f:
             return f.read()
 
-    def prefetch(self, shards: Sequence[Hint]) -> None:
+    def prefetch(self, refs: Sequence[ObjectRef]) -> None:
         """Fill the first ``prefetch_depth`` of these next shards in the background."""
         if not self._usable():
             return
         local = self._local
-        for ref in map(ObjectRef.of, shards[: self.cfg.prefetch_depth]):
+        for ref in refs[: self.cfg.prefetch_depth]:
             if not ref.verifiable or url_scheme(ref.url) not in REMOTE_SCHEMES:
                 continue
             assert ref.size is not None and ref.checksum is not None
@@ -216,18 +205,11 @@ class CachingOpener:
                 local.queued.add(key.name)
             local.submit(functools.partial(self._prefetch_one, key, ref, layout))
 
-    def ensure_cached(
-        self,
-        url: str | ObjectRef,
-        size: int | None = None,
-        checksum: str | None = None,
-        pieces: PieceChecksums | None = None,
-    ) -> str:
-        """Put one shard (an :class:`ObjectRef`, or its url, size, checksum and pieces)
-        in the cache now (``shardkit cache warm``); what happened: ``"cached"`` (it was
-        there), ``"fetched"`` or ``"no room"`` (the limit is taken by shards in use).
+    def ensure_cached(self, ref: ObjectRef) -> str:
+        """Put one shard in the cache now (``shardkit cache warm``); what happened:
+        ``"cached"`` (it was there), ``"fetched"`` or ``"no room"`` (the limit is taken by
+        shards in use).
         """
-        ref = url if isinstance(url, ObjectRef) else ObjectRef(url, size, checksum, pieces)
         if ref.size is None or ref.checksum is None:
             raise ConfigError(f"{ref.url}: caching a shard needs its size and checksum")
         key, layout = CacheKey.of(ref.checksum, ref.size), Layout.of(ref.size, ref.pieces)
@@ -374,15 +356,6 @@ class CachingOpener:
             return self._open_ref(ref, pos, stop)
 
         return buffered(VerifiedFile(f, ref, start=start, end=stop, on_bad=on_bad))
-
-    def _direct(self, ref: ObjectRef, start: int, stop: int) -> BinaryIO:
-        """Read a shard the cache cannot hold: piece by piece verified where the manifest
-        has pieces, else as the uncached opener does (a whole read checked at its end)."""
-        if ref.pieces is not None and ref.size:
-            return self.remote.open_pieces(ref, start=start, end=stop)
-        return self.remote.open(
-            ref.url, start=start, end=stop, size=ref.size, checksum=ref.checksum
-        )
 
     def _fill_for(self, ref: ObjectRef, layout: Layout, fd: int) -> ShardFill:
         """This process's fill of ``ref`` (shared by its readers), started on the file

@@ -6,8 +6,7 @@ it is verified (:meth:`ShardFill.need` fetches it here or waits for whoever does
 unverified byte reaches the reader; the file is the same inode when it is published, so
 reading goes on across the publish. If the cache cannot write (a full disk) and
 ``on_cache_error`` is ``"bypass"``, the rest of the range is read straight from the remote,
-still verified piece by piece where the manifest has pieces
-(:class:`~shardkit.io.verified.PieceStream`).
+verified as the uncached opener verifies it (:func:`~shardkit.io.remote.verified_stream`).
 
 Every file is read under a lease (a shared ``flock``) that keeps eviction off it.
 """
@@ -17,13 +16,12 @@ from __future__ import annotations
 import io
 import logging
 import os
+from typing import BinaryIO
 
-from shardkit._types import ObjectRef
 from shardkit.cache.fill import FillHost, ShardFill, WriteError
 from shardkit.cache.store import CacheKey
 from shardkit.errors import CacheError, ChecksumError
-from shardkit.io.remote import ChunkStream
-from shardkit.io.verified import PieceStream
+from shardkit.io.remote import verified_stream
 
 __all__ = ["CacheStream"]
 
@@ -55,7 +53,7 @@ class CacheStream(io.RawIOBase):
         self._fd: int | None = fd
         self._fill = fill
         self._ok = -1  # the piece last seen verified
-        self._direct: io.RawIOBase | None = None
+        self._uncached: BinaryIO | None = None
 
     def readable(self) -> bool:
         return True
@@ -64,8 +62,8 @@ class CacheStream(io.RawIOBase):
         view = memoryview(b)[: max(0, self._end - self._pos)]
         if not view:
             return 0
-        if self._direct is not None:
-            n = self._direct.readinto(view)
+        if self._uncached is not None:
+            n = int(self._uncached.readinto(view))  # type: ignore[attr-defined]
             self._pos += n
             return n
         assert self._fd is not None
@@ -79,7 +77,7 @@ class CacheStream(io.RawIOBase):
                 except WriteError as exc:
                     if self._host.cfg.on_cache_error == "raise":
                         raise
-                    self._go_direct(exc)
+                    self._go_uncached(exc)
                     return self.readinto(b)
                 self._ok = k
             stop = min(stop, fill.check.span(k)[1])
@@ -93,29 +91,17 @@ class CacheStream(io.RawIOBase):
         self._pos += n
         return n
 
-    def _go_direct(self, exc: CacheError) -> None:
+    def _go_uncached(self, exc: CacheError) -> None:
         self._host.counters.add("cache_errors")
-        self._host.counters.add("uncached_reads")
         log.warning("%s (reading %s uncached)", exc, self._url)
-        layout = self._fill.layout if self._fill is not None else None
-        if layout is not None and layout.digests is not None:
-            self._direct = PieceStream(
-                lambda lo, hi: self._host.fetch(self._url, lo, hi),
-                self._fill.ref if self._fill is not None else ObjectRef(self._url),
-                start=self._pos,
-                end=self._end,
-                counters=self._host.counters,
-            )
-        else:  # one piece, the whole shard: as the uncached opener reads (checked at the
-            # end if it is all of the shard)
-            whole = self._pos == 0 and self._end == self._key.size
-            chunks = self._host.fetch(self._url, self._pos, self._end)
-            self._direct = ChunkStream(
-                chunks,
-                url=self._url,
-                size=self._key.size if whole else None,
-                checksum=self._key.checksum if whole else None,
-            )
+        assert self._fill is not None  # a write error comes from a fill
+        self._uncached = verified_stream(
+            lambda lo, hi: self._host.fetch(self._url, lo, self._end if hi is None else hi),
+            self._fill.ref,
+            self._pos,
+            self._end,
+            self._host.counters,
+        )
         self._let_go()
 
     def _let_go(self) -> None:
@@ -127,6 +113,6 @@ class CacheStream(io.RawIOBase):
     def close(self) -> None:
         if not self.closed:
             self._let_go()
-            if self._direct is not None:
-                self._direct.close()
+            if self._uncached is not None:
+                self._uncached.close()
         super().close()

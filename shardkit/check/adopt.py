@@ -24,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from urllib.parse import urlsplit
 
-from shardkit._types import Opener
+from shardkit._types import ObjectRef, Opener
 from shardkit.check.summary import FieldStats, add_fields, scan_stream
 from shardkit.errors import ConfigError
 from shardkit.format.checksum import new_hasher
@@ -103,7 +103,7 @@ def adopt_remote(
                 progress(n)
 
     def one(url: str, rel: str) -> tuple[ShardEntry, FieldStats]:
-        with opener.open(url) as f:
+        with opener.open(ObjectRef(url)) as f:
             scan = scan_stream(f, url, algo=algo, nkeys=0, progress=count,
                                piece_size=piece_size, tar_policy=tar_policy)  # fmt: skip
         idx = idx_sum = None

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, BinaryIO
 
+from shardkit._types import ObjectRef
 from shardkit.check.decoded import bad_fields
 from shardkit.check.report import Problem, VerifyReport
 from shardkit.errors import ConfigError, FetchError, ShardFormatError, ShardkitError
@@ -30,7 +31,7 @@ from shardkit.format.digest import Digest, HashingReader
 from shardkit.format.manifest.model import Manifest, ShardEntry, incomplete_reason
 from shardkit.format.tario.index import SampleIndex, parse_index, sample_signature, shard_binding
 from shardkit.format.tario.reader import TarReader, stream_size
-from shardkit.io import IoConfig, RemoteOpener, load_manifest
+from shardkit.io import IoConfig, UncachedOpener, load_manifest
 from shardkit.units import plural
 from shardkit.urls import WithinBase, check_within
 
@@ -85,7 +86,7 @@ def _probe_size(opener: Opener, url: str, expected: int) -> int | str:
 def _check_quick(
     entry: ShardEntry, url: str, opener: Opener, progress: Progress | None
 ) -> int | str:
-    with opener.open(url) as f:
+    with opener.open(ObjectRef(url)) as f:
         size: int | str | None = stream_size(f)
     if size is None:
         size = _probe_size(opener, url, entry.size)
@@ -117,7 +118,7 @@ def _check_bytes(
     """Hash the whole shard in big chunks; ``(size, "algo:hex", piece problems)``."""
     algo = split_checksum(entry.checksum)[0]
     buf = _buffer()
-    with opener.open(url) as f:
+    with opener.open(ObjectRef(url)) as f:
         tee = HashingReader(f, _digest(algo, progress, entry))
         tee.drain(buf)
     return tee.digest.size, tee.digest.checksum(), _check_pieces(entry, tee)
@@ -130,7 +131,7 @@ def _check_deep(
     algo = split_checksum(entry.checksum)[0]
     problems: list[Problem] = []
     buf = _buffer()
-    with opener.open(url) as f:
+    with opener.open(ObjectRef(url)) as f:
         size = stream_size(f)
         tee = HashingReader(f, _digest(algo, how.progress, entry))
         offsets: list[tuple[int, int]] = []
@@ -152,7 +153,7 @@ def _check_deep(
 
 def _check_decoded(entry: ShardEntry, url: str, opener: Opener, how: _How) -> list[Problem]:
     """``decode``: every image, npy, json and text field decodes (a second read)."""
-    with opener.open(url) as f:
+    with opener.open(ObjectRef(url)) as f:
         bad = bad_fields(f, entry.url, stream_size(f), tar_policy=how.tar_policy)
         return [
             Problem(entry.url, "decode", f"sample {key!r} field {name!r}: {why}", offset=off)
@@ -365,7 +366,7 @@ def verify(
     if level not in LEVELS:
         raise ConfigError(f"level must be one of {LEVELS}, got {level!r}")
     t0 = time.perf_counter()
-    opener = opener or RemoteOpener(IoConfig())
+    opener = opener or UncachedOpener(IoConfig())
     if not isinstance(manifest, Manifest):
         source = source or os.fspath(manifest)
         manifest = load_manifest(os.fspath(manifest), opener)

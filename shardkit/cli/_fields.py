@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from shardkit._types import ObjectRef
 from shardkit.errors import ConfigError, DecodeError
 from shardkit.format.manifest.model import Manifest
 from shardkit.io import Opener
@@ -67,9 +68,7 @@ def _first_payload(m: Manifest, opener: Opener, field: str, tar_policy: str) -> 
     for entry in m.shards[:4]:
         url = m.resolve(entry.url)
         with contextlib.ExitStack() as stack:
-            raw: Any = stack.enter_context(
-                opener.open(url, size=entry.size, checksum=entry.checksum)
-            )
+            raw: Any = stack.enter_context(opener.open(ObjectRef(url, entry.size, entry.checksum)))
             f, _ = stack.enter_context(open_tar(raw, url=url))  # compression by magic bytes
             for _, sample in iter_samples(f, url=url, policy=tar_policy):
                 value = sample.get(field)

@@ -22,6 +22,7 @@ import click
 from click.core import ParameterSource
 from tqdm import tqdm
 
+from shardkit._types import ObjectRef
 from shardkit.cache import CacheStore, CachingOpener, upkeep
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.index import INDEX_MAGIC
@@ -222,7 +223,7 @@ def _warm(
 
     def one(i: int) -> str:
         s = m.shards[i]
-        got = opener.ensure_cached(m.resolve(s.url), s.size, s.checksum, s.pieces)
+        got = opener.ensure_cached(ObjectRef(m.resolve(s.url), s.size, s.checksum, s.pieces))
         with lock:
             bar.update(s.size)
         return got

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from shardkit._types import ObjectRef
 from shardkit.cache import make_opener
 from shardkit.check.summary import first_keys, scan_shard, summarize_manifest, summarize_shard
 from shardkit.cli.build import tar_policy_option
@@ -26,7 +27,7 @@ def _manifest_summary(source: str, nkeys: int, tar_policy: str) -> dict[str, Any
         first = m.shards[0]
         url = m.resolve(first.url)
         check_within(url, m.base)
-        with make_opener().open(url, size=first.size, checksum=first.checksum) as f:
+        with make_opener().open(ObjectRef(url, first.size, first.checksum)) as f:
             keys = first_keys(f, nkeys, url=url, tar_policy=tar_policy)
     d = summarize_manifest(m, keys=keys)
     d["path"] = source

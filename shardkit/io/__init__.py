@@ -20,7 +20,7 @@ from shardkit._types import Opener
 from shardkit.format.manifest.model import Manifest
 from shardkit.io.config import CacheConfig, IoConfig, ReaderLimits, RetryPolicy
 from shardkit.io.local import open_local
-from shardkit.io.remote import RemoteOpener
+from shardkit.io.remote import UncachedOpener
 from shardkit.urls import local_path, url_scheme
 
 __all__ = [
@@ -28,8 +28,8 @@ __all__ = [
     "IoConfig",
     "Opener",
     "ReaderLimits",
-    "RemoteOpener",
     "RetryPolicy",
+    "UncachedOpener",
     "load_manifest",
     "open_local",
 ]
@@ -43,5 +43,5 @@ def load_manifest(source: str, opener: Opener | None = None) -> Manifest:
     """
     if url_scheme(source) == "file":
         return Manifest.load(local_path(source))
-    opener = opener or RemoteOpener(IoConfig())
+    opener = opener or UncachedOpener(IoConfig())
     return Manifest.loads(opener.fetch_manifest(source), source=source)

@@ -250,23 +250,17 @@ def _give_back(buf: np.ndarray[Any, Any]) -> None:
             _spare.append(buf)
 
 
-def open_local(
-    url: str,
-    *,
-    start: int = 0,
-    end: int | None = None,
-    size: int | None = None,
-    checksum: str | None = None,
-    pieces: PieceChecksums | None = None,
-) -> BinaryIO:
-    """Open ``[start, end)`` of a local file as a binary stream.
+def open_local(ref: ObjectRef, start: int = 0, end: int | None = None) -> BinaryIO:
+    """Open ``[start, end)`` of a local file (``ref.url``: a path or ``file://`` url) as a
+    binary stream.
 
-    With the manifest's ``size`` and ``checksum`` every byte is verified before it is
-    handed out (see the module docstring), piece by piece against ``pieces`` when given.
+    With ``ref``'s size and checksum every byte is verified before it is handed out (see
+    the module docstring), piece by piece against its pieces when it has them.
     """
+    url = ref.url
     path = local_path(url)
-    if size is not None and checksum is not None:
-        return _open_verified(url, path, start, end, size, checksum, pieces)
+    if ref.size is not None and ref.checksum is not None:
+        return _open_verified(url, path, start, end, ref.size, ref.checksum, ref.pieces)
     try:
         f = open(path, "rb", buffering=0)  # noqa: SIM115 - returned to the caller
     except OSError as exc:

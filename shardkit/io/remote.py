@@ -1,22 +1,22 @@
 """The uncached opener: every scheme, streamed straight from where it lives.
 
-``RemoteOpener`` dispatches on the url's scheme (local path / ``file://``, ``http(s)://``,
+:class:`UncachedOpener` dispatches on the url's scheme (local path / ``file://``, ``http(s)://``,
 ``s3://``, ``pipe:``). A whole-object read given the manifest's ``size`` and ``checksum``
 is verified on the fly: the last read raises :class:`ChecksumError` on a mismatch, so even
 without a cache a corrupt shard is never taken for a good one. A shard with piece checksums
 (and every local shard with a checksum, :mod:`shardkit.io.local`) is verified piece by piece
 before any byte is handed out; remote ranged reads without pieces are not verified here;
-:meth:`RemoteOpener.open_pieces` (what the node cache reads a shard it cannot hold with)
-verifies any read piece by piece (:mod:`shardkit.io.verified`).
+:func:`verified_open` is the one decision of how a read is verified, for every opener
+(this one, the node cache's reads of a shard it cannot hold, the random-access reader's).
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator, Sequence
-from typing import Any, BinaryIO, Protocol
+from collections.abc import Callable, Iterator, Sequence
+from typing import BinaryIO, Protocol
 
-from shardkit._types import Hint, ObjectRef, PieceChecksums
+from shardkit._types import ObjectRef
 from shardkit.counters import Counters
 from shardkit.errors import ChecksumError, ConfigError
 from shardkit.format.checksum import split_checksum
@@ -30,9 +30,9 @@ from shardkit.io.pipe import check_pipe_allowed, open_pipe
 from shardkit.io.retry import Gate
 from shardkit.io.s3 import S3Source
 from shardkit.io.verified import PieceStream
-from shardkit.urls import HTTP_SCHEMES, url_scheme
+from shardkit.urls import HTTP_SCHEMES, redact, url_scheme
 
-__all__ = ["ChunkStream", "RangeSource", "RemoteOpener"]
+__all__ = ["ChunkStream", "RangeSource", "UncachedOpener", "verified_open", "verified_stream"]
 
 
 class RangeSource(Protocol):
@@ -122,7 +122,73 @@ def buffered(raw: io.RawIOBase) -> BinaryIO:
     return io.BufferedReader(raw, buffer_size=1 << 20)
 
 
-class RemoteOpener:
+def verified_stream(
+    fetch: Callable[[int, int | None], Iterator[bytes]],
+    ref: ObjectRef,
+    start: int,
+    stop: int | None,
+    counters: Counters,
+) -> BinaryIO:
+    """``[start, stop)`` of the remote object ``ref`` from ``fetch(lo, hi)``, verified as
+    far as ``ref`` lets it be: with pieces no byte before its piece matched
+    (:class:`PieceStream`); a whole object without pieces by its checksum at its end
+    (:class:`ChunkStream`); a part without pieces unchecked."""
+    counters.add("uncached_reads")
+    if ref.verifiable and ref.pieces is not None and ref.size:
+        assert stop is not None
+        return buffered(PieceStream(fetch, ref, start=start, end=stop, counters=counters))
+    whole = start == 0 and stop == ref.size
+    return buffered(
+        ChunkStream(
+            fetch(start, stop),
+            url=ref.url,
+            size=ref.size if whole else None,
+            checksum=ref.checksum if whole else None,
+        )
+    )
+
+
+def verified_open(
+    uncached: UncachedOpener,
+    ref: ObjectRef,
+    start: int = 0,
+    end: int | None = None,
+    *,
+    parts: str = "stream",
+) -> BinaryIO:
+    """``[start, end)`` of ``ref`` read without a cache, verified as far as ``ref`` lets it
+    be: the one place that decides how, for every opener.
+
+    A ``pipe:`` url runs its command (if allowed in code). With ``verify`` off nothing is
+    checked. A local file is verified piece by piece (:func:`open_local`), a remote object
+    as :func:`verified_stream` says. A remote part without pieces cannot be checked apart
+    from the whole object: ``parts="stream"`` reads it unchecked, ``parts="refuse"``
+    refuses it naming the fix.
+    """
+    url = ref.url
+    if url_scheme(url) == "pipe":
+        check_pipe_allowed(url, uncached.cfg.allow_pipe)
+        return open_pipe(url, start=start, end=end)
+    if uncached.cfg.limits.verify == "off":
+        ref = ObjectRef(url, ref.size)
+    src = uncached.source(url)
+    if src is None:
+        return open_local(ref, start, end)
+    stop = end if ref.size is None else (ref.size if end is None else min(end, ref.size))
+    part = not (start == 0 and stop == ref.size)
+    if part and ref.pieces is None and ref.checksum is not None and parts == "refuse":
+        raise ConfigError(
+            f"{url}: a sample of this remote shard cannot be verified without reading "
+            "the whole shard (its manifest entry has no piece checksums): give "
+            "cache_dir= (the node cache verifies it whole), or rebuild the manifest "
+            "with pieces (`shardkit manifest from-shards`)"
+        )
+    return verified_stream(
+        lambda lo, hi: src.stream(url, lo, hi), ref, start, stop, uncached.counters
+    )
+
+
+class UncachedOpener:
     """Reads any scheme without a cache (see the module docstring).
 
     Args:
@@ -137,9 +203,6 @@ class RemoteOpener:
         self.hub = HubSource(cfg, self.counters)
         self._s3: S3Source | None = None
         self._blobs: dict[str, BlobSource] = {}
-
-    def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__.copy()
 
     def source(self, url: str) -> RangeSource | None:
         """The ranged source for a remote url, or None for local and pipe urls."""
@@ -159,7 +222,7 @@ class RemoteOpener:
             return self._blobs[scheme]
         if scheme in ("file", "pipe"):
             return None
-        raise ConfigError(f"unsupported url scheme {scheme!r} in {url!r}")
+        raise ConfigError(f"unsupported url scheme {scheme!r} in {redact(url)!r}")
 
     def location(self, url: str) -> str:
         """Where the remote ``url`` lives in full (see :meth:`RangeSource.location`)."""
@@ -168,77 +231,13 @@ class RemoteOpener:
             raise ConfigError(f"{url!r} is not a remote url")
         return src.location(url)
 
-    def open(
-        self,
-        url: str,
-        *,
-        start: int = 0,
-        end: int | None = None,
-        size: int | None = None,
-        checksum: str | None = None,
-        pieces: PieceChecksums | None = None,
-    ) -> BinaryIO:
-        """Stream ``[start, end)`` of ``url``, verified unless ``cfg.verify`` is off: a
-        local file and a remote shard with ``pieces`` piece by piece before any byte is
-        handed out; a remote whole-object read without pieces at its end."""
-        if url_scheme(url) == "pipe":
-            check_pipe_allowed(url, self.cfg.allow_pipe)
-            return open_pipe(url, start=start, end=end)
-        if self.cfg.verify == "off":
-            checksum = pieces = None
-        src = self.source(url)
-        if src is None:
-            return open_local(
-                url, start=start, end=end, size=size, checksum=checksum, pieces=pieces
-            )
-        if pieces is not None and checksum is not None and size:
-            stop = size if end is None else min(end, size)
-            return self.open_pieces(
-                url, start=start, end=stop, size=size, checksum=checksum, pieces=pieces
-            )
-        whole = start == 0 and (end is None or end == size)
-        if end is None and size is not None:
-            end = size
-        self.counters.add("uncached_reads")
-        return buffered(
-            ChunkStream(
-                src.stream(url, start, end),
-                url=url,
-                size=size if whole else None,
-                checksum=checksum if whole else None,
-            )
-        )
-
-    def open_pieces(
-        self,
-        ref: ObjectRef | str,
-        *,
-        start: int,
-        end: int,
-        size: int | None = None,
-        checksum: str | None = None,
-        pieces: PieceChecksums | None = None,
-    ) -> BinaryIO:
-        """Stream ``[start, end)`` of the remote shard ``ref`` (or its url, size,
-        checksum and pieces), no byte of it before the piece it is in matches its
-        checksum (see :mod:`shardkit.io.verified`)."""
-        if not isinstance(ref, ObjectRef):
-            ref = ObjectRef(ref, size, checksum, pieces)
-        src = self.source(ref.url)
-        if src is None:
-            raise ConfigError(f"{ref.url!r} is not a remote url")
-        self.counters.add("uncached_reads")
-        stream = PieceStream(
-            lambda lo, hi: src.stream(ref.url, lo, hi),
-            ref,
-            start=start,
-            end=end,
-            counters=self.counters,
-        )
-        return buffered(stream)
+    def open(self, ref: ObjectRef, start: int = 0, end: int | None = None) -> BinaryIO:
+        """Stream ``[start, end)`` of ``ref``, verified as :func:`verified_open` says (a
+        remote part without pieces unchecked)."""
+        return verified_open(self, ref, start, end)
 
     def read(self, url: str, *, start: int = 0, end: int | None = None) -> bytes:
-        with self.open(url, start=start, end=end) as f:
+        with self.open(ObjectRef(url), start, end) as f:
             return f.read()
 
     def fetch_manifest(self, url: str) -> bytes:
@@ -250,11 +249,11 @@ class RemoteOpener:
         assert data is not None  # no ETag was sent, so no 304
         return data
 
-    def prefetch(self, shards: Sequence[Hint]) -> None:
-        del shards  # nothing to fetch ahead into without a cache
+    def prefetch(self, refs: Sequence[ObjectRef]) -> None:
+        del refs  # nothing to fetch ahead into without a cache
 
     def stats(self) -> dict[str, float]:
         return self.counters.snapshot()
 
     def __repr__(self) -> str:
-        return f"RemoteOpener(cache_dir=None, allow_pipe={self.cfg.allow_pipe})"
+        return f"UncachedOpener(cache_dir=None, allow_pipe={self.cfg.allow_pipe})"

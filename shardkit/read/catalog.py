@@ -11,10 +11,12 @@ import logging
 import os
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple, overload
 
 import numpy as np
 
+from shardkit._types import ObjectRef
 from shardkit.cache.locks import locked
 from shardkit.counters import Counters
 from shardkit.errors import FetchError, ManifestError, ShardFormatError
@@ -28,12 +30,11 @@ from shardkit.format.manifest.compact import (
     load_compact,
 )
 from shardkit.format.manifest.model import Manifest, incomplete_reason
-from shardkit.format.pieces import Pieces
 from shardkit.format.tario.index import INDEX_MAGIC, INDEX_MAGIC_V1
 from shardkit.format.tario.reader import iter_samples
 from shardkit.io import Opener, load_manifest
 from shardkit.io.config import IoConfig
-from shardkit.io.remote import RemoteOpener
+from shardkit.io.remote import UncachedOpener
 from shardkit.read.indexes import IndexReader
 from shardkit.read.remote_compact import open_remote_compact, reopen_remote_compact
 from shardkit.urls import (
@@ -63,17 +64,17 @@ class ByteRange(NamedTuple):
     last: int | None = None  # signature its last sample must have
 
 
-class ShardInfo(NamedTuple):
-    """One shard as the reader needs it: resolved urls, counts, what to verify."""
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard as the reader needs it: what the manifest promises about it (``ref``: its
+    resolved url, size, checksum and pieces), its sample count, its sample index (resolved
+    url and checksum) and the base a local shard's real path must lie under (links too)."""
 
-    url: str
+    ref: ObjectRef
     nsamples: int
-    size: int | None = None
-    checksum: str | None = None
     index_url: str | None = None
     index_checksum: str | None = None
-    base: str | None = None  # a local shard's real path must lie under it (links too)
-    pieces: Pieces | None = None
+    base: str | None = None
 
 
 def _is_manifest(source: str) -> bool:
@@ -108,11 +109,8 @@ def load_catalog(
             index = (
                 source.resolve(e.index, allow_unsafe_urls=allow_unsafe_urls) if e.index else None
             )
-            out.append(
-                ShardInfo(
-                    url, e.nsamples, e.size, e.checksum, index, e.index_checksum, base, e.pieces
-                )
-            )
+            ref = ObjectRef(url, e.size, e.checksum, e.pieces)
+            out.append(ShardInfo(ref, e.nsamples, index, e.index_checksum, base))
         return out
     urls = expand_braces(source) if isinstance(source, str) else list(source)
     return [_probe(url, opener, tar_policy) for url in urls]
@@ -134,11 +132,11 @@ def _probe(url: str, opener: Opener, tar_policy: str) -> ShardInfo:
         except FetchError:
             continue
         if len(head) == _HEAD.size and head[:8] in (INDEX_MAGIC, INDEX_MAGIC_V1):
-            return ShardInfo(url, int(_HEAD.unpack(head)[1]), index_url=index)
+            return ShardInfo(ObjectRef(url), int(_HEAD.unpack(head)[1]), index_url=index)
     log.info("%s has no sample index: counting its samples by reading it", url)
-    with opener.open(url) as f:
+    with opener.open(ObjectRef(url)) as f:
         n = sum(1 for _ in iter_samples(f, url=url, policy=tar_policy))
-    return ShardInfo(url, n)
+    return ShardInfo(ObjectRef(url), n)
 
 
 class CompactShards(Sequence[ShardInfo]):
@@ -184,15 +182,18 @@ class CompactShards(Sequence[ShardInfo]):
         index = c.index[i]
         if url is None:
             raise ManifestError("no url", path=self.manifest_path, entry=i, field="url")
-        return ShardInfo(
+        ref = ObjectRef(
             self._resolver.resolve(url, allow_unsafe_urls=unsafe),
-            int(c.counts[i]),
             int(c.sizes[i]),
             c.checksums[i],
+            c.pieces[i],
+        )
+        return ShardInfo(
+            ref,
+            int(c.counts[i]),
             None if index is None else self._resolver.resolve(index, allow_unsafe_urls=unsafe),
             c.index_checksums[i],
             self._base,
-            c.pieces[i],
         )
 
 
@@ -226,12 +227,11 @@ class Catalog:
         base name where there is none), size and sample count. A resume state carries it;
         the compact form holds it (computed from its arrays when it was built)."""
         if self._digest is None:
-            sizes = np.array(
-                [-1 if s.size is None else s.size for s in self.shards], dtype=np.int64
-            )
-            sums = [s.checksum for s in self.shards]
+            refs = [s.ref for s in self.shards]
+            sizes = np.array([-1 if r.size is None else r.size for r in refs], dtype=np.int64)
+            sums = [r.checksum for r in refs]
             if any(c is None for c in sums):
-                sums = [s.checksum or s.url.rsplit("/", 1)[-1] for s in self.shards]
+                sums = [r.checksum or r.url.rsplit("/", 1)[-1] for r in refs]
             self._digest = fingerprint(sizes, self.counts, Column.encode(sums))
         return self._digest
 
@@ -254,10 +254,11 @@ class Catalog:
         """
         info = self.shards[shard]
         if info.index_url is None and (lo > 0 or hi < info.nsamples):
-            if info.url not in self._checked:
-                self._checked.add(info.url)
+            url = info.ref.url
+            if url not in self._checked:
+                self._checked.add(url)
                 log.warning(
-                    "%s has no sample index: reading a part of it reads from its start", info.url
+                    "%s has no sample index: reading a part of it reads from its start", url
                 )
             return ByteRange(0, None, lo)
         if lo == 0 and hi >= info.nsamples:
@@ -340,7 +341,7 @@ def open_catalog(
         src, remote = str(source), scheme in REMOTE_SCHEMES
         if remote:
             cfg = io or IoConfig()
-            where = RemoteOpener(cfg).location(src)
+            where = UncachedOpener(cfg).location(src)
             compact = open_remote_compact(
                 src, opener, location=where, cache_dir=cfg.cache_dir, ttl=cfg.manifest_ttl
             )

@@ -16,6 +16,7 @@ import logging
 import struct
 from typing import Protocol
 
+from shardkit._types import ObjectRef, Opener
 from shardkit.errors import ChecksumError, ShardFormatError
 from shardkit.format.compression import compressed_name
 from shardkit.format.tario.index import (
@@ -28,7 +29,6 @@ from shardkit.format.tario.index import (
     shard_binding,
     signature_range,
 )
-from shardkit.io import Opener
 
 __all__ = ["IndexReader"]
 
@@ -41,13 +41,9 @@ class _Shard(Protocol):
     """What a lookup needs of a shard (a :class:`~shardkit.read.catalog.ShardInfo`)."""
 
     @property
-    def url(self) -> str: ...
+    def ref(self) -> ObjectRef: ...
     @property
     def nsamples(self) -> int: ...
-    @property
-    def size(self) -> int | None: ...
-    @property
-    def checksum(self) -> str | None: ...
     @property
     def index_url(self) -> str | None: ...
     @property
@@ -79,9 +75,10 @@ class IndexReader:
             head = self._head(opener, info)
             at = index_entry_range(i, head.version)[0]
             value = int(_U64.unpack(self._read(opener, url, at, 8))[0])
-        if info.size is not None and value > info.size and not compressed_name(info.url):
+        size = info.ref.size
+        if size is not None and value > size and not compressed_name(info.ref.url):
             raise ShardFormatError(
-                f"sample index points at byte {value}, past the shard's {info.size} bytes",
+                f"sample index points at byte {value}, past the shard's {size} bytes",
                 url=url,
                 offset=at,
             )
@@ -121,7 +118,7 @@ class IndexReader:
 
     @staticmethod
     def _fetch(opener: Opener, url: str, size: int, checksum: str | None) -> bytes:
-        with opener.open(url, size=size, checksum=checksum) as f:
+        with opener.open(ObjectRef(url, size, checksum)) as f:
             return f.read()
 
     # -- ranged lookups (no checksum: nothing to cache it under) ------------------------
@@ -178,9 +175,10 @@ def _check_binding(url: str, info: _Shard, binding: bytes | None) -> None:
                 url,
             )
         return
-    if info.checksum is not None and binding != shard_binding(info.checksum):
+    checksum = info.ref.checksum
+    if checksum is not None and binding != shard_binding(checksum):
         raise ShardFormatError(
-            f"sample index belongs to another shard, not {info.url} ({info.checksum}); "
+            f"sample index belongs to another shard, not {info.ref.url} ({checksum}); "
             "rewrite it with `shardkit manifest from-shards`",
             url=url,
             offset=16,

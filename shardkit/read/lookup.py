@@ -16,13 +16,11 @@ from typing import BinaryIO
 
 import numpy as np
 
-from shardkit._types import Hint, Opener, PieceChecksums, Sample
-from shardkit.errors import ConfigError
+from shardkit._types import ObjectRef, Opener, Sample
 from shardkit.io.config import ReaderLimits
-from shardkit.io.remote import RemoteOpener
+from shardkit.io.remote import UncachedOpener, verified_open
 from shardkit.read.catalog import Catalog
 from shardkit.read.stream import read_stream
-from shardkit.urls import REMOTE_SCHEMES, url_scheme
 
 __all__ = ["Locator", "PieceVerified", "piece_verified", "read_sample"]
 
@@ -69,46 +67,24 @@ class PieceVerified:
 
     A read of a part of a remote shard that has piece checksums fetches the pieces it
     overlaps whole and checks each before a byte is handed out
-    (:meth:`RemoteOpener.open_pieces`). A part of a shard without pieces cannot be
-    checked apart from the whole shard: it is refused, naming the fix.
+    (:func:`~shardkit.io.remote.verified_open`). A part of a shard without pieces cannot
+    be checked apart from the whole shard: it is refused, naming the fix.
     """
 
-    def __init__(self, remote: RemoteOpener) -> None:
+    def __init__(self, remote: UncachedOpener) -> None:
         self.remote = remote
 
-    def open(
-        self,
-        url: str,
-        *,
-        start: int = 0,
-        end: int | None = None,
-        size: int | None = None,
-        checksum: str | None = None,
-        pieces: PieceChecksums | None = None,
-    ) -> BinaryIO:
-        """Stream ``[start, end)`` of ``url``, verified (see the class docstring)."""
-        whole = start == 0 and (end is None or end == size)
-        if whole or checksum is None or url_scheme(url) not in REMOTE_SCHEMES:
-            return self.remote.open(url, start=start, end=end, size=size, checksum=checksum)
-        if pieces is None or size is None:
-            raise ConfigError(
-                f"{url}: a sample of this remote shard cannot be verified without reading "
-                "the whole shard (its manifest entry has no piece checksums): give "
-                "cache_dir= (the node cache verifies it whole), or rebuild the manifest "
-                "with pieces (`shardkit manifest from-shards`)"
-            )
-        stop = size if end is None else min(end, size)
-        return self.remote.open_pieces(
-            url, start=start, end=stop, size=size, checksum=checksum, pieces=pieces
-        )
+    def open(self, ref: ObjectRef, start: int = 0, end: int | None = None) -> BinaryIO:
+        """Stream ``[start, end)`` of ``ref``, verified (see the class docstring)."""
+        return verified_open(self.remote, ref, start, end, parts="refuse")
 
     def read(self, url: str, *, start: int = 0, end: int | None = None) -> bytes:
         """Bytes of an unverified object (an index, a manifest)."""
         return self.remote.read(url, start=start, end=end)
 
-    def prefetch(self, shards: Sequence[Hint]) -> None:
+    def prefetch(self, refs: Sequence[ObjectRef]) -> None:
         """Nothing to fill ahead without a cache."""
-        del shards
+        del refs
 
     def stats(self) -> dict[str, float]:
         """The counters of the opener underneath."""
@@ -122,6 +98,6 @@ class PieceVerified:
 def piece_verified(opener: Opener) -> Opener:
     """``opener`` with its uncached ranged reads verified piece by piece (see
     :class:`PieceVerified`); a caching opener verifies them already and is kept."""
-    if isinstance(opener, RemoteOpener):
+    if isinstance(opener, UncachedOpener):
         return PieceVerified(opener)
     return opener

@@ -125,7 +125,7 @@ def _hint_and_pop(ahead: deque[RangeRow], shards: Sequence[ShardInfo], opener: O
         if s not in seen:
             seen.add(s)
             info = shards[s]
-            hints.append((info.url, info.size, info.checksum, info.pieces))
+            hints.append(info.ref)
     if hints:
         opener.prefetch(hints)
     return cur
@@ -142,36 +142,29 @@ def _read_range(
     info = catalog.shards[shard]
     where = catalog.byte_range(opener, shard, lo, hi)
     start, end = where.start, where.end
-    packed = compressed_name(info.url)
-    url = catalog.check_within(info, info.url)
+    ref = info.ref
+    packed = compressed_name(ref.url)
+    catalog.check_within(info, ref.url)
 
     def open_at(pos: int) -> Any:
-        f = opener.open(
-            url,
-            start=pos,
-            end=None if packed else end,
-            size=info.size,
-            checksum=info.checksum,
-            pieces=info.pieces,
-        )
-        return _Counting(f, counts)
+        return _Counting(opener.open(ref, pos, None if packed else end), counts)
 
     # offsets are in the decompressed tar: a compressed shard is read from its start
-    with open_range(open_at, url=info.url, start=start, packed=packed) as (tar, kind):
+    with open_range(open_at, url=info.ref.url, start=start, packed=packed) as (tar, kind):
         if kind is not None and not packed:
             raise ShardFormatError(
                 f"the shard is {kind}-compressed, but its name does not say so: "
                 "name it .tar.zst / .tar.gz (its index offsets are in the tar)",
-                url=info.url,
+                url=info.ref.url,
                 offset=0,
             )
-        size = info.size if kind is None else None
+        size = info.ref.size if kind is None else None
         reader = TarReader(
-            tar, url=info.url, start=start, end=end, size=size,
+            tar, url=info.ref.url, start=start, end=end, size=size,
             max_member=limits.max_member, policy=limits.tar_policy,
         )  # fmt: skip
         told = [0]
-        at(info.url, lambda: reader.offset)  # where a stall report finds this reader
+        at(info.ref.url, lambda: reader.offset)  # where a stall report finds this reader
         try:
             for sample in _take(reader.samples(), info, where, lo, hi):
                 if reader.skipped:  # rare: a member passed over (counted before the sample)
@@ -200,7 +193,7 @@ def _take(
     fails too), and a range that holds more samples than asked is refused. None of this
     costs more than a hash of a few names per range.
     """
-    url = info.url
+    url = info.ref.url
     want = hi - lo
     skip = where.skip
     got = 0
@@ -240,5 +233,5 @@ def _check_signature(sample: Sample, want: int, info: ShardInfo, i: int) -> None
             f"the sample index sends sample {i} to sample {key!r} with fields "
             f"{[k for k in sample if k != '__key__']}, not the sample it indexed: the index "
             "is not this shard's or is wrong; rewrite it with `shardkit manifest from-shards`",
-            url=info.url,
+            url=info.ref.url,
         )

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from shardkit._types import ObjectRef
 from shardkit.cache import CacheKey, CacheStore, make_opener
 from shardkit.cache.locks import try_lock_existing
 from shardkit.errors import ChecksumError
@@ -73,7 +74,7 @@ def test_second_read_is_served_from_the_cache(
     entry = shards.shards[3]
     offsets = read_index((Path(str(shards.base)) / str(entry.index)).read_bytes())
     lo, hi = int(offsets[2]), int(offsets[5])
-    with opener.open(urls[3], start=lo, end=hi, size=entry.size, checksum=entry.checksum) as f:
+    with opener.open(ObjectRef(urls[3], entry.size, entry.checksum), start=lo, end=hi) as f:
         assert [s["__key__"] for s in read_shard(f, url=urls[3], start=lo, end=hi)] == [
             f"sample-{i:08d}" for i in (32, 33, 34)
         ]
@@ -113,7 +114,7 @@ def test_reader_gets_its_first_piece_while_the_shard_fills(
         remote, urls = entries(opener, srv)
         e = remote.shards[0]
         assert e.pieces is not None and len(e.pieces.digests) == 11
-        with opener.open(urls[0], size=e.size, checksum=e.checksum, pieces=e.pieces) as f:
+        with opener.open(ObjectRef(urls[0], e.size, e.checksum, e.pieces)) as f:
             samples = read_shard(f, url=urls[0])
             first = next(samples)
             assert first["__key__"] == "sample-00000000"
@@ -149,7 +150,7 @@ def test_a_corrupt_piece_is_fetched_again_and_never_served(
         got: list[str] = []
         with (
             pytest.raises(ChecksumError) as info,
-            strict.open(urls[0], size=e.size, checksum=e.checksum, pieces=e.pieces) as f,
+            strict.open(ObjectRef(urls[0], e.size, e.checksum, e.pieces)) as f,
         ):
             got.extend(str(s["__key__"]) for s in read_shard(f, url=urls[0]))
         assert info.value.url == urls[0] and "piece 5 (bytes 640000..768000)" in str(info.value)
@@ -178,7 +179,7 @@ def test_corrupt_byte_is_detected_and_never_cached(
     for _ in range(2):  # the second try does not find a cached "valid" copy either
         with (
             pytest.raises(ChecksumError) as info,
-            opener.open(urls[4], size=entry.size, checksum=entry.checksum) as f,
+            opener.open(ObjectRef(urls[4], entry.size, entry.checksum)) as f,
         ):
             list(read_shard(f, url=urls[4]))
         # no pieces given (an older manifest): the one piece is the shard, its checksum
@@ -188,7 +189,7 @@ def test_corrupt_byte_is_detected_and_never_cached(
     assert len(server.requests("/" + entry.url)) == 4  # fetched again once, per try
     assert opener.stats()["checksum_failures"] == 4
     (Path(str(shards.base)) / entry.url).write_bytes(good)  # the server is fixed
-    with opener.open(urls[4], size=entry.size, checksum=entry.checksum) as f:
+    with opener.open(ObjectRef(urls[4], entry.size, entry.checksum)) as f:
         assert len(list(read_shard(f, url=urls[4]))) == 10
     wait_published(cache, [entry])
     assert len(cached_files(cache)) == 1
@@ -207,11 +208,11 @@ def test_pieces_that_are_not_the_shards_are_never_published(
     # a ChecksumError once the whole shard is checked (issue 19 finding 1)
     with (
         pytest.raises(ChecksumError, match="pieces listed are not this shard"),
-        opener.open(urls[0], size=a.size, checksum=b.checksum, pieces=a.pieces) as f,
+        opener.open(ObjectRef(urls[0], a.size, b.checksum, a.pieces)) as f,
     ):
         f.read()
     with pytest.raises(ChecksumError, match="pieces listed are not this shard") as info:
-        opener.ensure_cached(urls[0], a.size, b.checksum, a.pieces)
+        opener.ensure_cached(ObjectRef(urls[0], a.size, b.checksum, a.pieces))
     assert info.value.expected == b.checksum and info.value.actual == a.checksum
     assert cached_files(cache) == [] and list(CacheStore(str(cache)).parts()) == []
 
@@ -235,13 +236,13 @@ def test_a_reader_waits_for_another_fills_piece_at_most_cache_wait(
     _, urls = entries(opener, server)
     with (
         pytest.raises(CacheError, match=r"waited \d+ s for piece 0") as info,
-        opener.open(urls[2], size=e.size, checksum=e.checksum, pieces=e.pieces) as f,
+        opener.open(ObjectRef(urls[2], e.size, e.checksum, e.pieces)) as f,
     ):
         f.read()
     assert urls[2] in str(info.value)
     assert server.requests("/" + e.url) == []
     unlock(holder)  # its process dies: the next reader fetches the piece itself
-    with opener.open(urls[2], size=e.size, checksum=e.checksum, pieces=e.pieces) as f:
+    with opener.open(ObjectRef(urls[2], e.size, e.checksum, e.pieces)) as f:
         assert f.read() == (Path(str(shards.base)) / e.url).read_bytes()
     os.close(fd)
 
@@ -316,7 +317,7 @@ def test_eviction_keeps_the_limit_and_spares_a_shard_in_use(
     watcher = threading.Thread(target=watch)
     watcher.start()
     first = m.shards[0]
-    held = opener.open(urls[0], size=first.size, checksum=first.checksum)
+    held = opener.open(ObjectRef(urls[0], first.size, first.checksum))
     held_samples = read_shard(held, url=urls[0])
     got = [next(held_samples)]
     first_path = store.path(CacheKey.of(first.checksum, first.size))
@@ -325,11 +326,11 @@ def test_eviction_keeps_the_limit_and_spares_a_shard_in_use(
             e = m.shards[i]
             opener.prefetch(
                 [
-                    (u, s.size, s.checksum)
+                    ObjectRef(u, s.size, s.checksum)
                     for u, s in zip(urls[i + 1 :], m.shards[i + 1 :], strict=True)
                 ]
             )
-            with opener.open(urls[i], size=e.size, checksum=e.checksum) as f:
+            with opener.open(ObjectRef(urls[i], e.size, e.checksum)) as f:
                 assert list(read_shard(f, url=urls[i])) == want[10 * i : 10 * i + 10]
             assert store.usage() <= limit
             assert os.path.exists(first_path)  # leased: never evicted while read
@@ -357,13 +358,13 @@ def test_prefetch_fetches_the_next_shards_in_the_background(
 ) -> None:
     opener = make_opener(cache_dir=tmp_path / "cache", prefetch_depth=2)
     m, urls = entries(opener, server)
-    plan = [(u, s.size, s.checksum, s.pieces) for u, s in zip(urls, m.shards, strict=True)]
+    plan = [ObjectRef(u, s.size, s.checksum, s.pieces) for u, s in zip(urls, m.shards, strict=True)]
     opener.prefetch(plan[1:])  # the next two of this worker's plan; the rest is too deep
-    with opener.open(urls[0], size=m.shards[0].size, checksum=m.shards[0].checksum) as f:
+    with opener.open(ObjectRef(urls[0], m.shards[0].size, m.shards[0].checksum)) as f:
         assert len(list(read_shard(f, url=urls[0]))) == 10
     for i in (1, 2):
         e = m.shards[i]
-        with opener.open(urls[i], size=e.size, checksum=e.checksum, pieces=e.pieces) as f:
+        with opener.open(ObjectRef(urls[i], e.size, e.checksum, e.pieces)) as f:
             assert len(list(read_shard(f, url=urls[i]))) == 10
         wait_published(tmp_path / "cache", [e])
     assert opener.stats()["prefetches"] == 2
@@ -395,12 +396,12 @@ def test_a_prefetched_shard_is_leased_before_it_is_published(
             published.set()
 
     monkeypatch.setattr(os, "replace", replace)
-    opener.prefetch([(urls[1], e.size, e.checksum)])
+    opener.prefetch([ObjectRef(urls[1], e.size, e.checksum)])
     assert published.wait(30)
     monkeypatch.undo()
     assert leased == [True]
     assert try_lock_existing(store.path(key)) is None  # still leased, now as the shard
-    with opener.open(urls[1], size=e.size, checksum=e.checksum) as f:
+    with opener.open(ObjectRef(urls[1], e.size, e.checksum)) as f:
         assert len(list(read_shard(f, url=urls[1]))) == 10
     fd = try_lock_existing(store.path(key))  # read: its reader let go, and so did the hint
     assert fd is not None
@@ -417,7 +418,7 @@ def test_node_request_cap(shards: Manifest, tmp_path: Path) -> None:
         def read(i: int) -> None:
             try:
                 e = m.shards[i]
-                with opener.open(urls[i], size=e.size, checksum=e.checksum) as f:
+                with opener.open(ObjectRef(urls[i], e.size, e.checksum)) as f:
                     f.read()
             except Exception as exc:  # noqa: BLE001 - collected and asserted below
                 errors.append(exc)
@@ -444,7 +445,7 @@ def test_a_temp_file_of_another_shape_is_replaced(
     Path(store.part_path(key)).write_bytes(b"half a shard")  # not what a fill leaves
     opener = make_opener(cache_dir=cache)
     _, urls = entries(opener, server)
-    with opener.open(urls[0], size=e.size, checksum=e.checksum) as f:
+    with opener.open(ObjectRef(urls[0], e.size, e.checksum)) as f:
         assert f.read() == (Path(str(shards.base)) / e.url).read_bytes()
     wait_published(cache, [e])
     assert list(store.parts()) == []

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from shardkit._types import ObjectRef
 from shardkit.cache import CacheKey, CacheStore, make_opener
 from shardkit.format.manifest.model import Manifest
 from shardkit.io import load_manifest
@@ -90,7 +91,7 @@ def test_a_fill_threads_os_error_is_a_warning_and_the_read_goes_on(
             remote = load_manifest(srv.url("manifest.json"), opener)
             url = remote.resolve(e.url)
             with caplog.at_level(logging.WARNING, logger="shardkit"):
-                with opener.open(url, size=e.size, checksum=e.checksum, pieces=e.pieces) as f:
+                with opener.open(ObjectRef(url, e.size, e.checksum, e.pieces)) as f:
                     first = f.read(1)
                     # mid-fill, where shards are published becomes unusable (not a dir)
                     (cache / "data" / "sha256").write_bytes(b"")
@@ -118,7 +119,7 @@ def test_a_ledger_edited_with_valid_checksums_cannot_exceed_the_limit(
     m = load_manifest(server.url("manifest.json"), opener)
     urls = [m.resolve(s.url) for s in m.shards]
     for u, s in list(zip(urls, m.shards, strict=True))[:2]:
-        assert opener.ensure_cached(u, s.size, s.checksum, s.pieces) == "fetched"
+        assert opener.ensure_cached(ObjectRef(u, s.size, s.checksum, s.pieces)) == "fetched"
     ledger = Path(cache) / "ledger"
     lines = ledger.read_bytes().splitlines(keepends=True)
     header = json.loads(lines[0].split(b" ", 1)[1])
@@ -130,7 +131,7 @@ def test_a_ledger_edited_with_valid_checksums_cannot_exceed_the_limit(
     ledger.write_bytes(_line(header) + _line({"add": listed, "del": []}) + _line({"end": True}))
     for u, s in list(zip(urls, m.shards, strict=True))[2:]:
         other = make_opener(cache_dir=cache, cache_limit=limit, prefetch_depth=0)
-        assert other.ensure_cached(u, s.size, s.checksum, s.pieces) == "fetched"
+        assert other.ensure_cached(ObjectRef(u, s.size, s.checksum, s.pieces)) == "fetched"
         held = sum(p.stat().st_size for p in (Path(cache) / "data").rglob("*") if p.is_file())
         assert held <= limit
     assert CacheStore(cache, limit).usage() <= limit

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from shardkit._types import ObjectRef
 from shardkit.cache import CacheKey, CacheStore, make_opener
 from shardkit.errors import ChecksumError
 from shardkit.format.manifest.model import Manifest
@@ -82,7 +83,7 @@ def hostile_main(argv: list[str]) -> None:
     opener = make_opener(cache_dir=cache, piece_parallel=1)
     m = load_manifest(manifest_url, opener)
     e = m.shards[0]
-    with opener.open(m.resolve(e.url), size=e.size, checksum=e.checksum, pieces=e.pieces) as f:
+    with opener.open(ObjectRef(m.resolve(e.url), e.size, e.checksum, e.pieces)) as f:
         f.read(1)  # piece 0 verified against B's piece table, and more on their way
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -125,10 +126,10 @@ def test_a_206_longer_than_asked_never_overwrites_verified_pieces(
         opener = make_opener(cache_dir=cache, piece_parallel=1)
         remote = load_manifest(srv.url("manifest.json"), opener)
         url = remote.resolve(e.url)
-        with opener.open(url, start=PIECE, size=e.size, checksum=e.checksum, pieces=e.pieces) as f:
+        with opener.open(ObjectRef(url, e.size, e.checksum, e.pieces), start=PIECE) as f:
             assert f.read() == source[PIECE:]
         assert opener.drain(30)
-        with opener.open(url, size=e.size, checksum=e.checksum, pieces=e.pieces) as f:
+        with opener.open(ObjectRef(url, e.size, e.checksum, e.pieces)) as f:
             assert f.read() == source
         longs = [r for r in srv.requests("/" + e.url) if r.sent > PIECE]
         assert len(longs) == 1  # the over-long answer was sent, only the part asked kept

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from shardkit._types import ObjectRef
 from shardkit.cache import CacheKey, CacheStore, make_opener, upkeep
 from shardkit.cache.layout import Layout
 from shardkit.format.manifest.model import Manifest, ShardEntry
@@ -83,7 +84,7 @@ def download_main(argv: list[str]) -> None:
     """Open one shard through the cache and read it (the test kills this process)."""
     url, size, checksum, cache_dir = argv
     opener = make_opener(cache_dir=cache_dir)
-    with opener.open(url, size=int(size), checksum=checksum) as f:
+    with opener.open(ObjectRef(url, int(size), checksum)) as f:
         f.read()
 
 
@@ -198,9 +199,7 @@ def pieces_main(argv: list[str]) -> None:
     url = m.resolve(e.url)
     offsets = read_index(opener.read(m.resolve(str(e.index))))
     start, end = int(offsets[lo]), int(offsets[hi])
-    with opener.open(
-        url, start=start, end=end, size=e.size, checksum=e.checksum, pieces=e.pieces
-    ) as f:
+    with opener.open(ObjectRef(url, e.size, e.checksum, e.pieces), start=start, end=end) as f:
         keys = [str(s["__key__"]) for s in read_shard(f, url=url, start=start, end=end)]
     print(json.dumps({"keys": keys, "stats": opener.stats()}), flush=True)
 
@@ -240,7 +239,10 @@ def test_sigkill_mid_fill_then_rerun_fetches_only_the_missing_pieces(
             assert verified(store, key, 11, e) == list(range(11))
             opener = make_opener(cache_dir=cache)
             m = load_manifest(url, opener)
-            assert opener.ensure_cached(m.resolve(e.url), e.size, e.checksum, e.pieces) == "fetched"
+            assert (
+                opener.ensure_cached(ObjectRef(m.resolve(e.url), e.size, e.checksum, e.pieces))
+                == "fetched"
+            )
         assert os.path.getsize(store.path(key)) == e.size
         assert list(store.parts()) == []
         assert sorted(r.range or "" for r in srv.requests("/" + e.url)) == again

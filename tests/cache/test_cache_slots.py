@@ -27,12 +27,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 _HOLDER = """
 import sys
+from shardkit._types import ObjectRef
 from shardkit.cache import make_opener
 from shardkit.io import load_manifest
 opener = make_opener(cache_dir=sys.argv[2], node_requests=1, piece_parallel=1)
 m = load_manifest(sys.argv[1], opener)
 e = m.shards[0]
-with opener.open(m.resolve(e.url), size=e.size, checksum=e.checksum, pieces=e.pieces) as f:
+with opener.open(ObjectRef(m.resolve(e.url), e.size, e.checksum, e.pieces)) as f:
     f.read()
 """
 

@@ -10,6 +10,7 @@ from typing import BinaryIO
 
 import pytest
 
+from shardkit._types import ObjectRef
 from shardkit.cache import make_opener
 from shardkit.errors import ChecksumError
 from shardkit.format.manifest.model import Manifest
@@ -47,7 +48,7 @@ def open_range(
     assert e.pieces is not None and e.pieces.size == PIECE
     url = m.resolve(e.url)
     return lambda start, end: opener.open(
-        url, start=start, end=end, size=e.size, checksum=e.checksum, pieces=e.pieces
+        ObjectRef(url, e.size, e.checksum, e.pieces), start=start, end=end
     )
 
 

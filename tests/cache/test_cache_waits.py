@@ -16,6 +16,7 @@ from typing import BinaryIO
 
 import pytest
 
+from shardkit._types import ObjectRef
 from shardkit.cache import CacheKey, CacheStore, make_opener
 from shardkit.cache.layout import Layout
 from shardkit.cache.locks import NodeSlots, claim_byte, try_lock, unlock, wait_claim
@@ -128,7 +129,7 @@ def _held_reader(
     try:
         yield (
             holder,
-            lambda: opener.open(url, size=e.size, checksum=e.checksum, pieces=e.pieces),
+            lambda: opener.open(ObjectRef(url, e.size, e.checksum, e.pieces)),
             ("/" + e.url),
         )
     finally:

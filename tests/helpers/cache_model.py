@@ -52,6 +52,7 @@ OPTIONS = {
 
 _READER = """
 import hashlib, json, sys, time
+from shardkit._types import ObjectRef
 from shardkit.cache import make_opener
 from shardkit.errors import ShardkitError
 from shardkit.format.pieces import Pieces
@@ -64,8 +65,8 @@ for line in sys.stdin:
     p = op["pieces"]
     pieces = None if p is None else Pieces(p["size"], tuple(p["digests"]))
     try:
-        with opener.open(op["url"], start=op["lo"], end=op["hi"], size=op["size"],
-                         checksum=op["checksum"], pieces=pieces) as f:
+        ref = ObjectRef(op["url"], op["size"], op["checksum"], pieces)
+        with opener.open(ref, op["lo"], op["hi"]) as f:
             data = f.read()
         out = {"ok": True, "digest": hashlib.sha256(data).hexdigest()}
     except ShardkitError as exc:

@@ -13,6 +13,7 @@ from typing import Any
 
 import xxhash
 
+from shardkit._types import ObjectRef
 from shardkit.format.layout import HF_CONFIG, INDEX_DIR
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.reader import read_shard
@@ -32,8 +33,7 @@ def read_samples(
         if opener is None:
             out.extend(read_shard(url))
             continue
-        kw = {"pieces": s.pieces} if s.pieces is not None else {}
-        with opener.open(url, size=s.size, checksum=s.checksum, **kw) as f:
+        with opener.open(ObjectRef(url, s.size, s.checksum, s.pieces)) as f:
             out.extend(read_shard(f, url=url))
     return out
 

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 import shardkit as sk
+from shardkit._types import ObjectRef
 from shardkit.cache import make_opener
 from shardkit.cli import cli
 from shardkit.errors import ChecksumError, FetchError
@@ -77,7 +78,7 @@ def test_blob_missing_and_corrupt(shards: Manifest, store: Store) -> None:
     store.put(f"ds/{entry.url}", bytes(data))
     with (
         pytest.raises(ChecksumError),
-        opener.open(store.url(f"ds/{entry.url}"), size=entry.size, checksum=entry.checksum) as f,
+        opener.open(ObjectRef(store.url(f"ds/{entry.url}"), entry.size, entry.checksum)) as f,
     ):
         f.read()
     res = CliRunner().invoke(cli, ["verify", store.url("ds/manifest.json"), "--json"])
@@ -99,9 +100,9 @@ def test_blob_verify_and_inspect_cli(shards: Manifest, store: Store) -> None:
 def test_blob_location_names_the_service(store: Store) -> None:
     """The same url on another service is another location (cache keys, node forms)."""
     from shardkit.io.config import IoConfig
-    from shardkit.io.remote import RemoteOpener
+    from shardkit.io.remote import UncachedOpener
 
-    here = RemoteOpener(IoConfig()).location(store.url("ds/manifest.json"))
+    here = UncachedOpener(IoConfig()).location(store.url("ds/manifest.json"))
     assert store.url("ds/manifest.json") in here
     endpoint = next(iter(store.env.values()))
     assert ("127.0.0.1" in here) and (

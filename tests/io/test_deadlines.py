@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from shardkit import FetchError, ShardDataset, WebLoader
+from shardkit._types import ObjectRef
 from shardkit.cache import make_opener
 from shardkit.format.manifest.model import Manifest
 from shardkit.io import IoConfig, load_manifest
@@ -140,7 +141,7 @@ def test_a_slow_consumer_or_a_slow_but_steady_server_is_not_a_trickle(
     entry = shards.shards[0]
     want = (Path(str(shards.base)) / entry.url).read_bytes()
     opener = make_opener(deadline=1.0, rate_window=0.6, range_size=8 << 10, **FAST)
-    with opener.open(server.url(entry.url), size=entry.size, checksum=entry.checksum) as f:
+    with opener.open(ObjectRef(server.url(entry.url), entry.size, entry.checksum)) as f:
         got = [f.read(1000)]
         for _ in range(2):
             time.sleep(0.8)  # the training step: the consumer's time, never the server's

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from shardkit._types import ObjectRef
 from shardkit.cache import make_opener
 from shardkit.errors import ChecksumError, ConfigError, FetchError, ManifestError
 from shardkit.format.manifest.model import Manifest
@@ -164,7 +165,7 @@ def test_corrupt_byte_is_a_checksum_error_without_cache(
     opener = make_opener()
     with (
         pytest.raises(ChecksumError) as info,
-        opener.open(server.url(entry.url), size=entry.size, checksum=entry.checksum) as f,
+        opener.open(ObjectRef(server.url(entry.url), entry.size, entry.checksum)) as f,
     ):
         f.read()
     assert info.value.url == server.url(entry.url) and info.value.expected == entry.checksum
@@ -211,7 +212,7 @@ def test_a_drop_past_the_retries_reaches_the_reader_as_a_fetch_error(
     url = server.url(entry.url)
     got = []
     with (
-        opener.open(url, size=entry.size, checksum=entry.checksum) as f,
+        opener.open(ObjectRef(url, entry.size, entry.checksum)) as f,
         pytest.raises(FetchError) as info,
     ):
         got.extend(read_shard(f, url=url))

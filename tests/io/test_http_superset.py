@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from shardkit._types import ObjectRef
 from shardkit.cache import make_opener
 from shardkit.format.manifest.model import Manifest
 from shardkit.io import load_manifest
@@ -41,7 +42,7 @@ def test_a_superset_206_gives_the_part_asked(
         url = remote.resolve(e.url)
         assert opener.read(url, start=5000, end=9000) == local[5000:9000]  # no checksums
         with opener.open(
-            url, start=PIECE + 3, end=3 * PIECE, size=e.size, checksum=e.checksum, pieces=e.pieces
+            ObjectRef(url, e.size, e.checksum, e.pieces), start=PIECE + 3, end=3 * PIECE
         ) as f:
             assert f.read() == local[PIECE + 3 : 3 * PIECE]
         assert read_samples(remote, opener) == read_samples(m, make_opener())

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 import shardkit as sk
+from shardkit._types import ObjectRef
 from shardkit.cache import make_opener
 from shardkit.cli import cli
 from shardkit.errors import ChecksumError, ConfigError, FetchError
@@ -113,6 +114,6 @@ def test_hub_missing_file_corrupt_shard_verify_and_adopt(
     opener = make_opener()
     with (
         pytest.raises(ChecksumError),
-        opener.open(url, size=entry.size, checksum=entry.checksum) as f,
+        opener.open(ObjectRef(url, entry.size, entry.checksum)) as f,
     ):
         f.read()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from shardkit._types import ObjectRef
 from shardkit.cache import make_opener
 from shardkit.errors import ChecksumError, FetchError
 from shardkit.format.manifest.model import Manifest
@@ -101,6 +102,6 @@ def test_s3_missing_key_and_corrupt_object(shards: Manifest, endpoint: str, s3: 
     url = f"s3://{BUCKET}/ds/{entry.url}"
     with (
         pytest.raises(ChecksumError),
-        opener.open(url, size=entry.size, checksum=entry.checksum) as f,
+        opener.open(ObjectRef(url, entry.size, entry.checksum)) as f,
     ):
         f.read()

@@ -66,7 +66,11 @@ def test_s3_urls_are_read_as_the_key_they_name(monkeypatch: pytest.MonkeyPatch) 
         opener = make_opener()
         assert opener.read("s3://bkt-urls/exp/x.bin") == b"plain"
         assert opener.read("s3://bkt-urls/exp%232/x.bin") == b"encoded"  # the key as written
-        for url in ("s3://bkt-urls/exp#2/x.bin", "s3://bkt-urls/exp?2/x.bin", "s3://bkt-urls/a/../exp/x.bin"):
+        for url in (
+            "s3://bkt-urls/exp#2/x.bin",
+            "s3://bkt-urls/exp?2/x.bin",
+            "s3://bkt-urls/a/../exp/x.bin",
+        ):
             with pytest.raises(ConfigError, match="refusing url"):
                 opener.read(url)
         with pytest.raises(ConfigError) as info:

@@ -86,7 +86,7 @@ def test_a_close_run_by_the_garbage_collector_under_a_held_lock_does_not_deadloc
     ref, data = shard
     counters = Counters()
     for lock in (local._spare_lock, local._memo_lock, counters._lock):
-        f = local.open_local(ref.url, size=ref.size, checksum=ref.checksum, pieces=ref.pieces)
+        f = local.open_local(ref)
         assert f.read(PIECE + 10) == data[: PIECE + 10]  # two piece buffers held
 
         def finalizer_in_the_lock(f: object = f, lock: object = lock) -> None:

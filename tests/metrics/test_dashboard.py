@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from shardkit import ShardDataset, WebLoader
+from shardkit._types import ObjectRef
 from shardkit.cli import cli
 from shardkit.cli._plot import BENCH_SIZE, SHARDS_SIZE
 from shardkit.format.manifest.model import Manifest
@@ -158,10 +159,12 @@ def test_cache_stat_tells_indexes_from_shards_and_shows_the_limit(
     with RangeServer(str(tokens.base)) as srv:
         opener = CachingOpener(IoConfig.make(cache_dir=cache))
         for e in tokens.shards:
-            opener.ensure_cached(srv.url(e.url), e.size, e.checksum)
+            opener.ensure_cached(ObjectRef(srv.url(e.url), e.size, e.checksum))
             assert e.index is not None and e.index_checksum is not None
             index = Path(str(tokens.base)) / e.index
-            opener.ensure_cached(srv.url(e.index), index.stat().st_size, e.index_checksum)
+            opener.ensure_cached(
+                ObjectRef(srv.url(e.index), index.stat().st_size, e.index_checksum)
+            )
     res = _cli("cache", "stat", "--cache-dir", cache)
     assert res.exit_code == 0, res.output
     assert "3 shards" in res.output and "3 sample indexes" in res.output

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from shardkit import ChecksumError, ShardDataset, WebLoader
+from shardkit._types import ObjectRef
 from shardkit.format.manifest.model import Manifest
 from shardkit.io.config import IoConfig
 from shardkit.io.local import open_local
@@ -125,8 +126,7 @@ def test_a_good_shard_reads_whole_and_by_range(make_shards: MakeShards) -> None:
         path = m.resolve(s.url)
         raw = Path(path).read_bytes()
         for lo, hi in ((0, None), (5000, 9000), (PIECE - 1, PIECE + 1), (len(raw) - 3, None)):
-            with open_local(path, start=lo, end=hi, size=s.size, checksum=s.checksum,
-                            pieces=s.pieces) as f:  # fmt: skip
+            with open_local(ObjectRef(path, s.size, s.checksum, s.pieces), lo, hi) as f:
                 assert f.read() == raw[lo:hi]
 
 
@@ -136,7 +136,7 @@ def test_a_file_of_another_size_is_refused_at_open(make_shards: MakeShards) -> N
     path = Path(m.resolve(s.url))
     path.write_bytes(path.read_bytes() + b"\0" * 512)
     with pytest.raises(ChecksumError, match="size differs") as info:
-        open_local(str(path), size=s.size, checksum=s.checksum, pieces=s.pieces)
+        open_local(ObjectRef(str(path), s.size, s.checksum, s.pieces))
     assert info.value.url == str(path)
 
 
@@ -148,7 +148,7 @@ def test_a_shard_rewritten_after_its_whole_check_is_caught(make_shards: MakeShar
     m = make_shards([30], tokens=200, **WITHOUT_PIECES)
     s = m.shards[0]
     path = m.resolve(s.url)
-    with open_local(path, size=s.size, checksum=s.checksum) as f:
+    with open_local(ObjectRef(path, s.size, s.checksum)) as f:
         assert len(f.read()) == s.size
     st = os.stat(path)
     with open(path, "r+b") as f:
@@ -159,7 +159,7 @@ def test_a_shard_rewritten_after_its_whole_check_is_caught(make_shards: MakeShar
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     with (
         pytest.raises(ChecksumError),
-        open_local(path, size=s.size, checksum=s.checksum) as f,
+        open_local(ObjectRef(path, s.size, s.checksum)) as f,
     ):
         f.read()
 
@@ -174,7 +174,7 @@ def test_reads_and_seeks_across_pieces_give_the_file(make_shards: MakeShards) ->
     path = m.resolve(s.url)
     raw = Path(path).read_bytes()
     rng = random.Random(7)
-    with open_local(path, start=1000, size=s.size, checksum=s.checksum, pieces=s.pieces) as f:
+    with open_local(ObjectRef(path, s.size, s.checksum, s.pieces), 1000) as f:
         assert f.seekable() and f.tell() == 1000
         for _ in range(300):
             if rng.random() < 0.3:

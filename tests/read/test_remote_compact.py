@@ -61,7 +61,7 @@ def test_the_remote_form_equals_the_local_form_and_the_json(
         assert list(remote.shards) == list(parsed.shards)
         assert remote.counts.tolist() == parsed.counts.tolist() == local.counts.tolist()
         assert remote.digest == parsed.digest == local.digest
-        assert [s.pieces for s in remote.shards] == [s.pieces for s in local.shards]
+        assert [s.ref.pieces for s in remote.shards] == [s.ref.pieces for s in local.shards]
         again = pickle.loads(pickle.dumps(remote))  # a worker maps the same form
         assert list(again.shards) == list(parsed.shards) and again.digest == remote.digest
 
