@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from shardkit.errors import StateDictError
+from shardkit.errors import ConfigError, ShardkitError, StateDictError, redact
 from shardkit.streaming.allow import diff_fingerprints
 from shardkit.streaming.resume import STAGE, check_job_state
 
@@ -69,7 +69,11 @@ def load_checkpoint(path: str, key: str | None) -> dict[str, Any]:
         try:
             obj = torch.load(p, map_location="cpu", weights_only=True)
         except Exception as exc:  # torch raises many kinds for a file it cannot read
-            raise StateDictError(f"{path}: not a torch checkpoint ({exc})") from exc
+            # not torch's text: it advises weights_only=False (arbitrary code execution)
+            raise StateDictError(
+                f"{path}: not a torch checkpoint that loads with weights_only=True "
+                f"({type(exc).__name__}); a JSON state file must end in .json"
+            ) from exc
     return find_state(obj, key)
 
 
@@ -158,16 +162,44 @@ def load_pipeline(spec: str) -> Any:
     file, sep, fn = spec.rpartition(":")
     if not sep or not file or not fn:
         raise click.BadParameter(f"{spec!r}: give FILE.py:FUNCTION", param_hint="--pipeline")
+    if not Path(file).is_file():
+        raise click.BadParameter(f"{file}: no such file", param_hint="--pipeline")
     loaded = importlib.util.spec_from_file_location("_shardkit_pipeline", file)
     if loaded is None or loaded.loader is None:
         raise click.BadParameter(f"{file}: not a Python file", param_hint="--pipeline")
     module = importlib.util.module_from_spec(loaded)
     sys.modules["_shardkit_pipeline"] = module  # pickled user code can be found again
-    loaded.loader.exec_module(module)
+    try:
+        loaded.loader.exec_module(module)
+    except Exception as exc:  # the user's code: any error, named as theirs
+        raise ConfigError(f"--pipeline {spec}: {file} raised {type(exc).__name__}: {exc}") from exc
     make = getattr(module, fn, None)
     if make is None:
         raise click.BadParameter(f"{file} has no {fn!r}", param_hint="--pipeline")
-    return make()
+    try:
+        made = make()
+    except Exception as exc:
+        raise ConfigError(f"--pipeline {spec}: {fn}() raised {type(exc).__name__}: {exc}") from exc
+    dataset = getattr(made, "dataset", made)
+    if not callable(getattr(dataset, "fingerprint", None)):
+        raise ConfigError(
+            f"--pipeline {spec}: {fn}() gave {type(made).__name__}, not a WebLoader or a "
+            "ShardDataset"
+        )
+    return dataset
+
+
+def _echo(text: str) -> None:
+    """Printed with every credential a (hand-made) state may hold in a url redacted."""
+    click.echo(redact(text))
+
+
+def _failed(exc: ShardkitError, as_json: bool) -> None:
+    """A state or pipeline that cannot be read: exit 1, as one JSON object with --json."""
+    if not as_json:
+        raise exc
+    _echo(json.dumps({"error": str(exc)}, indent=2))
+    click.get_current_context().exit(1)
 
 
 @click.group("state")
@@ -185,11 +217,15 @@ key_option = click.option("--key", default=None, help="Where the state is (dotte
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def show(ckpt: str, key: str | None, as_json: bool) -> None:
     """Epoch, world, workers, per-source progress and exposure, the pipeline's fingerprint."""
-    d = summary(load_checkpoint(ckpt, key))
-    if as_json:
-        click.echo(json.dumps(d, indent=2))
+    try:
+        d = summary(load_checkpoint(ckpt, key))
+    except ShardkitError as exc:
+        _failed(exc, as_json)
         return
-    click.echo("\n".join(_show_lines(ckpt, d)))
+    if as_json:
+        _echo(json.dumps(d, indent=2))
+        return
+    _echo("\n".join(_show_lines(ckpt, d)))
 
 
 @command.command("diff")
@@ -200,13 +236,15 @@ def show(ckpt: str, key: str | None, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def diff(ckpt: str, key: str | None, spec: str, rename: tuple[str, ...], as_json: bool) -> None:
     """Which allow= values loading CKPT into the pipeline FILE.py:FUNCTION makes needs."""
-    st = load_checkpoint(ckpt, key)
     renames = dict(r.split("=", 1) for r in rename if "=" in r)
     if len(renames) != len(rename):
         raise click.BadParameter("give renames as OLD=NEW", param_hint="--rename")
-    made = load_pipeline(spec)
-    dataset = getattr(made, "dataset", made)
-    fingerprint = dataset.fingerprint()
+    try:
+        st = load_checkpoint(ckpt, key)
+        fingerprint = load_pipeline(spec).fingerprint()
+    except ShardkitError as exc:
+        _failed(exc, as_json)
+        return
     changes = diff_fingerprints(st["pipeline"], fingerprint, renames)
     need = sorted({c.kind for c in changes if c.kind is not None})
     refused = [c.what for c in changes if c.kind is None]
@@ -219,18 +257,18 @@ def diff(ckpt: str, key: str | None, spec: str, rename: tuple[str, ...], as_json
         "workers": st["num_workers"],
     }
     if as_json:
-        click.echo(json.dumps(out, indent=2))
+        _echo(json.dumps(out, indent=2))
     else:
         for c in changes:
-            click.echo(f"{c.kind or 'refused'}: {c.what}")
+            _echo(f"{c.kind or 'refused'}: {c.what}")
         if refused:
-            click.echo("the state cannot be loaded into this pipeline")
+            _echo("the state cannot be loaded into this pipeline")
         elif need:
             arg: Any = set(need)
             if renames:
                 arg = {k: renames if k == "sources" else True for k in need}
-            click.echo(f"load with allow={arg!r}")
+            _echo(f"load with allow={arg!r}")
         else:
-            click.echo("loads as it is (world size and worker count are re-planned)")
+            _echo("loads as it is (world size and worker count are re-planned)")
     if refused:
         click.get_current_context().exit(1)
