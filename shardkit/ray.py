@@ -30,13 +30,17 @@ from shardkit.errors import ConfigError
 from shardkit.format.manifest.model import Manifest, creation_info
 from shardkit.write.build.join import JoinSpec, join_workers
 from shardkit.write.writer import DEFAULT_CHECKSUM, DEFAULT_PREFIX, ShardWriter, WriterKeywords
-from shardkit.write.writer.target import Target
+from shardkit.write.writer.target import Lock, Target
 from shardkit.write.writer.where import open_target
 
 if TYPE_CHECKING:
     from typing import Unpack  # Python 3.11; only annotations use it
 
 __all__ = ["ShardDatasink"]
+
+# the lock each job's driver holds on its output, by run id: a lock is no part of the sink
+# that Ray sends to its tasks
+_LOCKS: dict[str, Lock] = {}
 
 
 # Any when ray's types are not installed, hence the second ignore code
@@ -73,8 +77,23 @@ class ShardDatasink(Datasink[dict[str, Any]]):  # type: ignore[misc, unused-igno
         return self.target.worker(self.stem, f"{self.run}-t{task:06d}", self.prefix)
 
     def on_write_start(self, *args: Any, **kwargs: Any) -> None:
-        if self.target.has_manifest():
-            raise ConfigError(f"{self.out_dir} already holds a manifest.json; use another one")
+        """Lock the output for this job (a second job there is refused, naming this one),
+        and refuse one that holds a data set already."""
+        lock = self.target.lock((self.target.manifest_name, f"{self.prefix}-shards"))
+        if lock is not None:
+            lock.acquire()
+            _LOCKS[self.run] = lock
+        try:
+            if self.target.has_manifest():
+                raise ConfigError(f"{self.out_dir} already holds a manifest.json; use another one")
+        except BaseException:
+            self._unlock()
+            raise
+
+    def _unlock(self) -> None:
+        lock = _LOCKS.pop(self.run, None)
+        if lock is not None:
+            lock.release()
 
     def write(self, blocks: Iterable[Any], ctx: Any) -> dict[str, Any]:
         """Write one task's blocks as shards in its own place (runs on a Ray worker)."""
@@ -103,9 +122,15 @@ class ShardDatasink(Datasink[dict[str, Any]]):  # type: ignore[misc, unused-igno
         algo = str(self.options.get("checksum", DEFAULT_CHECKSUM))
         compress = self.options.get("compress")
         spec = JoinSpec(self.prefix, compress, algo, created)
-        self.manifest = join_workers(self.target, self.stem, workers, spec)
+        try:
+            self.manifest = join_workers(self.target, self.stem, workers, spec)
+        finally:
+            self._unlock()
 
     def on_write_failed(self, error: Exception, *args: Any, **kwargs: Any) -> None:
         """Remove every task's shards: a failed job leaves no manifest and no shards."""
         del error
-        self.target.drop_work(self.stem, shards=f"{self.prefix}-{self.run}-t")
+        try:
+            self.target.drop_work(self.stem, shards=f"{self.prefix}-{self.run}-t")
+        finally:
+            self._unlock()

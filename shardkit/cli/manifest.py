@@ -21,7 +21,7 @@ from shardkit.format.manifest.model import Manifest
 from shardkit.format.pieces import DEFAULT_PIECE_SIZE
 from shardkit.io.stores import is_object_url
 from shardkit.units import format_bytes, parse_size
-from shardkit.urls import expand_braces
+from shardkit.urls import expand_braces, redact
 from shardkit.write.build.merge import merge_object_parts, merge_parts
 from shardkit.write.inputs.discover import discover
 from shardkit.write.writer.where import open_target
@@ -42,7 +42,7 @@ def _local_out(out: str, what: str) -> None:
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", out):
         hint = "sk.ShardWriter(url) streams shards into s3://, gs:// and az:// today; "
         raise ConfigError(
-            f"{out!r}: {what} writes to a local directory "
+            f"{redact(out)!r}: {what} writes to a local directory "
             f"({hint if is_object_url(out) else ''}write locally and copy, "
             "or use a shared file system)"
         )

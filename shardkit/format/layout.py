@@ -14,8 +14,9 @@ manifest entry's ``index`` field, so data sets written before (the index beside 
 The manifest files still count in ``datasets``' vote on a directory's format (the most common
 extension wins, ``.json`` before ``.tar`` on a tie: ``infer_module_for_data_files_list``), so
 a set of one or two shards was read as JSON. ``.huggingface.yaml`` (:func:`write_hf_config`),
-which ``load_dataset(directory)`` reads beside a README's card, names the shards as the data
-files of the ``train`` split; a file of that name not written by shardkit is left alone.
+which ``load_dataset(directory)`` reads beside a README's card, names each set's shards as
+the data files of a split (``manifest.json`` the ``train`` split, ``val.json``
+``validation``); a file of that name not written by shardkit is left alone.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "hf_data_files",
     "index_name",
     "is_index_name",
+    "hf_split",
     "legacy_index_name",
     "write_hf_config",
 ]
@@ -80,30 +82,66 @@ def hf_data_files(urls: Iterable[str]) -> list[str]:
     return list(out)
 
 
-def write_hf_config(directory: str, urls: Iterable[str]) -> None:
-    """Write ``.huggingface.yaml`` in ``directory`` naming the shards among ``urls`` as the
-    ``train`` split; nothing where none lies there or the file is not shardkit's."""
-    patterns = hf_data_files(urls)
-    if not patterns:
-        return
+def hf_split(manifest: str) -> str:
+    """The split a set in a folder is loaded as, from its manifest's name: ``manifest.json``
+    (and a part's manifest) ``train``; ``val.json``, ``validation.json`` ``validation``;
+    ``test.json`` ``test``; another name its own split."""
+    stem = os.path.basename(manifest).split(".", 1)[0].lower()
+    named = {"manifest": "train", "val": "validation", "valid": "validation", "dev": "validation"}
+    return named.get(stem, re.sub(r"\W", "_", stem) or "train")
+
+
+def _our_sets(text: str) -> dict[str, tuple[str, list[str]]]:
+    """The sets an earlier shardkit config listed: manifest -> (split, patterns)."""
+    sets: dict[str, tuple[str, list[str]]] = {}
+    for line in text.splitlines():
+        if line.startswith("# set "):
+            try:
+                name, split, patterns = json.loads(line[len("# set ") :])
+            except (ValueError, TypeError):
+                continue
+            sets[str(name)] = (str(split), [str(p) for p in patterns])
+    return sets
+
+
+def write_hf_config(directory: str, urls: Iterable[str], manifest: str = "manifest.json") -> None:
+    """Write ``.huggingface.yaml`` in ``directory`` naming the shards among ``urls`` (the
+    set of ``manifest``) as the data files of its split (:func:`hf_split`), beside the other
+    sets written there before (a train and a val set both load); nothing where none lies
+    there or the file is not shardkit's."""
     path = os.path.join(directory, HF_CONFIG)
-    lines = [
-        f"{_MARK}: Hugging Face datasets loads this directory's shards as the train split",
-        "configs:",
-        "- config_name: default",
-        "  data_files:",
-        "  - split: train",
-        "    path:",
-        *(f"    - {json.dumps(p)}" for p in patterns),
-    ]
-    text = "\n".join(lines) + "\n"
     try:
         with open(path, encoding="utf-8") as f:
-            old = f.read()
+            old: str | None = f.read()
     except FileNotFoundError:
         old = None
     except (OSError, UnicodeDecodeError):
         return  # unreadable: not ours to replace
-    if old is not None and (old == text or not old.startswith(_MARK)):
+    if old is not None and not old.startswith(_MARK):
         return
-    atomic_write(path, text.encode())
+    sets = _our_sets(old or "")
+    patterns = hf_data_files(urls)
+    if patterns:
+        sets[manifest] = (hf_split(manifest), patterns)
+    elif sets.pop(manifest, None) is None:
+        return
+    splits: dict[str, list[str]] = {}
+    for split, pats in sets.values():
+        splits.setdefault(split, []).extend(p for p in pats if p not in splits.get(split, []))
+    order = sorted(splits, key=lambda n: ["train", "validation", "test", n].index(n))
+    lines = [
+        f"{_MARK}: Hugging Face datasets loads this directory's shard sets as these splits",
+        *(f"# set {json.dumps([name, split, pats])}" for name, (split, pats) in sets.items()),
+        "configs:",
+        "- config_name: default",
+        "  data_files:",
+    ]
+    for split in order:
+        lines += [
+            f"  - split: {split}",
+            "    path:",
+            *(f"    - {json.dumps(p)}" for p in splits[split]),
+        ]
+    text = "\n".join(lines) + "\n"
+    if old != text:
+        atomic_write(path, text.encode())

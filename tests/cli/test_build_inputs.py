@@ -12,6 +12,7 @@ from shardkit.errors import ConfigError, WriterError
 from shardkit.format.manifest.model import Manifest
 from shardkit.write.build import build
 from shardkit.write.build.plan import part_range, split_contiguous
+from shardkit.write.inputs.sources import SourceError
 from tests.helpers.data import tiny_image
 from tests.helpers.hostile import run_cli_measured
 from tests.helpers.readback import read_samples, shardkit, write_jsonl
@@ -154,12 +155,13 @@ def test_parquet_is_read_in_batches_bounded_by_bytes(tmp_path: Path) -> None:
     skip = tmp_path / "skip"
     args = ("--max-record", "512KB", "--on-error", "skip")
     rc, err, peak = run_cli_measured("build", src, "-o", skip, *args)
-    assert rc == 0, err
+    assert rc == 1 and "every record was skipped (1500)" in err, err  # no empty "OK" set
     assert peak < _RSS_LIMIT, peak
     m = Manifest.load(skip / "manifest.json")
     assert m.total_samples == 0 and m.created["build"]["skipped_records"] == 1500
+    assert m.created["build"]["complete"] is False
     rc, err, _ = run_cli_measured("build", src, "-o", tmp_path / "raise", "--max-record", "512KB")
-    assert rc == 1 and "row 0 holds 1048576 bytes, more than the record limit" in err, err
+    assert rc == 1 and "row 1 holds 1048576 bytes, more than the record limit" in err, err
 
     some = _dict_parquet(tmp_path / "some.parquet", 200, big)
     rc, err, peak = run_cli_measured("build", some, "-o", tmp_path / "ok", "--maxsize", "64MB")
@@ -167,8 +169,10 @@ def test_parquet_is_read_in_batches_bounded_by_bytes(tmp_path: Path) -> None:
     assert peak < _RSS_LIMIT, peak
     samples = read_samples(tmp_path / "ok" / "manifest.json")
     assert len(samples) == 200 and json.loads(samples[-1]["json"]) == {"text": big}
-    res = build([str(src)], tmp_path / "api", max_record="512KB", on_error="skip", progress=False)
-    assert res.manifest.created["build"]["skipped_records"] == 1500
+    with pytest.raises(SourceError, match=r"every record was skipped \(1500\)"):  # the API too
+        build([str(src)], tmp_path / "api", max_record="512KB", on_error="skip", progress=False)
+    api = Manifest.load(tmp_path / "api" / "manifest.json")
+    assert api.created["build"]["skipped_records"] == 1500
 
 
 @pytest.mark.parametrize(
@@ -196,7 +200,7 @@ def test_parquet_member_name_collisions_are_refused(
     r = shardkit("build", src, "-o", tmp_path / "out")
     assert r.returncode == 1, r.stdout + r.stderr
     line = r.stderr.strip()
-    assert "\n" not in line and "clash.parquet" in line and "row 0" in line, line
+    assert "\n" not in line and "clash.parquet" in line and "row 1" in line, line
     assert f"member {member!r} comes from both" in line, line
     with pytest.raises(WriterError, match=f"member {member!r} comes from both"):
         build([str(src)], tmp_path / "api", progress=False)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardkit.format.manifest.model import Manifest
+from shardkit.format.manifest.model import Manifest, incomplete_reason
 from shardkit.write.build import build
 from shardkit.write.inputs.sources import parse_field_spec
 from tests.helpers.readback import (
@@ -144,7 +144,9 @@ def test_sigkill_of_a_parallel_build_then_resume(
     _wait_until(proc, both_writing)
     os.killpg(proc.pid, signal.SIGKILL)  # the whole job, workers included
     proc.wait()
-    assert not (out / "manifest.json").exists()  # never finalised: no manifest at all
+    # never finalised: a manifest of no shards that says so and names --resume
+    said = incomplete_reason(Manifest.load(out / "manifest.json"))
+    assert said is not None and "did not finish" in said and "--resume" in said
     for i in range(2):
         assert_whole(work / f"w{i:04d}" / "manifest.json")
     _resume(corpus, out, "--workers", "2", "--resume")

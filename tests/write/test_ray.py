@@ -4,6 +4,7 @@ from every block and one manifest; ray.data.read_webdataset and shardkit read ea
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,3 +98,30 @@ def test_shardkit_reads_ray_write_webdataset(local_ray: None, tmp_path: Path) ->
     got = [s for t in tars for s in sk.read_shard(t)]
     assert sorted(str(s["__key__"]) for s in got) == [f"k{i:04d}" for i in range(50)]
     assert {s["txt"] for s in got if s["__key__"] == "k0007"} == {b"text 7"}
+
+
+def test_a_second_job_into_one_output_is_refused_and_the_first_survives(tmp_path: Path) -> None:
+    """Two jobs' drivers (here: two threads) start sinks into one folder: the second is
+    refused while the first writes, naming it; the first job's output is whole."""
+    from shardkit.errors import WriterError
+    from shardkit.ray import ShardDatasink
+
+    first, second = ShardDatasink(tmp_path / "out"), ShardDatasink(tmp_path / "out")
+    first.on_write_start()
+    refused: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            second.on_write_start()
+        except WriterError as exc:
+            refused.append(exc)
+
+    t = threading.Thread(target=start)
+    t.start()
+    t.join()
+    assert len(refused) == 1 and "being written by another" in str(refused[0])
+    import pyarrow as pa
+
+    first.write([pa.table({"__key__": ["a"], "txt": ["x"]})], type("Ctx", (), {"task_idx": 0})())
+    first.on_write_complete([{"task": 0, "samples": 1}])
+    assert keys_of(read_samples(tmp_path / "out" / "manifest.json")) == ["a"]

@@ -161,7 +161,7 @@ def test_build_checks_image_fields_of_folders_and_tables(tmp_path: Path) -> None
     src = tmp_path / "t.parquet"
     pq.write_table(table, src)
     r = shardkit("build", src, "-o", tmp_path / "d", "--check-images", "decode")
-    assert r.returncode == 1 and "row 1" in r.stderr and "column 'image'" in r.stderr, r.stderr
+    assert r.returncode == 1 and "row 2" in r.stderr and "column 'image'" in r.stderr, r.stderr
     res = build([str(src)], tmp_path / "e", on_error="skip", check_images="decode", progress=False)
     assert res.manifest.total_samples == 1
-    assert [e["row"] for e in _report(tmp_path / "e" / "manifest.errors.jsonl")] == [1, 2]
+    assert [e["row"] for e in _report(tmp_path / "e" / "manifest.errors.jsonl")] == [2, 3]

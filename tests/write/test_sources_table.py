@@ -77,7 +77,7 @@ def test_field_maps_and_key_field(tmp_path: Path) -> None:
     assert s["text.txt"] == b"caption 3"
     arr = decode_field("doc0003", "tokens.npy", s["tokens.npy"])
     assert arr.dtype == np.int32 and arr.tolist() == [0, 1, 2]
-    assert json.loads(s["json"]) == {"label": 3}
+    assert json.loads(s["json"]) == {"label": 3, "id": "doc0003"}  # the key kept, as JSONL
 
 
 def test_row_groups_are_units_and_keys_count_rows_of_the_file(tmp_path: Path) -> None:
@@ -107,7 +107,7 @@ def test_path_only_image_and_bad_options_are_named(tmp_path: Path) -> None:
     path = tmp_path / "ext.parquet"
     table = pa.table({"image": pa.array([{"bytes": None, "path": "/data/x.jpg"}], _IMAGE)})
     pq.write_table(table, path)
-    with pytest.raises(SourceError, match=r"ext.parquet: row 0: .*'/data/x.jpg'"):
+    with pytest.raises(SourceError, match=r"ext.parquet: row 1: .*'/data/x.jpg'"):
         _samples(discover([str(path)]))
     with pytest.raises(ConfigError, match="--key-field 'nope'"):
         _samples(discover([str(path)]), SourceOptions(key_field="nope"))

@@ -34,8 +34,8 @@ def _errors(path: Path) -> list[dict[str, Any]]:
 
 @pytest.fixture(params=["struct", "binary"])
 def table(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, str]:
-    """Rows 0 and 3 good, row 1 a truncated JPEG, row 2 text named .jpg; the file and
-    the column's name."""
+    """Rows 1 and 4 good (counted from 1), row 2 a truncated JPEG, row 3 text named .jpg;
+    the file and the column's name."""
     cells = [GOOD, CUT, TEXT, GOOD]
     ids = [f"doc{i}" for i in range(4)]
     if request.param == "struct":
@@ -55,7 +55,7 @@ def test_a_default_build_refuses_a_bad_image_naming_file_row_and_column(
     r = shardkit("build", src, "-o", tmp_path / "a", "--key-field", "id")
     assert r.returncode == 1, r.stdout + r.stderr
     line = r.stderr.strip().splitlines()[-1]
-    assert "images.parquet" in line and "row 1" in line and f"column {col!r}" in line, line
+    assert "images.parquet" in line and "row 2" in line and f"column {col!r}" in line, line
     assert "truncated" in line.lower(), line
 
 
@@ -69,8 +69,8 @@ def test_on_error_skip_records_them_in_the_errors_file(
     assert r.returncode == 0, r.stderr
     errors = _errors(out / "manifest.errors.jsonl")
     assert [(e["row"], Path(e["source"]).name) for e in errors] == [
-        (1, "images.parquet"),
         (2, "images.parquet"),
+        (3, "images.parquet"),
     ], errors
     assert all(f"column {col!r}" in e["reason"] for e in errors), errors
     assert "truncated" in errors[0]["reason"].lower(), errors

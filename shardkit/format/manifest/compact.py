@@ -245,7 +245,8 @@ def save_manifest(manifest: Manifest, path: str, *, csv_too: bool = True) -> Non
         atomic_write(os.path.splitext(path)[0] + ".csv", manifest.to_csv().encode())
     atomic_write(path, data)
     write_compact(manifest, compact_path(path), source_facts(data, stat_key(os.stat(path))))
-    write_hf_config(os.path.dirname(os.path.abspath(path)), (e.url for e in manifest.shards))
+    urls = (e.url for e in manifest.shards)
+    write_hf_config(os.path.dirname(os.path.abspath(path)), urls, os.path.basename(path))
 
 
 def encode_compact(manifest: Manifest, source: dict[str, Any]) -> list[bytes | memoryview]:

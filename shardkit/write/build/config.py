@@ -18,7 +18,7 @@ from shardkit.write.inputs.image_check import CHECK_IMAGES
 from shardkit.write.inputs.select import TreeOptions
 from shardkit.write.inputs.sources import DEFAULT_MAX_RECORD, ON_ERROR, FieldMap, Unit
 from shardkit.write.writer import COMPRESSIONS
-from shardkit.write.writer.target import Target
+from shardkit.write.writer.target import Target, build_info
 
 __all__ = ["BuildConfig", "BuildPlan", "BuildResult", "check_config", "manifest_name"]
 
@@ -172,6 +172,7 @@ class BuildResult:
             "mb_per_s": round(self.input_bytes / secs / 1e6, 2),
             "workers": self.workers,
             "nothing_to_do": self.nothing_to_do,
+            "skipped_records": int(build_info(self.manifest).get("skipped_records") or 0),
             "part": list(self.manifest.part.values()) if self.manifest.part else None,
         }
 

@@ -59,6 +59,11 @@ def _gather(
         moves += more
         add_fields(fields, m.fields)
         skipped += int(info.get("skipped_records") or 0)
+    if skipped and not shards:
+        raise WriterError(
+            f"{target.base}: every record was skipped ({skipped}) and none written (a mistyped "
+            "--field or --key-field does that); the workers' reports name each"
+        )
     created = dict(spec.created)
     if skipped and isinstance(created.get("build"), dict):
         facts = {"skipped_records": skipped, "errors": errors_name(target.manifest_name)}

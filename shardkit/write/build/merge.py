@@ -67,8 +67,8 @@ def merge_parts(
     base = os.path.dirname(out)
     shards = []
     for s in merged.shards:
-        url = merged.rebase(s.url, base)
-        index = merged.rebase(s.index, base) if s.index else None
+        url = _under(merged.rebase(s.url, base), base)
+        index = _under(merged.rebase(s.index, base), base) if s.index else None
         if os.path.isabs(url) or url.startswith("../"):
             raise ManifestError(
                 f"shard {url} is outside {base}; write the merged manifest higher up"
@@ -86,6 +86,16 @@ def merge_parts(
         merged.created["build"] = {"complete": True, "skipped_records": skipped, "errors": report}
     final.write_manifest(merged)
     return merged
+
+
+def _under(url: str, base: str) -> str:
+    """A shard path relative to ``base`` where it lies under it: the merge of parts in
+    sibling folders (``part-0007/``) gives the later parts' shards as absolute paths."""
+    if os.path.isabs(url):
+        rel = os.path.relpath(url, base)
+        if rel != ".." and not rel.startswith("../"):
+            return rel.replace(os.sep, "/")
+    return url
 
 
 def _join_reports(

@@ -23,7 +23,8 @@ from shardkit.format.manifest.model import Manifest
 from shardkit.units import parse_size
 from shardkit.write.build.config import BuildConfig, BuildPlan, check_config, manifest_name
 from shardkit.write.inputs.discover import DiscoverOptions, discover
-from shardkit.write.inputs.sources import Unit
+from shardkit.write.inputs.sources import JSONL_EXTS, Unit
+from shardkit.write.inputs.table_meta import TABLE_EXTS
 from shardkit.write.writer.target import Target, build_info, store_failures
 from shardkit.write.writer.where import open_target
 
@@ -145,6 +146,26 @@ def _previous(plan: BuildPlan) -> Manifest | None:
     return m if info.get("complete") and not busy else None
 
 
+def _check_record_options(c: BuildConfig, units: Sequence[Unit]) -> None:
+    """``--field``/``--key-field`` never silently ignored: a folder read as a file tree, or
+    sources with no records at all, are an error naming the way out."""
+    if not c.fields and c.key_field is None:
+        return
+    flag = "--field" if c.fields else "--key-field"
+    tree = next((u for u in units if u.kind == "files"), None)
+    if tree is not None:
+        records = (*JSONL_EXTS, *TABLE_EXTS)
+        others = (rel for u in units for _, rel in u.members if not rel.endswith(records))
+        member = next(others, tree.name)
+        raise ConfigError(
+            f"{flag} applies to JSONL and Parquet records, but {tree.path} is read as a file "
+            f"tree (it holds files of other kinds, e.g. {member}): give the record files, "
+            "--exclude the others, or pass --source-type jsonl"
+        )
+    if not any(u.kind in ("jsonl", "table") for u in units):
+        raise ConfigError(f"{flag} applies to JSONL and Parquet records; these sources have none")
+
+
 def _call_units(inputs: Iterable[Any]) -> list[Unit]:
     return [Unit("call", repr(x)[:200], 1, f"{i:08d}", payload=x) for i, x in enumerate(inputs)]
 
@@ -197,6 +218,7 @@ def plan_build(
         units = discover(sources, options=d)
     if not units:
         raise ConfigError(f"found no input in {', '.join(map(str, sources))}")
+    _check_record_options(c, units)
     if c.part is not None:
         r = part_range([u.size for u in units], c.part[1], c.part[0])
         units = units[r.start : r.stop]

@@ -119,10 +119,13 @@ def _run_workers(plan: BuildPlan, count: Progress) -> tuple[int, Manifest]:
         return 0, done
     jobs = make_jobs(plan)
     written = 0
+    part = {"index": c.part[0], "count": c.part[1]} if c.part else None
     if not target.begin_work(stem, plan.meta):  # True: every worker had finished
+        if done is None:  # what verify and inspect find if this build is killed: unfinished
+            started = creation_info(build={**plan.meta, "complete": False})
+            target.write_manifest(Manifest([], c.checksum, {}, started, part, base=target.base))
         written, _ = run_workers(jobs, count)
     created = creation_info(build={**plan.meta, "complete": True})
-    part = {"index": c.part[0], "count": c.part[1]} if c.part else None
     spec = JoinSpec(plan.shard_prefix, c.compress, c.checksum, created, part)
     return written, join_workers(target, stem, [j.target for j in jobs], spec)
 

@@ -25,9 +25,9 @@ from shardkit.errors import ShardkitError, WriterError
 from shardkit.format.manifest.model import Manifest
 from shardkit.units import parse_size
 from shardkit.write.inputs.records import read_units
-from shardkit.write.inputs.sources import BadRecord, SourceOptions, Unit
+from shardkit.write.inputs.sources import BadRecord, Located, SourceError, SourceOptions, Unit
 from shardkit.write.writer import ShardWriter, WriterOptions
-from shardkit.write.writer.target import Target, build_info, store_failures
+from shardkit.write.writer.target import ErrorLog, Target, build_info, errors_name, store_failures
 
 if TYPE_CHECKING:
     from shardkit.write.build.config import BuildConfig, BuildPlan
@@ -133,11 +133,14 @@ def write_job(job: Job, report: Reporter) -> tuple[int, int]:
                     errors.add(sample)
                     report.add(0, nbytes)
                 elif sample is not None:
-                    w.write(sample)
+                    _write(w, sample)
                     written += 1
                     report.add(1, nbytes)
                 else:
                     report.add(0, nbytes)
+            # one job alone (a worker's share may hold only bad records: the join decides)
+            if errors.count and not written and not w.resumed_samples and job.parent is None:
+                raise SourceError(all_skipped(errors, job.target.manifest_name))
         except BaseException as exc:
             info["stopped"] = _stop_reason(exc)  # the manifest the writer leaves says why
             raise
@@ -145,10 +148,34 @@ def write_job(job: Job, report: Reporter) -> tuple[int, int]:
             errors.close()
             if errors.count:
                 info["skipped_records"] = errors.count
-                info["errors"] = os.path.basename(errors.path)
+                info["errors"] = errors_name(job.target.manifest_name)
         info["complete"] = True
     report.flush()
     return written, w.resumed_samples
+
+
+def _write(w: ShardWriter, sample: dict[str, Any]) -> None:
+    """``w.write(sample)``; what the writer refuses (a key twice in a shard) names where
+    the sample was read (its file and line or row)."""
+    try:
+        w.write(sample)
+    except WriterError as exc:
+        if isinstance(sample, Located):
+            raise WriterError(f"{sample.where}: {exc}") from exc
+        raise
+
+
+def all_skipped(errors: ErrorLog, manifest: str) -> str:
+    """What a build says when ``on_error="skip"`` left out every record: an empty set is
+    no success (a mistyped ``--field`` or ``--key-field`` does that)."""
+    first = errors.first
+    said = ""
+    if first is not None:
+        said = f" The first: {first.source} {first.position} {first.number}: {first.reason}."
+    return (
+        f"every record was skipped ({errors.count}) and none written (a mistyped --field or "
+        f"--key-field does that).{said} Each is named in {errors_name(manifest)}"
+    )
 
 
 def _worker_main(job: Job, q: Any) -> None:

@@ -117,6 +117,36 @@ def _is_shard_set(folder: str, *, manifest: str | None = None) -> bool:
     return b'"shardkit.manifest"' in head
 
 
+_DOC_EXTS = (".md", ".rst", ".txt", ".pdf", ".html", ".yaml", ".yml", ".cff")
+_DOC_STEMS = ("readme", "license", "licence", "copying", "notice", "citation", "changelog")
+
+
+def _is_doc(rel: str) -> bool:
+    """A document beside data files (a README, a dataset card, a license), not data."""
+    base = rel.rsplit("/", 1)[-1].lower()
+    return base.endswith(_DOC_EXTS) or base.split(".", 1)[0] in _DOC_STEMS
+
+
+def _detect_records(root: str, files: list[str], notes: list[str] | None) -> tuple[Kind, list[str]]:
+    """How a folder is read, and its files: JSONL, tables or shards when every file but the
+    documents beside them (README.md, a dataset card, a license) is one (the documents are
+    left out, with a note), else a file tree of every file."""
+    kind = _detect(files)
+    docs = [f for f in files if _is_doc(f)]
+    if kind != "files" or not docs or len(docs) == len(files):
+        return kind, files
+    data = [f for f in files if not _is_doc(f)]
+    kind = _detect(data)
+    if kind == "files":
+        return kind, files
+    shown = ", ".join(docs[:3]) + (", ..." if len(docs) > 3 else "")
+    msg = f"{root}: read as {kind} records; left out {len(docs)} document(s) beside them: {shown}"
+    log.warning("%s", msg)
+    if notes is not None:
+        notes.append(msg)
+    return kind, data
+
+
 def _detect(files: list[str]) -> Kind:
     if files and all(_has_ext(f, JSONL_EXTS) for f in files):
         return "jsonl"
@@ -161,7 +191,9 @@ def _tree_units(root: str, files: list[str], d: DiscoverOptions) -> list[Unit]:
 
 def _dir_units(root: str, d: DiscoverOptions) -> list[Unit]:
     files = _walk(root, d.exclude)
-    kind: str = _detect(files) if d.source_type == "auto" else d.source_type
+    kind: str = d.source_type
+    if kind == "auto":
+        kind, files = _detect_records(root, files, d.notes)
     if kind == "files":
         return _tree_units(root, _without_shard_sets(root, files, d.notes), d)
     if kind == "table":

@@ -27,7 +27,7 @@ from shardkit.format.images import IMAGE_EXTS, reencode_image
 from shardkit.format.tario.reader import read_shard
 from shardkit.format.tario.writer import check_key
 from shardkit.write.inputs.image_check import image_problem
-from shardkit.write.inputs.sources import BadRecord, SourceError, SourceOptions, Unit
+from shardkit.write.inputs.sources import BadRecord, Located, SourceError, SourceOptions, Unit
 
 __all__ = ["read_units"]
 
@@ -70,8 +70,9 @@ def _open_text(unit: Unit) -> io.BufferedIOBase:
     if unit.path.lower().endswith(".zst"):
         raw: Any = zstd_reader(f)
         return io.BufferedReader(raw, buffer_size=1 << 20)
-    if unit.path.lower().endswith(".gz"):
-        return io.BufferedReader(gzip.GzipFile(fileobj=f, mode="rb"), buffer_size=1 << 20)
+    if unit.path.lower().endswith(".gz"):  # by name: closing it closes the file (fileobj= did not)
+        f.close()
+        return io.BufferedReader(gzip.GzipFile(unit.path, mode="rb"), buffer_size=1 << 20)
     return f
 
 
@@ -162,7 +163,7 @@ def _jsonl_line(
             raise SourceError(_describe(exc), path=unit.path, line=lineno) from exc
         yield BadRecord(unit.path, "line", lineno, _describe(exc)), len(line)
         return
-    yield (None if skip.take() else sample), len(line)
+    yield (None if skip.take() else Located(sample, f"{unit.path} line {lineno}")), len(line)
 
 
 def _loads(raw: bytes) -> Any:
@@ -203,7 +204,8 @@ def _read_tree(unit: Unit, opts: SourceOptions) -> Sample:
             except (OSError, ValueError, SyntaxError) as exc:  # Pillow's errors for bad files
                 raise SourceError(f"cannot re-encode the image: {exc}", path=path) from exc
         sample[fname] = data
-    return sample
+    first = os.path.join(unit.path, unit.members[0][1]) if unit.members else unit.path
+    return Located(sample, first)
 
 
 def _tree_sample(
@@ -252,7 +254,7 @@ def _read_call(
 def _read_tar(unit: Unit, skip: _Skip, opts: SourceOptions) -> Iterator[tuple[Sample | None, int]]:
     for sample in read_shard(unit.path, max_member=opts.max_member, policy=opts.tar_policy):
         nbytes = sum(len(v) for k, v in sample.items() if isinstance(v, bytes))
-        yield (None if skip.take() else sample), nbytes
+        yield (None if skip.take() else Located(sample, unit.path)), nbytes
 
 
 def _read_unit(

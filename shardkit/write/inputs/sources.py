@@ -31,6 +31,7 @@ from shardkit.format.tario.writer import check_field
 __all__ = [
     "DEFAULT_MAX_RECORD",
     "JSONL_EXTS",
+    "Located",
     "ON_ERROR",
     "SOURCE_TYPES",
     "BadRecord",
@@ -63,7 +64,8 @@ DEFAULT_MAX_RECORD = 256 << 20  # a JSONL line or table row: more is a bad recor
 class SourceError(WriterError):
     """Bad input data: a malformed JSONL line, a record without a mapped field.
 
-    ``path`` names the input file and ``line`` the line (1-based) when there is one.
+    ``path`` names the input file and ``line`` the line when there is one; lines of
+    JSONL and rows of tables count from 1 in every message and report.
     """
 
     def __init__(self, message: str, *, path: str | None = None, line: int | None = None) -> None:
@@ -73,6 +75,17 @@ class SourceError(WriterError):
         super().__init__(f"{where.strip()}: {message}" if where else message)
         self.path = path
         self.line = line
+
+
+class Located(dict[str, Any]):
+    """A sample that knows where it was read (``where``: the file and line or row), so an
+    error the writer finds later (a key twice in a shard) can name it; equal to its dict."""
+
+    __slots__ = ("where",)
+
+    def __init__(self, sample: dict[str, Any], where: str) -> None:
+        super().__init__(sample)
+        self.where = where
 
 
 @dataclass(frozen=True)

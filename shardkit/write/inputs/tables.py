@@ -12,7 +12,8 @@ Rows become samples as data sets on the Hugging Face Hub lay them out:
 - every other column goes into the ``json`` member, one object per row.
 
 A null leaves its member out of that sample. Keys are ``{file stem}/{row:09d}`` (the row
-in the whole file) unless ``--key-field`` names a column. A Parquet file is one unit per
+in the whole file, from 0) unless ``--key-field`` names a column (kept in ``json`` too, as
+for JSONL); messages and reports count rows from 1, as JSONL lines. A Parquet file is one unit per
 row group, so ``--workers`` and ``--part`` split a big file; an Arrow file is one unit.
 Memory stays bounded: batches of about 64 MB (rows per batch from the row group's size),
 dictionary-encoded text kept as one dictionary, rows turned into Python objects 64 MB at a
@@ -35,7 +36,7 @@ from shardkit.errors import ConfigError, WriterError
 from shardkit.format.codecs import encode_field
 from shardkit.format.tario.writer import check_field, check_key
 from shardkit.write.inputs.image_check import image_problem
-from shardkit.write.inputs.sources import BadRecord, SourceError, SourceOptions, Unit
+from shardkit.write.inputs.sources import BadRecord, Located, SourceError, SourceOptions, Unit
 from shardkit.write.inputs.table_meta import (
     byte_slices,
     is_parquet,
@@ -155,16 +156,19 @@ def _rows(
         for start, stop in byte_slices(sizes, _BATCH_BYTES):
             for i, rec in enumerate(batch.slice(start, stop - start).to_pylist(), start):
                 if sizes[i] > opts.max_record:
-                    yield _too_big(unit, opts, row, int(sizes[i])), step
+                    yield _too_big(unit, opts, row + 1, int(sizes[i])), step
                 elif skip.take():
                     yield None, step
                 else:
+                    where = f"row {row + 1}"  # rows count from 1, as JSONL lines do
                     try:
-                        yield _row_sample(rec, row, unit, opts, layout), step
+                        sample = _row_sample(rec, row, unit, opts, layout)
                     except (ValueError, TypeError, WriterError) as exc:
                         if opts.on_error == "raise" or not isinstance(exc, _BadImage):
-                            raise SourceError(f"row {row}: {exc}", path=unit.path) from exc
-                        yield BadRecord(unit.path, "row", row, str(exc)), step
+                            raise SourceError(f"{where}: {exc}", path=unit.path) from exc
+                        yield BadRecord(unit.path, "row", row + 1, str(exc)), step
+                    else:
+                        yield Located(sample, f"{unit.path} {where}"), step
                 row += 1
 
 
@@ -206,14 +210,15 @@ def _row_sample(
     owners: dict[str, str] = {}  # member -> the column it came from, for a collision
     mapped = {fm.name: fm for fm in opts.fields}
     rest: dict[str, Any] = {}
-    for col, value in rec.items():
-        if col == opts.key_field:
-            continue
+    for col, value in rec.items():  # the key column stays in json, as a JSONL record's does
         fm = mapped.get(col)
         if fm is not None:
             if value is not None:
                 if fm.dtype is not None:
-                    value = np.asarray(value, dtype=fm.dtype)
+                    try:
+                        value = np.asarray(value, dtype=fm.dtype)
+                    except (OverflowError, ValueError, TypeError) as exc:  # as for JSONL
+                        raise ValueError(f"field {col!r} does not fit {fm.dtype}: {exc}") from None
                 _put(sample, fm.field, encode_field(key, fm.field, value), col, owners)
         elif col in layout.blobs:
             _add_blob(sample, col, value, owners, _table_check(opts))

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO
 
 from shardkit.durable import atomic_write
-from shardkit.errors import ConfigError, ManifestError
+from shardkit.errors import ManifestError
 from shardkit.format.layout import INDEX_DIR, index_name
 from shardkit.format.manifest.compact import compact_path, save_manifest
 from shardkit.format.manifest.journal import journal_path, read_journal
@@ -143,23 +143,6 @@ class LocalTarget(Target):
     def read_manifest(self) -> Manifest | None:
         path = self.manifest_path
         return Manifest.load(path) if os.path.exists(path) else None
-
-    def refuse_existing(self) -> None:
-        """A data set already here is not replaced by accident (it was: 300 samples became
-        1, the old shard left as a stray file): a ConfigError naming the ways out."""
-        path = self.manifest_path
-        if not os.path.exists(path):
-            return
-        try:
-            old = Manifest.load(path)
-            what = f"{len(old)} shards, {old.total_samples} samples"
-        except ManifestError as exc:
-            what = f"unreadable: {exc}"
-        raise ConfigError(
-            f"{os.path.dirname(path) or '.'} already holds a data set ({path}: "
-            f"{what}): pass overwrite=True to replace it, resume=True to add to it, or use "
-            "another directory"
-        )
 
     def remove_existing(self, prefix: str, *, worker_names: bool = False) -> int:
         """Delete the manifest (and its csv, compact form, journal), the shards and indexes

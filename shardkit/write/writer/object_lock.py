@@ -40,13 +40,23 @@ LEASE = 600.0  # a lock not renewed for this long belongs to a build that is gon
 RENEW = 60.0
 
 
+_HELD: dict[str, int] = {}  # lock url -> the thread of this process holding it
+_GUARD = threading.Lock()
+
+
 class ObjectLock:
-    """Lock objects ``keys`` in ``store`` for one build of ``where`` (module docstring)."""
+    """Lock objects ``keys`` in ``store`` for one build of ``where`` (module docstring).
+
+    Inside one thread it is re-entrant (a build holds it and its own writer takes it
+    again: the inner one takes and deletes nothing); another thread of the process is
+    refused as another process is.
+    """
 
     def __init__(self, store: ObjectStore, keys: Sequence[str], where: str) -> None:
         self.store = store
         self.keys = tuple(keys)
         self.where = where
+        self._mine: list[str] = []  # the keys this lock took (not held already)
         self.started = time.time()
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
@@ -58,15 +68,23 @@ class ObjectLock:
 
     def acquire(self) -> ObjectLock:
         """Take every lock object or none; a WriterError naming the holder if held."""
+        me = threading.get_ident()
+        with _GUARD:
+            todo = [k for k in self.keys if _HELD.get(self.store.url(k)) != me]
         taken: list[str] = []
         try:
-            for key in self.keys:
+            for key in todo:
                 self._take(key)
                 taken.append(key)
         except BaseException:
             for key in taken:
                 self.store.delete(key)
             raise
+        with _GUARD:
+            _HELD.update((self.store.url(k), me) for k in taken)
+        self._mine = taken
+        if not taken:
+            return self
         self._renewer = threading.Thread(target=self._renew, name="shardkit-lock", daemon=True)
         self._renewer.start()
         return self
@@ -108,7 +126,7 @@ class ObjectLock:
 
     def _renew(self) -> None:
         while not self._stop.wait(RENEW):
-            for key in self.keys:
+            for key in self._mine:
                 try:
                     self.store.put(key, self._body())
                 except Exception as exc:  # noqa: BLE001 - the next renewal tries again
@@ -120,7 +138,11 @@ class ObjectLock:
         if self._renewer is not None:
             self._renewer.join()
             self._renewer = None
-        for key in self.keys:
+        mine, self._mine = self._mine, []
+        with _GUARD:
+            for key in mine:
+                _HELD.pop(self.store.url(key), None)
+        for key in mine:
             self.store.delete(key)
 
     def __enter__(self) -> ObjectLock:

@@ -170,9 +170,6 @@ class ObjectTarget(Target):
         m.base = self.base
         return m
 
-    def refuse_existing(self) -> None:
-        return None  # a writer into a store does not refuse a finished set yet
-
     def remove_existing(self, prefix: str, *, worker_names: bool = False) -> int:
         """Delete the data set here, its manifest first (so no manifest ever lists a deleted
         object), its ETag record and CSV, then the shards and indexes it lists under this
@@ -223,8 +220,7 @@ class ObjectTarget(Target):
 
     # -- lock ----------------------------------------------------------------------
     def lock(self, names: Sequence[str], *, writer: bool = False) -> Lock | None:
-        if writer:
-            return None  # a lone writer into a store takes no lock yet
+        del writer  # a lone writer locks a prefix as a build does
         return ObjectLock(self.store, [self.key(f".lock-{n}") for n in names], self.base)
 
     # -- a parallel build's work state ---------------------------------------------

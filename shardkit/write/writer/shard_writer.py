@@ -35,7 +35,7 @@ from shardkit.format.tario.writer import (
 )
 from shardkit.write.writer.members import encode_sample, gzip_writer
 from shardkit.write.writer.options import WriterKeywords, WriterOptions, shard_name
-from shardkit.write.writer.target import Lock, Target
+from shardkit.write.writer.target import Lock, Target, store_failures
 from shardkit.write.writer.where import open_target
 
 if TYPE_CHECKING:
@@ -116,14 +116,17 @@ class ShardWriter:
         self.output = open_target(out_dir, manifest, endpoint_url=endpoint_url)
         self.manifest_path = self.output.manifest_path
         names = (self.output.manifest_name, f"{self.prefix}-shards")
-        self._lock: Lock | None = self.output.lock(names, writer=True)
-        if self._lock is not None:
-            self._lock.acquire()
-        try:
-            self._start(start_index, resume, overwrite, part)
-        except BaseException:
-            self._unlock()
-            raise
+        self._lock: Lock | None = None
+        # a store's refusal (no bucket, no credentials) is one line naming the url
+        with store_failures(self.output.base):
+            self._lock = self.output.lock(names, writer=True)
+            if self._lock is not None:
+                self._lock.acquire()
+            try:
+                self._start(start_index, resume, overwrite, part)
+            except BaseException:
+                self._unlock()
+                raise
 
     def _unlock(self) -> None:
         if self._lock is not None:
@@ -231,7 +234,8 @@ class ShardWriter:
         """A failed write (a full disk, a file size limit) as a WriterError: the shard
         being written is dropped by ``abort`` and the manifest lists whole shards only."""
         try:
-            yield
+            with store_failures(self.output.base):
+                yield
         except OSError as exc:
             raise WriterError(
                 f"{self.out_dir}: writing shard {self._shard_name()} failed: "

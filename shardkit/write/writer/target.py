@@ -26,7 +26,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple, Protocol
 
-from shardkit.errors import ManifestError, ShardkitError, WriterError
+from shardkit.errors import ConfigError, ManifestError, ShardkitError, WriterError
 from shardkit.format.manifest.model import Manifest, ShardEntry
 
 if TYPE_CHECKING:
@@ -117,6 +117,7 @@ class ErrorLog:
     def __init__(self, path: str) -> None:
         self.path = path
         self.count = 0
+        self.first: BadRecord | None = None  # what a message names
         self._f: Any = None
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
@@ -126,6 +127,7 @@ class ErrorLog:
             self._f = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._f.write(json.dumps(bad.to_dict(), ensure_ascii=False) + "\n")
         self.count += 1
+        self.first = self.first or bad
 
     def close(self) -> None:
         if self._f is not None:
@@ -230,9 +232,22 @@ class Target(ABC):
     def read_manifest(self) -> Manifest | None:
         """The manifest there, or None."""
 
-    @abstractmethod
     def refuse_existing(self) -> None:
-        """A data set here is not replaced without ``overwrite``/``resume``: a ConfigError."""
+        """A data set already here is not replaced by accident, in a folder or a store alike
+        (it was: 300 samples became 1, the old shard left as a stray file; a store's set was
+        replaced whole): a ConfigError naming the ways out."""
+        if not self.has_manifest():
+            return
+        try:
+            old = self.read_manifest()
+            what = f"{len(old)} shards, {old.total_samples} samples" if old else "gone"
+        except ManifestError as exc:
+            what = f"unreadable: {exc}"
+        where = os.path.dirname(self.manifest_path) or "."
+        raise ConfigError(
+            f"{where} already holds a data set ({self.manifest_path}: {what}): pass "
+            "overwrite=True to replace it, resume=True to add to it, or use another directory"
+        )
 
     @abstractmethod
     def remove_existing(self, prefix: str, *, worker_names: bool = False) -> int:

@@ -8,6 +8,7 @@ import re
 
 from shardkit.errors import ConfigError
 from shardkit.io.stores import is_object_url
+from shardkit.urls import parse_url, redact
 from shardkit.write.writer.local import LocalTarget
 from shardkit.write.writer.objects import ObjectTarget
 from shardkit.write.writer.target import Target
@@ -27,10 +28,11 @@ def open_target(
         return out
     text = os.fspath(out)
     if is_object_url(text):
+        parse_url(text)  # the one url parser: #, ?, .., //, credentials refused before any I/O
         return ObjectTarget(str(text), manifest, endpoint_url)
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text):
         raise ConfigError(
-            f"{text!r}: a writer writes to a local directory or to s3://, gs:// or az://; "
+            f"{redact(text)!r}: a writer writes to a local directory or to s3://, gs:// or az://; "
             "not to this scheme"
         )
     return LocalTarget(text, manifest)
