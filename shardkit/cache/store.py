@@ -69,6 +69,9 @@ from shardkit.errors import CacheError
 __all__ = ["CacheKey", "CacheStat", "CacheStore", "CachedShard", "Layout", "TempFile"]
 
 log = logging.getLogger(__name__)
+# the names a cache dir holds (lost+found: a file system's root used whole as the cache)
+_OWN = {"data", "tmp", "locks", "slots", "manifests", "manifest-cols", "keys", "ledger"}
+_OWN |= {"lost+found"}
 _TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# shardkit node-local shard cache\n"
 
 
@@ -101,16 +104,47 @@ class CacheStore:
         """Create the directory layout (a clear :class:`CacheError` if it cannot)."""
         if self._ready:
             return
+        self.refuse_foreign()
         try:
-            for sub in ("data", "tmp", "locks", "slots", "manifests"):
-                os.makedirs(os.path.join(self.root, sub), exist_ok=True)
+            os.makedirs(self.root, exist_ok=True)
             tag = os.path.join(self.root, "CACHEDIR.TAG")
-            if not os.path.exists(tag):
+            if not os.path.exists(tag):  # first: a folder without it is not a cache
                 with open(tag, "w") as f:
                     f.write(_TAG)
+            for sub in ("data", "tmp", "locks", "slots", "manifests"):
+                os.makedirs(os.path.join(self.root, sub), exist_ok=True)
         except OSError as exc:
             raise CacheError(f"cannot use cache dir {self.root}: {exc.strerror}") from exc
         self._ready = True
+
+    def refuse_foreign(self) -> None:
+        """A folder that holds anything but a cache is never used as one (eviction removes
+        files under its ``data/``): one without this cache's CACHEDIR.TAG (written before
+        anything else) holds nothing but the cache's own names, else a :class:`CacheError`
+        names what it holds."""
+        try:
+            with open(os.path.join(self.root, "CACHEDIR.TAG")) as f:
+                head = f.read(4096)
+            if "shardkit" in head or _TAG.startswith(head):  # ours, or ours cut short
+                return
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise CacheError(f"cannot use cache dir {self.root}: {exc.strerror}") from exc
+        try:
+            other = sorted(set(os.listdir(self.root)) - _OWN)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise CacheError(f"cannot use cache dir {self.root}: {exc.strerror}") from exc
+        if next(self.shards(), None) is not None:
+            other.insert(0, "data/")  # files a cache would evict, under no tag of its own
+        if other:
+            shown = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
+            raise CacheError(
+                f"{self.root} is not a shardkit cache (no shardkit CACHEDIR.TAG; it holds "
+                f"{shown}): give an empty or new folder as the cache dir"
+            )
 
     def path(self, key: CacheKey) -> str:
         return os.path.join(self.root, "data", key.algo, key.digest[:2], key.digest)

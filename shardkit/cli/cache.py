@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from tqdm import tqdm
 
 from shardkit._types import ObjectRef
 from shardkit.cache import CacheStore, CachingOpener, upkeep
+from shardkit.errors import CacheError
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.index import INDEX_MAGIC
 from shardkit.io import IoConfig, load_manifest
@@ -71,6 +73,16 @@ def _cache_dir_arg(f: F) -> F:
     return arg(opt(wrapper))  # type: ignore[return-value]
 
 
+def _existing(cache_dir: str) -> CacheStore:
+    """The cache at ``cache_dir`` for stat, verify and clean: never created, never a folder
+    of something else (clean would remove files under its ``data/``)."""
+    if not os.path.isdir(cache_dir):
+        raise CacheError(f"no cache at {cache_dir}: the folder does not exist")
+    store = CacheStore(cache_dir)
+    store.refuse_foreign()
+    return store
+
+
 @click.group("cache")
 def command() -> None:
     """Inspect, pre-fill (warm) and empty a node-local shard cache."""
@@ -106,7 +118,7 @@ def _kinds(store: CacheStore) -> dict[str, int]:
 def stat(cache_dir: str, limit: str | None, as_json: bool) -> None:
     """What the cache holds: shards, sample indexes, bytes against the limit, shards in
     use, downloads in progress."""
-    store = CacheStore(cache_dir)
+    store = _existing(cache_dir)
     st = upkeep.stat(store)
     d: dict[str, Any] = dataclasses.asdict(st)
     d["objects"] = d.pop("shards")  # every cached file; "shards" counts tar shards only
@@ -240,7 +252,7 @@ def _warm(
 @_JSON
 def verify_cache(cache_dir: str, as_json: bool) -> None:
     """Hash every cached shard again; evict what no longer matches (exit 1 if any)."""
-    store = CacheStore(cache_dir)
+    store = _existing(cache_dir)
     total = sum(s.size for s in store.shards())
     with tqdm(total=total, unit="B", unit_scale=True, disable=as_json, desc="verify") as bar:
         bad = upkeep.scrub(store, progress=bar.update)
@@ -263,7 +275,7 @@ def clean(cache_dir: str, keep: str | None, everything: bool, as_json: bool) -> 
     """Evict shards (never one being read) and remove temp files of dead downloads."""
     if (keep is None) == (not everything):
         raise click.UsageError("give one of --keep SIZE or --all")
-    store = CacheStore(cache_dir)
+    store = _existing(cache_dir)
     n, freed = upkeep.clean(store, keep=0 if everything else parse_size(str(keep)))
     left = upkeep.stat(store)
     if as_json:
