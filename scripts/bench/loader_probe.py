@@ -12,7 +12,9 @@
   measured with other checkouts' shardkit (PYTHONPATH=DIR), runs interleaved;
 - ``llm``: LLM documents (a json record + 256-1800 int32 tokens, decoded, batches of 32):
   samples/s of 0 workers, 2 worker processes and 2 thread workers (kept across epochs, the
-  loader's default) and each one's first batch; ``--against`` too.
+  loader's default), each one's first batch, and the CPU microseconds a sample of the
+  training process and of the worker processes (what the load does not change much);
+  ``--against`` too.
 
 Every measurement runs in a fresh child process; the figures are medians of ``--runs``.
 
@@ -175,7 +177,27 @@ def child_llm(manifest: str, mode: str) -> dict[str, float]:
     ds = shardkit.ShardDataset(manifest).decode().batched(32)
     workers = {"num_workers": 0} if mode == "0" else {"num_workers": 2, "worker_mode": mode}
     t = time.perf_counter()
-    return _first_and_rate(shardkit.WebLoader(ds, **workers), t)
+    loader = shardkit.WebLoader(ds, **workers)
+    out = _first_and_rate(loader, t)
+    # CPU seconds a sample, told apart from the load: the training process's and its
+    # worker processes' (the kept ones of the epochs above), over one more epoch
+    kept = getattr(loader._loader, "_iterator", None)  # a DataLoader's (threads: none)
+    pids = [p.pid for p in getattr(kept, "_workers", [])]
+    main, kids = time.process_time(), _cpu(pids)
+    n = sum(len(b["__key__"]) for b in loader)
+    out["cpu_us_main"] = (time.process_time() - main) / n * 1e6
+    out["cpu_us_workers"] = (_cpu(pids) - kids) / n * 1e6
+    return out
+
+
+def _cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes ``pids`` have used."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 CHILDREN = {
