@@ -74,6 +74,7 @@ ORDER: dict[str, list[list[str]]] = {
     "shardkit.io": [
         [
             "retry",
+            "rate",
             "config",
             "pipe",
             "http",
@@ -90,7 +91,6 @@ ORDER: dict[str, list[list[str]]] = {
     "shardkit.cache": [
         [
             "locks",
-            "rate",
             "ledger",
             "layout",
             "store",

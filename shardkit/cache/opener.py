@@ -30,12 +30,12 @@ from shardkit.cache.fill import ShardFill
 from shardkit.cache.layout import Layout
 from shardkit.cache.locks import NodeSlots
 from shardkit.cache.manifests import fetch_manifest_once
-from shardkit.cache.rate import Admission, NodeRate
 from shardkit.cache.store import CacheKey, CacheStore
 from shardkit.cache.stream import CacheStream
 from shardkit.counters import Counters
 from shardkit.errors import CacheError, ChecksumError, ConfigError
 from shardkit.io.config import IoConfig
+from shardkit.io.rate import Admission, NodeRate
 from shardkit.io.remote import RangeSource, UncachedOpener, buffered
 from shardkit.io.verified import VerifiedFile, file_digest
 from shardkit.urls import REMOTE_SCHEMES, url_scheme

@@ -51,7 +51,7 @@ class CacheConfig:
         node_rate: remote requests per second per node that cache fills start from (0:
             ``node_requests`` per second, doubled every second until the store first
             throttles: a slow start; with ``rate_adapt=False``, 0 is no pacing).
-        rate_adapt: the node's rate adapts to the store (:mod:`shardkit.cache.rate`):
+        rate_adapt: the node's rate adapts to the store (:mod:`shardkit.io.rate`):
             halved on a 429 or 503 (SlowDown), raised additively while requests are
             served; False keeps it at ``node_rate`` (0: unpaced).
         piece_parallel: ranged requests in flight per shard and process filling the cache.

@@ -173,7 +173,7 @@ OpenRange = Callable[[int, int | None], RangeResponse]
 
 class Admission(Protocol):
     """What a gate hands one request: told how the store answered it (a status, or None
-    for no answer), so a node's rate can adapt (:mod:`shardkit.cache.rate`)."""
+    for no answer), so a node's rate can adapt (:mod:`shardkit.io.rate`)."""
 
     def answered(self, status: int | None, retry_after: float | None = None) -> None: ...
 

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from shardkit.cache.opener import CachingOpener
-from shardkit.cache.rate import FLOOR, NodeRate
 from shardkit.errors import FetchError
 from shardkit.format.manifest.model import Manifest
 from shardkit.io.config import IoConfig
+from shardkit.io.rate import FLOOR, NodeRate
 from tests.helpers.throttle import MODES, ThrottlingServer
 
 pytestmark = pytest.mark.integration

@@ -23,13 +23,13 @@ requests of the node keep the pace the store can serve.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import struct
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from shardkit.cache.locks import locked
 from shardkit.counters import Counters
 from shardkit.errors import CacheError
 from shardkit.io.retry import NoTurn
@@ -191,7 +191,7 @@ class NodeRate:
     def _state(self) -> Iterator[tuple[_State, float]]:
         """The node's state under its lock, written back when the block ends."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        with locked(self.path) as fd:
+        with _locked(self.path) as fd:
             raw = os.pread(fd, _STATE.size, 0)
             now = time.monotonic()
             st = _State(*_STATE.unpack(raw)) if len(raw) == _STATE.size else None
@@ -203,3 +203,30 @@ class NodeRate:
                 st.window, st.count = now, 0.0
             yield st, now
             os.pwrite(fd, _STATE.pack(*vars(st).values()), 0)
+
+
+_HELD: set[int] = set()  # lock fds this process holds: a forked child closes its copies
+_HOOKED: list[bool] = []
+
+
+def _close_inherited() -> None:
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)  # else the child's copy would hold the node's lock for ever
+    _HELD.clear()
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[int]:
+    """``path`` open and ``flock``ed for the block (every process of the node, any thread)."""
+    if not _HOOKED:
+        os.register_at_fork(after_in_child=_close_inherited)
+        _HOOKED.append(True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    _HELD.add(fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        _HELD.discard(fd)
+        os.close(fd)  # the only fd of its description: the lock goes with it
