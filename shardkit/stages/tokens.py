@@ -145,7 +145,7 @@ class PackTokens(Stage):
         if dtype is not None:
             dtype = _int_dtype(dtype)
         for what, token in (("eos", eos), ("pad", pad)):
-            if token is not None:
+            if token is not None or what == "pad":  # no eos is None; a pad is always one
                 _check_token(what, token, dtype)
         if strategy not in STRATEGIES:
             raise ConfigError(

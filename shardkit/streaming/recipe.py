@@ -120,7 +120,8 @@ class Recipe:
         examples use; see :mod:`shardkit.plan.order`). The shard order is shuffled every
         epoch already (``shardshuffle``); the window mixes samples of nearby shards."""
         self._before_grouping("shuffle()")
-        initial = bufsize if initial is None else initial
+        bufsize = as_int(bufsize, "shuffle: bufsize", floats=False)  # True, inf: no shuffle
+        initial = bufsize if initial is None else as_int(initial, "shuffle: initial", floats=False)
         if bufsize < 0 or not 0 < initial <= max(bufsize, 1):
             raise ConfigError(f"shuffle({bufsize}, initial={initial}): need 0 < initial <= bufsize")
         new = self._derive()

@@ -1,0 +1,58 @@
+"""Hostile values at entries the first values pass left: ``shuffle(bufsize, initial)``,
+``pack_tokens(pad=None)`` and ``sk.verify``'s arguments.
+
+``shuffle(True)`` and ``shuffle(float('inf'))`` shuffled no sample (a window of one: the
+order of the shards, no error), ``shuffle(2.5)`` a window of 2; ``shuffle('3')`` was a bare
+TypeError from a comparison. ``pack_tokens(pad=None)`` was a bare ``int(None)`` TypeError.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import shardkit as sk
+from shardkit.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = Path(tmp_path_factory.mktemp("extra")) / "set"
+    with sk.ShardWriter(out, maxcount=8) as w:
+        for i in range(16):
+            w.write({"__key__": f"k{i:02d}", "tokens.npy": np.arange(i + 1, dtype=np.int32)})
+    return str(out / "manifest.json")
+
+
+@pytest.mark.parametrize(
+    "bufsize", [True, np.bool_(True), 2.5, 4.0, float("inf"), float("nan"), 1e308, "3", None]
+)
+def test_shuffle_bufsize_is_an_integer(manifest: str, bufsize: Any) -> None:
+    with pytest.raises(ConfigError, match="shuffle: bufsize"):
+        sk.ShardDataset(manifest, seed=1).shuffle(bufsize)
+
+
+@pytest.mark.parametrize("initial", [True, 2.5, "2", float("inf")])
+def test_shuffle_initial_is_an_integer(manifest: str, initial: Any) -> None:
+    with pytest.raises(ConfigError, match="shuffle: initial"):
+        sk.ShardDataset(manifest, seed=1).shuffle(8, initial=initial)
+
+
+def test_shuffle_takes_numpy_integers_and_shuffles(manifest: str) -> None:
+    plain = [s["__key__"] for s in sk.ShardDataset(manifest, seed=1, shardshuffle=False)]
+    mixed = [
+        s["__key__"]
+        for s in sk.ShardDataset(manifest, seed=1, shardshuffle=False).shuffle(np.int64(16))
+    ]
+    assert sorted(mixed) == plain and mixed != plain
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "best_fit"])
+def test_pack_tokens_pad_none_is_named(manifest: str, strategy: str) -> None:
+    with pytest.raises(ConfigError, match="pad must be an int"):
+        sk.ShardDataset(manifest).decode().pack_tokens(
+            "tokens.npy", 8, eos=0, pad=None, strategy=strategy
+        )
