@@ -89,7 +89,6 @@ class Ledger:
         self._reset()
 
     def _reset(self) -> None:
-        self._pid = os.getpid()
         self._fd: int | None = None
         self._pos = 0
         self.entries: dict[str, tuple[int, int]] = {}
@@ -100,9 +99,6 @@ class Ledger:
     # -- reading -------------------------------------------------------------------
     def sync(self) -> None:
         """Catch up with what other processes appended; rescan if it cannot be trusted."""
-        if self._pid != os.getpid():
-            self._close()
-            self._reset()
         try:
             self._catch_up()
         except Stale as exc:

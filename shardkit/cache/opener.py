@@ -8,8 +8,8 @@ pieces nobody else is fetching, the ones its reader needs first. ``prefetch`` fi
 next shards of a plan in a small thread pool, ``prefetch_depth`` ahead. Reads without a
 size and checksum (a manifest) and local files bypass the cache.
 
-The opener is cheap to build and picklable: its threads, locks and fill registry are made
-per process, on first use (again after a fork).
+The opener is cheap to build and picklable: its threads, locks and fill registry are a
+:class:`~shardkit.per_process.PerProcess` resource, made on first use (again after a fork).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from shardkit._types import ObjectRef
 from shardkit.cache.fill import ShardFill
@@ -38,6 +38,7 @@ from shardkit.io.config import IoConfig
 from shardkit.io.rate import Admission, NodeRate
 from shardkit.io.remote import RangeSource, UncachedOpener, buffered
 from shardkit.io.verified import VerifiedFile, file_digest
+from shardkit.per_process import PerProcess
 from shardkit.urls import REMOTE_SCHEMES, url_scheme
 
 __all__ = ["CachingOpener"]
@@ -53,7 +54,6 @@ class _Local:
     """
 
     def __init__(self, threads: int) -> None:
-        self.pid = os.getpid()
         # reentrant: the GC may close an abandoned stream (and give back its lease) in the
         # thread that holds it
         self.lock = threading.RLock()
@@ -125,18 +125,13 @@ class CachingOpener:
             wait=cfg.cache_wait,
             counters=self.counters,
         )
-        self._local_state: _Local | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_local_state"] = None
-        return state
+        self._locals: PerProcess[_Local] = PerProcess(
+            functools.partial(_Local, cfg.prefetch_threads)
+        )
 
     @property
     def _local(self) -> _Local:
-        if self._local_state is None or self._local_state.pid != os.getpid():
-            self._local_state = _Local(self.cfg.prefetch_threads)
-        return self._local_state
+        return self._locals.get()
 
     # -- the Opener protocol -------------------------------------------------------
     def open(self, ref: ObjectRef, start: int = 0, end: int | None = None) -> BinaryIO:
@@ -236,8 +231,8 @@ class CachingOpener:
         leases keep eviction off them). The opener can be used again afterwards. False if
         ``timeout`` seconds passed first (the leases are released all the same).
         """
-        local = self._local_state
-        if local is None or local.pid != os.getpid():
+        local = self._locals.peek()
+        if local is None:
             return True
         end = None if timeout is None else time.monotonic() + timeout
         ended = local.wait_idle(timeout)

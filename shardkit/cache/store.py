@@ -65,6 +65,7 @@ from shardkit.cache.ledger import Entry, Ledger, Stale
 from shardkit.cache.locks import locked, open_shared, try_lock_existing
 from shardkit.durable import fsync_dir
 from shardkit.errors import CacheError
+from shardkit.per_process import PerProcess
 
 __all__ = ["CacheKey", "CacheStat", "CacheStore", "CachedShard", "Layout", "TempFile"]
 
@@ -90,10 +91,11 @@ class CacheStore:
         self.limit = limit
         self._ready = False
         self._lock = lock  # the eviction lock's seam: tests watch who waits on it
-        self._ledger: Ledger | None = None
+        self._ledger: PerProcess[Ledger] = PerProcess(self._make_ledger)
 
     def __getstate__(self) -> dict[str, object]:
-        return {"root": self.root, "limit": self.limit, "_ready": False, "_ledger": None}
+        # the eviction lock's seam is a test's hook: a copy in another process locks
+        return {"root": self.root, "limit": self.limit, "_ready": False, "_ledger": self._ledger}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -299,10 +301,12 @@ class CacheStore:
     # -- accounting and eviction ---------------------------------------------------
     def ledger(self) -> Ledger:
         """The ledger of ``data/``, caught up (called under the exclusive eviction lock)."""
-        if self._ledger is None:
-            self._ledger = Ledger(self.root, self._scan)
-        self._ledger.sync()
-        return self._ledger
+        ledger = self._ledger.get()
+        ledger.sync()
+        return ledger
+
+    def _make_ledger(self) -> Ledger:
+        return Ledger(self.root, self._scan)
 
     def _rel(self, key: CacheKey) -> str:
         return os.path.relpath(self.path(key), self.root)

@@ -7,18 +7,17 @@ resumes at the first byte not yet delivered (:mod:`shardkit.io.retry`). A server
 ignores ``Range`` (200 instead of 206) still works: the bytes before the wanted offset are
 skipped.
 
-The session is created lazily and again in a forked child (keyed by pid), so an opener
-can be pickled into DataLoader workers and never shares a socket across processes.
+The session is a :class:`~shardkit.per_process.PerProcess` resource: made lazily, again in
+a forked child, never pickled, so an opener can be pickled into DataLoader workers and
+never shares a socket across processes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
-import os
 import re
 from collections.abc import Iterator
-from typing import Any
 
 import requests
 import urllib3
@@ -27,6 +26,7 @@ from shardkit.counters import Counters
 from shardkit.errors import FetchError
 from shardkit.io.config import IoConfig
 from shardkit.io.retry import Gate, Retryable, RetryPolicy, parse_retry_after, resuming_chunks
+from shardkit.per_process import PerProcess
 from shardkit.urls import parse_url
 
 __all__ = ["CHUNK", "HttpSource", "policy_of"]
@@ -99,22 +99,17 @@ class HttpSource:
     def __init__(self, cfg: IoConfig, counters: Counters) -> None:
         self.cfg = cfg
         self.counters = counters
-        self._session: requests.Session | None = None
-        self._pid = 0
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_session"] = None
-        return state
+        self._session: PerProcess[requests.Session] = PerProcess(self._make_session)
 
     @property
     def session(self) -> requests.Session:
         """This process's keep-alive session (a new one after fork)."""
-        if self._session is None or self._pid != os.getpid():
-            s = requests.Session()
-            s.headers["Accept-Encoding"] = "identity"  # byte ranges of the stored bytes
-            self._session, self._pid = s, os.getpid()
-        return self._session
+        return self._session.get()
+
+    def _make_session(self) -> requests.Session:
+        s = requests.Session()
+        s.headers["Accept-Encoding"] = "identity"  # byte ranges of the stored bytes
+        return s
 
     def location(self, url: str) -> str:
         """Where ``url`` lives, in full and in one spelling (scheme, host, port, path,

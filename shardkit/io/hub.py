@@ -71,14 +71,11 @@ def hub_token() -> str | None:
 class HubSource(HttpSource):
     """Ranged reads of ``hf://`` urls through their resolve urls (module docstring)."""
 
-    @property
-    def session(self) -> requests.Session:
-        fresh = self._session is None or self._pid != os.getpid()
-        s = super().session
-        if fresh:
-            token = hub_token()
-            if token:
-                s.headers["Authorization"] = f"Bearer {token}"
+    def _make_session(self) -> requests.Session:
+        s = super()._make_session()
+        token = hub_token()
+        if token:
+            s.headers["Authorization"] = f"Bearer {token}"
         return s
 
     def location(self, url: str) -> str:

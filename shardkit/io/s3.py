@@ -4,13 +4,12 @@ The endpoint comes from ``endpoint_url=`` (or boto3's own ``AWS_ENDPOINT_URL``);
 credentials and region from boto3's usual chain. Reads are ranged ``GetObject`` calls with
 the same retry, backoff and resume-from-the-last-byte loop as HTTP
 (:mod:`shardkit.io.retry`); botocore's own retries are turned off so that every try is
-counted once. One client per process, created lazily (again after fork).
+counted once. One client per process (:class:`~shardkit.per_process.PerProcess`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +22,7 @@ from shardkit.io.retry import Gate, Retryable, parse_retry_after, resuming_chunk
 from shardkit.urls import parse_url
 
 __all__ = ["S3Source", "s3_retryable"]
+from shardkit.per_process import PerProcess
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 _RETRY_CODES = frozenset(
@@ -115,35 +115,29 @@ class S3Source:
     def __init__(self, cfg: IoConfig, counters: Counters) -> None:
         self.cfg = cfg
         self.counters = counters
-        self._client: Any = None
-        self._profile: str | None = None
-        self._pid = 0
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_client"] = None
-        return state
+        # this process's client and the profile it was made with
+        self._client: PerProcess[tuple[Any, str | None]] = PerProcess(self._make_client)
 
     @property
     def client(self) -> Any:
         """This process's boto3 S3 client."""
-        if self._client is None or self._pid != os.getpid():
-            try:
-                import boto3
-                from botocore.config import Config
-            except ImportError as exc:
-                raise ConfigError("s3:// urls need boto3: pip install 'shardkit[s3]'") from exc
-            config = Config(
-                connect_timeout=self.cfg.connect_timeout,
-                read_timeout=policy_of(self.cfg).read_timeout(self.cfg.read_timeout),
-                retries={"total_max_attempts": 1},
-                max_pool_connections=max(10, self.cfg.prefetch_threads + 2),
-            )
-            session = boto3.session.Session()
-            self._profile = session.profile_name
-            self._client = session.client("s3", endpoint_url=self.cfg.endpoint_url, config=config)
-            self._pid = os.getpid()
-        return self._client
+        return self._client.get()[0]
+
+    def _make_client(self) -> tuple[Any, str | None]:
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError as exc:
+            raise ConfigError("s3:// urls need boto3: pip install 'shardkit[s3]'") from exc
+        config = Config(
+            connect_timeout=self.cfg.connect_timeout,
+            read_timeout=policy_of(self.cfg).read_timeout(self.cfg.read_timeout),
+            retries={"total_max_attempts": 1},
+            max_pool_connections=max(10, self.cfg.prefetch_threads + 2),
+        )
+        session = boto3.session.Session()
+        client = session.client("s3", endpoint_url=self.cfg.endpoint_url, config=config)
+        return client, session.profile_name
 
     def location(self, url: str) -> str:
         """Where ``url`` lives, in full: the endpoint this process's client talks to (from
@@ -151,9 +145,9 @@ class S3Source:
         profile, the bucket and the key. The same ``s3://`` url on another store is
         another location, so nothing derived from one is taken for the other."""
         bucket, key = _split(url)
-        client = self.client
+        client, profile = self._client.get()
         meta = client.meta
-        profile = self._profile or "default"
+        profile = profile or "default"
         return f"s3://{bucket}/{key} @ {meta.endpoint_url} region={meta.region_name} {profile=}"
 
     def stream(

@@ -61,3 +61,26 @@ def test_a_pickled_copy_carries_only_how_to_make_it() -> None:
     copy = pickle.loads(pickle.dumps(res))
     assert copy.peek() is None
     assert copy.get() != res.get()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
+def test_every_process_resource_is_per_process(tmp_path: object) -> None:
+    from shardkit.cache.ledger import Ledger
+    from shardkit.cache.opener import CachingOpener
+    from shardkit.io.config import IoConfig
+    from shardkit.io.http import HttpSource
+    from shardkit.io.hub import HubSource
+    from shardkit.io.s3 import S3Source
+
+    for cls in (HttpSource, HubSource, S3Source, CachingOpener, Ledger):
+        assert "__getstate__" not in vars(cls), cls  # PerProcess is the one spelling
+    src = HubSource(IoConfig(), Counters())
+    mine = src.session
+    assert src.session is mine
+    clone = pickle.loads(pickle.dumps(src))  # what a spawned worker gets: no session
+    assert clone._session.peek() is None and clone.session is not mine
+    assert _in_child(lambda: id(src.session) != id(mine)) == pickle.dumps(True)
+    opener = CachingOpener(IoConfig(cache_dir=str(tmp_path)))
+    local = opener._local
+    assert pickle.loads(pickle.dumps(opener))._locals.peek() is None
+    assert opener._local is local
