@@ -34,6 +34,7 @@ from shardkit.format.tario.reader import TarReader, stream_size
 from shardkit.io import IoConfig, UncachedOpener, load_manifest
 from shardkit.units import plural
 from shardkit.urls import WithinBase, check_within
+from shardkit.values import as_int
 
 if TYPE_CHECKING:
     from shardkit._types import Opener
@@ -365,6 +366,12 @@ def verify(
     """
     if level not in LEVELS:
         raise ConfigError(f"level must be one of {LEVELS}, got {level!r}")
+    if not isinstance(manifest, Manifest | str | os.PathLike):
+        raise TypeError(
+            "verify: manifest must be a path, a url or a Manifest, "
+            f"not {type(manifest).__name__} {manifest!r:.80}"
+        )
+    jobs = as_int(jobs, "verify: jobs", low=1, floats=False)
     t0 = time.perf_counter()
     opener = opener or UncachedOpener(IoConfig())
     if not isinstance(manifest, Manifest):

@@ -76,6 +76,8 @@ def end_process_group(settle: float = 0.5) -> None:
     and both wait forever (seen as ``~ProcessGroupGloo`` joining a thread stuck in
     ``~AsyncBarrierWork``). The pause lets the thread finish first. No-op without a group.
     """
+    if isinstance(settle, bool) or not isinstance(settle, int | float) or not 0 <= settle < 3600:
+        raise ConfigError(f"end_process_group: settle must be seconds in [0, 3600), got {settle!r}")
     if not (dist.is_available() and dist.is_initialized()):
         return
     dist.barrier()

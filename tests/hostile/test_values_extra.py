@@ -56,3 +56,19 @@ def test_pack_tokens_pad_none_is_named(manifest: str, strategy: str) -> None:
         sk.ShardDataset(manifest).decode().pack_tokens(
             "tokens.npy", 8, eos=0, pad=None, strategy=strategy
         )
+
+
+@pytest.mark.parametrize("given", [None, 3, {"shards": []}, b"manifest.json", ["a"]])
+def test_verify_names_what_it_takes(given: Any) -> None:
+    with pytest.raises(TypeError, match="a path, a url or a Manifest"):
+        sk.verify(given)
+
+
+@pytest.mark.parametrize("jobs", ["2", 2.5, True, 0, -1, None])
+def test_verify_jobs_is_a_count(manifest: str, jobs: Any) -> None:
+    with pytest.raises(ConfigError, match="verify: jobs"):
+        sk.verify(manifest, jobs=jobs)
+
+
+def test_verify_takes_a_path_and_numpy_jobs(manifest: str) -> None:
+    assert sk.verify(Path(manifest), jobs=np.int64(2)).ok
