@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from shardkit._types import ObjectRef
 from shardkit.cache.opener import CachingOpener
 from shardkit.errors import FetchError
 from shardkit.format.manifest.model import Manifest
@@ -33,7 +34,7 @@ def _node_process(
 
     def read(entry: tuple[str, int, str]) -> tuple[str, bytes]:
         name, size, checksum = entry
-        with opener.open(f"{base}/{name}", size=size, checksum=checksum) as f:
+        with opener.open(ObjectRef(f"{base}/{name}", size, checksum)) as f:
             return name, f.read()
 
     with ThreadPoolExecutor(4) as pool:
@@ -150,7 +151,7 @@ def test_a_store_that_throttles_forever_ends_in_a_named_fetch_error_by_the_deadl
         url = srv.url(e.url)
         start = time.monotonic()
         with pytest.raises(FetchError) as err:
-            opener.ensure_cached(url, e.size, e.checksum)
+            opener.ensure_cached(ObjectRef(url, e.size, e.checksum))
         took = time.monotonic() - start
     assert took <= 2.0 + 0.5, took
     msg = str(err.value)
