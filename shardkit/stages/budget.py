@@ -50,6 +50,7 @@ from shardkit.stages.base import (
     check_state,
 )
 from shardkit.stages.collate import collate_numpy
+from shardkit.stages.mixture import drawn_from
 
 __all__ = [
     "BudgetBatched",
@@ -345,8 +346,9 @@ class _Group:
     budgets (an item costlier than the budget counts as one) or there are ``buffer``;
     ``before``/``after``: the upstream's states at its ends."""
 
-    def __init__(self, stage: BudgetBatched, up: Cursor) -> None:
-        self.stage, self.up = stage, up
+    def __init__(self, stage: BudgetBatched, up: Cursor, cursor: _BudgetCursor) -> None:
+        self.stage, self.up, self.cursor = stage, up, cursor
+        self.sources: list[int | None] = []  # each item's mixture source (None: no mixture)
         self.before = up.state()
         self.after: dict[str, Any] | None = None
         self.items: list[Any] = []
@@ -369,6 +371,8 @@ class _Group:
                 self.after = up.state()
                 break
             items.append(item)
+            self.sources.append(None if self.cursor.mix is None else self.cursor.mix.last)
+            self.cursor.own["samples"] -= 1  # counted when its batch is given
             c = _cost_of(cost, item)
             costs.append(c)
             total += c if c < budget else budget
@@ -393,6 +397,10 @@ class _BudgetCursor(Cursor):
         self.held: dict[str, Any] | None = None
         self.clean = up.state()  # where a fresh cursor goes on when no group is held
         self.own["collate_s"] = 0.0
+        # "samples": an item counts when its batch is given (held back from the source's
+        # count while it waits in a group); a mixture's exposure is counted so too
+        self.own["samples"] = 0.0
+        self.mix = drawn_from(up)
         self.items = self._batches(skip)
 
     def state(self) -> dict[str, Any]:
@@ -403,24 +411,42 @@ class _BudgetCursor(Cursor):
 
     def _batches(self, skip: int) -> Iterator[Any]:
         stage, collate = self.stage, self.stage.collate
-        group = _Group(stage, self.upstream).read()
+        group = _Group(stage, self.upstream, self).read()
         while group.items:
             batches = fill_to_budget(group.costs, stage.budget)
-            ahead = _Group(stage, self.upstream)
+            ahead = _Group(stage, self.upstream, self)
             per = -(-len(group.items) // len(batches))
             done = _bits(i for b in batches[:skip] for i in b)
+            given: dict[int, list[int]] = {}  # per mixture source: samples, tokens given
+            for b in batches[:skip]:
+                self._given(group, b, given)
             for k in range(skip, len(batches)):
                 done |= _bits(batches[k])
+                self._given(group, batches[k], given)
                 if k + 1 < len(batches):
                     self.held = {"source": group.before, "size": len(group.items)}
                     self.held.update(skip=k + 1, done=format(done, "x"), after=group.after)
+                    if given:
+                        self.held["given"] = [[s, *given[s]] for s in sorted(given)]
                 else:  # the group is given: a fresh cursor reads the next one
                     self.held, self.clean = None, ahead.before
                 t = perf_counter()
                 out = collate([group.items[i] for i in batches[k]])
                 self.own["collate_s"] += perf_counter() - t
+                self.own["samples"] += len(batches[k])
                 yield out
                 ahead.read(per)
             skip = 0
             group = ahead.read()
         self.held, self.clean = None, group.after or self.upstream.state()
+
+    def _given(self, group: _Group, batch: list[int], given: dict[int, list[int]]) -> None:
+        """Add the items ``batch`` of ``group`` to ``given`` by mixture source."""
+        if self.mix is None:
+            return
+        for i in batch:
+            k = group.sources[i]
+            if k is not None:
+                got = given.setdefault(k, [0, 0])
+                got[0] += 1
+                got[1] += self.mix._tokens(group.items[i])
