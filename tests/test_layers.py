@@ -105,8 +105,8 @@ ORDER: dict[str, list[list[str]]] = {
         ["policy", "indexes", "remote_compact", "catalog", "stream", "lookup", "keys"]
     ],
     "shardkit.stages": [
-        ["base", "collate", "packing", "budget", "basic", "decode", "reading", "source", "epoch"],
-        ["mixture", "nominal", "tokens"],
+        ["base", "collate", "packing", "decode", "reading", "source", "epoch"],
+        ["mixture", "budget", "basic", "nominal", "tokens"],
     ],
     "shardkit.metrics": [["schema", "job", "alert", "export"]],
     "shardkit.streaming": [
