@@ -7,11 +7,15 @@ The stores themselves are in :mod:`shardkit.io.stores`.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
 from shardkit.counters import Counters
+from shardkit.io.rate import NodeRate
 from shardkit.io.retry import Retryable, RetryPolicy, retried
 from shardkit.urls import OBJECT_SCHEMES, url_scheme
 
@@ -97,8 +101,9 @@ class ObjectStore:
     Every write request (a part, a chunk, a block, a commit, a small object) is retried
     on 429, 5xx, ``SlowDown`` and dropped connections under ``retry``, as reads are
     (:func:`shardkit.io.retry.retried`; the SDKs' own retries are off for them, so each
-    try is counted once, in ``counters``), and fails with a FetchError naming the object,
-    the attempts and the time."""
+    try is counted once, in ``counters``), through the node's write rate for the store
+    (:attr:`rate`), and fails with a FetchError naming the object, the attempts and the
+    time."""
 
     scheme = ""
 
@@ -109,6 +114,22 @@ class ObjectStore:
         self.part_size = part_size
         self.retry = retry or RetryPolicy()
         self.counters = Counters()
+        self._rate: NodeRate | None = None
+
+    def location(self) -> str:
+        """The store and bucket in full: what the node's write rate is kept for."""
+        return self.url("")
+
+    @property
+    def rate(self) -> NodeRate:
+        """The node's write rate for this store and bucket (:mod:`shardkit.io.rate`): one
+        per node in the temp dir, shared by every writer process; unpaced until the store
+        first throttles, then cut and raised as reads' is."""
+        if self._rate is None:
+            name = hashlib.sha256(self.location().encode()).hexdigest()[:24]
+            root = os.path.join(tempfile.gettempdir(), f"shardkit-{os.getuid()}", "write-rates")
+            self._rate = NodeRate(os.path.join(root, name), counters=self.counters)
+        return self._rate
 
     def again(self, key: str, call: Callable[[], T]) -> T:
         """``call()``, one write request for ``key``, retried as the class says."""
@@ -122,7 +143,9 @@ class ObjectStore:
                     raise
                 raise mapped from exc
 
-        return retried(self.url(key), once, policy=self.retry, counters=self.counters)
+        return retried(
+            self.url(key), once, policy=self.retry, counters=self.counters, gate=self.rate.gate
+        )
 
     def retryable(self, exc: Exception) -> Retryable | None:
         """The SDK's error as :class:`Retryable` when another try may succeed; else None."""

@@ -146,6 +146,9 @@ class S3Store(ObjectStore):
     def retryable(self, exc: Exception) -> Retryable | None:
         return s3_retryable(exc)
 
+    def location(self) -> str:
+        return f"{self.writer.meta.endpoint_url} {self.url('')}"
+
     def upload(self, key: str) -> Upload:
         return _S3Upload(self, key)
 
