@@ -5,6 +5,7 @@ from __future__ import annotations
 from shardkit.read.policy import POLICIES, check_policy
 from shardkit.stages.base import Context, Cursor, Grid, Stage, check_state, state_epoch
 from shardkit.stages.basic import Batched, Map, Select, ToTuple
+from shardkit.stages.budget import attention_cost
 from shardkit.stages.collate import collate_numpy
 from shardkit.stages.decode import Decode
 from shardkit.stages.source import ShardSource, sources_of
@@ -23,6 +24,7 @@ __all__ = [
     "ShardSource",
     "Stage",
     "ToTuple",
+    "attention_cost",
     "check_policy",
     "check_state",
     "collate_numpy",
