@@ -127,6 +127,8 @@ class Batched(Step):
         n: items per batch.
         collate: ``list[item] -> batch``.
         partial: yield a last batch of fewer than ``n`` items (else drop it).
+        samples: the items are samples (no packing or batching before): a dropped last
+            batch's are counted as ``dropped_samples``, not as ``samples`` delivered.
     """
 
     name = "batched"
@@ -137,11 +139,13 @@ class Batched(Step):
         n: int,
         collate: Callable[[list[Any]], Any] | None = None,
         partial: bool = True,
+        samples: bool = False,
     ) -> None:
         super().__init__(upstream)
         self.n = as_int(n, "batched: the batch size n", low=1, floats=False)
         self.collate = collate or collate_numpy
         self.partial = partial
+        self.samples = samples
 
     def params(self) -> dict[str, Any]:
         return {"n": self.n, "partial": self.partial, "collate": callable_name(self.collate)}
@@ -167,6 +171,9 @@ class Batched(Step):
                 batch = []
         if batch and self.partial:
             yield self._collated(batch, own)
+        elif batch and self.samples:  # never reach the training loop
+            own["samples"] = own.get("samples", 0.0) - len(batch)
+            own["dropped_samples"] = own.get("dropped_samples", 0.0) + len(batch)
 
     def _collated(self, batch: list[Any], own: dict[str, float]) -> Any:
         t = perf_counter()

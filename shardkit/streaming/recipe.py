@@ -210,8 +210,8 @@ class Recipe:
         if budget is None:
             if n is None or cost is not None:
                 raise ConfigError("batched: give n (items per batch), or budget= and cost=")
-            size = n
-            return self._then(lambda up: Batched(up, size, fn, partial), grouped=True)
+            size, samples = n, not self._grouped
+            return self._then(lambda up: Batched(up, size, fn, partial, samples), grouped=True)
         if n is not None or cost is None:
             raise ConfigError("batched(budget=B) needs cost= (a field name or a callable), not n")
         how = cost

@@ -72,3 +72,38 @@ def test_verify_jobs_is_a_count(manifest: str, jobs: Any) -> None:
 
 def test_verify_takes_a_path_and_numpy_jobs(manifest: str) -> None:
     assert sk.verify(Path(manifest), jobs=np.int64(2)).ok
+
+
+@pytest.fixture(scope="module")
+def counted(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """27 samples: a select refuses 6 (counted as filtered), decode skips 7 (bad json)."""
+    out = Path(tmp_path_factory.mktemp("counted")) / "set"
+    with sk.ShardWriter(out, maxcount=7) as w:
+        for i in range(40):
+            text = b"{bad" if i % 6 == 0 else b'{"i": %d}' % i
+            w.write({"__key__": f"{i:04d}", "json": text})
+    return str(out / "manifest.json")
+
+
+def _kept(sample: dict[str, Any]) -> bool:
+    return int(sample["__key__"]) % 5 != 1
+
+
+def _key(sample: dict[str, Any]) -> str:
+    return str(sample["__key__"])
+
+
+@pytest.mark.parametrize(("workers", "mode"), [(0, "process"), (2, "process"), (2, "thread")])
+def test_a_dropped_short_batch_is_not_counted_as_delivered(
+    counted: str, workers: int, mode: str
+) -> None:
+    """batched(partial=False) drops a short last batch: stats() said its samples reached
+    the training loop (samples 27 for 24 delivered, dropped 0)."""
+    ds = sk.ShardDataset(counted, shardshuffle=False, handler="warn").decode()
+    ds = ds.select(_kept).map(_key).batched(4, collate=list, partial=False)
+    loader = sk.WebLoader(ds, num_workers=workers, worker_mode=mode)
+    got = [k for batch in loader for k in batch]
+    st = loader.stats()
+    assert st["samples"] == len(got) == 24
+    assert st["filtered_samples"] == 6 and st["skipped_samples"] == 7
+    assert st["dropped_samples"] == 27 - 24
