@@ -39,6 +39,7 @@ from shardkit.io.rate import Admission, NodeRate
 from shardkit.io.remote import RangeSource, UncachedOpener, buffered
 from shardkit.io.verified import VerifiedFile, file_digest
 from shardkit.per_process import PerProcess
+from shardkit.plan.world import WorldInfo
 from shardkit.urls import REMOTE_SCHEMES, url_scheme
 
 __all__ = ["CachingOpener"]
@@ -124,6 +125,7 @@ class CachingOpener:
             adapt=cfg.rate_adapt,
             wait=cfg.cache_wait,
             counters=self.counters,
+            cap=cfg.request_rate / nodes() if cfg.request_rate else 0.0,
         )
         self._locals: PerProcess[_Local] = PerProcess(
             functools.partial(_Local, cfg.prefetch_threads)
@@ -431,3 +433,9 @@ def report_rot(counters: Counters, url: str, what: str) -> None:
     """A cached copy that no longer matches: counted, named, evicted, fetched again."""
     counters.add("cache_rotten")
     log.warning("%s: the cached copy rotted on disk (%s); evicted, fetched again", url, what)
+
+
+def nodes() -> int:
+    """How many nodes the job runs on (its world over the ranks of this node)."""
+    world = WorldInfo.detect()
+    return max(1, world.world_size // world.local_world_size)

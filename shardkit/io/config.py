@@ -54,6 +54,10 @@ class CacheConfig:
         rate_adapt: the node's rate adapts to the store (:mod:`shardkit.io.rate`):
             halved on a 429 or 503 (SlowDown), raised additively while requests are
             served; False keeps it at ``node_rate`` (0: unpaced).
+        request_rate: requests per second the whole job may make of its stores (0: no
+            limit), for users who know their store's: each node's rate stays at or below
+            its share, ``request_rate`` divided over the job's nodes (``WORLD_SIZE /
+            LOCAL_WORLD_SIZE``, or the process group's).
         piece_parallel: ranged requests in flight per shard and process filling the cache.
         cache_wait: seconds a reader waits for a piece another process is fetching before
             :class:`CacheError` (its own requests are bounded by the retry policy).
@@ -71,6 +75,7 @@ class CacheConfig:
     node_requests: int = 16
     node_rate: float = 0.0
     rate_adapt: bool = True
+    request_rate: float = 0.0
     piece_parallel: int = 4
     cache_wait: float = 300.0
     manifest_ttl: float = 300.0
@@ -80,8 +85,14 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if not self.cache_wait > 0:
             raise ConfigError(f"cache_wait must be > 0, got {self.cache_wait!r}")
-        for name in ("prefetch_depth", "node_requests", "node_rate", "manifest_ttl"):
-            if getattr(self, name) < 0:
+        for name in (
+            "prefetch_depth",
+            "node_requests",
+            "node_rate",
+            "request_rate",
+            "manifest_ttl",
+        ):
+            if not getattr(self, name) >= 0:  # NaN too
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if min(self.prefetch_threads, self.piece_parallel) < 1:
             raise ConfigError("prefetch_threads and piece_parallel must be >= 1")
@@ -142,7 +153,7 @@ class IoConfig:
             ``deadline``, ``min_rate``, ``rate_window``).
         cache: the node-local cache (:class:`CacheConfig`: ``cache_dir``, ``cache_limit``,
             ``prefetch_depth``, ``prefetch_threads``, ``node_requests``, ``node_rate``,
-            ``rate_adapt``,
+            ``rate_adapt``, ``request_rate``,
             ``piece_parallel``, ``cache_wait``, ``manifest_ttl``, ``on_cache_error``,
             ``cache_verify``).
         limits: what a reader holds at most and checks (:class:`ReaderLimits`:
@@ -291,6 +302,11 @@ class IoConfig:
     def rate_adapt(self) -> bool:
         """``cache.rate_adapt``."""
         return self.cache.rate_adapt
+
+    @property
+    def request_rate(self) -> float:
+        """``cache.request_rate``."""
+        return self.cache.request_rate
 
     @property
     def piece_parallel(self) -> int:

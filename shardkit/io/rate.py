@@ -102,6 +102,8 @@ class NodeRate:
         wait: seconds a request may be scheduled ahead before :class:`CacheError`
             (:class:`NoTurn` when its turn falls past the read's deadline).
         counters: where cuts and waits are counted (``rate_cuts``, ``rate_wait_s``).
+        cap: requests per second the rate never goes above (0: none): this node's share
+            of a job-wide budget.
     """
 
     def __init__(
@@ -112,12 +114,14 @@ class NodeRate:
         adapt: bool = True,
         wait: float = 300.0,
         counters: Counters | None = None,
+        cap: float = 0.0,
     ) -> None:
         self.path = path
-        self.start = start
+        self.start = min(start, cap) if start > 0 and cap > 0 else (start or cap)
         self.adapt = adapt
         self.wait = wait
         self.counters = counters or Counters()
+        self.cap = cap
 
     def __getstate__(self) -> dict[str, object]:
         return dict(self.__dict__)
@@ -180,6 +184,8 @@ class NodeRate:
             else:
                 step = st.rate  # slow start: doubling every second until the first cut
             st.rate += step * min(2.0, now - st.last_raise)
+            if self.cap > 0:
+                st.rate = min(st.rate, self.cap)
             st.last_raise = now
 
     def rate(self) -> float:

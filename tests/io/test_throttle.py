@@ -157,3 +157,23 @@ def test_a_store_that_throttles_forever_ends_in_a_named_fetch_error_by_the_deadl
     msg = str(err.value)
     assert url in msg and "giving up after" in msg and "deadline" in msg, msg
     assert err.value.attempts is not None and err.value.attempts >= 1
+
+
+def test_a_job_wide_rate_caps_each_node_at_its_share(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """request_rate=10 over a job of 4 ranks, 2 per node: each node's rate starts at and
+    never climbs above 5/s; a NaN or negative budget is refused."""
+    from shardkit.errors import ConfigError
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    opener = CachingOpener(IoConfig.make(cache_dir=tmp_path / "c", request_rate=10))
+    assert opener.rate.rate() == pytest.approx(5.0)
+    turn = opener.rate.admit()
+    time.sleep(0.3)
+    turn.answered(200)
+    assert opener.rate.rate() == pytest.approx(5.0)
+    for bad in (float("nan"), -1.0):
+        with pytest.raises(ConfigError, match="request_rate"):
+            IoConfig.make(request_rate=bad)
