@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from shardkit.errors import redact
+
 __all__ = ["Problem", "VerifyReport"]
 
 
@@ -25,6 +27,10 @@ class Problem:
     expected: int | str | None = None
     found: int | str | None = None
     offset: int | None = None
+
+    def __post_init__(self) -> None:  # a presigned or user:secret@ url's secret: never said
+        object.__setattr__(self, "url", redact(self.url))
+        object.__setattr__(self, "message", redact(self.message))
 
     def __str__(self) -> str:
         text = f"{self.url}: {self.kind}: {self.message}"
@@ -53,6 +59,9 @@ class VerifyReport:
     seconds: float = 0.0
     incomplete: str | None = None
     skipped_members: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.manifest = redact(self.manifest)
 
     @property
     def ok(self) -> bool:

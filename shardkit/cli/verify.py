@@ -132,7 +132,7 @@ def command(
         for p in report.problems:
             click.echo(f"FAIL {p}")
         if report.incomplete:
-            click.echo(f"FAIL {manifest}: {report.incomplete}")
+            click.echo(f"FAIL {report.manifest}: {report.incomplete}")
         for w in report.warnings:
             click.echo(f"warning: {w}", err=True)
         click.echo(_summary(report))
