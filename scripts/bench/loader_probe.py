@@ -14,7 +14,9 @@
   samples/s of 0 workers, 2 worker processes and 2 thread workers (kept across epochs, the
   loader's default), each one's first batch, and the CPU microseconds a sample of the
   training process and of the worker processes (what the load does not change much);
-  ``--against`` too.
+  ``--against`` too;
+- ``transfer``: CPU microseconds a batch of 32 LLM documents costs to cross from a worker
+  process, worker side and training side, in one process; ``--against`` too.
 
 Every measurement runs in a fresh child process; the figures are medians of ``--runs``.
 
@@ -24,6 +26,7 @@ Every measurement runs in a fresh child process; the figures are medians of ``--
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -200,8 +203,47 @@ def _cpu(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def child_transfer(manifest: str) -> dict[str, float]:
+    """CPU microseconds a batch of 32 LLM documents costs to cross from a worker process, in
+    one process: the worker's packing (into its arena, pickled as its queue does) and the
+    training process's taking over (unpickled, views made); the best of 5 passes over 100
+    real batches, each batch let go before the next (its slot reused)."""
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401 - torch's reductions, as in a worker
+
+    import shardkit
+    from shardkit.streaming import arena
+
+    batches = list(itertools.islice(shardkit.ShardDataset(manifest).decode().batched(32), 100))
+    packer = arena.WorkerArena(arena.Lanes(1), 0)
+    wrap = getattr(arena, "Pickled", None)  # checkouts before it let the queue pickle
+
+    def pack(batch: Any) -> bytes:
+        parcel = packer.pack(batch)
+        return bytes(ForkingPickler.dumps(parcel if wrap is None else wrap(parcel, 0)))
+
+    for batch in batches[:5]:  # the slots' segments made and known
+        arena.take_over(pickle.loads(pack(batch)))
+    worker, main = [], []
+    for _ in range(5):
+        w = m = 0.0
+        for batch in batches:
+            t = time.thread_time()
+            data = pack(batch)
+            w += time.thread_time() - t
+            t = time.thread_time()
+            arena.take_over(pickle.loads(data))
+            m += time.thread_time() - t
+        worker.append(w / len(batches) * 1e6)
+        main.append(m / len(batches) * 1e6)
+    return {"worker_us_a_batch": min(worker), "training_us_a_batch": min(main)}
+
+
 CHILDREN = {
     "llm": child_llm,
+    "transfer": child_transfer,
     "stages": child_stages,
     "epochs": child_epochs,
     "reads": child_reads,
@@ -268,7 +310,7 @@ def main() -> None:
     p.add_argument("--work", default="/tmp/shardkit-loader-probe")
     p.add_argument("--against", nargs="*", default=[], help="other checkouts (stages, reads, rate)")
     a = p.parse_args()
-    if set(a.probes) - {"llm"}:
+    if set(a.probes) - {"llm", "transfer"}:
         small, medium = make_data(a.work, "small"), make_data(a.work, "medium")
     print(f"load average before: {os.getloadavg()}")
     trees = [ROOT] + [os.path.abspath(t) for t in a.against]
@@ -285,6 +327,10 @@ def main() -> None:
                 print(f"epochs, {name}, {'kept' if kept else 'fresh'} workers:", med)
     if "rate" in a.probes:
         _per_tree("rate", "2 fresh workers", trees, (small, medium), a.runs)
+    if "transfer" in a.probes:
+        specs = [(tree, ("transfer", make_llm(a.work))) for tree in trees]
+        for tree, med in _interleaved(specs, a.runs):
+            print(f"transfer, LLM documents, CPU us a batch of 32, {tree}:", med)
     if "llm" in a.probes:
         llm = make_llm(a.work)
         modes = ("0", "process", "thread")
