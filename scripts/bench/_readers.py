@@ -68,7 +68,7 @@ def read_sk_shards(paths: list[str]) -> dict[str, int]:
 
 def read_sk_dataset(manifest: str, verify: str = "on") -> dict[str, int]:
     """shardkit.ShardDataset over the manifest, in this process (no workers); ``verify``
-    "off" reads the shards unverified (``IoConfig.verify``)."""
+    "off" reads the shards unverified (``IoConfig.limits.verify``)."""
     import shardkit
     from shardkit.io.config import IoConfig
 

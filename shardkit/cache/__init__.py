@@ -53,6 +53,6 @@ def make_opener(
 
 def opener_for(cfg: IoConfig) -> Opener:
     """The opener for a config: caching when it names a cache dir (the cache sits on io)."""
-    if cfg.cache_dir is None:
+    if cfg.cache.cache_dir is None:
         return UncachedOpener(cfg)
     return CachingOpener(cfg)

@@ -107,7 +107,7 @@ class ShardFill:
             # now and let the fill's lease go, so the next reservation can evict the shard
             # as soon as its readers are done; the whole is checked by one of them, or here
             self.start(k)
-            self.done.wait(self.host.cfg.cache_wait)  # its own threads decide, lease closed
+            self.done.wait(self.host.cfg.cache.cache_wait)  # its own threads decide, lease closed
             self.judge(fd)
 
     def judge(self, fd: int) -> None:
@@ -115,7 +115,7 @@ class ShardFill:
         to match its checksum; decided here if nobody is at it, else waited for (at most
         ``cache_wait`` seconds); :class:`ChecksumError` if it does not match."""
         t0 = time.monotonic()
-        wait = self.host.cfg.cache_wait
+        wait = self.host.cfg.cache.cache_wait
         at = self.key.size + self.layout.count
         while True:
             verdict = self._decide(fd)
@@ -134,9 +134,9 @@ class ShardFill:
         if k in self._failed:  # corrupt twice in this fill: not fetched a third time
             raise self._failed[k]
         t0 = time.monotonic()
-        wait = self.host.cfg.cache_wait
+        wait = self.host.cfg.cache.cache_wait
         after = functools.partial(self.start, k + 1)  # the next pieces, once this one is ours
-        split = self.host.cfg.piece_parallel
+        split = self.host.cfg.cache.piece_parallel
         while not self._fetch(fd, k, split=split, urgent=True, claimed=after):
             after()
             left = wait - (time.monotonic() - t0)
@@ -265,7 +265,7 @@ class ShardFill:
             self._cursor = k % count
             if self.done.is_set() or self._fd is None or self._ending:
                 return  # (ending: its last thread publishes and closes the file now)
-            while self._threads < min(self.host.cfg.piece_parallel, count):
+            while self._threads < min(self.host.cfg.cache.piece_parallel, count):
                 self._threads += 1
                 name = f"shardkit-fill-{self.key.digest[:12]}-{self._threads}"
                 threading.Thread(target=self._work, name=name, daemon=True).start()
@@ -284,7 +284,7 @@ class ShardFill:
         thread out publishes (no other thread of the fill uses its file by then)."""
         # piece_parallel requests per shard in all: a shard of fewer pieces than that (the
         # last, small shard of a set) splits them, else it would crawl over one connection
-        width = self.host.cfg.piece_parallel
+        width = self.host.cfg.cache.piece_parallel
         split = max(1, width // min(width, self.layout.count))
         try:
             fd = self._fd
@@ -298,7 +298,7 @@ class ShardFill:
                     if self._fetch(fd, k, split=split):
                         break
                 else:  # others fetch the rest: wait for them, or their death
-                    wait_claim(fd, self.key.size + todo[0], self.host.cfg.cache_wait)
+                    wait_claim(fd, self.key.size + todo[0], self.host.cfg.cache.cache_wait)
         except (FetchError, ChecksumError, CacheError) as exc:
             log.warning("%s: the cache fill stops: %s", self.url, exc)
             self._stop(exc)

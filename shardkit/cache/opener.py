@@ -97,38 +97,39 @@ class CachingOpener:
     """Reads remote shards through the node-local cache (see the module docstring).
 
     Args:
-        cfg: the io options; ``cfg.cache_dir`` must be set.
+        cfg: the io options; ``cfg.cache.cache_dir`` must be set.
         remote: the uncached opener underneath (made from ``cfg`` if not given).
     """
 
     def __init__(self, cfg: IoConfig, remote: UncachedOpener | None = None) -> None:
-        if cfg.cache_dir is None:
+        if cfg.cache.cache_dir is None:
             raise CacheError("a caching opener needs a cache_dir")
         self.cfg = cfg
         self.remote = remote or UncachedOpener(cfg)
         self.counters = self.remote.counters
-        self.store = CacheStore(cfg.cache_dir, cfg.cache_limit)
+        self.store = CacheStore(cfg.cache.cache_dir, cfg.cache.cache_limit)
         root = self.store.root
-        reserve = cfg.piece_parallel  # slots the background leaves for waiting readers
+        reserve = cfg.cache.piece_parallel  # slots the background leaves for waiting readers
         # a slot held past twice the read timeout: its holder is stopped (or its request
         # far slower than any other); a request waits at most cache_wait for one
         self.slots = NodeSlots(
             os.path.join(root, "slots"),
-            cfg.node_requests,
+            cfg.cache.node_requests,
             reserve,
-            wait=cfg.cache_wait,
+            wait=cfg.cache.cache_wait,
             lease=2 * cfg.read_timeout,
         )
         self.rate = NodeRate(
             os.path.join(root, "slots", "rate"),
-            start=cfg.node_rate or (float(cfg.node_requests) if cfg.rate_adapt else 0.0),
-            adapt=cfg.rate_adapt,
-            wait=cfg.cache_wait,
+            start=cfg.cache.node_rate
+            or (float(cfg.cache.node_requests) if cfg.cache.rate_adapt else 0.0),
+            adapt=cfg.cache.rate_adapt,
+            wait=cfg.cache.cache_wait,
             counters=self.counters,
             cap=cfg.request_rate / nodes() if cfg.request_rate else 0.0,
         )
         self._locals: PerProcess[_Local] = PerProcess(
-            functools.partial(_Local, cfg.prefetch_threads)
+            functools.partial(_Local, cfg.cache.prefetch_threads)
         )
 
     @property
@@ -154,7 +155,7 @@ class CachingOpener:
         try:
             fd, published = self._open_part(key, layout)
         except CacheError as exc:
-            if self.cfg.on_cache_error == "raise":
+            if self.cfg.cache.on_cache_error == "raise":
                 raise
             self.counters.add("cache_errors")
             log.warning("%s (reading %s uncached)", exc, ref.url)
@@ -169,7 +170,7 @@ class CachingOpener:
             with contextlib.suppress(OSError):
                 os.utime(fd)  # least recently used goes first
             self.counters.add("cache_hits")
-            if self.cfg.cache_verify == "open":
+            if self.cfg.cache.cache_verify == "open":
                 return self._rechecked(key, ref, start, stop, layout, fd)
             return buffered(CacheStream(self, key, ref.url, start, stop, fd=fd))
         self.counters.add("cache_misses")
@@ -185,7 +186,7 @@ class CachingOpener:
         if not self._usable():
             return
         local = self._local
-        for ref in refs[: self.cfg.prefetch_depth]:
+        for ref in refs[: self.cfg.cache.prefetch_depth]:
             if not ref.verifiable or url_scheme(ref.url) not in REMOTE_SCHEMES:
                 continue
             assert ref.size is not None and ref.checksum is not None
@@ -257,7 +258,7 @@ class CachingOpener:
         if src is None or not self._usable():
             return self.remote.fetch_manifest(url)
         return fetch_manifest_once(
-            self.store, url, src, ttl=self.cfg.manifest_ttl, counters=self.counters
+            self.store, url, src, ttl=self.cfg.cache.manifest_ttl, counters=self.counters
         )
 
     def stats(self) -> dict[str, float]:
@@ -275,7 +276,7 @@ class CachingOpener:
     def _gate(self, urgent: bool, until: float | None) -> Iterator[Admission]:
         """One request's turn on the node: a slot of the cap, then the rate's next start."""
         with contextlib.ExitStack() as held:
-            if self.cfg.node_requests:
+            if self.cfg.cache.node_requests:
                 held.enter_context(self.slots.slot(urgent=urgent))
             yield held.enter_context(self.rate.gate(until))
 
@@ -289,7 +290,7 @@ class CachingOpener:
         try:
             self.store.ensure()
         except CacheError as exc:
-            if self.cfg.on_cache_error == "raise":
+            if self.cfg.cache.on_cache_error == "raise":
                 raise
             local = self._local
             self.counters.add("cache_errors")
@@ -393,7 +394,7 @@ class CachingOpener:
             log.debug("prefetch of %s failed", ref.url, exc_info=True)
         with local.lock:
             local.queued.discard(key.name)
-            while len(local.leases) > 2 * max(1, self.cfg.prefetch_depth):
+            while len(local.leases) > 2 * max(1, self.cfg.cache.prefetch_depth):
                 os.close(local.leases.pop(next(iter(local.leases))))  # the oldest hint
 
     def _keep(self, key: CacheKey, fd: int) -> None:

@@ -75,7 +75,7 @@ class CacheStream(io.RawIOBase):
                 try:
                     fill.need(self._fd, k)
                 except WriteError as exc:
-                    if self._host.cfg.on_cache_error == "raise":
+                    if self._host.cfg.cache.on_cache_error == "raise":
                         raise
                     self._go_uncached(exc)
                     return self.readinto(b)

@@ -3,10 +3,11 @@
 (:class:`~shardkit.io.retry.RetryPolicy`), the cache (:class:`CacheConfig`) and the
 reader's limits (:class:`ReaderLimits`) - beside the transport's own options.
 
-Every option keeps its old flat name: ``IoConfig(cache_dir=..., max_attempts=...)``,
-``IoConfig.make(...)``, ``dataclasses.replace(cfg, cache_limit=...)`` and reading
-``cfg.deadline`` work as before; ``IoConfig(retry=RetryPolicy(...), cache=CacheConfig(...))``
-says the same by concern (a flat keyword given with its concern's config overrides it).
+An option is set by its own name (``IoConfig(cache_dir=..., max_attempts=...)``,
+``IoConfig.make(...)``, ``dataclasses.replace(cfg, cache_limit=...)``) or by concern
+(``IoConfig(retry=RetryPolicy(...), cache=CacheConfig(...))``; a flat keyword given with its
+concern's config overrides it), and read one way only: by its concern
+(``cfg.retry.deadline``, ``cfg.cache.cache_dir``, ``cfg.limits.verify``).
 """
 
 from __future__ import annotations
@@ -231,6 +232,8 @@ class IoConfig:
         if cache_limit is not None:
             options["cache_limit"] = parse_size(cache_limit)
         return cls(allow_pipe=allow_pipe, **options)
+<<<<<<< /tmp/tmp.ucTJwdYeDX/shardkit/io/config.py
+=======
 
     # -- the old flat names, read through their concern ------------------------------
     @property
@@ -347,3 +350,4 @@ class IoConfig:
     def tar_policy(self) -> str:
         """``limits.tar_policy``."""
         return self.limits.tar_policy
+>>>>>>> /tmp/tmp.ucTJwdYeDX/.head_f

@@ -133,7 +133,7 @@ class S3Source:
             connect_timeout=self.cfg.connect_timeout,
             read_timeout=policy_of(self.cfg).read_timeout(self.cfg.read_timeout),
             retries={"total_max_attempts": 1},
-            max_pool_connections=max(10, self.cfg.prefetch_threads + 2),
+            max_pool_connections=max(10, self.cfg.cache.prefetch_threads + 2),
         )
         session = boto3.session.Session()
         client = session.client("s3", endpoint_url=self.cfg.endpoint_url, config=config)

@@ -335,7 +335,7 @@ def open_catalog(
     """The catalog of ``source``; a ``.json`` manifest is read through its compact form
     (:mod:`shardkit.format.manifest.compact`), so a million shards open in a fraction of a
     second: a local one's beside it, a remote one's in the node's cache dir
-    (``io.cache_dir``, else the user's; :mod:`shardkit.read.remote_compact`)."""
+    (``io.cache.cache_dir``, else the user's; :mod:`shardkit.read.remote_compact`)."""
     scheme = url_scheme(source) if isinstance(source, str) else None
     if scheme is not None and str(source).split("?", 1)[0].lower().endswith(".json"):
         src, remote = str(source), scheme in REMOTE_SCHEMES
@@ -343,7 +343,11 @@ def open_catalog(
             cfg = io or IoConfig()
             where = UncachedOpener(cfg).location(src)
             compact = open_remote_compact(
-                src, opener, location=where, cache_dir=cfg.cache_dir, ttl=cfg.manifest_ttl
+                src,
+                opener,
+                location=where,
+                cache_dir=cfg.cache.cache_dir,
+                ttl=cfg.cache.manifest_ttl,
             )
             path = src
         else:
@@ -359,6 +363,6 @@ def open_catalog(
         opener,
         allow_unsafe_urls=allow_unsafe_urls,
         allow_incomplete=allow_incomplete,
-        tar_policy=(io or IoConfig()).tar_policy,
+        tar_policy=(io or IoConfig()).limits.tar_policy,
     )
     return Catalog(shards)

@@ -197,7 +197,7 @@ class IndexedShards(Dataset[Any]):
         """The data set's key index, opened (or built, once per data set) on first use."""
         if self._keys is None:
             digest = self._catalog.digest
-            path = key_table_path(self._source, digest, self._io.cache_dir)
+            path = key_table_path(self._source, digest, self._io.cache.cache_dir)
             self._keys = build_key_table(path, digest, self._all_keys)
         return self._keys
 

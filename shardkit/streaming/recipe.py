@@ -52,11 +52,11 @@ def io_config(
     base = io or IoConfig()
     if cache_dir is None and cache_limit is None:
         return base
-    if io is not None and (io.cache_dir, io.cache_limit) != (None, None):
+    if io is not None and (io.cache.cache_dir, io.cache.cache_limit) != (None, None):
         raise ConfigError("give the cache in io= or in cache_dir=/cache_limit=, not both")
     shortcut = IoConfig.make(cache_dir=cache_dir, cache_limit=cache_limit)
     cache = dataclasses.replace(
-        base.cache, cache_dir=shortcut.cache_dir, cache_limit=shortcut.cache_limit
+        base.cache, cache_dir=shortcut.cache.cache_dir, cache_limit=shortcut.cache.cache_limit
     )
     return dataclasses.replace(base, cache=cache)
 

@@ -84,5 +84,5 @@ def test_a_byte_rotted_on_disk_is_caught_at_open_evicted_and_fetched_again(
 def test_cache_verify_is_checked() -> None:
     with pytest.raises(ConfigError, match="cache_verify"):
         IoConfig(cache_verify="always")
-    assert IoConfig().cache_verify == "fill"
-    assert os.fspath(IoConfig.make(cache_dir="c", cache_verify="open").cache_dir or "") == "c"
+    assert IoConfig().cache.cache_verify == "fill"
+    assert os.fspath(IoConfig.make(cache_dir="c", cache_verify="open").cache.cache_dir or "") == "c"

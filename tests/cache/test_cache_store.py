@@ -183,7 +183,7 @@ def test_parse_retry_after() -> None:
 
 def test_io_config_options() -> None:
     cfg = IoConfig.make(cache_limit="1GB", range_size="8MiB", read_timeout=5)
-    assert cfg.cache_limit == 10**9 and cfg.range_size == 8 << 20 and cfg.read_timeout == 5
+    assert cfg.cache.cache_limit == 10**9 and cfg.range_size == 8 << 20 and cfg.read_timeout == 5
     with pytest.raises(ConfigError, match="unknown io options"):
         IoConfig.make(rnage_size=1)
     with pytest.raises(ConfigError, match="read_timeout"):

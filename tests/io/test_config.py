@@ -65,11 +65,17 @@ CHANGED = {  # another value for each
 }
 
 
-def test_every_old_flat_option_reads_as_before_with_its_default_and_when_given() -> None:
+def _read(cfg: IoConfig, name: str) -> object:
+    """An option read where it lives: by its concern, or on the config (a transport's)."""
+    return getattr(getattr(cfg, FLAT[name]) if name in FLAT else cfg, name)
+
+
+def test_every_flat_option_is_set_by_its_name_and_read_by_its_concern() -> None:
     default = IoConfig()
-    assert {k: getattr(default, k) for k in OLD_FIELDS} == OLD_FIELDS
+    assert {k: _read(default, k) for k in OLD_FIELDS} == OLD_FIELDS
     given = IoConfig(**CHANGED)
-    assert {k: getattr(given, k) for k in CHANGED} == CHANGED
+    assert {k: _read(given, k) for k in CHANGED} == CHANGED
+    assert not any(hasattr(given, k) for k in FLAT)  # no second spelling to read it by
     assert given == IoConfig.make(**CHANGED)
     # each by its concern
     assert given.retry == RetryPolicy(
@@ -91,7 +97,7 @@ def test_nested_and_flat_say_the_same_and_flat_overrides_its_concern() -> None:
     flat = IoConfig(deadline=8.0, min_rate=100.0, cache_dir="/c", cache_limit=5, max_member=4096)
     assert nested == flat and hash(nested) == hash(flat)
     over = IoConfig(retry=RetryPolicy(deadline=8.0, max_attempts=2), deadline=9.0)
-    assert (over.deadline, over.max_attempts) == (9.0, 2)
+    assert (over.retry.deadline, over.retry.max_attempts) == (9.0, 2)
     assert IoConfig.make(cache_dir=Path("/c"), cache_limit="1GB", range_size="8MiB").cache == (
         CacheConfig(cache_dir="/c", cache_limit=10**9)
     )
@@ -100,7 +106,11 @@ def test_nested_and_flat_say_the_same_and_flat_overrides_its_concern() -> None:
 def test_replace_pickle_and_errors_as_before() -> None:
     cfg = IoConfig(cache_dir="/a", deadline=5.0)
     moved = dataclasses.replace(cfg, cache_dir="/b", cache_limit=7)  # type: ignore[call-arg]
-    assert (moved.cache_dir, moved.cache_limit, moved.deadline) == ("/b", 7, 5.0)
+    assert (moved.cache.cache_dir, moved.cache.cache_limit, moved.retry.deadline) == (
+        "/b",
+        7,
+        5.0,
+    )
     assert pickle.loads(pickle.dumps(moved)) == moved
     with pytest.raises(ConfigError, match="unknown io options"):
         IoConfig.make(rnage_size=1)

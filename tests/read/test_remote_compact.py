@@ -81,7 +81,7 @@ def test_one_manifest_request_per_node_and_a_changed_manifest_is_seen(
         # node's JSON copy does); past it, the new bytes are seen and the form rebuilt
         Manifest(shards=first.shards[:2]).save(str(path), csv_too=False)
         assert _remote(url, node).total == 12
-        stale = IoConfig(cache_dir=node.cache_dir, manifest_ttl=0)
+        stale = IoConfig(cache_dir=node.cache.cache_dir, manifest_ttl=0)
         assert _remote(url, stale).total == 7
         assert _remote(url, node).total == 7  # the rebuilt form, no request
         # without a cache dir every process asks, and maps the form where the bytes match
@@ -104,7 +104,7 @@ def test_a_damaged_or_foreign_form_is_rebuilt(
         node = IoConfig(cache_dir=str(tmp_path / "node"), manifest_ttl=0)
         fa = Path(_form(_remote(a, node)))
         fb = Path(_form(_remote(b, node)))
-        assert sorted(Path(form_dir(node.cache_dir)).glob("*.cols")) == sorted([fa, fb])
+        assert sorted(Path(form_dir(node.cache.cache_dir)).glob("*.cols")) == sorted([fa, fb])
         raw = bytearray(fa.read_bytes())
         raw[-70] ^= 0xFF
         fa.write_bytes(bytes(raw))

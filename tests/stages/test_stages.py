@@ -93,7 +93,7 @@ def test_unknown_io_options_fail_when_the_data_set_is_made(make_shards: MakeShar
     with pytest.raises(ConfigError, match="not both"):
         ShardDataset(make_shards([2]), io=cfg, cache_dir="/tmp/x")
     ds = ShardDataset(make_shards([2]), io=IoConfig.make(range_size="1MB"), cache_dir="c")
-    assert (ds.sources[0].io.range_size, ds.sources[0].io.cache_dir) == (1_000_000, "c")
+    assert (ds.sources[0].io.range_size, ds.sources[0].io.cache.cache_dir) == (1_000_000, "c")
 
 
 def test_the_order_follows_seed_and_epoch(make_shards: MakeShards) -> None:
