@@ -126,7 +126,7 @@ class CachingOpener:
             adapt=cfg.cache.rate_adapt,
             wait=cfg.cache.cache_wait,
             counters=self.counters,
-            cap=cfg.request_rate / nodes() if cfg.request_rate else 0.0,
+            cap=cfg.cache.request_rate / nodes() if cfg.cache.request_rate else 0.0,
         )
         self._locals: PerProcess[_Local] = PerProcess(
             functools.partial(_Local, cfg.cache.prefetch_threads)
