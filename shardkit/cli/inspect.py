@@ -11,6 +11,7 @@ from shardkit._types import ObjectRef
 from shardkit.cache import make_opener
 from shardkit.check.summary import first_keys, scan_shard, summarize_manifest, summarize_shard
 from shardkit.cli.build import tar_policy_option
+from shardkit.errors import redact
 from shardkit.format.compression import SHARD_SUFFIXES
 from shardkit.format.manifest.model import incomplete_reason
 from shardkit.io import load_manifest
@@ -109,7 +110,7 @@ def _plot(source: str, path: str, d: dict[str, Any]) -> None:
     sizes = [s.size for s in m.shards]
     counts = [s.nsamples for s in m.shards]
     lo, hi = d["good_shard_bytes"]
-    shards_png(path, sizes, counts, (int(lo), int(hi)), source)
+    shards_png(path, sizes, counts, (int(lo), int(hi)), redact(source))
 
 
 @click.command("inspect")
@@ -136,6 +137,7 @@ def command(target: str, nkeys: int, tar_policy: str, as_json: bool,
         d = _manifest_summary(target, nkeys, tar_policy)
         if plot_path is not None:
             _plot(target, plot_path, d)
+    d["path"] = redact(d["path"])  # a presigned url's signature is never printed
     if as_json:
         click.echo(json.dumps(d, indent=1))
         return

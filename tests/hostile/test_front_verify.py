@@ -1,5 +1,6 @@
-"""Hostile: what ``sk.verify`` and ``shardkit verify`` say back about a manifest url that
-holds a secret (a presigned query string, ``user:secret@``), against the HTTP Range server.
+"""Hostile: what ``sk.verify``, ``shardkit verify`` and ``shardkit inspect`` say back about
+a manifest url that holds a secret (a presigned query string, ``user:secret@``), against
+the HTTP Range server.
 
 The errors were redacted (7e0650e), but the report echoed the url as given: ``verify
 --json URL?X-Amz-Signature=...`` printed the signature in ``manifest`` (a good set), and
@@ -60,4 +61,16 @@ def test_an_unreadable_manifest_is_one_json_problem_without_its_secret(
     assert res.exit_code == 1, res.output
     out = json.loads(res.stdout)
     assert not out["ok"] and [p["kind"] for p in out["problems"]] == ["manifest"]
+    _clean(res.output)
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_inspect_never_prints_a_presigned_manifest_urls_secret(
+    server: RangeServer, json_flag: list[str]
+) -> None:
+    """inspect printed the signed url whole ('manifest http://...&X-Amz-Signature=...')."""
+    url = server.url("set/manifest.json") + SIGNED
+    res = CliRunner().invoke(cli, ["inspect", *json_flag, url])
+    assert res.exit_code == 0, res.output
+    assert "X-Amz-Signature=***" in res.output
     _clean(res.output)
