@@ -326,6 +326,20 @@ class BudgetBatched(Stage):
     def lengths(self, ctx: Context, state: Mapping[str, Any] | None = None) -> list[int] | None:
         return None  # the batches a rank gets depend on the costs it reads
 
+    def left(self, ctx: Context, state: Mapping[str, Any] | None) -> int | None:
+        """The upstream's left after the group held, plus the group's items not given."""
+        held = 0
+        while isinstance(state, Mapping) and state.get("stage") in _BATCHINGS:
+            if state.get("held", True) and "after" in state:
+                size = state.get("size")
+                if type(size) is int:
+                    held += max(size - len(_unmask(state.get("done", ""), self.name)), 0)
+                state = state["after"]
+            else:
+                state = state.get("source")
+        up = self._up().left(ctx, state)
+        return None if up is None else up + held
+
     def _fresh(self, source: Mapping[str, Any]) -> dict[str, Any]:
         return {
             "stage": self.name,
