@@ -14,7 +14,6 @@ retryable and final; :class:`BlobSource` holds the rest once.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -55,7 +54,6 @@ class _Body:
         self.total = total
         self._chunks = chunks
         self._counters = counters
-        self.stack = contextlib.ExitStack()
 
     def chunks(self) -> Iterator[bytes]:
         for data in self._chunks:
@@ -63,7 +61,7 @@ class _Body:
             yield data
 
     def close(self) -> None:
-        self.stack.close()
+        pass  # nothing is held here: the node's gate is the retry loop's
 
 
 def _slices(data: bytes) -> Iterator[bytes]:

@@ -14,7 +14,6 @@ never shares a socket across processes.
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import re
 from collections.abc import Iterator
@@ -58,7 +57,6 @@ class _Body:
         self._skip = skip
         self._want = want
         self._counters = counters
-        self.stack = contextlib.ExitStack()
 
     def chunks(self) -> Iterator[bytes]:
         raw = self._resp.raw
@@ -82,10 +80,7 @@ class _Body:
             raise Retryable(f"connection broken mid-body: {exc}") from exc
 
     def close(self) -> None:
-        try:
-            self._resp.close()
-        finally:
-            self.stack.close()
+        self._resp.close()
 
 
 class HttpSource:

@@ -9,7 +9,6 @@ counted once. One client per process (:class:`~shardkit.per_process.PerProcess`)
 
 from __future__ import annotations
 
-import contextlib
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -71,7 +70,6 @@ class _S3Body:
         self._body = body
         self._want = want
         self._counters = counters
-        self.stack = contextlib.ExitStack()
 
     def chunks(self) -> Iterator[bytes]:
         from botocore.exceptions import BotoCoreError
@@ -98,10 +96,7 @@ class _S3Body:
         return data
 
     def close(self) -> None:
-        try:
-            self._body.close()
-        finally:
-            self.stack.close()
+        self._body.close()
 
 
 class S3Source:
