@@ -11,6 +11,9 @@ a set of weights checks it here, once, where it arrives:
 - :func:`as_int`: a count, a step, a seed or an epoch given as configuration: ints, numpy
   integers (and, where asked, integral floats such as ``1e6``), never a bool, a string,
   NaN, inf or ``2.5`` (:class:`ConfigError`).
+- :func:`typed_fields`: a frozen dataclass of options (``IoConfig``'s): each field
+  annotated ``int``, ``float`` or ``bool`` holds one (``allow_pipe="false"`` is no
+  ``False``, ``max_attempts=2.5`` no count, ``read_timeout=nan`` no time).
 - :func:`normalised`: weights as exact fractions of their sum (``[1e308, 1e308]`` is
   ``[0.5, 0.5]``), refusing NaN, inf, negatives, an all-zero set and a positive weight
   too small beside the others to be represented (it would be drawn never).
@@ -18,6 +21,7 @@ a set of weights checks it here, once, where it arrives:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 from collections.abc import Sequence
@@ -27,7 +31,7 @@ import numpy as np
 
 from shardkit.errors import ConfigError
 
-__all__ = ["as_int", "as_position", "is_integer", "normalised"]
+__all__ = ["as_int", "as_position", "is_integer", "normalised", "typed_fields"]
 
 
 def is_integer(value: Any) -> bool:
@@ -64,6 +68,28 @@ def as_int(value: Any, what: str, *, low: int | None = None, floats: bool = True
     if low is not None and n < low:
         raise ConfigError(f"{what} must be >= {low}, got {n}")
     return n
+
+
+def typed_fields(options: Any) -> None:
+    """Check (and set, integers as ``int``) each field of the dataclass ``options``
+    annotated ``int``, ``float`` or ``bool`` (or ``... | None``): an integer (an integral
+    float taken), a real number other than NaN (inf taken), ``True`` or ``False``."""
+    name = type(options).__name__
+    for f in dataclasses.fields(options):
+        kind, _, rest = str(f.type).partition(" | ")
+        value = getattr(options, f.name)
+        if value is None and rest == "None":
+            continue
+        if kind == "int":
+            object.__setattr__(options, f.name, as_int(value, f"{name}: {f.name}"))
+        elif kind == "float" and (
+            isinstance(value, bool | np.bool_)
+            or not isinstance(value, int | float | np.integer | np.floating)
+            or math.isnan(value)
+        ):
+            raise ConfigError(f"{name}: {f.name} must be a number, got {value!r}")
+        elif kind == "bool" and not isinstance(value, bool | np.bool_):
+            raise ConfigError(f"{name}: {f.name} must be True or False, got {value!r}")
 
 
 def normalised(weights: Sequence[Any], what: str) -> tuple[float, ...]:

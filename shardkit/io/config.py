@@ -21,6 +21,7 @@ from shardkit.errors import ConfigError
 from shardkit.format.tario.reader import DEFAULT_MAX_MEMBER, TAR_POLICIES
 from shardkit.io.retry import DEFAULT_MIN_RATE, DEFAULT_RATE_WINDOW, RetryPolicy
 from shardkit.units import parse_size
+from shardkit.values import typed_fields
 
 __all__ = [
     "DEFAULT_MIN_RATE",
@@ -84,6 +85,7 @@ class CacheConfig:
     cache_verify: str = "fill"
 
     def __post_init__(self) -> None:
+        typed_fields(self)
         if not self.cache_wait > 0:
             raise ConfigError(f"cache_wait must be > 0, got {self.cache_wait!r}")
         for name in (
@@ -126,6 +128,7 @@ class ReaderLimits:
     tar_policy: str = "strict"
 
     def __post_init__(self) -> None:
+        typed_fields(self)
         if self.max_member < 1:
             raise ConfigError(f"max_member must be >= 1, got {self.max_member!r}")
         if self.verify not in ("on", "off"):
@@ -203,6 +206,7 @@ class IoConfig:
         object.__setattr__(self, "read_timeout", read_timeout)
         object.__setattr__(self, "range_size", range_size)
         object.__setattr__(self, "endpoint_url", endpoint_url)
+        typed_fields(self)  # allow_pipe="false" is no False
         for name in ("connect_timeout", "read_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")

@@ -41,6 +41,7 @@ from typing import Protocol, TypeVar
 from shardkit.activity import waiting
 from shardkit.counters import Counters
 from shardkit.errors import CacheError, ConfigError, FetchError
+from shardkit.values import typed_fields
 
 __all__ = [
     "DEFAULT_MIN_RATE",
@@ -128,6 +129,7 @@ class RetryPolicy:
     rate_window: float = DEFAULT_RATE_WINDOW
 
     def __post_init__(self) -> None:
+        typed_fields(self)
         for name in ("backoff_base", "backoff_max", "deadline", "rate_window"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")

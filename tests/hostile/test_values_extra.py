@@ -107,3 +107,40 @@ def test_a_dropped_short_batch_is_not_counted_as_delivered(
     assert st["samples"] == len(got) == 24
     assert st["filtered_samples"] == 6 and st["skipped_samples"] == 7
     assert st["dropped_samples"] == 27 - 24
+
+
+def test_allow_pipe_false_as_a_string_never_runs_a_command(tmp_path: Path) -> None:
+    """IoConfig(allow_pipe="false") (a config file's string) was truthy: pipe: urls ran."""
+    out = tmp_path / "ran"
+    with pytest.raises(ConfigError, match="allow_pipe must be True or False"):
+        sk.io.IoConfig.make(allow_pipe="false")
+    with pytest.raises(ConfigError, match="allow_pipe"):
+        sk.ShardDataset(f"pipe:touch {out}", io=sk.io.IoConfig(allow_pipe="0"))
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("max_attempts", 2.5),
+        ("max_attempts", float("nan")),
+        ("max_attempts", float("inf")),
+        ("prefetch_threads", 2.5),
+        ("piece_parallel", float("inf")),
+        ("max_member", float("nan")),
+        ("range_size", True),
+        ("backoff_base", "1"),
+        ("read_timeout", None),
+        ("rate_adapt", "false"),
+        ("node_requests", float("nan")),
+    ],
+)
+def test_io_options_hold_their_kind(option: str, value: Any) -> None:
+    """Each was taken and failed (or misbehaved) only when a read used it."""
+    with pytest.raises(ConfigError, match=option):
+        sk.io.IoConfig.make(**{option: value})
+
+
+def test_io_options_take_numpy_numbers_and_integral_floats() -> None:
+    cfg = sk.io.IoConfig.make(max_attempts=np.int64(3), range_size=1e6, deadline=np.float32(9))
+    assert cfg.retry.max_attempts == 3 and type(cfg.range_size) is int and cfg.range_size == 10**6
