@@ -260,6 +260,9 @@ class WebLoader:
                     return
                 yield self._deliver(got, t)
         except GeneratorExit:  # the epoch was left early: persistent workers stay
+            close = getattr(it, "close", None)  # thread workers' epoch: stop them now, not
+            if close is not None:  # when the last reference to it goes (the stall watch's)
+                close()
             raise
         except BaseException:
             stop_workers(it, self._loader)
