@@ -32,6 +32,7 @@ from shardkit.io import IoConfig, load_manifest
 from shardkit.plan.assign import PlanConfig, Ranges, worker_stream
 from shardkit.plan.world import Context
 from shardkit.units import format_bytes, parse_size, plural
+from shardkit.urls import url_scheme
 
 __all__ = ["command"]
 
@@ -165,8 +166,10 @@ def _shard_range(text: str | None, n: int) -> range:
     if text is None:
         return range(n)
     lo, sep, hi = text.partition(":")
-    if not sep:
-        raise click.BadParameter(f"expected START:STOP, got {text!r}", param_hint="--shards")
+    if not sep or not all(x.isdigit() for x in (lo, hi) if x):
+        raise click.BadParameter(
+            f"expected START:STOP (shard numbers, 0 or more), got {text!r}", param_hint="--shards"
+        )
     return range(int(lo or 0), min(n, int(hi) if hi else n))
 
 
@@ -207,6 +210,12 @@ def warm(manifest: str, cache_dir: str, limit: str | None, **opts: Any) -> None:
     )
     wanted = set(_shard_range(opts["shard_range"], len(m.shards)))
     ids = [i for i in ids if i in wanted]
+    local = [m.shards[i].url for i in ids if url_scheme(m.resolve(m.shards[i].url)) == "file"]
+    if local:
+        raise CacheError(
+            f"{manifest}: shard {local[0]} is on local disk, read where it is: cache warm "
+            "fetches remote shards (http, s3, gs, az, hf)"
+        )
     outcomes = _warm(opener, m, ids, opts["jobs"], opts["progress"])
     summary = {k: outcomes.count(k) for k in ("cached", "fetched", "shared", "no room")}
     summary["shards"] = len(ids)

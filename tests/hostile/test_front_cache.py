@@ -95,3 +95,28 @@ def test_a_real_cache_still_cleans(tmp_path):
     res = CliRunner().invoke(cli, ["cache", "clean", root, "--all"])
     assert res.exit_code == 0, res.output
     assert "evicted 1 shard" in res.output
+
+
+@pytest.fixture
+def local_set(tmp_path):
+    import shardkit as sk
+
+    with sk.ShardWriter(tmp_path / "set", maxcount=2) as w:
+        for i in range(4):
+            w.write({"__key__": f"{i:04d}", "txt": f"s{i}"})
+    return str(tmp_path / "set" / "manifest.json")
+
+
+def test_warming_a_local_set_is_named_not_an_assertion(tmp_path, local_set):
+    """cache warm on a local manifest died of an AssertionError in the fill threads."""
+    res = CliRunner().invoke(cli, ["cache", "warm", local_set, "--cache-dir", str(tmp_path / "c")])
+    assert res.exit_code == 1 and isinstance(res.exception, CacheError), res.output
+    assert "local disk" in str(res.exception)
+
+
+@pytest.mark.parametrize("shards", ["a:b", "-1:", "1:x", "2"])
+def test_a_bad_shard_range_is_a_usage_error(tmp_path, local_set, shards):
+    """'a:b' was a ValueError traceback; '-1:' warmed every shard."""
+    args = ["cache", "warm", local_set, "--cache-dir", str(tmp_path / "c"), "--shards", shards]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 2 and "--shards" in res.output
