@@ -309,8 +309,12 @@ class BudgetBatched(Stage):
             skip = check_int(st, self.name, "skip")
             mine = (st.get("budget"), st.get("buffer"), st.get("cost"))
             if mine == (self.budget, self.buffer, self.cost_name()):
-                _unmask(st["done"], self.name)
-                return _BudgetCursor(self, open_upstream(self._up(), ctx, st["source"]), skip)
+                done = _bits(_unmask(st["done"], self.name))
+                up = open_upstream(self._up(), ctx, st["source"])
+                cursor = _BudgetCursor(self, up, skip)
+                if st.get("held", True):  # the group re-read must be the one saved
+                    cursor.expect = (st.get("size"), done)
+                return cursor
         # none, the upstream's, or another batching's (a batching change): from there
         return _BudgetCursor(self, open_upstream(self._up(), ctx, state), 0)
 
@@ -408,6 +412,7 @@ class _BudgetCursor(Cursor):
     def __init__(self, stage: BudgetBatched, up: Cursor, skip: int) -> None:
         super().__init__(up)
         self.stage = stage
+        self.expect: tuple[Any, int] | None = None  # a restore's group: (size, done)
         self.held: dict[str, Any] | None = None
         self.clean = up.state()  # where a fresh cursor goes on when no group is held
         self.own["collate_s"] = 0.0
@@ -431,6 +436,8 @@ class _BudgetCursor(Cursor):
             ahead = _Group(stage, self.upstream, self)
             per = -(-len(group.items) // len(batches))
             done = _bits(i for b in batches[:skip] for i in b)
+            if self.expect is not None:
+                self._check_restored(len(group.items), len(batches), skip, done)
             given: dict[int, list[int]] = {}  # per mixture source: samples, tokens given
             for b in batches[:skip]:
                 self._given(group, b, given)
@@ -453,6 +460,21 @@ class _BudgetCursor(Cursor):
             skip = 0
             group = ahead.read()
         self.held, self.clean = None, group.after or self.upstream.state()
+
+    def _check_restored(self, size: int, batches: int, skip: int, done: int) -> None:
+        """The group a restore re-read packs as the one saved: else its batches would
+        be given twice or skipped (a cost function changed under the same name, or a
+        hand-edited state)."""
+        want_size, want_done = self.expect or (size, done)
+        self.expect = None
+        if (want_size, want_done) != (size, done) or skip >= batches:
+            raise StateDictError(
+                f"{self.stage.name}: the group the state holds was saved with {want_size} "
+                f"items, {skip} batches given (items {format(want_done, 'x')}); read again it "
+                f"has {size} items in {batches} batches (items {format(done, 'x')}): the cost "
+                f"{self.stage.cost_name()!r} or the data gives other costs than when it was "
+                "saved (or the state was edited)"
+            )
 
     def _given(self, group: _Group, batch: list[int], given: dict[int, list[int]]) -> None:
         """Add the items ``batch`` of ``group`` to ``given`` by mixture source."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from shardkit import ShardDataset, WebLoader, mix
+from shardkit import ShardDataset, StateDictError, WebLoader, mix
 from shardkit.format.manifest.model import Manifest
 from tests.streaming.test_budget import lognormal_shards
 
@@ -94,3 +94,51 @@ def test_what_is_left_counts_the_held_groups_items_not_given(tmp_path: Path) -> 
         held += bool(state.get("held"))
         assert tail.left(ctx, state) == 100 - given
     assert held > 3
+
+
+SQUARED = {"on": False}
+
+
+def doc_cost(sample: dict[str, Any]) -> float:
+    """A cost whose body a user changes between runs, keeping its name."""
+    n = int(sample["tokens.npy"].size)
+    return float(n * n) / 300 if SQUARED["on"] else float(n)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    ["cost", "skip", "skip0", "done"],
+)
+def test_a_restore_whose_group_packs_otherwise_is_refused(tmp_path: Path, edit: str) -> None:
+    """The group is read again and the batches given are skipped by count: with another
+    cost under the same name (or a hand-edited skip or mask) batches were given twice or
+    never, with no error."""
+    m = lognormal_shards(tmp_path / "d", n=100, shards=2)
+
+    def make() -> WebLoader:
+        ds = ShardDataset(m, seed=3).shuffle(16).decode()
+        return WebLoader(ds.batched(budget=2000, cost=doc_cost, buffer=40))
+
+    ld = make()
+    it = iter(ld)
+    head = [k for _ in range(2) for k in next(it)["__key__"]]
+    state = json.loads(json.dumps(ld.state_dict()))
+    ranks = json.loads(state["ranks"])
+    saved = ranks[0]["workers"][0]
+    assert saved["held"]
+    if edit == "skip":
+        saved["skip"] = 999
+    elif edit == "skip0":
+        saved["skip"] = 0
+    elif edit == "done":
+        saved["done"] = "f" * 10
+    state["ranks"] = json.dumps(ranks)
+    SQUARED["on"] = edit == "cost"
+    try:
+        again = make()
+        again.load_state_dict(state)
+        with pytest.raises(StateDictError, match=r"budget_batched: the group .* read again"):
+            tail = [k for x in again for k in x["__key__"]]
+            assert sorted(head + tail) == sorted({*head, *tail}) and len(head + tail) == 100
+    finally:
+        SQUARED["on"] = False
