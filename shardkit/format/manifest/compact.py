@@ -42,7 +42,7 @@ from shardkit.format.manifest.compact_file import FormFile, encode_form
 from shardkit.format.manifest.compact_pieces import WIDTH, PieceColumn, encode_pieces
 from shardkit.format.manifest.compact_source import (
     fits_manifest,
-    read_manifest,
+    read_source,
     source_facts,
     stat_key,
 )
@@ -229,7 +229,7 @@ def build_compact(manifest_path: str, out: str | None = None) -> str:
 
 
 def _parse(manifest_path: str) -> tuple[Manifest, dict[str, Any]]:
-    data, source = read_manifest(manifest_path)
+    data, source = read_source(manifest_path)
     return Manifest.loads(data, source=os.path.abspath(manifest_path)), source
 
 

@@ -14,7 +14,7 @@ import hashlib
 import os
 from typing import Any
 
-__all__ = ["fits_manifest", "manifest_sha256", "read_manifest", "source_facts", "stat_key"]
+__all__ = ["fits_manifest", "manifest_sha256", "read_source", "source_facts", "stat_key"]
 
 _HASHED: dict[tuple[int, ...], str] = {}  # a manifest's SHA-256 per stat, in this process
 
@@ -42,7 +42,7 @@ def manifest_sha256(path: str) -> tuple[str, list[int]]:
     return h.hexdigest(), key
 
 
-def read_manifest(path: str) -> tuple[bytes, dict[str, Any]]:
+def read_source(path: str) -> tuple[bytes, dict[str, Any]]:
     """The bytes of the manifest at ``path`` and their :func:`source_facts` (no stat
     where the file was written while it was read: its content is checked next time)."""
     with open(path, "rb") as f:
