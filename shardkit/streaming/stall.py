@@ -81,7 +81,9 @@ class StallWatch:
         self._beat = time.monotonic()
 
     def end(self) -> None:
-        """The epoch ended (or was left): stop watching."""
+        """The epoch ended (or was left): stop watching, and let go of its workers (the
+        ``pids`` callable holds the epoch's iterator, which must not outlive it)."""
+        self._pids = list
         if self._stop is not None:
             self._stop.set()
             self._stop = None
@@ -98,13 +100,16 @@ class StallWatch:
             quiet = time.monotonic() - self._beat
             if quiet >= self.warn and time.monotonic() - max(told, self._beat) >= self.warn:
                 told = time.monotonic()
+                pids = self._pids()  # before end() lets go of them
+                if stop.is_set():
+                    return  # the epoch ended meanwhile: nothing stalls
                 with contextlib.suppress(Exception):  # a report never breaks the loader
-                    self.report(quiet)
+                    self.report(quiet, pids)
 
-    def report(self, quiet: float) -> list[dict[str, Any]]:
-        """Say what every worker is at now (logged, counted, kept); the rows."""
-        stacks = self._ask_stacks() if self.stacks else {}
-        pids = self._pids()
+    def report(self, quiet: float, pids: list[int]) -> list[dict[str, Any]]:
+        """Say what every worker is at now (``pids``: the worker processes, in worker
+        order; none: this process's threads), logged, counted and kept; the rows."""
+        stacks = self._ask_stacks(pids) if self.stacks else {}
         rows: list[dict[str, Any]] = []
         if pids and self._dir is not None:
             reports = activity.reports(self._dir)
@@ -145,14 +150,14 @@ class StallWatch:
             )
         return row
 
-    def _ask_stacks(self) -> dict[int, str]:
+    def _ask_stacks(self, pids: list[int]) -> dict[int, str]:
         """Each worker process's Python stacks (it dumps them within a report period)."""
         if self._dir is None:
             return {}
         flag = os.path.join(self._dir, "stacks")
         open(flag, "w").close()
         try:
-            wanted = set(self._pids())
+            wanted = set(pids)
             until = time.monotonic() + 3 * activity.REPORT_EVERY + 1
             got: dict[int, str] = {}
             while time.monotonic() < until and set(got) < wanted:
