@@ -1,33 +1,32 @@
 """``shardkit build`` as a library: sources in, shards and one checksum manifest out.
 
 :func:`plan_build` reads the sources into a fixed list of input units (see
-:mod:`shardkit.write.inputs.sources`) and checks the options and what the output directory already
-holds; :func:`run_build` writes the shards; :func:`build` does both.
+:mod:`shardkit.write.inputs.sources`), chooses the output's target (a folder or an
+object-store prefix: :mod:`shardkit.write.writer.target`) and checks what it already holds;
+:func:`run_build` writes the shards; :func:`build` does both.
 
 - ``workers=N`` splits the units into N contiguous groups of about equal bytes, one
-  process each. Each writes whole shards into its own work directory; at the end the
-  shards are renamed into one contiguous sequence and one manifest is written. The
-  split, and so every shard's bytes, depends only on the inputs and N.
+  process each. Each writes whole shards into a place of its own (a work folder, or names
+  of its own in a store); :mod:`shardkit.write.build.join` then writes one manifest over
+  them. The split, and so every shard's bytes, depends only on the inputs and N. Until
+  then the output holds a manifest of no shards marked unfinished, which names
+  ``--resume``.
 - ``part=(i, n)`` builds the i-th of n disjoint, deterministic parts of the inputs, with
   shards named ``{prefix}-p{i:04d}-{index:06d}.tar`` and a partial manifest
-  ``manifest.part-{i:04d}-of-{n:04d}.json`` for :meth:`Manifest.merge`.
+  ``manifest.part-{i:04d}-of-{n:04d}.json`` for :mod:`shardkit.write.build.merge`.
 - ``resume=True`` after a crash keeps the whole shards the manifest lists, skips the
   samples they hold and goes on; nothing is lost or written twice. The manifest records
   a fingerprint of the inputs and options (``created.build``) so a resume with other
   inputs or options is refused, and whether the build finished (a manifest of a build
   that did not finish fails ``verify`` and is refused by readers). ``overwrite=True``
   starts over.
-- One build per output at a time: a build locks its manifest name and shard prefix in
-  the output directory (:mod:`shardkit.write.writer.lock`); a second one fails at once naming
-  the first's pid and host.
+- One build per output at a time: a build locks its manifest name and shard prefix (an
+  ``flock`` in a folder, lock objects in a store); a second one fails at once naming the
+  first's pid and host.
 - ``on_error="skip"`` leaves bad records out and names them in
-  ``manifest.errors.jsonl``; the default stops at the first.
+  ``manifest.errors.jsonl``; the default stops at the first. A build that skips every
+  record is an error, not an empty set.
 - ``build(fn, inputs, out)`` builds from a function of your own (see :func:`build`).
-- The output may be an object-store prefix (``s3://bucket/set/``, ``gs://``, ``az://``):
-  shards are streamed into it with no local copy, workers write under names of their own
-  and the manifest goes last; the build's state, lock and report are objects there
-  (:mod:`shardkit.write.build.targets`, :mod:`shardkit.write.build.remote_build`,
-  :mod:`shardkit.write.writer.object_lock`).
 
 The options and plan are in :mod:`shardkit.write.build.config`, planning in
 :mod:`shardkit.write.build.plan`, the processes in :mod:`shardkit.write.build.workers`.

@@ -247,9 +247,12 @@ class ObjectTarget(Target):
 
     def drop_work(self, stem: str, *, shards: str | None = None) -> None:
         state = self._state_key(stem)
-        heads = [self.key(f".{stem}-"), self.key(f"..{stem}-")]  # manifests; journals, ETags
+        # the workers' manifests; their journals and ETag records; the locks of a worker
+        # killed with its job (a task Ray stopped)
+        heads = [self.key(f".{stem}-"), self.key(f"..{stem}-"), self.key(f".lock-.{stem}-")]
         if shards is not None:
             heads += [self.key(shards), self.key(f"{INDEX_DIR}/{shards}")]
+            heads.append(self.key(f".lock-{shards}"))
         keys = {info.key for head in heads for info in self.store.list(head)}
         for key in sorted(keys - {state}):
             self.store.delete(key)
