@@ -72,7 +72,15 @@ __all__ = ["CacheKey", "CacheStat", "CacheStore", "CachedShard", "Layout", "Temp
 log = logging.getLogger(__name__)
 # the names a cache dir holds (lost+found: a file system's root used whole as the cache)
 _OWN = {"data", "tmp", "locks", "slots", "manifests", "manifest-cols", "keys", "ledger"}
-_OWN |= {"lost+found"}
+_OWN |= {"lost+found", "CACHEDIR.TAG"}
+
+
+def _own(name: str) -> bool:
+    """A name the cache itself writes in its root: one of ``_OWN`` or a temp file of one
+    (``ledger.tmp-*``), which another process setting the cache up writes meanwhile."""
+    return name in _OWN or name.split(".", 1)[0] in _OWN
+
+
 _TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# shardkit node-local shard cache\n"
 
 
@@ -134,7 +142,7 @@ class CacheStore:
         except OSError as exc:
             raise CacheError(f"cannot use cache dir {self.root}: {exc.strerror}") from exc
         try:
-            other = sorted(set(os.listdir(self.root)) - _OWN)
+            other = sorted(n for n in os.listdir(self.root) if not _own(n))
         except FileNotFoundError:
             return
         except OSError as exc:

@@ -33,7 +33,7 @@ from shardkit.cache.locks import (
     unlock,
 )
 from shardkit.cache.store import CacheKey, CacheStore
-from shardkit.errors import ChecksumError, ConfigError, FetchError
+from shardkit.errors import CacheError, ChecksumError, ConfigError, FetchError
 from shardkit.format.pieces import PieceHasher, Pieces, piece_digest
 from shardkit.io.config import IoConfig
 from shardkit.io.remote import ChunkStream
@@ -638,3 +638,19 @@ def test_locks_conflict_across_fds_and_slots_cap(tmp_path: Path) -> None:
     again = try_lock(str(tmp_path / "slots" / "slot-000.lock"))
     assert again is not None
     unlock(again)
+
+
+def test_a_cache_being_set_up_by_another_process_is_taken_as_ours(tmp_path: Path) -> None:
+    # another process wrote its tag and a ledger temp file between this one's tag check and
+    # its listing: the folder holds only the cache's own names, so it is a cache, not foreign
+    root = tmp_path / "cache"
+    root.mkdir()
+    (root / "ledger.tmp-12345").write_bytes(b"")
+    (root / "locks").mkdir()
+    store = CacheStore(str(root), limit=1 << 20)
+    store.ensure()
+    assert (root / "CACHEDIR.TAG").exists()
+    (root / "notes.txt").write_text("mine")
+    (root / "CACHEDIR.TAG").unlink()
+    with pytest.raises(CacheError, match=r"notes\.txt"):
+        CacheStore(str(root), limit=1 << 20).ensure()
