@@ -14,6 +14,7 @@ target rate.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import click
@@ -81,6 +82,19 @@ def render(stats: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+class Finite(click.FloatRange):
+    """A ``click.FloatRange`` that refuses NaN and infinity (FloatRange lets NaN through:
+    every comparison with it is False)."""
+
+    name = "finite float range"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        out = super().convert(value, param, ctx)
+        if not math.isfinite(out):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return out
+
+
 @click.command("bench")
 @click.argument("manifest")
 @click.option(
@@ -93,7 +107,7 @@ def render(stats: dict[str, Any]) -> str:
 @click.option("--batch-size", type=click.IntRange(1), default=32, show_default=True)
 @click.option(
     "--seconds",
-    type=click.FloatRange(0.1),
+    type=Finite(0.1),
     default=10.0,
     show_default=True,
     help="How long to stream (new epochs start when one ends); per setting with --tune.",
@@ -130,9 +144,7 @@ def render(stats: dict[str, Any]) -> str:
 @click.option("--tune", is_flag=True, help="Sweep workers x prefetch factor; name the best.")
 @click.option("--tune-workers", default=None, help="Worker counts to try (default 1,2,4..).")
 @click.option("--tune-prefetch", default="2,4", show_default=True, help="Prefetch factors.")
-@click.option(
-    "--target", type=click.FloatRange(0), default=None, help="Samples/s to feed (--tune)."
-)
+@click.option("--target", type=Finite(0), default=None, help="Samples/s to feed (--tune).")
 @click.option("--json", "as_json", is_flag=True, help="Print the stats as JSON.")
 @click.option(
     "--progress/--no-progress",

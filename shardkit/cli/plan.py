@@ -29,6 +29,7 @@ from typing import Any
 import click
 
 from shardkit.cache import make_opener
+from shardkit.cli.bench import Finite
 from shardkit.cli.build import tar_policy_option
 from shardkit.errors import ConfigError
 from shardkit.io import load_manifest
@@ -86,18 +87,29 @@ def need(
 def _measured(value: str) -> dict[str, Any]:
     """A ``bench --json`` file's stats, or ``{"mb_per_s": value}``."""
     if os.path.exists(value):
-        with open(value, encoding="utf-8") as f:
-            data: dict[str, Any] = json.load(f)
-        if "mb_per_s" not in data:
+        try:
+            with open(value, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise click.BadParameter(
+                f"{value}: not a bench --json file: {exc}", param_hint="--measured"
+            ) from None
+        if not isinstance(data, dict) or "mb_per_s" not in data:
             raise click.BadParameter(f"{value} has no mb_per_s", param_hint="--measured")
-        return data
-    try:
-        return {"mb_per_s": float(value)}
-    except ValueError:
+    else:
+        try:
+            data = {"mb_per_s": float(value)}
+        except ValueError:
+            raise click.BadParameter(
+                f"{value!r} is neither a bench --json file nor a number of MB/s",
+                param_hint="--measured",
+            ) from None
+    rate = data["mb_per_s"]
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate < math.inf:
         raise click.BadParameter(
-            f"{value!r} is neither a bench --json file nor a number of MB/s",
-            param_hint="--measured",
-        ) from None
+            f"a rate must be a number of MB/s >= 0, got {rate!r}", param_hint="--measured"
+        )
+    return data
 
 
 def verdict(n: dict[str, Any], stats: dict[str, Any]) -> None:
@@ -185,13 +197,13 @@ def _report(n: dict[str, Any]) -> list[str]:
 @click.option("--world-size", type=click.IntRange(1), default=1, show_default=True, help="Ranks.")
 @click.option(
     "--step-time",
-    type=click.FloatRange(0, min_open=True),
+    type=Finite(0, min_open=True),
     required=True,
     help="Seconds per optimizer step.",
 )
 @click.option(
     "--bytes-per-token",
-    type=click.FloatRange(0, min_open=True),
+    type=Finite(0, min_open=True),
     default=None,
     help="Without a manifest: bytes a token takes (default 2, uint16 ids).",
 )
@@ -209,7 +221,7 @@ def _report(n: dict[str, Any]) -> list[str]:
     "for images, a rate many times what a run gets).",
 )
 @click.option("--cache-dir", default=None, help="Node-local cache for remote shards.")
-@click.option("--seconds", type=click.FloatRange(0.1), default=5.0, show_default=True)
+@click.option("--seconds", type=Finite(0.1), default=5.0, show_default=True)
 @tar_policy_option
 @click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON.")
 def command(**o: Any) -> None:
