@@ -30,6 +30,7 @@ upstream on from the group's end. Nothing is given twice, nothing is skipped.
 
 from __future__ import annotations
 
+import copy
 import heapq
 import itertools
 import math
@@ -230,18 +231,27 @@ class _Replay(Cursor):
 
     def __init__(self, up: Cursor, size: int, done: set[int], before: Mapping[str, Any]) -> None:
         super().__init__(up)
-        self.size, self.done, self.before = size, set(done), dict(before)
+        # a copy of its own: the upstream's cursor may change the state it started from
+        self.size, self.done, self.before = size, set(done), copy.deepcopy(dict(before))
         self.after: dict[str, Any] | None = None
+        self.mix = drawn_from(up)
+        self.group: list[Any] = []
+        self.sources: list[int | None] = []  # each group item's mixture source
+        self.own["samples"] = 0.0
         self.items = self._replay()
 
     def _replay(self) -> Iterator[Any]:
-        group = list(itertools.islice(self.upstream, self.size))
+        for item in itertools.islice(self.upstream, self.size):
+            self.group.append(item)
+            self.sources.append(None if self.mix is None else self.mix.last)
+            self.own["samples"] -= 1  # counted when given (not at all: given before)
         self.after = self.upstream.state()
-        for i, item in enumerate(group):
+        for i, item in enumerate(self.group):
             if i not in self.done:
                 self.done.add(i)
+                self.own["samples"] += 1
                 yield item
-        self.size = 0
+        self.size, self.group = 0, []
         yield from self.upstream
 
     def state(self) -> dict[str, Any]:
@@ -251,6 +261,15 @@ class _Replay(Cursor):
         out["source"] = self.before
         if self.after is not None:
             out["after"] = self.after
+        if self.mix is not None and self.group:  # what of the group was delivered, by source
+            given: dict[int, list[int]] = {}
+            for i in self.done:
+                k = self.sources[i]
+                if k is not None:
+                    got = given.setdefault(k, [0, 0])
+                    got[0] += 1
+                    got[1] += self.mix._tokens(self.group[i])
+            out["given"] = [[k, *given[k]] for k in sorted(given)]
         return out
 
 

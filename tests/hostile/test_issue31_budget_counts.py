@@ -142,3 +142,38 @@ def test_a_restore_whose_group_packs_otherwise_is_refused(tmp_path: Path, edit: 
             assert sorted(head + tail) == sorted({*head, *tail}) and len(head + tail) == 100
     finally:
         SQUARED["on"] = False
+
+
+def test_counts_after_a_batch_size_change_from_a_held_group(
+    two: tuple[Manifest, Manifest],
+) -> None:
+    """budget -> batched(4) mid-group (the group replayed): stats()['samples'] counted the
+    group's items given before the change again (132 for 116 delivered), and the replay's
+    state carried the mixture's counts of the group's end (its copy of the state it began
+    from was changed under it), so each source's exposure ran ahead; also after a save and
+    load of the replay's state."""
+    head_ld = make(two, 0)
+    it = iter(head_ld)
+    head = [next(it) for _ in range(3)]
+    state = json.loads(json.dumps(head_ld.state_dict()))
+
+    def plain() -> WebLoader:
+        sets = [ShardDataset(m, seed=3).shuffle(16).decode() for m in two]
+        return WebLoader(
+            mix(sets, weights=[1, 1], names=["a", "b"], tokens_field="tokens.npy").batched(4)
+        )
+
+    ramp = plain()
+    ramp.load_state_dict(state, allow={"batch_size"})
+    it = iter(ramp)
+    mid = [next(it) for _ in range(2)]
+    assert reported(ramp) == counted(head + mid)
+    assert ramp.stats()["samples"] == sum(len(b["__key__"]) for b in mid)
+    again = plain()
+    again.load_state_dict(json.loads(json.dumps(ramp.state_dict())))
+    assert reported(again) == counted(head + mid)
+    tail = []
+    for x in again:
+        tail.append(x)
+        assert reported(again) == counted(head + mid + tail)
+    assert again.stats()["samples"] == sum(len(b["__key__"]) for b in tail)
