@@ -144,6 +144,7 @@ def test_credentials_in_a_state_are_never_printed(
     assert "books" in texts[0]
 
 
+@pytest.mark.integration
 def test_the_installed_command_exits_1_with_json_for_a_failing_pipeline(
     saved: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:
