@@ -38,6 +38,8 @@ def parse_size(value: int | float | str) -> int:
     if isinstance(value, float):
         if not 0 <= value < float("inf"):  # also refuses NaN
             raise ConfigError(f"not a size: {value!r}")
+        if value != int(value):  # 1.5 bytes: meant 1.5GB, or a typo (0.5 would be 0)
+            raise ConfigError(f"a size in bytes is whole: {value!r} (with a unit: '{value}GB')")
         return int(value)
     m = _SIZE_RE.match(str(value))
     if m is None:
@@ -48,7 +50,8 @@ def parse_size(value: int | float | str) -> int:
     unit = m.group(2).upper()
     if unit not in _UNITS:
         raise ConfigError(f"unknown size unit {m.group(2)!r} in {value!r}")
-    return parse_size(float(m.group(1)) * _UNITS[unit])
+    n = float(m.group(1)) * _UNITS[unit]
+    return parse_size(n if _UNITS[unit] == 1 else float(int(n)))  # 1.0001KB: 1000 bytes
 
 
 def format_bytes(n: float) -> str:

@@ -120,3 +120,17 @@ def test_a_bad_shard_range_is_a_usage_error(tmp_path, local_set, shards):
     args = ["cache", "warm", local_set, "--cache-dir", str(tmp_path / "c"), "--shards", shards]
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 2 and "--shards" in res.output
+
+
+@pytest.mark.parametrize("keep", ["1.5", "0.5"])
+def test_clean_keep_a_fraction_of_a_byte_is_refused_not_everything_evicted(tmp_path, keep):
+    """--keep 1.5 (meant 1.5GB) kept 1 byte: the whole cache was evicted."""
+    root = str(tmp_path / "cache")
+    CacheStore(root).ensure()
+    os.makedirs(os.path.join(root, "data", "sha256", "ab"))
+    shard = os.path.join(root, "data", "sha256", "ab", "ab" * 32)
+    with open(shard, "w") as f:
+        f.write("x" * 10)
+    res = CliRunner().invoke(cli, ["cache", "clean", root, "--keep", keep])
+    assert res.exit_code == 1 and "whole" in str(res.exception)
+    assert os.path.exists(shard)
