@@ -30,6 +30,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from shardkit.activity import lock_holders
 from shardkit.counters import Counters
 from shardkit.errors import CacheError
 from shardkit.io.retry import NoTurn
@@ -47,6 +48,7 @@ FLOOR = 1.0  # requests per second a node never goes below
 ROUND = 0.5
 THROTTLED = frozenset({429, 503})  # the answers that lower the rate (S3's SlowDown is a 503)
 _IDLE = 600.0  # a state older than this (or from another boot) starts afresh
+_ADJUST_WAIT = 1.0  # seconds a cut or raise waits for the lock before it is left undone
 
 # rate, next start, last cut, last raise, the rate before the last cut, window start,
 # requests in the window, the last window's rate
@@ -140,7 +142,8 @@ class NodeRate:
         """
         if not self.adapt and self.start <= 0:
             return Admission(self, time.monotonic(), False)
-        with self._state() as (st, now):
+        bound = time.monotonic() + self.wait
+        with self._state(bound if until is None else min(until, bound), until) as (st, now):
             at = now if st.rate <= 0 else max(now, st.next_at)
             if at > now + self.wait or (until is not None and at > until):
                 why = f"the node's request rate ({st.rate:.2f}/s, {self.path}) has no turn "
@@ -160,7 +163,7 @@ class NodeRate:
         per round."""
         if not self.adapt:
             return
-        with self._state() as (st, now):
+        with _undone(), self._state(time.monotonic() + _ADJUST_WAIT) as (st, now):
             if admitted < st.last_cut or now - st.last_cut < ROUND:
                 return  # sent at the old rate, or in the same round: that rate is cut already
             before = st.rate if st.rate > 0 else st.observed(now)
@@ -176,7 +179,7 @@ class NodeRate:
         (doubling it every second before the store first throttled: a slow start)."""
         if not self.adapt:
             return
-        with self._state() as (st, now):
+        with _undone(), self._state(time.monotonic() + _ADJUST_WAIT) as (st, now):
             if st.rate <= 0 or admitted < st.last_cut:
                 return
             if st.ceiling > 0:
@@ -190,14 +193,29 @@ class NodeRate:
 
     def rate(self) -> float:
         """The node's rate now (requests per second; 0: no pacing)."""
-        with self._state() as (st, _):
+        with self._state(time.monotonic() + self.wait) as (st, _):
             return st.rate
 
     @contextlib.contextmanager
-    def _state(self) -> Iterator[tuple[_State, float]]:
-        """The node's state under its lock, written back when the block ends."""
+    def _state(self, by: float, until: float | None = None) -> Iterator[tuple[_State, float]]:
+        """The node's state under its lock, written back when the block ends; the lock is
+        waited for until ``by`` (a :func:`time.monotonic` time), then :class:`CacheError`
+        naming who holds it (:class:`NoTurn` when ``by`` is the read's deadline
+        ``until``): a process of the node stopped or stuck holding it never hangs us."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        with _locked(self.path) as fd:
+        began = time.monotonic()
+        with _locked(self.path, by) as fd:
+            if fd is None:
+                waited = time.monotonic() - began
+                held = ", ".join(map(str, lock_holders(self.path, 0))) or "another process"
+                why = (
+                    f"the node's request rate ({self.path}) stayed locked by pid {held} "
+                    f"for {waited:.1f} s: a process of the node is stopped or stuck "
+                    "holding it; resume or end it"
+                )
+                if until is not None and by >= until:
+                    raise NoTurn(why + " (the read's deadline came)")
+                raise CacheError(why + f" (waited {self.wait:g} s for a turn)")
             raw = os.pread(fd, _STATE.size, 0)
             now = time.monotonic()
             st = _State(*_STATE.unpack(raw)) if len(raw) == _STATE.size else None
@@ -222,16 +240,37 @@ def _close_inherited() -> None:
     _HELD.clear()
 
 
+_POLL_MAX = 0.05  # the longest sleep between two tries of a lock
+
+
 @contextlib.contextmanager
-def _locked(path: str) -> Iterator[int]:
-    """``path`` open and ``flock``ed for the block (every process of the node, any thread)."""
+def _undone() -> Iterator[None]:
+    """A cut or raise that finds the lock held past its short wait is left undone."""
+    with contextlib.suppress(CacheError):
+        yield
+
+
+@contextlib.contextmanager
+def _locked(path: str, by: float) -> Iterator[int | None]:
+    """``path`` open and ``flock``ed for the block (every process of the node, any
+    thread); None when the lock is still held by another at ``by`` (monotonic)."""
     if not _HOOKED:
         os.register_at_fork(after_in_child=_close_inherited)
         _HOOKED.append(True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     _HELD.add(fd)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        pause = 0.001
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= by:
+                    yield None
+                    return
+                time.sleep(min(pause, max(0.0, by - time.monotonic())))
+                pause = min(_POLL_MAX, pause * 2)
         yield fd
     finally:
         _HELD.discard(fd)

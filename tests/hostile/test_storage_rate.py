@@ -1,0 +1,106 @@
+"""Hostile review of issue 32 (the node's request rate): a peer process stopped while it
+holds the rate file's lock never hangs a read or a write past its bound."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from shardkit._types import ObjectRef
+from shardkit.cache.opener import CachingOpener
+from shardkit.errors import CacheError, FetchError
+from shardkit.format.manifest.model import Manifest
+from shardkit.io.config import IoConfig
+from shardkit.io.rate import NodeRate
+from tests.helpers.servers import RangeServer
+
+_HOLD = (
+    "import fcntl, os, signal, sys\n"
+    "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)\n"
+    "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+    "print('held', flush=True)\n"
+    "os.kill(os.getpid(), signal.SIGSTOP)\n"
+)
+
+
+@pytest.fixture
+def stopped_holder() -> Iterator[Callable[[str], int]]:
+    """A peer process of the node that takes a file's flock and is SIGSTOPped holding it."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def hold(path: str) -> int:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        p = subprocess.Popen([sys.executable, "-c", _HOLD, path], stdout=subprocess.PIPE, text=True)
+        procs.append(p)
+        assert p.stdout is not None and p.stdout.readline() == "held\n"
+        return p.pid
+
+    yield hold
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+        p.wait(5)
+        if p.stdout is not None:
+            p.stdout.close()
+
+
+def _within(seconds: float, call: Callable[[], object]) -> BaseException | None:
+    """Run ``call`` in a thread: what it raised (None: it returned); fails if it is still
+    running after ``seconds`` (a hang)."""
+    out: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+            out.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert out, f"still waiting after {seconds} s: a stopped peer's lock hangs it"
+    return out[0]
+
+
+@pytest.mark.timeout(30)
+def test_a_stopped_peer_holding_the_rate_lock_does_not_hang_the_rate(
+    tmp_path: Path, stopped_holder: Callable[[str], int]
+) -> None:
+    """NodeRate.admit waits for the lock no longer than its turn may be waited for (its
+    ``wait``, or the read's deadline), and names the file and the process holding it."""
+    path = str(tmp_path / "slots" / "rate")
+    pid = stopped_holder(path)
+    rate = NodeRate(path, start=5.0, wait=1.0)
+    start = time.monotonic()
+    err = _within(4.0, rate.admit)
+    assert isinstance(err, CacheError), err
+    assert time.monotonic() - start < 2.0
+    assert path in str(err) and str(pid) in str(err), err
+    err = _within(4.0, lambda: rate.admit(time.monotonic() + 0.5))
+    assert isinstance(err, CacheError), err
+
+
+@pytest.mark.timeout(30)
+def test_a_stopped_peer_holding_the_rate_lock_does_not_hang_a_cached_read(
+    make_shards: Callable[..., Manifest], tmp_path: Path, stopped_holder: Callable[[str], int]
+) -> None:
+    """A cache fill while a stopped process of the node holds ``slots/rate``: it ends
+    (read, or a named error) within cache_wait, never waits for ever."""
+    data = make_shards([2], tokens=8)
+    e = data.shards[0]
+    opener = CachingOpener(
+        IoConfig.make(cache_dir=tmp_path / "c", cache_wait=1.0, deadline=1.0, node_rate=5.0)
+    )
+    stopped_holder(opener.rate.path)
+    with RangeServer(str(data.base)) as srv:
+        url = srv.url(e.url)
+        err = _within(4.0, lambda: opener.ensure_cached(ObjectRef(url, e.size, e.checksum)))
+    assert err is None or isinstance(err, (CacheError, FetchError)), err
