@@ -76,9 +76,11 @@ _OWN |= {"lost+found", "CACHEDIR.TAG"}
 
 
 def _own(name: str) -> bool:
-    """A name the cache itself writes in its root: one of ``_OWN`` or a temp file of one
-    (``ledger.tmp-*``), which another process setting the cache up writes meanwhile."""
-    return name in _OWN or name.split(".", 1)[0] in _OWN
+    """A name the cache writes in its root: one of ``_OWN`` or a temp file of one
+    (``ledger.tmp-*``, a durable write's ``.tmp-*``), as another process setting the cache
+    up writes meanwhile (``data.csv`` is not one)."""
+    stem, tmp, _ = name.partition(".tmp-")
+    return name in _OWN or (bool(tmp) and stem in _OWN) or name.startswith(".tmp-")
 
 
 _TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# shardkit node-local shard cache\n"

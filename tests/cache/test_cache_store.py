@@ -654,3 +654,10 @@ def test_a_cache_being_set_up_by_another_process_is_taken_as_ours(tmp_path: Path
     (root / "CACHEDIR.TAG").unlink()
     with pytest.raises(CacheError, match=r"notes\.txt"):
         CacheStore(str(root), limit=1 << 20).ensure()
+
+
+def test_a_file_named_like_a_cache_folder_is_still_foreign(tmp_path: Path) -> None:
+    (tmp_path / "data.csv").write_text("the user's own table")
+    with pytest.raises(CacheError, match=r"data\.csv"):
+        CacheStore(str(tmp_path), limit=1 << 20).ensure()
+    assert (tmp_path / "data.csv").read_text() == "the user's own table"
