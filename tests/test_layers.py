@@ -106,7 +106,7 @@ ORDER: dict[str, list[list[str]]] = {
     ],
     "shardkit.stages": [
         ["base", "collate", "packing", "decode", "reading", "source", "epoch"],
-        ["mixture", "budget", "basic", "nominal", "tokens"],
+        ["mixture", "regroup", "budget", "basic", "nominal", "tokens"],
     ],
     "shardkit.metrics": [["schema", "job", "alert", "export"]],
     "shardkit.streaming": [

@@ -9,8 +9,8 @@ from typing import Any
 
 from shardkit.errors import ConfigError, DecodeError
 from shardkit.stages.base import Context, Cursor, Fruitless, Grid, Stage, Step, callable_name
-from shardkit.stages.budget import open_upstream, settled
 from shardkit.stages.collate import collate_numpy
+from shardkit.stages.regroup import open_upstream, settled
 from shardkit.values import as_int
 
 __all__ = ["Batched", "Map", "Select", "ToTuple"]
@@ -120,7 +120,7 @@ class Batched(Step):
     """Group ``n`` items into one batch with ``collate`` (numpy collation by default).
 
     Its state is its upstream's; after a batching change it may start from another
-    batching's state (see :func:`~shardkit.stages.budget.open_upstream`).
+    batching's state (see :func:`~shardkit.stages.regroup.open_upstream`).
 
     Args:
         upstream: the stage before.

@@ -1,4 +1,4 @@
-"""Batches filled to a cost budget, and the regrouping that lets a batching change mid-run.
+"""Batches filled to a cost budget.
 
 ``batched(budget=B, cost=...)`` reads its upstream in groups, each until it holds the cost
 of ``GROUP_BATCHES`` (16) batches or ``buffer`` items, and packs each group into batches
@@ -22,19 +22,15 @@ item count (``size``), how many of its batches were given (``skip``) and which o
 A restore re-reads the group, packs it again and skips what was given. An elastic resume
 goes on after the group (its rest is left out, as :mod:`shardkit.stages.tokens` does).
 
-A *batching change* (``load_state_dict(allow={"batch_size"})``: a new ``n`` or budget)
-hands the new batching a state of the old one; :func:`open_upstream` turns it into a
-replay (a ``"regroup"`` state): the group's items not yet given, in stream order, then the
-upstream on from the group's end. Nothing is given twice, nothing is skipped.
+A *batching change* (a new ``n`` or budget) replays the group's items not yet given:
+see :mod:`shardkit.stages.regroup`.
 """
 
 from __future__ import annotations
 
-import copy
 import heapq
-import itertools
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from time import perf_counter
 from typing import Any
 
@@ -52,19 +48,16 @@ from shardkit.stages.base import (
 )
 from shardkit.stages.collate import collate_numpy
 from shardkit.stages.mixture import drawn_from
+from shardkit.stages.regroup import BATCHINGS, bits, open_upstream, settled, unmask
 
 __all__ = [
     "BudgetBatched",
     "FieldCost",
     "attention_cost",
     "fill_to_budget",
-    "open_upstream",
-    "settled",
 ]
 
-REGROUP = "regroup"
 GROUP_BATCHES = 16
-_BATCHINGS = ("budget_batched", REGROUP)
 _END = object()
 
 
@@ -178,101 +171,6 @@ def _spread(costs: Sequence[float], order: list[int], budget: float, k: int) -> 
     return bins
 
 
-def _bits(done: Iterable[int]) -> int:
-    """Item positions as a bit mask."""
-    bits = 0
-    for i in done:
-        bits |= 1 << i
-    return bits
-
-
-def _mask(done: Iterable[int]) -> str:
-    """Item positions as a hex bit mask."""
-    return format(_bits(done), "x")
-
-
-def _unmask(text: Any, stage: str) -> set[int]:
-    if not isinstance(text, str):
-        raise StateDictError(f"{stage}: key 'done' must be a hex string")
-    try:
-        bits = int(text or "0", 16)
-    except ValueError:
-        raise StateDictError(f"{stage}: key 'done' must be a hex string") from None
-    return {i for i in range(bits.bit_length()) if bits >> i & 1}
-
-
-def settled(state: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    """A batching's state past the group it holds (its rest left out): what an elastic
-    merge and an epoch's carry start from."""
-    while state is not None and state.get("stage") in _BATCHINGS:
-        state = state.get("after", state.get("source"))
-    return state
-
-
-def open_upstream(up: Stage, ctx: Context, state: Mapping[str, Any] | None) -> Cursor:
-    """``up``'s cursor from ``state``: the upstream's own state, or a batching's (a budget
-    batching's or a replay's, after a batching change), replayed: the items of its group
-    not yet given, then on."""
-    if state is None or state.get("stage") not in _BATCHINGS:
-        return up.iterate(ctx, state)
-    name = str(state.get("stage"))
-    st = check_state(state, name, 1, ("size", "done", "source"))
-    size = check_int(st, name, "size")
-    done = _unmask(st["done"], name)
-    if name == "budget_batched" and not st.get("held", True):  # no group held
-        return open_upstream(up, ctx, st["source"])
-    replay = _Replay(open_upstream(up, ctx, st["source"]), size, done, st["source"])
-    replay.after = st.get("after")  # known before the group is read again
-    return replay
-
-
-class _Replay(Cursor):
-    """The items of a group (``size`` items from ``before``) not in ``done``, then on."""
-
-    def __init__(self, up: Cursor, size: int, done: set[int], before: Mapping[str, Any]) -> None:
-        super().__init__(up)
-        # a copy of its own: the upstream's cursor may change the state it started from
-        self.size, self.done, self.before = size, set(done), copy.deepcopy(dict(before))
-        self.after: dict[str, Any] | None = None
-        self.mix = drawn_from(up)
-        self.group: list[Any] = []
-        self.sources: list[int | None] = []  # each group item's mixture source
-        self.own["samples"] = 0.0
-        self.items = self._replay()
-
-    def _replay(self) -> Iterator[Any]:
-        for item in itertools.islice(self.upstream, self.size):
-            self.group.append(item)
-            self.sources.append(None if self.mix is None else self.mix.last)
-            self.own["samples"] -= 1  # counted when given (not at all: given before)
-        self.after = self.upstream.state()
-        for i, item in enumerate(self.group):
-            if i not in self.done:
-                self.done.add(i)
-                self.own["samples"] += 1
-                yield item
-        self.size, self.group = 0, []
-        yield from self.upstream
-
-    def state(self) -> dict[str, Any]:
-        if self.size == 0:  # the group was given: the upstream's state is exact
-            return self.upstream.state()
-        out = {"stage": REGROUP, "version": 1, "size": self.size, "done": _mask(self.done)}
-        out["source"] = self.before
-        if self.after is not None:
-            out["after"] = self.after
-        if self.mix is not None and self.group:  # what of the group was delivered, by source
-            given: dict[int, list[int]] = {}
-            for i in self.done:
-                k = self.sources[i]
-                if k is not None:
-                    got = given.setdefault(k, [0, 0])
-                    got[0] += 1
-                    got[1] += self.mix._tokens(self.group[i])
-            out["given"] = [[k, *given[k]] for k in sorted(given)]
-        return out
-
-
 class BudgetBatched(Stage):
     """Batches of cost at most ``budget``, packed from groups of the cost of
     :data:`GROUP_BATCHES` batches (at most ``buffer`` items).
@@ -328,7 +226,7 @@ class BudgetBatched(Stage):
             skip = check_int(st, self.name, "skip")
             mine = (st.get("budget"), st.get("buffer"), st.get("cost"))
             if mine == (self.budget, self.buffer, self.cost_name()):
-                done = _bits(_unmask(st["done"], self.name))
+                done = bits(unmask(st["done"], self.name))
                 up = open_upstream(self._up(), ctx, st["source"])
                 cursor = _BudgetCursor(self, up, skip)
                 if st.get("held", True):  # the group re-read must be the one saved
@@ -352,11 +250,11 @@ class BudgetBatched(Stage):
     def left(self, ctx: Context, state: Mapping[str, Any] | None) -> int | None:
         """The upstream's left after the group held, plus the group's items not given."""
         held = 0
-        while isinstance(state, Mapping) and state.get("stage") in _BATCHINGS:
+        while isinstance(state, Mapping) and state.get("stage") in BATCHINGS:
             if state.get("held", True) and "after" in state:
                 size = state.get("size")
                 if type(size) is int:
-                    held += max(size - len(_unmask(state.get("done", ""), self.name)), 0)
+                    held += max(size - len(unmask(state.get("done", ""), self.name)), 0)
                 state = state["after"]
             else:
                 state = state.get("source")
@@ -454,14 +352,14 @@ class _BudgetCursor(Cursor):
             batches = fill_to_budget(group.costs, stage.budget)
             ahead = _Group(stage, self.upstream, self)
             per = -(-len(group.items) // len(batches))
-            done = _bits(i for b in batches[:skip] for i in b)
+            done = bits(i for b in batches[:skip] for i in b)
             if self.expect is not None:
                 self._check_restored(len(group.items), len(batches), skip, done)
             given: dict[int, list[int]] = {}  # per mixture source: samples, tokens given
             for b in batches[:skip]:
                 self._given(group, b, given)
             for k in range(skip, len(batches)):
-                done |= _bits(batches[k])
+                done |= bits(batches[k])
                 self._given(group, batches[k], given)
                 if k + 1 < len(batches):
                     self.held = {"source": group.before, "size": len(group.items)}

@@ -6,7 +6,7 @@ asked by name (``allow=``), and refuses them otherwise naming the change and the
 
 - ``"batch_size"``: another ``batched(n)`` or ``batched(budget=...)``: the stream goes on
   at the first sample not yet given (the group a budget batching held is replayed: its
-  items not yet given, in stream order; see :mod:`shardkit.stages.budget`).
+  items not yet given, in stream order; see :mod:`shardkit.stages.regroup`).
 - ``"sources"``: a mixture gains, loses or renames sources (by name; a rename by a mapping,
   ``allow={"sources": {"old": "new"}}``): the kept ones go on from their cursors and
   epochs, a new one starts at its first epoch, a removed one's exposure is kept in the job
@@ -45,6 +45,7 @@ __all__ = [
 
 ALLOW = ("batch_size", "sources", "seq_len", "weights")
 _BATCHINGS = ("batched", "budget_batched")
+_GROUPS = ("budget_batched", "regroup")  # batching states that may hold a group
 
 
 @dataclass(frozen=True)
@@ -242,6 +243,8 @@ def adapt_states(
     for entry in st["ranks"]:
         for ws in entry["workers"]:
             for sub in _walk(ws):
+                if "seq_len" in kinds and sub.get("stage") in _GROUPS:
+                    _settle(sub)  # its group holds sequences of the old length
                 if "seq_len" in kinds and best_fit and sub.get("stage") == PackTokens.name:
                     sub.update(skip=0, source=sub.pop("after", sub["source"]))
                 if "sources" in kinds and mix is not None and sub.get("stage") == Mix.name:
@@ -251,6 +254,29 @@ def adapt_states(
     if kinds & {"batch_size", "seq_len", "sources"}:
         st["regrouped"] = True
     return st
+
+
+def _settle(sub: dict[str, Any]) -> None:
+    """A batching's state (in place) after the group it holds, its rest left out, as
+    best-fit packing goes on at its next group: after a seq_len change the group's items
+    are sequences the new packer does not make (a replay of them gave tokens twice)."""
+    held = sub.get("stage") == "regroup" or sub.get("held", False)
+    if not held:
+        return
+    after = sub.get("after")
+    if not isinstance(after, dict):
+        raise StateDictError(
+            f"load_state_dict: a {sub.get('stage')} state holds a group with no end "
+            "('after'): it cannot go on after a seq_len change; load it into the old seq_len "
+            "until the group is given"
+        )
+    if sub.get("stage") == "regroup":
+        sub.clear()
+        sub.update(after)
+        return
+    sub.pop("after")
+    sub.pop("given", None)
+    sub.update(held=False, size=0, skip=0, done="", source=after)
 
 
 def _fit_mix(
