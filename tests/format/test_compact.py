@@ -115,7 +115,9 @@ def test_a_url_out_of_the_base_is_refused_as_by_the_parse(tmp_path: Path) -> Non
         open_catalog(path, make_opener())
     unsafe = open_catalog(path, make_opener(), allow_unsafe_urls=True)
     assert isinstance(unsafe.shards, CompactShards)
-    assert unsafe.shards[0].url == os.path.normpath(str(tmp_path / "../elsewhere/data-000000.tar"))
+    assert unsafe.shards[0].ref.url == os.path.normpath(
+        str(tmp_path / "../elsewhere/data-000000.tar")
+    )
 
 
 def _with_pieces(n: int, per: int) -> Manifest:
@@ -139,11 +141,11 @@ def test_the_build_writes_the_form_so_the_first_reader_parses_no_json(tmp_path: 
     catalog = open_catalog(path, make_opener())
     assert isinstance(catalog.shards, CompactShards)
     assert os.stat(compact_path(path)).st_ino == before.st_ino  # mapped, not built again
-    assert [s.pieces for s in catalog.shards] == [e.pieces for e in Manifest.load(path)]
+    assert [s.ref.pieces for s in catalog.shards] == [e.pieces for e in Manifest.load(path)]
     # a manifest written again without its form: the old form is stale, built again
     _with_pieces(4, 1).save(path)
     catalog = open_catalog(path, make_opener())
-    assert [s.pieces for s in catalog.shards] == [e.pieces for e in Manifest.load(path)]
+    assert [s.ref.pieces for s in catalog.shards] == [e.pieces for e in Manifest.load(path)]
 
 
 def test_the_writer_leaves_a_form_that_fits(tmp_path: Path) -> None:
@@ -166,6 +168,6 @@ def test_damaged_piece_checksums_are_found_when_read(tmp_path: Path) -> None:
     raw[start + offset + 16 * (BLOCK_ROWS + 1)] ^= 0xFF  # a digest of shard 2
     Path(compact_path(path)).write_bytes(bytes(raw))
     catalog = open_catalog(path, make_opener())  # the open does not read the digests
-    assert catalog.shards[0].pieces == Manifest.load(path).shards[0].pieces
+    assert catalog.shards[0].ref.pieces == Manifest.load(path).shards[0].pieces
     with pytest.raises(ManifestError, match="piece checksums"):
         catalog.shards[2]
