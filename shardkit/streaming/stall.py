@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import logging
+import numbers
 import os
 import shutil
 import tempfile
@@ -22,6 +23,8 @@ import time
 import weakref
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from shardkit import activity
 from shardkit.errors import ConfigError
@@ -41,10 +44,16 @@ class StallWatch:
     """
 
     def __init__(self, warn: float | None, stacks: bool = False) -> None:
-        if warn is not None and not warn > 0:
+        if warn is not None and (
+            isinstance(warn, bool | np.bool_)
+            or not isinstance(warn, numbers.Real)
+            or not warn > 0  # NaN too
+        ):
             raise ConfigError(f"stall_warn must be > 0 seconds or None, got {warn!r}")
-        self.warn = warn
-        self.stacks = stacks
+        if not isinstance(stacks, bool | np.bool_):
+            raise ConfigError(f"stall_stacks must be True or False, got {stacks!r}")
+        self.warn = None if warn is None else float(warn)
+        self.stacks = bool(stacks)
         self.stalls = 0
         self.last: list[dict[str, Any]] = []
         self._dir: str | None = None
