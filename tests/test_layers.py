@@ -74,6 +74,7 @@ ORDER: dict[str, list[list[str]]] = {
     "shardkit.io": [
         [
             "retry",
+            "clocked",
             "rate",
             "config",
             "pipe",

@@ -5,7 +5,7 @@ chain; ``STORAGE_EMULATOR_HOST`` points it at an emulator), ``az://container/key
 ``azure-storage-blob`` (``AZURE_STORAGE_CONNECTION_STRING``, or ``AZURE_STORAGE_ACCOUNT_URL``
 with ``AZURE_STORAGE_KEY`` or ``AZURE_STORAGE_SAS_TOKEN``). The SDKs' own retries are off:
 every try goes through the same retry, backoff and resume-from-the-last-byte loop as HTTP
-and S3 (:mod:`shardkit.io.retry`), so it is counted once. One client per process, made
+and S3 (:mod:`shardkit.io.clocked`), so it is counted once. One client per process, made
 lazily (again after fork); the environment is read when the client is made.
 
 The two stores differ only in how one ranged GET is made and how their errors sort into
@@ -20,9 +20,10 @@ from typing import Any
 
 from shardkit.counters import Counters
 from shardkit.errors import ConfigError, FetchError
+from shardkit.io.clocked import resuming_chunks
 from shardkit.io.config import IoConfig
 from shardkit.io.http import CHUNK, policy_of
-from shardkit.io.retry import Gate, Retryable, resuming_chunks
+from shardkit.io.retry import Gate, Retryable
 from shardkit.per_process import PerProcess
 from shardkit.urls import parse_url
 

@@ -3,7 +3,7 @@
 Each read of ``[start, end)`` is a run of ``Range`` requests of ``range_size`` bytes. A
 dropped connection, a stall past ``read_timeout``, a body below the minimum rate, a 429/5xx
 are retried (backoff with jitter, ``Retry-After`` honoured within the deadline) and the read
-resumes at the first byte not yet delivered (:mod:`shardkit.io.retry`). A server that
+resumes at the first byte not yet delivered (:mod:`shardkit.io.clocked`). A server that
 ignores ``Range`` (200 instead of 206) still works: the bytes before the wanted offset are
 skipped.
 
@@ -23,8 +23,9 @@ import urllib3
 
 from shardkit.counters import Counters
 from shardkit.errors import FetchError
+from shardkit.io.clocked import resuming_chunks
 from shardkit.io.config import IoConfig
-from shardkit.io.retry import Gate, Retryable, RetryPolicy, parse_retry_after, resuming_chunks
+from shardkit.io.retry import Gate, Retryable, RetryPolicy, parse_retry_after
 from shardkit.per_process import PerProcess
 from shardkit.urls import parse_url
 

@@ -3,7 +3,7 @@
 The endpoint comes from ``endpoint_url=`` (or boto3's own ``AWS_ENDPOINT_URL``);
 credentials and region from boto3's usual chain. Reads are ranged ``GetObject`` calls with
 the same retry, backoff and resume-from-the-last-byte loop as HTTP
-(:mod:`shardkit.io.retry`); botocore's own retries are turned off so that every try is
+(:mod:`shardkit.io.clocked`); botocore's own retries are turned off so that every try is
 counted once. One client per process (:class:`~shardkit.per_process.PerProcess`).
 """
 
@@ -15,9 +15,10 @@ from typing import Any
 
 from shardkit.counters import Counters
 from shardkit.errors import ConfigError, FetchError
+from shardkit.io.clocked import resuming_chunks
 from shardkit.io.config import IoConfig
 from shardkit.io.http import CHUNK, policy_of
-from shardkit.io.retry import Gate, Retryable, parse_retry_after, resuming_chunks
+from shardkit.io.retry import Gate, Retryable, parse_retry_after
 from shardkit.urls import parse_url
 
 __all__ = ["S3Source", "s3_retryable"]

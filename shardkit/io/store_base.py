@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from shardkit.counters import Counters
+from shardkit.io.clocked import retried
 from shardkit.io.rate import NodeRate
-from shardkit.io.retry import Retryable, RetryPolicy, retried
+from shardkit.io.retry import Retryable, RetryPolicy
 from shardkit.urls import OBJECT_SCHEMES, url_scheme
 
 __all__ = [
@@ -100,7 +101,7 @@ class ObjectStore:
 
     Every write request (a part, a chunk, a block, a commit, a small object) is retried
     on 429, 5xx, ``SlowDown`` and dropped connections under ``retry``, as reads are
-    (:func:`shardkit.io.retry.retried`; the SDKs' own retries are off for them, so each
+    (:func:`shardkit.io.clocked.retried`; the SDKs' own retries are off for them, so each
     try is counted once, in ``counters``), through the node's write rate for the store
     (:attr:`rate`), and fails with a FetchError naming the object, the attempts and the
     time."""

@@ -33,17 +33,13 @@ from shardkit.cache.locks import (
     unlock,
 )
 from shardkit.cache.store import CacheKey, CacheStore
+from shardkit.counters import Counters
 from shardkit.errors import CacheError, ChecksumError, ConfigError, FetchError
 from shardkit.format.pieces import PieceHasher, Pieces, piece_digest
+from shardkit.io.clocked import resuming_chunks
 from shardkit.io.config import IoConfig
 from shardkit.io.remote import ChunkStream
-from shardkit.io.retry import (
-    Counters,
-    Retryable,
-    RetryPolicy,
-    parse_retry_after,
-    resuming_chunks,
-)
+from shardkit.io.retry import Retryable, RetryPolicy, parse_retry_after
 from shardkit.io.verified import PieceCheck
 
 pytestmark = pytest.mark.integration
