@@ -22,7 +22,7 @@ from shardkit.format.pieces import DEFAULT_PIECE_SIZE
 from shardkit.io.stores import is_object_url
 from shardkit.units import format_bytes, parse_size
 from shardkit.urls import expand_braces, redact
-from shardkit.write.build.merge import merge_object_parts, merge_parts
+from shardkit.write.build.merge import keep_other_set, merge_object_parts, merge_parts
 from shardkit.write.inputs.discover import discover
 from shardkit.write.writer.where import open_target
 
@@ -91,10 +91,16 @@ def _echo_manifest(m: Manifest, path: str, as_json: bool, what: str) -> None:
     help="Remote shards read at a time.",
 )
 @tar_policy_option
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace a manifest at -o that lists other shards (another data set).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar on a terminal.")
 def from_shards(source: str, out_path: str | None, checksum: str, index: bool, piece_size: str,
-                workers: int, tar_policy: str, as_json: bool, progress: bool) -> None:  # fmt: skip
+                workers: int, tar_policy: str, overwrite: bool, as_json: bool,
+                progress: bool) -> None:  # fmt: skip
     """Write a manifest for shards someone else wrote (webdataset, GNU tar, ...).
 
     Each shard is read once: checksum, sample count and sample offsets in one pass.
@@ -112,8 +118,8 @@ def from_shards(source: str, out_path: str | None, checksum: str, index: bool, p
     if out_path is not None and not is_object_url(out_path):
         _local_out(out_path, "manifest from-shards -o")
     if is_remote_pattern(source):
-        _adopt(source, out_path, (checksum, index, piece_size, workers, tar_policy), as_json,
-               progress)  # fmt: skip
+        _adopt(source, out_path, (checksum, index, piece_size, workers, tar_policy), overwrite,
+               as_json, progress)  # fmt: skip
         return
     if out_path is not None and (os.path.isdir(out_path) or not out_path.endswith(_FILES)):
         out_path = os.path.join(out_path, "manifest.json")
@@ -134,12 +140,13 @@ def from_shards(source: str, out_path: str | None, checksum: str, index: bool, p
             piece_size=pieces or None,
             tar_policy=tar_policy,
         )
+    keep_other_set(open_target(*os.path.split(os.path.abspath(path))), m, overwrite)
     save_manifest(m, path)  # and its compact form beside it
     _echo_manifest(m, path, as_json, "wrote")
 
 
 def _adopt(source: str, out_path: str | None, how: tuple[str, bool, str, int, str],
-           as_json: bool, progress: bool) -> None:  # fmt: skip
+           overwrite: bool, as_json: bool, progress: bool) -> None:  # fmt: skip
     checksum, index, piece_size, workers, tar_policy = how
     if out_path is None:
         raise click.UsageError("remote shards need -o DIR for the manifest and indexes")
@@ -167,8 +174,10 @@ def _adopt(source: str, out_path: str | None, how: tuple[str, bool, str, int, st
     if out_path.endswith(_FILES):
         path = out_path
     head, name = posixpath.split(path)
+    target = open_target(head or ".", name)
+    keep_other_set(target, m, overwrite)
     # with its CSV; locally its compact form too (in a store each node builds that itself)
-    open_target(head or ".", name).write_manifest(m)
+    target.write_manifest(m)
     _echo_manifest(m, path, as_json, "wrote")
 
 
@@ -182,8 +191,15 @@ def _adopt(source: str, out_path: str | None, how: tuple[str, bool, str, int, st
     help="The merged manifest to write (a path, or an s3://, gs://, az:// url).",
 )
 @click.option("--allow-incomplete", is_flag=True, help="Merge even when some parts are missing.")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace a manifest at -o that lists other shards (another data set).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
-def merge(parts: tuple[str, ...], out_path: str, allow_incomplete: bool, as_json: bool) -> None:
+def merge(
+    parts: tuple[str, ...], out_path: str, allow_incomplete: bool, overwrite: bool, as_json: bool
+) -> None:
     """Join the partial manifests of `shardkit build --part I/N` into one.
 
     Parts in an object store (the manifests of ShardWriter("s3://b/set/part-0007/",
@@ -193,14 +209,16 @@ def merge(parts: tuple[str, ...], out_path: str, allow_incomplete: bool, as_json
         urls = [u for p in parts for u in expand_braces(p)]
         if not all(is_object_url(u) for u in urls):
             raise click.UsageError("a merged manifest in an object store takes parts there too")
-        m = merge_object_parts(urls, out_path, allow_incomplete=allow_incomplete)
+        m = merge_object_parts(
+            urls, out_path, allow_incomplete=allow_incomplete, overwrite=overwrite
+        )
         _echo_manifest(m, out_path, as_json, "merged")
         return
     _local_out(out_path, "manifest merge -o")
     for p in parts:
         if not os.path.isfile(p):
             raise click.BadParameter(f"File {p!r} does not exist.", param_hint="PARTS...")
-    m = merge_parts(list(parts), out_path, allow_incomplete=allow_incomplete)
+    m = merge_parts(list(parts), out_path, allow_incomplete=allow_incomplete, overwrite=overwrite)
     _echo_manifest(m, os.path.abspath(out_path), as_json, "merged")
     info = m.created.get("build") or {}
     if info.get("skipped_records") and not as_json:

@@ -15,14 +15,14 @@ import os
 import posixpath
 from collections.abc import Sequence
 
-from shardkit.errors import ManifestError
+from shardkit.errors import ConfigError, ManifestError
 from shardkit.format.manifest.model import Manifest, creation_info
-from shardkit.urls import join
+from shardkit.urls import is_absolute, join, redact
 from shardkit.write.writer.local import LocalTarget
 from shardkit.write.writer.objects import ObjectTarget
-from shardkit.write.writer.target import build_info, errors_name
+from shardkit.write.writer.target import Target, build_info, errors_name
 
-__all__ = ["merge_object_parts", "merge_parts"]
+__all__ = ["keep_other_set", "merge_object_parts", "merge_parts"]
 
 
 def _check_finished(m: Manifest, path: str, *, journal: bool = False) -> None:
@@ -54,9 +54,11 @@ def merge_parts(
     out_path: str | os.PathLike[str],
     *,
     allow_incomplete: bool = False,
+    overwrite: bool = False,
 ) -> Manifest:
     """Join the local partial manifests ``paths`` into one manifest at ``out_path``; urls
-    are rewritten relative to ``out_path``'s folder, which must hold every shard."""
+    are rewritten relative to ``out_path``'s folder, which must hold every shard. A
+    manifest there that lists other shards is replaced only with ``overwrite``."""
     parts = [Manifest.load(p) for p in paths]
     for path, m in zip(paths, parts, strict=True):
         _check_finished(m, str(path))
@@ -84,8 +86,35 @@ def merge_parts(
     if skipped:
         report = errors_name(final.manifest_name)
         merged.created["build"] = {"complete": True, "skipped_records": skipped, "errors": report}
+    keep_other_set(final, merged, overwrite)
     final.write_manifest(merged)
     return merged
+
+
+def _where(m: Manifest, base: str) -> set[str]:
+    """Where the shards of ``m`` lie (absolute paths or urls; ``base`` if it names none)."""
+    b = m.base or base
+    return {s.url if is_absolute(s.url) else join(b, s.url) for s in m.shards}
+
+
+def keep_other_set(target: Target, new: Manifest, overwrite: bool) -> None:
+    """A manifest at ``target`` that lists a shard ``new`` does not (another data set) is
+    replaced only with ``overwrite`` (``manifest merge``/``from-shards`` replaced one with
+    exit 0): a ConfigError naming it and the ways out."""
+    if overwrite:
+        return
+    try:
+        old = target.read_manifest()
+        what = "" if old is None else f"{len(_where(old, target.base) - _where(new, target.base))}"
+        what += f" of its {len(old)} shards" if old is not None else ""
+    except ManifestError as exc:
+        what = f"it is unreadable ({exc}) and"
+    if not what or what.startswith("0 of"):
+        return
+    raise ConfigError(
+        f"{redact(target.manifest_path)} already holds a manifest: {what} would no longer be "
+        "listed: pass --overwrite (overwrite=True) to replace it, or write to another -o"
+    )
 
 
 def _under(url: str, base: str) -> str:
@@ -130,9 +159,10 @@ def _object_target(url: str) -> ObjectTarget:
 
 
 def merge_object_parts(
-    parts: list[str], out_url: str, *, allow_incomplete: bool = False
+    parts: list[str], out_url: str, *, allow_incomplete: bool = False, overwrite: bool = False
 ) -> Manifest:
-    """Merge the part manifests at ``parts`` (object-store urls) into ``out_url``."""
+    """Merge the part manifests at ``parts`` (object-store urls) into ``out_url`` (a
+    manifest there that lists other shards is replaced only with ``overwrite``)."""
     loaded: list[Manifest] = []
     tags: dict[str, str] = {}
     for url in parts:
@@ -165,5 +195,6 @@ def merge_object_parts(
         if tag is not None:
             final.tags[url] = tag
     merged.shards, merged.base = shards, final.base
+    keep_other_set(final, merged, overwrite)
     final.write_manifest(merged)
     return merged

@@ -144,6 +144,11 @@ class LocalTarget(Target):
         path = self.manifest_path
         return Manifest.load(path) if os.path.exists(path) else None
 
+    def shard_names(self, prefix: str) -> list[str]:
+        mine = _shard_pattern(prefix)
+        names = os.listdir(self.out_dir) if os.path.isdir(self.out_dir) else []
+        return sorted(n for n in names if mine.match(n) and not n.endswith(".idx"))
+
     def remove_existing(self, prefix: str, *, worker_names: bool = False) -> int:
         """Delete the manifest (and its csv, compact form, journal), the shards and indexes
         it lists in its own folder, and the shards of ``prefix`` there."""

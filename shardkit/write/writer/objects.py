@@ -170,6 +170,12 @@ class ObjectTarget(Target):
         m.base = self.base
         return m
 
+    def shard_names(self, prefix: str) -> list[str]:
+        mine = re.compile(rf"^{re.escape(prefix)}-\d{{6,}}\.tar(?:\.zst|\.gz)?$")
+        head = self.key(prefix)[: -len(prefix)]
+        names = (i.key[len(head) :] for i in self.store.list(head + prefix))
+        return sorted(n for n in names if mine.match(n))
+
     def remove_existing(self, prefix: str, *, worker_names: bool = False) -> int:
         """Delete the data set here, its manifest first (so no manifest ever lists a deleted
         object), its ETag record and CSV, then the shards and indexes it lists under this

@@ -232,11 +232,25 @@ class Target(ABC):
     def read_manifest(self) -> Manifest | None:
         """The manifest there, or None."""
 
-    def refuse_existing(self) -> None:
+    @abstractmethod
+    def shard_names(self, prefix: str) -> list[str]:
+        """The shards of ``prefix`` here (``PREFIX-NNNNNN.tar[.zst|.gz]``), sorted."""
+
+    def refuse_existing(self, prefix: str) -> None:
         """A data set already here is not replaced by accident, in a folder or a store alike
         (it was: 300 samples became 1, the old shard left as a stray file; a store's set was
-        replaced whole): a ConfigError naming the ways out."""
+        replaced whole), nor shards of ``prefix`` that another manifest lists (a writer of
+        ``val.json`` took ``data-000000.tar`` of ``manifest.json``'s set): a ConfigError
+        naming the ways out."""
         if not self.has_manifest():
+            taken = self.shard_names(prefix)
+            if taken:
+                raise ConfigError(
+                    f"{self.base} already holds {len(taken)} shards named {prefix}-NNNNNN "
+                    f"({taken[0]}, ...: another data set's, or a stopped writer's) that "
+                    f"{self.manifest_name} does not list: pass overwrite=True to replace them, "
+                    "resume=True to go on from them, or give another prefix"
+                )
             return
         try:
             old = self.read_manifest()
