@@ -102,7 +102,8 @@ def test_a_shard_writer_set_loads_as_a_hf_directory(
     keys = [s["__key__"] for s in sk.ShardDataset(str(tmp_path / "s" / "manifest.json"))]
     assert sorted(keys) == sorted(ours)
     r = shardkit("inspect", tmp_path / "s" / "manifest.json")
-    assert f"sample indexes: {len(sizes)} of {len(sizes)} shards" in r.stdout, r.stdout
+    n = len(sizes)
+    assert f"sample indexes: {n} of {n} shard{'s' if n != 1 else ''}\n" in r.stdout, r.stdout
 
 
 def _to_old_layout(directory: Path) -> Manifest:
