@@ -100,9 +100,7 @@ def _without_shard_sets(root: str, files: list[str], notes: list[str] | None) ->
             f"left out {where}: a shard set ({n} files: manifest.json, its shards and indexes) "
             "inside the input; give it as a source of its own to re-shard it"
         )
-        log.warning("%s", msg)
-        if notes is not None:
-            notes.append(msg)
+        _say(msg, notes)
     return kept
 
 
@@ -141,10 +139,17 @@ def _detect_records(root: str, files: list[str], notes: list[str] | None) -> tup
         return kind, files
     shown = ", ".join(docs[:3]) + (", ..." if len(docs) > 3 else "")
     msg = f"{root}: read as {kind} records; left out {len(docs)} document(s) beside them: {shown}"
-    log.warning("%s", msg)
+    _say(msg, notes)
+    return kind, data
+
+
+def _say(msg: str, notes: list[str] | None) -> None:
+    """A note for the caller to show (the CLI prints each once), else a logged warning:
+    never both (with no logging set up, Python prints the warning too: each line twice)."""
     if notes is not None:
         notes.append(msg)
-    return kind, data
+    else:
+        log.warning("%s", msg)
 
 
 def _detect(files: list[str]) -> Kind:
