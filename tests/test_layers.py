@@ -115,6 +115,7 @@ ORDER: dict[str, list[list[str]]] = {
             "resume",
             "allow",
             "transfer",
+            "slot_layout",
             "arena",
             "sync",
             "frameworks",

@@ -40,18 +40,14 @@ import numpy as np
 import torch
 
 from shardkit.errors import TransferError
+from shardkit.streaming.slot_layout import HEAD, Ref, collect, write
 from shardkit.streaming.transfer import (
     InlineBatch,
     PackedBytes,
     Pickled,
-    atoms,
-    bytes_offsets,
-    c_order,
     can_pin,
     deliver,
-    join_bytes,
     shared_bytes,
-    tensorable,
 )
 
 __all__ = [
@@ -65,12 +61,9 @@ __all__ = [
 ]
 
 SLOTS = 16  # slots per worker; a worker uses about prefetch_factor + 2 of them
-_HEAD = 64  # bytes before a slot's data: the sequence number of the batch in it
-_ALIGN = 64
 _MIN_SEGMENT = 1 << 20
 _MASK = (1 << 63) - 1
 _RELEASED, _KNOWN = 0, 1  # the control block's two words per slot
-_ARRAY_MIN = 1024  # smaller arrays (lists of arrays: in all) pickle with the structure
 # a worker's first batch up to this size is pickled through the pipe: a slot's first
 # segment costs its making and its file descriptor's passing to the training process,
 # more than a small batch through the pipe; a big batch crosses the pipe slower than that
@@ -111,19 +104,6 @@ _LANES: weakref.WeakValueDictionary[int, Lanes] = weakref.WeakValueDictionary()
 _SEGMENTS: dict[tuple[int, int, int], tuple[int, np.ndarray, np.ndarray]] = {}
 _LOCK = threading.RLock()  # the main thread and the pin thread open parcels
 SEGMENTS_RECEIVED = 0  # segments this process was sent (how well slots are reused)
-
-
-@dataclass
-class _Ref:
-    """A placeholder in a parcel's structure: ``nbytes`` at ``offset`` of the slot."""
-
-    kind: str  # "array", "tensor", "arrays" (a list of them, one dtype) or "bytes"
-    offset: int
-    nbytes: int
-    dtype: Any = None  # numpy dtype str, a torch dtype, or the bytes' offsets
-    shape: tuple[int, ...] = ()  # of an array; of each of "arrays" but the first dimension
-    rows: list[int] | None = None  # "arrays": each one's first dimension
-    index: int = 0  # its value's place in the batch's values (an InlineBatch's)
 
 
 @dataclass
@@ -169,9 +149,9 @@ class WorkerArena:
     def pack(self, tree: Any) -> Any:
         """The batch as a parcel; as it is (C-ordered where pickle needs it) when nothing in
         it is worth a slot."""
-        found: list[tuple[_Ref, Any]] = []
+        found: list[tuple[Ref, Any]] = []
         end = [0]
-        skeleton = _collect(tree, found, end)
+        skeleton = collect(tree, found, end)
         if not found:
             return skeleton
         if (
@@ -180,13 +160,13 @@ class WorkerArena:
             and all(r.kind != "tensor" for r, _ in found)
         ):
             self.batches = 1  # the first batch crosses the pipe whole (see INLINE_FIRST)
-            return InlineBatch(skeleton, [v for _, v in found], _Ref)
+            return InlineBatch(skeleton, [v for _, v in found], Ref)
         index, slot = self._free_slot(end[0])
         slot.seq += 1
         slot.used = self.batches = self.batches + 1
         view = slot.view
         for ref, value in found:
-            _write(view, ref, value)
+            write(view, ref, value)
         view[:8] = np.frombuffer(slot.seq.to_bytes(8, "little"), dtype=np.uint8)
         known = int(self.ctl[index, _KNOWN]) == slot.gen
         return Parcel(
@@ -203,7 +183,7 @@ class WorkerArena:
         """A released slot big enough (a released one too small is replaced); a new slot
         while fewer than SLOTS exist; else the least recently written slot gets a new
         segment (its batch may still be in use: its old segment is left to it)."""
-        need = nbytes + _HEAD
+        need = nbytes + HEAD
         unused = None
         for i, slot in enumerate(self.slots):
             if slot is None:
@@ -222,93 +202,6 @@ class WorkerArena:
         slot = _Slot((size + 4095) // 4096 * 4096)
         self.slots[index] = slot
         return slot
-
-
-def _collect(x: Any, found: list[tuple[_Ref, Any]], end: list[int]) -> Any:
-    """``x`` with what goes into the slot replaced by :class:`_Ref` placeholders (the
-    containers :func:`~shardkit.streaming.transfer.deliver` walks, and only those)."""
-    t = type(x)
-    if t is np.ndarray:
-        if not tensorable(x):  # C order before pickle: it drops a strided array's byte order
-            return c_order(x)
-        if x.nbytes < _ARRAY_MIN:
-            return x
-        return _place(_Ref("array", 0, x.nbytes, x.dtype.str, x.shape), x, found, end)
-    if t is torch.Tensor:
-        if x.is_conj() or x.is_neg():  # torch's sharing drops these bits: wrong values
-            x = _resolved(x)
-        if x.device.type != "cpu" or x.layout != torch.strided or x.is_quantized:
-            return x
-        if x.requires_grad or x.nbytes < _ARRAY_MIN:
-            return x
-        return _place(_Ref("tensor", 0, x.nbytes, x.dtype, tuple(x.shape)), x, found, end)
-    if t is dict:
-        if atoms(x.values()):
-            return x
-        return {k: _collect(v, found, end) for k, v in x.items()}
-    if t is tuple:
-        return tuple(_collect(v, found, end) for v in x)
-    if t is list and x:
-        offsets = bytes_offsets(x)
-        if offsets is not None:
-            return _place(_Ref("bytes", 0, offsets[-1], offsets), x, found, end)
-        if atoms(x):
-            return x
-        ref = _arrays(x)
-        if ref is not None:
-            return _place(ref, x, found, end)
-        return [_collect(v, found, end) for v in x]
-    return x
-
-
-def _resolved(x: torch.Tensor) -> torch.Tensor:
-    """A lazy conjugate or negation made real (a worker's pickle would drop it)."""
-    if x.requires_grad:
-        raise TransferError(
-            f"a conjugate or negative view of shape {tuple(x.shape)} that needs grad cannot "
-            "cross to the training process (torch's sharing drops the view's sign): "
-            "resolve_conj()/resolve_neg() it in the pipeline, or use worker_mode='thread'"
-        )
-    return x.resolve_conj().resolve_neg()
-
-
-def _arrays(x: list[Any]) -> _Ref | None:
-    """A list of tensorable arrays of one dtype and one shape but the first dimension, of
-    at least _ARRAY_MIN bytes in all: its placeholder (its place in the slot still 0)."""
-    first = x[0]
-    if type(first) is not np.ndarray or first.ndim == 0 or not tensorable(first):
-        return None
-    dtype, tail = first.dtype, first.shape[1:]
-    rows, nbytes = [], 0
-    for a in x:
-        if type(a) is not np.ndarray or a.dtype != dtype or a.shape[1:] != tail:
-            return None
-        rows.append(a.shape[0])
-        nbytes += a.nbytes
-    if nbytes < _ARRAY_MIN:
-        return None
-    return _Ref("arrays", 0, nbytes, dtype.str, tail, rows)
-
-
-def _place(ref: _Ref, value: Any, found: list[tuple[_Ref, Any]], end: list[int]) -> _Ref:
-    ref.offset = _HEAD + end[0]
-    ref.index = len(found)
-    end[0] += (ref.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-    found.append((ref, value))
-    return ref
-
-
-def _write(view: np.ndarray, ref: _Ref, value: Any) -> None:
-    dst = view[ref.offset : ref.offset + ref.nbytes]
-    if ref.kind == "array":
-        np.copyto(dst.view(value.dtype).reshape(value.shape), value)
-    elif ref.kind == "arrays":  # one copy of them all, in C
-        shape = (sum(ref.rows or ()), *ref.shape)
-        np.concatenate(value, out=dst.view(ref.dtype).reshape(shape))
-    elif ref.kind == "tensor":
-        torch.from_numpy(dst).copy_(value.contiguous().reshape(-1).view(torch.uint8))
-    else:
-        join_bytes(dst, value, ref.dtype)
 
 
 # -- the training process --------------------------------------------------------------
@@ -381,13 +274,13 @@ def _build(x: Any, view: np.ndarray, hold: _Hold | None, pin: bool) -> Any:
     """The batch of a parcel's skeleton: placeholders opened into the slot's bytes (views
     that keep ``hold`` alive, or pinned copies when ``hold`` is None), the rest delivered."""
 
-    def opened(ref: _Ref) -> Any:
+    def opened(ref: Ref) -> Any:
         return _materialize(ref, view, hold, pin)
 
-    return deliver(x, pin, (_Ref, opened))
+    return deliver(x, pin, (Ref, opened))
 
 
-def _materialize(ref: _Ref, view: np.ndarray, hold: _Hold | None, pin: bool) -> Any:
+def _materialize(ref: Ref, view: np.ndarray, hold: _Hold | None, pin: bool) -> Any:
     raw = view[ref.offset : ref.offset + ref.nbytes]
     if hold is None:  # a (pinned) copy
         flat = torch.empty(ref.nbytes, dtype=torch.uint8, pin_memory=pin)
