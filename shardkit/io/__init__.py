@@ -16,7 +16,10 @@ counted (``stats()["cache_errors"]``) and the read goes on without the cache; pa
 
 from __future__ import annotations
 
+import os
+
 from shardkit._types import Opener
+from shardkit.errors import ManifestError
 from shardkit.format.manifest.model import Manifest
 from shardkit.io.config import CacheConfig, IoConfig, ReaderLimits, RetryPolicy
 from shardkit.io.local import open_local
@@ -42,6 +45,12 @@ def load_manifest(source: str, opener: Opener | None = None) -> Manifest:
     :mod:`shardkit.cache.manifests`).
     """
     if url_scheme(source) == "file":
-        return Manifest.load(local_path(source))
+        path = local_path(source)
+        if os.path.isdir(path):  # the -o of a build: say where its manifest is
+            raise ManifestError(
+                f"{source} is a directory, not a manifest: give the manifest in it "
+                f"({os.path.join(path, 'manifest.json')})"
+            )
+        return Manifest.load(path)
     opener = opener or UncachedOpener(IoConfig())
     return Manifest.loads(opener.fetch_manifest(source), source=source)

@@ -1,6 +1,8 @@
 """Hostile places, inputs: a folder of records with a stray document beside them is read as
 records, and the CLI says what it left out once (it printed each note twice: the note and
-the same text as a logged warning through Python's last-resort handler)."""
+the same text as a logged warning through Python's last-resort handler); the folder a
+build wrote, given to verify or inspect, is answered with where its manifest is (it was
+"Is a directory")."""
 
 from __future__ import annotations
 
@@ -10,6 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
+import shardkit as sk
+from shardkit.cli import main
 
 pytestmark = pytest.mark.integration
 
@@ -27,3 +32,16 @@ def test_a_left_out_document_is_said_once(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     assert run.stderr.count("README.md") == 1, run.stderr
     assert "3 samples" in run.stdout
+
+
+@pytest.mark.parametrize("command", ["verify", "inspect"])
+def test_the_output_folder_given_for_its_manifest_says_where_it_is(
+    tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with sk.ShardWriter(tmp_path / "out") as w:
+        w.write({"__key__": "a", "txt": "x"})
+    with pytest.raises(SystemExit) as info:
+        main([command, str(tmp_path / "out")])  # what `build -o` was given
+    err = capsys.readouterr().err
+    assert info.value.code != 0
+    assert str(tmp_path / "out" / "manifest.json") in err, err  # not "Is a directory"
