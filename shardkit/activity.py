@@ -24,7 +24,7 @@ from typing import Any
 
 from shardkit.urls import redact
 
-__all__ = ["at", "lock_holders", "reports", "snapshot", "waiting", "watch_from"]
+__all__ = ["at", "left", "lock_holders", "reports", "snapshot", "waiting", "watch_from"]
 
 REPORT_EVERY = 0.5
 _THREADS: dict[int, dict[str, Any]] = {}
@@ -46,6 +46,15 @@ def at(shard: str, offset: Callable[[], int]) -> None:
     me = _mine()
     me["shard"] = shard
     me["offset"] = offset
+
+
+def left(offset: Callable[[], int]) -> None:
+    """This thread's reader that said :func:`at` with ``offset`` is done with its shard:
+    a report no longer names it (another reader's later :func:`at` is kept)."""
+    me = _THREADS.get(threading.get_ident())
+    if me is not None and me.get("offset") is offset:
+        me.pop("shard", None)
+        me.pop("offset", None)
 
 
 class waiting:

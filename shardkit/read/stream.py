@@ -14,7 +14,7 @@ from time import perf_counter
 from typing import Any, BinaryIO
 
 from shardkit._types import Sample
-from shardkit.activity import at
+from shardkit.activity import at, left
 from shardkit.errors import ShardFormatError
 from shardkit.format.compression import compressed_name
 from shardkit.format.tario.index import sample_signature
@@ -164,13 +164,15 @@ def _read_range(
             max_member=limits.max_member, policy=limits.tar_policy,
         )  # fmt: skip
         told = [0]
-        at(info.ref.url, lambda: reader.offset)  # where a stall report finds this reader
+        offset = lambda: reader.offset  # noqa: E731 - the same callable goes to left()
+        at(info.ref.url, offset)  # where a stall report finds this reader, until left
         try:
             for sample in _take(reader.samples(), info, where, lo, hi):
                 if reader.skipped:  # rare: a member passed over (counted before the sample)
                     _count_skipped(reader, counts, told)
                 yield sample
         finally:
+            left(offset)
             _count_skipped(reader, counts, told)
 
 

@@ -132,7 +132,7 @@ class StallWatch:
         self.stalls += 1
         self.last = rows
         lines = "; ".join(_describe(r) for r in rows) or "no reader has started"
-        log.warning("no batch for %.0f s (stall_warn=%g): %s", quiet, self.warn or 0.0, lines)
+        log.warning("no batch for %.1f s (stall_warn=%g): %s", quiet, self.warn or 0.0, lines)
         for pid, text in stacks.items():
             log.warning("stacks of pid %d:\n%s", pid, text)
         return rows
