@@ -42,7 +42,7 @@ CUT = 0.5  # the multiplicative decrease on a throttled answer
 # 1/s), growing with the time since that cut (up to 8x), so a node cut deep, or left alone
 # when the others end, climbs back in seconds
 RAISE = 0.1
-FLOOR = 1.0  # requests per second a node never goes below
+FLOOR = 1.0  # requests per second a node never goes below (but for a smaller share: cap)
 # the shortest round between two cuts: a store throttles over about a second, so the answers
 # of the next few requests still say "too much" while the other nodes have not cut yet
 ROUND = 0.5
@@ -167,8 +167,11 @@ class NodeRate:
             if admitted < st.last_cut or now - st.last_cut < ROUND:
                 return  # sent at the old rate, or in the same round: that rate is cut already
             before = st.rate if st.rate > 0 else st.observed(now)
-            st.ceiling = max(before, FLOOR)
-            st.rate = max(FLOOR, CUT * before)
+            floor = min(FLOOR, self.cap) if self.cap > 0 else FLOOR  # never past the share
+            st.ceiling = max(before, floor)
+            st.rate = max(floor, CUT * before)
+            if self.cap > 0:
+                st.rate = min(st.rate, self.cap)
             st.last_cut = st.last_raise = now
             st.next_at = max(st.next_at, now + 1.0 / st.rate) if before > 0 else now
         self.counters.add("rate_cuts")

@@ -104,3 +104,16 @@ def test_a_stopped_peer_holding_the_rate_lock_does_not_hang_a_cached_read(
         url = srv.url(e.url)
         err = _within(4.0, lambda: opener.ensure_cached(ObjectRef(url, e.size, e.checksum)))
     assert err is None or isinstance(err, (CacheError, FetchError)), err
+
+
+def test_a_cut_never_lifts_a_node_above_its_share_of_the_job_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """request_rate=1 over 4 nodes: each node's share is 0.25/s. A throttled answer set the
+    rate to the floor (1/s): every node 4x its share, the job 4x its budget."""
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    opener = CachingOpener(IoConfig.make(cache_dir=tmp_path / "c", request_rate=1))
+    assert opener.rate.rate() == pytest.approx(0.25)
+    opener.rate.admit().answered(429)
+    assert 0 < opener.rate.rate() <= 0.25
