@@ -20,6 +20,7 @@ from shardkit.errors import CacheError, FetchError
 from shardkit.format.manifest.model import Manifest
 from shardkit.io.config import IoConfig
 from shardkit.io.rate import NodeRate
+from shardkit.io.retry import NoTurn
 from tests.helpers.servers import RangeServer
 
 _HOLD = (
@@ -117,3 +118,22 @@ def test_a_cut_never_lifts_a_node_above_its_share_of_the_job_budget(
     assert opener.rate.rate() == pytest.approx(0.25)
     opener.rate.admit().answered(429)
     assert 0 < opener.rate.rate() <= 0.25
+
+
+def test_a_job_budget_holds_over_the_state_an_earlier_run_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run restarted within minutes with request_rate set finds the node's rate file of
+    the run before (16/s): the new share (0.25/s) was ignored until the state went idle
+    (10 minutes), every request let through at the old rate."""
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    cache = tmp_path / "c"
+    before = CachingOpener(IoConfig.make(cache_dir=cache, node_rate=16.0, rate_adapt=False))
+    before.rate.admit()
+    assert before.rate.rate() == 16.0
+    opener = CachingOpener(IoConfig.make(cache_dir=cache, request_rate=1))
+    assert opener.rate.rate() == pytest.approx(0.25)
+    opener.rate.admit()
+    with pytest.raises(NoTurn):  # the next turn is 1/0.25 s after the first's
+        opener.rate.admit(time.monotonic() + 3.0)
