@@ -225,6 +225,8 @@ class NodeRate:
             updated = 0.0 if st is None else max(st.window, st.last_raise, st.last_cut)
             if st is None or updated > now or now - updated > _IDLE:  # new, rebooted, idle
                 st = _State(rate=self.start, window=now, last_raise=now)
+            if not self.adapt:  # a fixed rate is this run's, not what a state file says
+                st.rate = self.start
             if self.cap > 0 and not 0 < st.rate <= self.cap:  # a state left by a run without
                 st.rate = self.cap  # this budget (or with a larger one): the share holds now
             if now - st.window >= 1.0:

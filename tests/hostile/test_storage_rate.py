@@ -137,3 +137,16 @@ def test_a_job_budget_holds_over_the_state_an_earlier_run_left(
     opener.rate.admit()
     with pytest.raises(NoTurn):  # the next turn is 1/0.25 s after the first's
         opener.rate.admit(time.monotonic() + 3.0)
+
+
+def test_a_fixed_node_rate_is_the_rate_over_an_earlier_runs_state(tmp_path: Path) -> None:
+    """rate_adapt=False keeps the rate at node_rate: a run restarted within 10 minutes with
+    node_rate=2 was paced at the 16/s the run before left in the node's rate file."""
+    cache = tmp_path / "c"
+    before = CachingOpener(IoConfig.make(cache_dir=cache, node_rate=16.0, rate_adapt=False))
+    before.rate.admit()
+    opener = CachingOpener(IoConfig.make(cache_dir=cache, node_rate=2.0, rate_adapt=False))
+    assert opener.rate.rate() == 2.0
+    opener.rate.admit()
+    with pytest.raises(NoTurn):  # the next turn is 1/2 s after the first's
+        opener.rate.admit(time.monotonic() + 0.3)
