@@ -376,15 +376,13 @@ def parse_url(url: str, *, need_key: bool = False) -> ObjectUrl:
     if "#" in url:
         raise _refused(url, "'#' would cut the url there; percent-encode it as %23")
     rest = url[m.end() :]
-    authority, slash, path = rest.partition("/")
     query = ""
     if scheme in HTTP_SCHEMES:
-        authority, q1, before = authority.partition("?")
-        if q1:  # http://host?x: the query came before any path
-            path, slash = "", ""
-            query = before
-        path, _, q2 = path.partition("?")
-        query = query or q2
+        rest, asks, query = rest.partition("?")  # the query: all after the first '?'
+        if asks and ("/" not in rest or not query):
+            raise _refused(url, "a '?' needs a path before it and a query after it")
+    authority, slash, path = rest.partition("/")
+    if scheme in HTTP_SCHEMES:
         if "\\" in url:
             raise _refused(url, "a backslash in an http(s) url is read as '/' by some servers")
     elif "?" in url:
@@ -394,7 +392,10 @@ def parse_url(url: str, *, need_key: bool = False) -> ObjectUrl:
         ok = host is not None and (host.group(2) is None or int(host.group(2)) <= 65535)
     else:
         ok = _BUCKET.fullmatch(authority) is not None
-    if not ok:
+    # a secret holding '/' (user:pa/ss@host) ends the authority early: refused too, at the
+    # cost of a url whose first path segment holds '@' after a port (host:80/a@b)
+    looks = has_userinfo(url) and "@" in path.split("/")[0]
+    if not ok or looks:
         if "@" in authority or has_userinfo(url):
             raise _refused(url, _CREDENTIALS)
         what = "host[:port]" if scheme in HTTP_SCHEMES else "bucket name"

@@ -14,9 +14,10 @@ SCHEMES = (*OBJECT_SCHEMES, "hf", "http", "https")
 # the characters that make urls go wrong, and plain ones
 _ALPHABET = st.sampled_from([*"ab0/._-#?@:%2e \\\t\nxyz", "%2e%2e", "..", "//", "é"])
 _TEXT = st.lists(_ALPHABET, max_size=12).map("".join)
-_SECRET = st.text(
-    alphabet=st.sampled_from("ABCDEFGHwxyz0189/+#?:@"), min_size=6, max_size=20
-).filter(lambda s: s.strip("/#?:@") != "" and "SECRET" not in s)
+_SECRET = st.tuples(  # a secret key's characters, '/', '#', '?', ':' and '@' among them
+    st.sampled_from("ABCDEFGHwxyz"),
+    st.text(alphabet=st.sampled_from("ABCDEFGHwxyz0189/+#?:@"), min_size=5, max_size=19),
+).map("".join)
 
 
 def _segments(key: str) -> list[str]:
@@ -33,11 +34,13 @@ def test_a_url_is_its_key_or_refused(scheme: str, bucket: str, key: str) -> None
         assert "refusing url" in str(exc)
         return
     assert u.url == url  # taken exactly as written, nothing dropped or normalised
-    assert "#" not in u.key and "\\" not in u.url
+    assert "#" not in u.url
+    if scheme in ("http", "https"):
+        assert "\\" not in u.url  # some servers read it as '/' (an object key may hold it)
     assert all(s not in (".", "..") for s in _segments(u.key))
     assert "" not in _segments(u.key)[:-1]  # no '//': only a trailing '/' (a prefix)
     if scheme in OBJECT_SCHEMES:
-        assert (u.bucket, u.key) == (bucket, key) and "?" not in u.key
+        assert "/" not in u.bucket and "?" not in u.key  # the key is all after the bucket
 
 
 @pytest.mark.parametrize(
