@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import math
 import os
 import struct
 import time
@@ -222,6 +223,8 @@ class NodeRate:
             raw = os.pread(fd, _STATE.size, 0)
             now = time.monotonic()
             st = _State(*_STATE.unpack(raw)) if len(raw) == _STATE.size else None
+            if st is not None and not _sane(st, now, self.wait):
+                st = None  # garbled (bit rot, another version's layout): no state
             updated = 0.0 if st is None else max(st.window, st.last_raise, st.last_cut)
             if st is None or updated > now or now - updated > _IDLE:  # new, rebooted, idle
                 st = _State(rate=self.start, window=now, last_raise=now)
@@ -234,6 +237,16 @@ class NodeRate:
                 st.window, st.count = now, 0.0
             yield st, now
             os.pwrite(fd, _STATE.pack(*vars(st).values()), 0)
+
+
+def _sane(st: _State, now: float, wait: float) -> bool:
+    """Whether ``st`` is a state this module could have written: finite numbers, a rate
+    and counts >= 0, and no turn further ahead than a request may wait (``wait``) and
+    one interval of its rate."""
+    if not all(math.isfinite(v) for v in vars(st).values()):
+        return False
+    ahead = wait + (1.0 / st.rate if st.rate > 0 else 0.0)
+    return min(st.rate, st.count, st.seen, st.ceiling) >= 0 and st.next_at <= now + ahead
 
 
 _HELD: set[int] = set()  # lock fds this process holds: a forked child closes its copies

@@ -1,16 +1,20 @@
 """Hostile review of issue 32 (the node's request rate): a peer process stopped while it
-holds the rate file's lock never hangs a read or a write past its bound."""
+holds the rate file's lock never hangs a read or a write past its bound; the job's budget
+and a fixed node_rate hold over what a throttle or an earlier run left; a garbled rate
+file is taken as none."""
 
 from __future__ import annotations
 
 import os
 import signal
+import struct
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -150,3 +154,26 @@ def test_a_fixed_node_rate_is_the_rate_over_an_earlier_runs_state(tmp_path: Path
     opener.rate.admit()
     with pytest.raises(NoTurn):  # the next turn is 1/2 s after the first's
         opener.rate.admit(time.monotonic() + 0.3)
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        (float("nan"), 1e308, float("nan"), float("nan"), 0.0, float("nan"), 0.0, 0.0),
+        (-5.0, "now", "now", "now", 0.0, "now", 0.0, 0.0),
+        (1.0, "ahead", "now", "now", 1.0, "now", 1.0, 1.0),
+    ],
+)
+def test_a_garbled_rate_file_starts_afresh(tmp_path: Path, state: tuple[Any, ...]) -> None:
+    """The node's rate file holding what no run of this version writes (NaN or infinite
+    times, a negative rate, a turn hours ahead: bit rot, another version's layout): every
+    read and write of the node was refused ('no turn within 300 s') for ever (NaN times
+    never go idle) or for 10 minutes; it is taken as no state."""
+    path = tmp_path / "slots" / "rate"
+    path.parent.mkdir()
+    now = time.monotonic()
+    values = [{"ahead": now + 500.0, "now": now}.get(v, v) for v in state]
+    path.write_bytes(struct.pack("<8d", *values))
+    rate = NodeRate(str(path), start=5.0)
+    rate.admit(time.monotonic() + 0.5)
+    assert rate.rate() == 5.0
