@@ -288,8 +288,9 @@ def _failed(
     elif failures < policy.max_attempts and spent + wait > policy.deadline:
         why = f" (the deadline is {policy.deadline:g} s)"
     if why or failures >= policy.max_attempts:
+        said = "" if str(exc) == f"HTTP {exc.status}" else f": {exc}"  # FetchError says it
         raise FetchError(
-            f"giving up after {spent:.1f} s{why}: {exc}",
+            f"giving up after {spent:.1f} s{why}{said}",
             url=url,
             status=exc.status,
             attempts=failures,
