@@ -34,23 +34,34 @@ __all__ = [
     "RetryPolicy",
     "UncachedOpener",
     "load_manifest",
+    "manifest_source",
     "open_local",
 ]
 
 
+def manifest_source(source: str) -> str:
+    """``source`` as a manifest: a local folder (the ``-o`` a build was given) is the
+    ``manifest.json`` in it, a :class:`ManifestError` naming that file where it has none;
+    anything else is returned as given."""
+    if url_scheme(source) != "file" or not os.path.isdir(local_path(source)):
+        return source
+    path = os.path.join(local_path(source), "manifest.json")
+    if not os.path.isfile(path):
+        raise ManifestError(
+            f"{source} is a folder without a manifest: {path} is absent (a build's -o "
+            f"holds one; `shardkit manifest from-shards {source}` writes one for shards)"
+        )
+    return path
+
+
 def load_manifest(source: str, opener: Opener | None = None) -> Manifest:
-    """Load the manifest at ``source`` (a path or url) through ``opener``.
+    """Load the manifest at ``source`` (a path or url, or a local folder holding a
+    ``manifest.json``: :func:`manifest_source`) through ``opener``.
 
     With a caching opener a remote manifest is fetched once per node and shared (see
     :mod:`shardkit.cache.manifests`).
     """
     if url_scheme(source) == "file":
-        path = local_path(source)
-        if os.path.isdir(path):  # the -o of a build: say where its manifest is
-            raise ManifestError(
-                f"{source} is a directory, not a manifest: give the manifest in it "
-                f"({os.path.join(path, 'manifest.json')})"
-            )
-        return Manifest.load(path)
+        return Manifest.load(local_path(manifest_source(source)))
     opener = opener or UncachedOpener(IoConfig())
     return Manifest.loads(opener.fetch_manifest(source), source=source)

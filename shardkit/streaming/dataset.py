@@ -34,6 +34,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from shardkit.counters import add_counts
 from shardkit.format.manifest.model import Manifest
+from shardkit.io import manifest_source
 from shardkit.io.config import IoConfig
 from shardkit.io.verified import VERIFY_TIME
 from shardkit.plan.assign import PlanConfig
@@ -100,6 +101,8 @@ class ShardDataset(Recipe, IterableDataset[Any]):
         config = PlanConfig(seed, shardshuffle, remainder, resampled, None)
         io = io_config(io, cache_dir, cache_limit)
         handler = check_policy(handler)
+        if isinstance(source, (str, os.PathLike)):
+            source = manifest_source(os.fspath(source))  # a build's -o: its manifest.json
         src = ShardSource(
             source,
             config=config,

@@ -30,6 +30,7 @@ from torch.utils.data import Dataset
 
 from shardkit.cache import opener_for
 from shardkit.format.manifest.model import Manifest
+from shardkit.io import manifest_source
 from shardkit.io.config import IoConfig
 from shardkit.read.catalog import Catalog, open_catalog
 from shardkit.read.keys import KeyTable, build_key_table, key_table_path
@@ -84,6 +85,8 @@ class IndexedShards(Dataset[Any]):
     ) -> None:
         if isinstance(source, os.PathLike):
             source = os.fspath(source)
+        if isinstance(source, str):
+            source = manifest_source(source)  # a build's -o: its manifest.json
         self._io = io_config(io, cache_dir, cache_limit)
         self._source = source if isinstance(source, str) else None
         self._opener: Any = None
