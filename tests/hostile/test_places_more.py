@@ -1,15 +1,21 @@
 """Hostile places, more: the folder a build wrote is its manifest to the readers too
 (``IndexedShards(DIR)`` and iterating ``ShardDataset(DIR)`` said "cannot open: Is a
-directory"), and a folder without one is a ManifestError naming ``DIR/manifest.json``."""
+directory"), and a folder without one is a ManifestError naming ``DIR/manifest.json``; a
+folder of JSONL files with an ``x.csv`` beside them is a usage error naming it (it was
+packed as a file tree, each file one sample, exit 0)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 import shardkit as sk
-from shardkit.errors import ManifestError
+from shardkit.cli import cli
+from shardkit.errors import ConfigError, ManifestError
+from shardkit.format.manifest.model import Manifest
 
 
 def _built(tmp_path: Path) -> Path:
@@ -40,3 +46,37 @@ def test_a_folder_without_a_manifest_names_where_it_should_be(tmp_path: Path, re
         else:
             list(sk.ShardDataset(str(out)))
     assert str(out / "manifest.json") in str(info.value)
+
+
+def _records_and_a_table(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    src.mkdir()
+    for n in range(3):
+        (src / f"part{n}.jsonl").write_text(
+            "".join(json.dumps({"text": f"t{n}-{i}"}) + "\n" for i in range(2))
+        )
+    (src / "x.csv").write_text("a,b\n1,2\n")
+    (src / "README.md").write_text("# card\n")
+    return src
+
+
+def test_records_with_a_stray_file_are_refused_naming_it_cli(tmp_path: Path) -> None:
+    src = _records_and_a_table(tmp_path)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(cli, ["build", str(src), "-o", str(out)])
+    assert res.exit_code == 2, res.output  # a usage error, not a file tree of 5 samples
+    assert "x.csv" in res.output and "--exclude '*.csv'" in res.output, res.output
+    assert not (out / "manifest.json").exists()
+    # the way out it names works: the stray left out, the folder is read as records
+    res = CliRunner().invoke(cli, ["build", str(src), "-o", str(out), "--exclude", "*.csv"])
+    assert res.exit_code == 0, res.output
+    assert Manifest.load(out / "manifest.json").total_samples == 6
+
+
+def test_records_with_a_stray_file_are_refused_naming_it_api(tmp_path: Path) -> None:
+    src = _records_and_a_table(tmp_path)
+    with pytest.raises(ConfigError, match=r"x\.csv"):
+        sk.build([str(src)], str(tmp_path / "out"), progress=False)
+    # asked for a file tree, it is one: every file a sample
+    res = sk.build([str(src)], str(tmp_path / "tree"), progress=False, source_type="files")
+    assert res.manifest.total_samples == 5

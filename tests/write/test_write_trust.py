@@ -52,6 +52,7 @@ def test_field_on_a_folder_read_as_a_file_tree_is_an_error(
     src = tmp_path / "raw"
     write_jsonl(src / "a.jsonl", _records(3))
     (src / "notes.bin").write_bytes(b"\0" * 10)
+    (src / "other.bin").write_bytes(b"\0" * 10)  # mostly not records: a file tree
     code, _, err = cli(capsys, "build", src, "-o", tmp_path / "out", "--field", "text=txt")
     assert code == 2 and "--field applies to JSONL and Parquet" in err and "notes.bin" in err
     assert not (tmp_path / "out" / "manifest.json").exists()

@@ -143,6 +143,39 @@ def _detect_records(root: str, files: list[str], notes: list[str] | None) -> tup
     return kind, data
 
 
+def _record_kind(rel: str) -> Kind | None:
+    if _has_ext(rel, JSONL_EXTS):
+        return "jsonl"
+    if _has_ext(rel, TABLE_EXTS):
+        return "table"
+    if _has_ext(rel, SHARD_SUFFIXES):
+        return "tar"
+    return None
+
+
+def _refuse_strays(root: str, data: list[str]) -> None:
+    """Refuse a folder whose files (documents aside) are at least half records (JSONL,
+    tables, shards) and the rest something else: packing each file as one sample (a file
+    tree) is then never what was meant, and read as records the others would be lost."""
+    kinds = [k for k in map(_record_kind, data) if k is not None]
+    if not kinds or 2 * len(kinds) < len(data):
+        return
+    kind = max(("jsonl", "table", "tar"), key=kinds.count)
+    strays = [
+        f for f in data if _record_kind(f) != kind and not (kind == "tar" and _is_tar_companion(f))
+    ]
+    shown = ", ".join(strays[:3]) + (", ..." if len(strays) > 3 else "")
+    names = (f.rsplit("/", 1)[-1] for f in strays)
+    globs = dict.fromkeys("*." + b.rsplit(".", 1)[1] if "." in b else b for b in names)
+    excl = " ".join(f"--exclude '{g}'" for g in list(globs)[:3])
+    raise ConfigError(
+        f"{root}: {len(data) - len(strays)} {kind} file(s) and {len(strays)} other(s) beside "
+        f"them ({shown}): a folder is read as records only when every file is one "
+        f"(documents aside); leave the others out ({excl}), give the record files as "
+        "sources, or pack every file as one sample with --source-type files"
+    )
+
+
 def _say(msg: str, notes: list[str] | None) -> None:
     """A note for the caller to show (the CLI prints each once), else a logged warning:
     never both (with no logging set up, Python prints the warning too: each line twice)."""
@@ -195,12 +228,15 @@ def _tree_units(root: str, files: list[str], d: DiscoverOptions) -> list[Unit]:
 
 
 def _dir_units(root: str, d: DiscoverOptions) -> list[Unit]:
-    files = _walk(root, d.exclude)
+    files = select_files(_walk(root, d.exclude), d.tree)  # --include/--exclude
     kind: str = d.source_type
     if kind == "auto":
         kind, files = _detect_records(root, files, d.notes)
     if kind == "files":
-        return _tree_units(root, _without_shard_sets(root, files, d.notes), d)
+        files = _without_shard_sets(root, files, d.notes)
+        if d.source_type == "auto":
+            _refuse_strays(root, [f for f in files if not _is_doc(f)])
+        return _tree_units(root, files, d)
     if kind == "table":
         return [
             u
@@ -283,7 +319,10 @@ def discover(
 
     ``source_type`` forces how directories are read (``files``, ``jsonl``, ``tar``);
     ``auto`` reads a directory holding only JSONL files as JSONL, one holding only tar
-    shards (and their manifests and indexes) as shards, anything else as a file tree.
+    shards (and their manifests and indexes) as shards, anything else as a file tree,
+    except one whose files (documents aside) are at least half records with others beside
+    them: a :class:`ConfigError` naming the others. The ``tree`` options' include/exclude
+    patterns select a folder's files before it is read.
     Directories in ``exclude`` (absolute paths, e.g. the output) are not read.
     ``options`` (when given) carries these two and the rest of :class:`DiscoverOptions`.
     """
