@@ -20,7 +20,10 @@ State, a cursor: the upstream's state before the group being given (``source``),
 item count (``size``), how many of its batches were given (``skip``) and which of its items
 (``done``, a bit mask in hex).
 A restore re-reads the group, packs it again and skips what was given. An elastic resume
-goes on after the group (its rest is left out, as :mod:`shardkit.stages.tokens` does).
+goes on after the group (its rest is left out, as :mod:`shardkit.stages.tokens` does): the
+items the saved workers' held groups had not given are counted in the loader's
+``stats()["dropped_samples"]``, split over the new ranks and workers (the merged state's
+``"dropped"``).
 
 A *batching change* (a new ``n`` or budget) replays the group's items not yet given:
 see :mod:`shardkit.stages.regroup`.
@@ -48,6 +51,7 @@ from shardkit.stages.base import (
 )
 from shardkit.stages.collate import collate_numpy
 from shardkit.stages.mixture import drawn_from
+from shardkit.stages.nominal import share
 from shardkit.stages.regroup import BATCHINGS, bits, open_upstream, settled, unmask
 
 __all__ = [
@@ -231,14 +235,25 @@ class BudgetBatched(Stage):
                 cursor = _BudgetCursor(self, up, skip)
                 if st.get("held", True):  # the group re-read must be the one saved
                     cursor.expect = (st.get("size"), done)
+                if "dropped" in st:  # an elastic merge's: this worker's share of it
+                    lost = check_int(st, self.name, "dropped")
+                    slots = ctx.world * ctx.workers
+                    cursor.own["dropped_samples"] = float(
+                        share(lost, slots, ctx.rank * ctx.workers + ctx.worker)
+                    )
                 return cursor
         # none, the upstream's, or another batching's (a batching change): from there
         return _BudgetCursor(self, open_upstream(self._up(), ctx, state), 0)
 
     def merge(self, grid: Grid) -> dict[str, Any] | None:
-        """Every worker goes on after the group it was giving (its rest is left out)."""
+        """Every worker goes on after the group it was giving (its rest is left out, and
+        counted as ``"dropped"``)."""
         source = self._up().merge([[settled(st) for st in row] for row in grid])
-        return None if source is None else self._fresh(source)
+        if source is None:
+            return None
+        out = self._fresh(source)
+        out["dropped"] = sum(held_rest(st, self.name) for row in grid for st in row)
+        return out
 
     def carry(self, state: Mapping[str, Any] | None, epoch: int) -> dict[str, Any] | None:
         source = self._up().carry(settled(state), epoch) if state is not None else None
@@ -249,17 +264,8 @@ class BudgetBatched(Stage):
 
     def left(self, ctx: Context, state: Mapping[str, Any] | None) -> int | None:
         """The upstream's left after the group held, plus the group's items not given."""
-        held = 0
-        while isinstance(state, Mapping) and state.get("stage") in BATCHINGS:
-            if state.get("held", True) and "after" in state:
-                size = state.get("size")
-                if type(size) is int:
-                    held += max(size - len(unmask(state.get("done", ""), self.name)), 0)
-                state = state["after"]
-            else:
-                state = state.get("source")
-        up = self._up().left(ctx, state)
-        return None if up is None else up + held
+        up = self._up().left(ctx, settled(state))
+        return None if up is None else up + held_rest(state, self.name)
 
     def _fresh(self, source: Mapping[str, Any]) -> dict[str, Any]:
         return {
@@ -274,6 +280,21 @@ class BudgetBatched(Stage):
             "done": "",
             "source": dict(source),
         }
+
+
+def held_rest(state: Mapping[str, Any] | None, stage: str) -> int:
+    """The items of the groups a batching's ``state`` holds (a budget batching's, and a
+    replay's under it) that were not given."""
+    held = 0
+    while isinstance(state, Mapping) and state.get("stage") in BATCHINGS:
+        if state.get("held", True) and "after" in state:
+            size = state.get("size")
+            if type(size) is int:
+                held += max(size - len(unmask(state.get("done", ""), stage)), 0)
+            state = state["after"]
+        else:
+            state = state.get("source")
+    return held
 
 
 class _Group:
