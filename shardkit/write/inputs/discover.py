@@ -160,7 +160,8 @@ def _refuse_strays(root: str, data: list[str]) -> None:
     kinds = [k for k in map(_record_kind, data) if k is not None]
     if not kinds or 2 * len(kinds) < len(data):
         return
-    kind = max(("jsonl", "table", "tar"), key=kinds.count)
+    order: tuple[Kind, ...] = ("jsonl", "table", "tar")
+    kind = max(order, key=kinds.count)
     strays = [
         f for f in data if _record_kind(f) != kind and not (kind == "tar" and _is_tar_companion(f))
     ]
