@@ -4,6 +4,9 @@ The rank's ``n`` items are split over its workers (worker ``w`` of ``W`` yields
 ``n // W``, one more for ``w < n % W``), so every rank yields the same number of items
 whatever the pipeline does, and the loader knows the epoch's length up front (the DDP
 contract without a vote). After ``batched`` the items are batches. WebDataset's name.
+A worker whose upstream ends before its share (a finite pipeline holding fewer than ``n``
+items a rank, or an endless one with nothing left to give) raises a ConfigError: the
+loader's length would be wrong.
 
 State: the items this worker gave this epoch, with the upstream's state under
 ``"source"``. An elastic merge keeps what the ranks gave (the least of the ranks'
@@ -107,8 +110,6 @@ class WithEpoch(Stage):
         return None  # its epoch is n items, not the samples its upstream holds
 
     def lengths(self, ctx: Context, state: Mapping[str, Any] | None = None) -> list[int] | None:
-        if self._up().endless() is None:
-            return None  # the upstream may end first: the loader's vote ends the epoch
         done = None if state is None else state.get("done")
         left = self.n - int(done or 0)
         return [share(max(left, 0), ctx.workers, w) for w in range(ctx.workers)]
@@ -126,18 +127,24 @@ class _EpochCursor(Cursor):
         self.items = self._run()
 
     def _run(self) -> Iterator[Any]:
-        promised = self.stage._up().endless() is not None  # lengths() said the quota
-        while self.count < self.quota:
+        endless = self.stage._up().endless() is not None
+        while self.count < self.quota:  # lengths() promised the quota
             item = next(self.upstream, _END)
             if item is _END:
-                if promised:
+                n, got, quota = self.stage.n, self.count, self.quota
+                if endless:
                     raise ConfigError(
-                        f"with_epoch({self.stage.n}): the endless pipeline ran out after "
-                        f"{self.count} of this worker's {self.quota} items (every source of "
-                        "the mixture is empty, or holds nothing for this rank and worker): "
-                        "the loader's length would be wrong"
+                        f"with_epoch({n}): the endless pipeline ran out after {got} of this "
+                        f"worker's {quota} items (every source of the mixture is empty, or "
+                        "holds nothing for this rank and worker): the loader's length would "
+                        "be wrong"
                     )
-                return
+                raise ConfigError(
+                    f"with_epoch({n}): the pipeline ran out after {got} of this worker's "
+                    f"{quota} items: it holds fewer than {n} items a rank, and the loader's "
+                    "length would be wrong; give a smaller n, or an endless pipeline "
+                    "(mix(..., stop='never'), resampled=True)"
+                )
             self.count += 1
             yield item
 
