@@ -7,6 +7,7 @@ packed as a file tree, each file one sample, exit 0)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,9 @@ import shardkit as sk
 from shardkit.cli import cli
 from shardkit.errors import ConfigError, ManifestError
 from shardkit.format.manifest.model import Manifest
+from shardkit.write.writer.object_lock import LEASE
+from tests.helpers.readback import shardkit, write_jsonl
+from tests.helpers.stores import object_store
 
 
 def _built(tmp_path: Path) -> Path:
@@ -80,3 +84,18 @@ def test_records_with_a_stray_file_are_refused_naming_it_api(tmp_path: Path) -> 
     # asked for a file tree, it is one: every file a sample
     res = sk.build([str(src)], str(tmp_path / "tree"), progress=False, source_type="files")
     assert res.manifest.total_samples == 5
+
+
+def test_a_stale_store_lock_is_announced_once(tmp_path: Path) -> None:
+    """A killed build's lock objects (one per lock: the manifest's and the shards') are
+    taken over with one line each (it said each one twice)."""
+    src = tmp_path / "src"
+    write_jsonl(src / "a.jsonl", ({"id": f"k{i}", "text": "x"} for i in range(3)))
+    gone = {"pid": 1, "host": "another-host", "started": 0.0, "renewed": time.time() - LEASE - 60}
+    with object_store("s3") as store:
+        for key in ("lk/.lock-manifest.json", "lk/.lock-data-shards"):  # what a kill leaves
+            store.put(key, json.dumps(gone).encode())
+        res = shardkit("build", src, "-o", store.url("lk/"), "--key-field", "id")
+        assert res.returncode == 0, res.stderr
+        assert res.stderr.count("taking over the stale lock") == 1, res.stderr
+        assert not [k for k in store.names() if ".lock-" in k]  # taken over, let go at the end

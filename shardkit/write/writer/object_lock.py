@@ -72,14 +72,20 @@ class ObjectLock:
         with _GUARD:
             todo = [k for k in self.keys if _HELD.get(self.store.url(k)) != me]
         taken: list[str] = []
+        stale: dict[tuple[Any, Any], list[str]] = {}  # holder taken over -> its lock objects
         try:
             for key in todo:
-                self._take(key)
+                holder = self._take(key)
                 taken.append(key)
+                if holder is not None:
+                    stale.setdefault((holder.get("pid"), holder.get("host")), []).append(key)
         except BaseException:
             for key in taken:
                 self.store.delete(key)
             raise
+        for (pid, host), keys in stale.items():  # one line per lock, not per object
+            log.warning("%s: taking over the stale lock of pid %s on host %s (%s)",
+                        self.where, pid, host, ", ".join(keys))  # fmt: skip
         with _GUARD:
             _HELD.update((self.store.url(k), me) for k in taken)
         self._mine = taken
@@ -89,10 +95,12 @@ class ObjectLock:
         self._renewer.start()
         return self
 
-    def _take(self, key: str) -> None:
+    def _take(self, key: str) -> dict[str, Any] | None:
+        """Create lock object ``key``; the stale holder it took over from, if any."""
+        took_over = None
         for _ in range(3):
             if self.store.create(key, self._body()):
-                return
+                return took_over
             holder = self._holder(key)
             if holder is None:
                 continue  # let go between our put and our read: try again
@@ -102,8 +110,7 @@ class ObjectLock:
                     f"{holder.get('host')}, lock {self.store.url(key)}); wait for it, or "
                     "delete the lock object if that build is gone"
                 )
-            log.warning("%s: taking over the stale lock of pid %s on host %s",
-                        self.where, holder.get("pid"), holder.get("host"))  # fmt: skip
+            took_over = holder
             self.store.delete(key)
         raise WriterError(f"{self.where}: could not take the lock {self.store.url(key)}")
 
