@@ -200,8 +200,10 @@ class Mix(Stage):
 
     def check(self, state: Mapping[str, Any]) -> dict[str, Any]:
         """``state`` checked (shape, types, one entry per source) and put in this mixture's
-        source order (a state of the same sources by name in another order fits)."""
+        source order (a state of the same sources by name in another order fits); a deep
+        copy: the cursor changes its lists, never the caller's (a state loaded twice)."""
         st = check_state(state, self.name, self.version, (*_KEYS, "names", "sources"))
+        st = copy.deepcopy(st)
         for key in ("epoch", "generation", "draws"):
             check_int(st, self.name, key)
         if "origin" in st:
