@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from shardkit import ShardDataset, WebLoader
 from shardkit.format.manifest.model import Manifest
 from tests.streaming.test_budget import lognormal_shards
@@ -19,6 +21,7 @@ def keys(batches: list[Any]) -> list[str]:
     return [k for b in batches for k in b["__key__"]]
 
 
+@pytest.mark.integration
 def test_a_worker_count_change_counts_the_held_groups_rest_as_dropped(tmp_path: Path) -> None:
     """2 workers, 5 batches, resumed on 1 worker: each worker's held group's rest is left
     out (as pack_tokens does), and stats()["dropped_samples"] says how many (0 before)."""
