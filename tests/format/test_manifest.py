@@ -290,3 +290,14 @@ def test_merge_refuses_mixtures(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         Manifest.merge([])
     assert "1 of 2" in Manifest.merge([p0]).created["incomplete"]
+
+
+def test_a_part_writer_is_refused_only_the_name_it_writes_first(tmp_path: Path) -> None:
+    # parts share a folder, each its own numbers (the Slurm pattern); a part whose first
+    # shard's name another set holds would replace it, so it is refused, naming the shard
+    _part(tmp_path, 1, 2, 10, 3)
+    _part(tmp_path, 0, 2, 0, 4)
+    before = (tmp_path / "data-000010.tar").read_bytes()
+    with pytest.raises(ConfigError, match=r"data-000010\.tar"):
+        _part(tmp_path, 2, 3, 10, 1)
+    assert (tmp_path / "data-000010.tar").read_bytes() == before

@@ -140,7 +140,7 @@ class ShardWriter:
         if overwrite:
             self.output.remove_existing(self.prefix)
         elif not resume:
-            self.output.refuse_existing(self.prefix)
+            self.output.refuse_existing(self.prefix, first=start_index if part else None)
         self.manifest = Manifest(
             checksum_algorithm=self.algo,
             created=creation_info(),

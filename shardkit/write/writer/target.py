@@ -236,14 +236,18 @@ class Target(ABC):
     def shard_names(self, prefix: str) -> list[str]:
         """The shards of ``prefix`` here (``PREFIX-NNNNNN.tar[.zst|.gz]``), sorted."""
 
-    def refuse_existing(self, prefix: str) -> None:
+    def refuse_existing(self, prefix: str, *, first: int | None = None) -> None:
         """A data set already here is not replaced by accident, in a folder or a store alike
         (it was: 300 samples became 1, the old shard left as a stray file; a store's set was
         replaced whole), nor shards of ``prefix`` that another manifest lists (a writer of
         ``val.json`` took ``data-000000.tar`` of ``manifest.json``'s set): a ConfigError
-        naming the ways out."""
+        naming the ways out. A part's writer (``first``: its first shard's number) is refused
+        only the name it writes first: sibling parts share a folder, each its own numbers."""
         if not self.has_manifest():
             taken = self.shard_names(prefix)
+            if first is not None:
+                own = f"{prefix}-{first:06d}."
+                taken = [n for n in taken if n.startswith(own)]
             if taken:
                 raise ConfigError(
                     f"{self.base} already holds {len(taken)} shards named {prefix}-NNNNNN "
