@@ -58,6 +58,7 @@ PUBLIC: dict[str, list[str]] = {
         "RetryPolicy",
         "UncachedOpener",
         "load_manifest",
+        "manifest_source",
         "open_local",
     ],
     "shardkit.metrics": [

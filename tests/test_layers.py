@@ -106,8 +106,8 @@ ORDER: dict[str, list[list[str]]] = {
         ["policy", "indexes", "remote_compact", "catalog", "stream", "lookup", "keys"]
     ],
     "shardkit.stages": [
-        ["base", "collate", "packing", "decode", "reading", "source", "epoch"],
-        ["mixture", "regroup", "budget", "basic", "nominal", "tokens"],
+        ["base", "collate", "packing", "decode", "reading", "source", "epoch", "nominal"],
+        ["mixture", "regroup", "budget", "basic", "tokens"],
     ],
     "shardkit.metrics": [["schema", "job", "alert", "export"]],
     "shardkit.streaming": [
