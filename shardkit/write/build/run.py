@@ -45,7 +45,14 @@ from shardkit.format.manifest.model import Manifest, creation_info
 from shardkit.write.build.config import BuildConfig, BuildPlan, BuildResult
 from shardkit.write.build.join import JoinSpec, join_workers
 from shardkit.write.build.plan import check_unchanged, clear_output, output_lock, plan_build
-from shardkit.write.build.workers import Progress, Reporter, make_jobs, run_workers, write_job
+from shardkit.write.build.workers import (
+    Progress,
+    Reporter,
+    make_jobs,
+    run_workers,
+    stop_reason,
+    write_job,
+)
 from shardkit.write.writer.target import build_info, store_failures
 
 __all__ = ["build", "run_build"]
@@ -123,7 +130,13 @@ def _run_workers(plan: BuildPlan, count: Progress) -> tuple[int, Manifest]:
         if done is None:  # what verify and inspect find if this build is killed: unfinished
             started = creation_info(build={**plan.meta, "complete": False})
             target.write_manifest(Manifest([], c.checksum, {}, started, part, base=target.base))
-        written, _ = run_workers(jobs, count)
+        try:
+            written, _ = run_workers(jobs, count)
+        except BaseException as exc:  # the manifest left behind says why the build stopped
+            why = {**plan.meta, "complete": False, "stopped": stop_reason(exc)}
+            stopped = Manifest([], c.checksum, {}, creation_info(build=why), part, base=target.base)
+            target.write_manifest(stopped)
+            raise
     created = creation_info(build={**plan.meta, "complete": True})
     spec = JoinSpec(plan.shard_prefix, c.compress, c.checksum, created, part)
     return written, join_workers(target, stem, [j.target for j in jobs], spec)

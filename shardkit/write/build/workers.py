@@ -96,7 +96,7 @@ def _finished(job: Job) -> Manifest | None:
     return m if info.get("config") == job.fingerprint and info.get("complete") else None
 
 
-def _stop_reason(exc: BaseException) -> str:
+def stop_reason(exc: BaseException) -> str:
     """What a build's manifest says about why it stopped (``created.build.stopped``)."""
     if isinstance(exc, _ParentGone):
         return "the build's main process died"
@@ -142,7 +142,7 @@ def write_job(job: Job, report: Reporter) -> tuple[int, int]:
             if errors.count and not written and not w.resumed_samples and job.parent is None:
                 raise SourceError(all_skipped(errors, job.target.manifest_name))
         except BaseException as exc:
-            info["stopped"] = _stop_reason(exc)  # the manifest the writer leaves says why
+            info["stopped"] = stop_reason(exc)  # the manifest the writer leaves says why
             raise
         finally:
             errors.close()
