@@ -106,7 +106,17 @@ ORDER: dict[str, list[list[str]]] = {
         ["policy", "indexes", "remote_compact", "catalog", "stream", "lookup", "keys"]
     ],
     "shardkit.stages": [
-        ["base", "collate", "packing", "decode", "reading", "source", "epoch", "nominal"],
+        [
+            "base",
+            "collate",
+            "packing",
+            "decode",
+            "reading",
+            "source",
+            "epoch",
+            "nominal",
+            "mix_draws",
+        ],
         ["mixture", "regroup", "budget", "basic", "tokens"],
     ],
     "shardkit.metrics": [["schema", "job", "alert", "export"]],

@@ -50,7 +50,7 @@ from shardkit.stages.base import (
     check_state,
 )
 from shardkit.stages.collate import collate_numpy
-from shardkit.stages.mixture import drawn_from
+from shardkit.stages.mix_draws import drawn_from
 from shardkit.stages.nominal import share
 from shardkit.stages.regroup import BATCHINGS, bits, open_upstream, settled, unmask
 

@@ -25,22 +25,18 @@ summed exposure goes to rank 0's worker 0, so the job's totals stay exact.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from shardkit.errors import ConfigError, StateDictError
-from shardkit.plan.order import stream_seed, uniforms
-from shardkit.plan.schedule import Schedule, choose
+from shardkit.plan.schedule import Schedule
 from shardkit.stages.base import Context, Cursor, Grid, Stage, check_int, check_state
+from shardkit.stages.mix_draws import MixCursor
 from shardkit.stages.source import sources_of
 
-__all__ = ["STOPS", "Mix", "drawn_from", "find_mix", "given_in", "mix_state", "reweighted"]
+__all__ = ["STOPS", "Mix", "find_mix", "given_in", "mix_state", "reweighted"]
 
 STOPS = ("first", "longest", "never")
-_BLOCK = 1024
-_END = object()
 _KEYS = ("epoch", "generation", "draws", "taken", "base", "exhausted", "epochs", "counts")
 
 
@@ -59,17 +55,6 @@ def mix_state(state: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
         if state.get("stage") == Mix.name:
             return state
         state = state.get("source")
-    return None
-
-
-def drawn_from(cursor: Cursor) -> _MixCursor | None:
-    """The mixture cursor a cursor reads from (None: none): its ``last`` is the source of
-    the item that came out of it last."""
-    found: Cursor | None = cursor
-    while found is not None:
-        if isinstance(found, _MixCursor):
-            return found
-        found = found.upstreams[0] if found.upstreams else None
     return None
 
 
@@ -177,7 +162,7 @@ class Mix(Stage):
                 )
         if st.pop("shared", False) and (ctx.rank, ctx.worker) != (0, 0):
             st["counts"] = [[0, 0] for _ in self.stages]  # the merged totals are rank 0's
-        return _MixCursor(self, ctx, st)
+        return MixCursor(self, ctx, st)
 
     def fresh(self, ctx: Context) -> dict[str, Any]:
         """The state a first epoch starts from."""
@@ -361,93 +346,3 @@ class Mix(Stage):
             }
             for k, name in enumerate(self.names)
         }
-
-
-class _MixCursor(Cursor):
-    """Draws which source cursor gives the next item; restarts a source under ``"never"``."""
-
-    def __init__(self, stage: Mix, ctx: Context, st: dict[str, Any]) -> None:
-        self.stage = stage
-        self.ctx = ctx
-        self.st = st
-        ups = [
-            s.iterate(self._at(k), sub)
-            for k, (s, sub) in enumerate(zip(stage.stages, st["sources"], strict=True))
-        ]
-        super().__init__(*ups)
-        self.scale = ctx.world * ctx.workers
-        self._block = (-2 * _BLOCK, np.empty(0))  # no block yet
-        self.last: int | None = None  # the source of the item given last
-        self.items = self._mix()
-
-    def _at(self, k: int) -> Context:
-        """Where source ``k`` runs: this rank and worker, in its own epoch."""
-        c = self.ctx
-        return Context(c.rank, c.world, c.worker, c.workers, int(self.st["epochs"][k]))
-
-    def _uniform(self, t: int) -> float:
-        """Draw ``t``'s uniform (a pure function of ``t``, computed in blocks)."""
-        first, block = self._block
-        if not first <= t < first + _BLOCK:
-            c, st = self.ctx, self.st
-            # under "never" the epochs are nominal: one draw stream from where it began
-            epoch = int(st.get("origin", 0)) if self.stage.stop == "never" else c.epoch
-            seed = stream_seed(self.stage.seed, epoch, st["generation"], c.rank, c.worker, 0x313)
-            first = t - t % _BLOCK
-            block = uniforms(seed, np.arange(first, first + _BLOCK, dtype=np.int64))
-            self._block = (first, block)
-        return float(block[t - first])
-
-    def _progress(self) -> float:
-        unit = 1 if self.stage.schedule.unit == "tokens" else 0
-        return float(self.st["base"][unit] + self.st["taken"][unit] * self.scale)
-
-    def _tokens(self, item: Any) -> int:
-        field = self.stage.tokens_field
-        if field is None or not isinstance(item, Mapping) or field not in item:
-            return 0
-        return len(item[field])
-
-    def _next_of(self, k: int) -> Any:
-        """Source ``k``'s next item; under ``"never"`` from its next epoch when it ran out
-        (a source that has nothing in a fresh epoch is out for good)."""
-        item = next(self.upstreams[k], _END)
-        if item is not _END or self.stage.stop != "never":
-            return item
-        self.st["epochs"][k] += 1
-        self.upstreams[k] = self.stage.stages[k].iterate(self._at(k))
-        return next(self.upstreams[k], _END)
-
-    def _mix(self) -> Iterator[Any]:
-        st, stage = self.st, self.stage
-        out = st["exhausted"]
-        schedule = stage.schedule
-        while not (stage.stop == "first" and any(out)):
-            k = choose(
-                self._uniform(st["draws"]),
-                schedule.weights_at(self._progress()),
-                [not x for x in out],
-            )
-            if k is None:
-                return
-            st["draws"] += 1
-            item = self._next_of(k)
-            if item is _END:
-                out[k] = True
-                continue
-            n = self._tokens(item)
-            st["taken"][0] += 1
-            st["taken"][1] += n
-            st["counts"][k][0] += 1
-            st["counts"][k][1] += n
-            self.last = k
-            yield item
-
-    def state(self) -> dict[str, Any]:
-        st = dict(self.st)  # its values are ints, names, or lists of ints: copied one deep
-        for key in ("taken", "base", "exhausted", "epochs", "names"):
-            st[key] = list(st[key])
-        st["counts"] = [list(c) for c in st["counts"]]
-        st["sources"] = [up.state() for up in self.upstreams]
-        st["scale"] = self.scale
-        return st

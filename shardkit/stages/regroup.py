@@ -20,7 +20,7 @@ from typing import Any
 
 from shardkit.errors import StateDictError
 from shardkit.stages.base import Context, Cursor, Stage, check_int, check_state
-from shardkit.stages.mixture import drawn_from
+from shardkit.stages.mix_draws import drawn_from
 
 __all__ = ["BATCHINGS", "REGROUP", "bits", "mask", "open_upstream", "settled", "unmask"]
 

@@ -34,7 +34,8 @@ import numpy as np
 
 from shardkit.errors import ConfigError, DecodeError, StateDictError
 from shardkit.stages.base import Context, Cursor, Grid, Stage, check_int, check_state
-from shardkit.stages.mixture import drawn_from, find_mix
+from shardkit.stages.mix_draws import drawn_from
+from shardkit.stages.mixture import find_mix
 from shardkit.stages.packing import Segment, best_fit, pieces, segments_boundaries
 from shardkit.values import as_int, is_integer
 
