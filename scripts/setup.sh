@@ -34,25 +34,46 @@ if [ -n "$check" ]; then
   exit
 fi
 
-if [ "$profile" = dev ]; then
-  # bsdtar and pzstd write part of the tar conformance corpus (tests/helpers/tarcorpus.py;
-  # without them those tests write the same layouts with Python). Best effort: as root with
-  # apt-get (a Debian CI machine), and never a failed setup where apt is missing or offline.
+# The dev profile's system tools go beside pip (they wait on the network, not the CPU):
+# bsdtar and pzstd write part of the tar conformance corpus (tests/helpers/tarcorpus.py;
+# without them those tests write the same layouts with Python): best effort, as root with
+# apt-get (a Debian CI machine), never a failed setup where apt is missing or offline.
+# Azurite (Azure Blob's emulator) for the az:// tests, from npm into .tools/: required.
+dev_tools() {
+  local apt=0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then apt=1; fi
+  local want_pkgs=""
   if ! command -v bsdtar >/dev/null 2>&1 || ! command -v pzstd >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-        libarchive-tools zstd; } >/dev/null 2>&1 ||
-        echo "setup.sh: could not install bsdtar and pzstd; tar tests write with Python" >&2
-    fi
+    want_pkgs="libarchive-tools zstd"
   fi
-  # Azurite (Azure Blob's emulator) for the az:// tests, from npm into .tools/
+  if ! command -v npm >/dev/null 2>&1; then want_pkgs="$want_pkgs nodejs npm"; fi
+  if [ -n "$want_pkgs" ] && [ "$apt" = 1 ]; then
+    # shellcheck disable=SC2086 # a list of package names
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $want_pkgs; } \
+      >/dev/null 2>&1 || echo "setup.sh: could not install $want_pkgs with apt-get" >&2
+  fi
   if [ ! -x .tools/node_modules/.bin/azurite-blob ]; then
-    command -v npm >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq nodejs npm; }
+    if ! command -v npm >/dev/null 2>&1; then
+      echo "setup.sh: npm is missing (install Node.js and npm): Azurite, which the az:// tests" \
+        "need, comes from npm" >&2
+      return 1
+    fi
     npm install --silent --no-audit --no-fund --prefix .tools azurite@3
   fi
+}
+tools_pid=""
+if [ "$profile" = dev ]; then
+  dev_tools &
+  tools_pid=$!
 fi
+wait_tools() {
+  if [ -n "$tools_pid" ]; then
+    wait "$tools_pid"
+  fi
+}
 
 if installed; then
+  wait_tools
   exit 0
 fi
 PY=${PYTHON:-python3.11}
@@ -77,3 +98,4 @@ else
   .venv/bin/python -m pip install -q -c "$pin" -e ".[dev]"
 fi
 echo "$profile $want" >"$stamp"
+wait_tools
