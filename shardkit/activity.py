@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from shardkit.urls import redact
+from shardkit.errors import redact
 
 __all__ = ["at", "left", "lock_holders", "reports", "snapshot", "waiting", "watch_from"]
 

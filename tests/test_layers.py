@@ -41,6 +41,7 @@ ORDER: dict[str, list[list[str]]] = {
         ["ray"],
         ["cli", "__main__"],
     ],
+    "shardkit.urls": [["schemes", "objects", "resolve"]],
     "shardkit.format": [
         ["checksum", "pieces", "digest", "images", "codecs", "compression", "layout"],
         ["manifest", "tario"],

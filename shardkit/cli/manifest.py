@@ -14,14 +14,14 @@ from shardkit.cache import make_opener
 from shardkit.check.adopt import adopt_remote, is_remote_pattern
 from shardkit.check.summary import manifest_from_shards
 from shardkit.cli.build import tar_policy_option
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, redact
 from shardkit.format.checksum import ALGORITHMS
 from shardkit.format.manifest.compact import save_manifest
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.pieces import DEFAULT_PIECE_SIZE
 from shardkit.io.stores import is_object_url
 from shardkit.units import format_bytes, parse_size
-from shardkit.urls import expand_braces, redact
+from shardkit.urls import expand_braces
 from shardkit.write.build.merge import keep_other_set, merge_object_parts, merge_parts
 from shardkit.write.inputs.discover import discover
 from shardkit.write.writer.where import open_target

@@ -18,7 +18,7 @@ from typing import BinaryIO, Protocol
 
 from shardkit._types import ObjectRef
 from shardkit.counters import Counters
-from shardkit.errors import ChecksumError, ConfigError
+from shardkit.errors import ChecksumError, ConfigError, redact
 from shardkit.format.checksum import split_checksum
 from shardkit.format.digest import Digest
 from shardkit.io.blobs import AzSource, BlobSource, GsSource
@@ -30,7 +30,7 @@ from shardkit.io.pipe import check_pipe_allowed, open_pipe
 from shardkit.io.retry import Gate
 from shardkit.io.s3 import S3Source
 from shardkit.io.verified import PieceStream
-from shardkit.urls import HTTP_SCHEMES, redact, url_scheme
+from shardkit.urls import HTTP_SCHEMES, url_scheme
 
 __all__ = ["ChunkStream", "RangeSource", "UncachedOpener", "verified_open", "verified_stream"]
 

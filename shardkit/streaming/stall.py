@@ -27,8 +27,7 @@ from typing import Any
 import numpy as np
 
 from shardkit import activity
-from shardkit.errors import ConfigError
-from shardkit.urls import redact
+from shardkit.errors import ConfigError, redact
 
 __all__ = ["StallWatch"]
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardkit.errors import ConfigError
-from shardkit.urls import OBJECT_SCHEMES, parse_url, redact
+from shardkit.errors import ConfigError, redact
+from shardkit.urls import OBJECT_SCHEMES, parse_url
 
 SCHEMES = (*OBJECT_SCHEMES, "hf", "http", "https")
 # the characters that make urls go wrong, and plain ones

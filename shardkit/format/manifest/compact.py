@@ -276,7 +276,7 @@ def encode_compact(manifest: Manifest, source: dict[str, Any]) -> list[bytes | m
         "fields": manifest.fields,
         "created": manifest.created,
         "part": manifest.part,
-        "origins": list(manifest.origins),  # an adopted set's remote prefixes (urls.py)
+        "origins": list(manifest.origins),  # an adopted set's remote prefixes (shardkit.urls)
         "columns": meta,
         "digest": fingerprint(arrays["sizes"], arrays["counts"], cols["checksums"]),
     }

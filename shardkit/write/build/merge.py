@@ -15,9 +15,9 @@ import os
 import posixpath
 from collections.abc import Sequence
 
-from shardkit.errors import ConfigError, ManifestError
+from shardkit.errors import ConfigError, ManifestError, redact
 from shardkit.format.manifest.model import Manifest, creation_info
-from shardkit.urls import is_absolute, join, redact
+from shardkit.urls import is_absolute, join
 from shardkit.write.writer.local import LocalTarget
 from shardkit.write.writer.objects import ObjectTarget
 from shardkit.write.writer.target import Target, build_info, errors_name

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import re
 
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, redact
 from shardkit.io.stores import is_object_url
-from shardkit.urls import parse_url, redact
+from shardkit.urls import parse_url
 from shardkit.write.writer.local import LocalTarget
 from shardkit.write.writer.objects import ObjectTarget
 from shardkit.write.writer.target import Target
