@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardkit.errors import ConfigError
-from shardkit.format.tario.reader import DEFAULT_MAX_MEMBER, TAR_POLICIES
+from shardkit.format.tario.buffer import DEFAULT_MAX_MEMBER
+from shardkit.format.tario.members import TAR_POLICIES
 from shardkit.io.retry import DEFAULT_MIN_RATE, DEFAULT_RATE_WINDOW, RetryPolicy
 from shardkit.units import parse_size
 from shardkit.values import typed_fields
@@ -31,6 +32,7 @@ __all__ = [
     "IoConfig",
     "ReaderLimits",
     "RetryPolicy",
+    "with_cache",
 ]
 
 # One ranged GET per 64 MiB. Measured against the test Range server on 127.0.0.1 with
@@ -236,3 +238,21 @@ class IoConfig:
         if cache_limit is not None:
             options["cache_limit"] = parse_size(cache_limit)
         return cls(allow_pipe=allow_pipe, **options)
+
+
+def with_cache(
+    io: IoConfig | None, cache_dir: str | os.PathLike[str] | None, cache_limit: int | str | None
+) -> IoConfig:
+    """``io`` with the ``cache_dir``/``cache_limit`` shortcuts applied."""
+    if io is not None and not isinstance(io, IoConfig):
+        raise ConfigError(f"io must be an IoConfig, not {type(io).__name__}")
+    base = io or IoConfig()
+    if cache_dir is None and cache_limit is None:
+        return base
+    if io is not None and (io.cache.cache_dir, io.cache.cache_limit) != (None, None):
+        raise ConfigError("give the cache in io= or in cache_dir=/cache_limit=, not both")
+    shortcut = IoConfig.make(cache_dir=cache_dir, cache_limit=cache_limit)
+    cache = dataclasses.replace(
+        base.cache, cache_dir=shortcut.cache.cache_dir, cache_limit=shortcut.cache.cache_limit
+    )
+    return dataclasses.replace(base, cache=cache)

@@ -35,7 +35,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from shardkit.counters import add_counts
 from shardkit.format.manifest.model import Manifest
 from shardkit.io import manifest_source
-from shardkit.io.config import IoConfig
+from shardkit.io.config import IoConfig, with_cache
 from shardkit.io.verified import VERIFY_TIME
 from shardkit.plan.assign import PlanConfig
 from shardkit.plan.world import WorldInfo
@@ -48,7 +48,7 @@ from shardkit.stages import (
 )
 from shardkit.stages.epoch import Epoch
 from shardkit.streaming.frameworks import check_framework
-from shardkit.streaming.recipe import DEFAULT_BUFSIZE, Recipe, io_config
+from shardkit.streaming.recipe import DEFAULT_BUFSIZE, Recipe
 from shardkit.streaming.resume import EPOCH_MISMATCH, Loaded, check_dataset_state, dataset_state
 from shardkit.values import as_int
 
@@ -99,7 +99,7 @@ class ShardDataset(Recipe, IterableDataset[Any]):
         super().__init__()
         seed = as_int(seed, "ShardDataset: seed", low=0, floats=False)
         config = PlanConfig(seed, shardshuffle, remainder, resampled, None)
-        io = io_config(io, cache_dir, cache_limit)
+        io = with_cache(io, cache_dir, cache_limit)
         handler = check_policy(handler)
         if isinstance(source, (str, os.PathLike)):
             source = manifest_source(os.fspath(source))  # a build's -o: its manifest.json

@@ -31,13 +31,12 @@ from torch.utils.data import Dataset
 from shardkit.cache import opener_for
 from shardkit.format.manifest.model import Manifest
 from shardkit.io import manifest_source
-from shardkit.io.config import IoConfig
+from shardkit.io.config import IoConfig, with_cache
 from shardkit.read.catalog import Catalog, open_catalog
 from shardkit.read.keys import KeyTable, build_key_table, key_table_path
 from shardkit.read.lookup import Locator, piece_verified, read_sample
 from shardkit.read.stream import read_stream
 from shardkit.stages import Context, Cursor, Decode, Map, Stage, ToTuple
-from shardkit.streaming.recipe import io_config
 from shardkit.values import as_position
 
 __all__ = ["IndexedShards"]
@@ -87,7 +86,7 @@ class IndexedShards(Dataset[Any]):
             source = os.fspath(source)
         if isinstance(source, str):
             source = manifest_source(source)  # a build's -o: its manifest.json
-        self._io = io_config(io, cache_dir, cache_limit)
+        self._io = with_cache(io, cache_dir, cache_limit)
         self._source = source if isinstance(source, str) else None
         self._opener: Any = None
         self._catalog: Catalog = open_catalog(

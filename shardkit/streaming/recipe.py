@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import torch
 
 from shardkit.errors import ConfigError
-from shardkit.io.config import IoConfig
 from shardkit.stages import (
     Batched,
     Context,
@@ -37,28 +35,10 @@ from shardkit.stages.nominal import WithEpoch
 from shardkit.stages.packing import collate_packed
 from shardkit.values import as_int
 
-__all__ = ["DEFAULT_BUFSIZE", "Recipe", "io_config"]
+__all__ = ["DEFAULT_BUFSIZE", "Recipe"]
 
 DEFAULT_BUFSIZE = 1000
 R = TypeVar("R", bound="Recipe")
-
-
-def io_config(
-    io: IoConfig | None, cache_dir: str | os.PathLike[str] | None, cache_limit: int | str | None
-) -> IoConfig:
-    """``io`` with the ``cache_dir``/``cache_limit`` shortcuts applied."""
-    if io is not None and not isinstance(io, IoConfig):
-        raise ConfigError(f"io must be an IoConfig, not {type(io).__name__}")
-    base = io or IoConfig()
-    if cache_dir is None and cache_limit is None:
-        return base
-    if io is not None and (io.cache.cache_dir, io.cache.cache_limit) != (None, None):
-        raise ConfigError("give the cache in io= or in cache_dir=/cache_limit=, not both")
-    shortcut = IoConfig.make(cache_dir=cache_dir, cache_limit=cache_limit)
-    cache = dataclasses.replace(
-        base.cache, cache_dir=shortcut.cache.cache_dir, cache_limit=shortcut.cache.cache_limit
-    )
-    return dataclasses.replace(base, cache=cache)
 
 
 def _boundaries(tail: Stage) -> bool:
