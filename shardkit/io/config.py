@@ -47,7 +47,8 @@ class CacheConfig:
     """The node-local cache.
 
     Args:
-        cache_dir: the node-local cache directory (None: no cache, remote reads stream).
+        cache_dir: the node-local cache directory (None: no cache, remote reads stream); a
+            ``pathlib.Path`` is taken as its text.
         cache_limit: bytes the cache may hold; None: no limit.
         prefetch_depth: how many of the next shards of a plan are fetched ahead.
         prefetch_threads: background download threads per process.
@@ -87,6 +88,10 @@ class CacheConfig:
     cache_verify: str = "fill"
 
     def __post_init__(self) -> None:
+        if isinstance(self.cache_dir, os.PathLike):  # a pathlib.Path: its text
+            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
+        if self.cache_dir is not None and not isinstance(self.cache_dir, str):
+            raise ConfigError(f"cache_dir must be a path, got {self.cache_dir!r}")
         typed_fields(self)
         if not self.cache_wait > 0:
             raise ConfigError(f"cache_wait must be > 0, got {self.cache_wait!r}")
