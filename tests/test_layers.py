@@ -95,6 +95,7 @@ ORDER: dict[str, list[list[str]]] = {
             "locks",
             "ledger",
             "layout",
+            "folder",
             "store",
             "upkeep",
             "manifests",

@@ -316,7 +316,8 @@ def bench_writer(nshards: int, tmp: str) -> dict[str, Any]:
 
 def _cache_files(root: str, n: int, size: int) -> list[Any]:
     """A cache dir holding ``n`` published shards of ``size`` bytes, oldest first."""
-    from shardkit.cache.store import CacheKey, CacheStore
+    from shardkit.cache.layout import CacheKey
+    from shardkit.cache.store import CacheStore
 
     store = CacheStore(root)
     store.ensure()
@@ -335,7 +336,8 @@ def _cache_files(root: str, n: int, size: int) -> list[Any]:
 def bench_cache(sizes: list[int], repeats: int, tmp: str) -> list[dict[str, Any]]:
     """The cost of an open, a reservation and an eviction against the files cached (CPU
     time of this process: system calls included, waits for the disk not)."""
-    from shardkit.cache.store import CacheKey, CacheStore
+    from shardkit.cache.layout import CacheKey
+    from shardkit.cache.store import CacheStore
 
     def cpu(fn: Any) -> float:
         t = time.process_time()

@@ -1,7 +1,7 @@
 """The node-local shard cache: content-addressed, verified, shared by every process.
 
-See :mod:`shardkit.cache.store` for the directory layout and its guarantees,
-:mod:`shardkit.cache.opener` for how reads go through it, and
+See :mod:`shardkit.cache.layout` for the directory layout, :mod:`shardkit.cache.store` for
+its guarantees, :mod:`shardkit.cache.opener` for how reads go through it, and
 :mod:`shardkit.cache.stream` for reading a shard while it downloads.
 """
 
@@ -11,9 +11,10 @@ import os
 from typing import Any
 
 from shardkit._types import Opener
+from shardkit.cache.layout import CachedShard, CacheKey, CacheStat
 from shardkit.cache.manifests import fetch_manifest_once
 from shardkit.cache.opener import CachingOpener
-from shardkit.cache.store import CachedShard, CacheKey, CacheStat, CacheStore
+from shardkit.cache.store import CacheStore
 from shardkit.io import IoConfig, UncachedOpener
 
 __all__ = [

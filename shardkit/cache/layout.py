@@ -1,4 +1,23 @@
-"""What the cache holds and where: keys, records, and small helpers on its files."""
+"""What the cache holds and where: keys, records, and small helpers on its files.
+
+Layout under the cache root (shared by every process and job that names it)::
+
+    data/<algo>/<hex[:2]>/<hex>                  verified shards, addressed by checksum
+    tmp/<algo>-<hex>-<size>-p<piece>-<table>.part
+                                                 a fill in progress: the shard's bytes at
+                                                 their offsets, then its piece map (one
+                                                 byte a piece, 1 once verified; the
+                                                 first, the verdict on the whole shard
+                                                 too); named by the piece table
+                                                 the map vouches for; kept after a crash,
+                                                 and resumed under that table only
+    tmp/<...>.part.gone-N                        a given-up temp file a reader still holds
+    locks/<algo>-<hex>.lock                      held (flock) by the one process publishing
+    locks/evict.lock                             serialises reservations and evictions
+    ledger                                       what data/ holds: sizes, last use
+                                                 (see :mod:`shardkit.cache.ledger`)
+    slots/slot-NNN.lock                          the per-node request cap
+"""
 
 from __future__ import annotations
 

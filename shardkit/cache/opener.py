@@ -27,10 +27,10 @@ from typing import BinaryIO
 
 from shardkit._types import ObjectRef
 from shardkit.cache.fill import ShardFill
-from shardkit.cache.layout import Layout
+from shardkit.cache.layout import CacheKey, Layout
 from shardkit.cache.locks import NodeSlots
 from shardkit.cache.manifests import fetch_manifest_once
-from shardkit.cache.store import CacheKey, CacheStore
+from shardkit.cache.store import CacheStore
 from shardkit.cache.stream import CacheStream
 from shardkit.counters import Counters
 from shardkit.errors import CacheError, ChecksumError, ConfigError

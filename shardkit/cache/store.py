@@ -1,22 +1,6 @@
 """The cache directory: content-addressed shards, temp files, leases, LRU eviction.
 
-Layout under the cache root (shared by every process and job that names it)::
-
-    data/<algo>/<hex[:2]>/<hex>                  verified shards, addressed by checksum
-    tmp/<algo>-<hex>-<size>-p<piece>-<table>.part
-                                                 a fill in progress: the shard's bytes at
-                                                 their offsets, then its piece map (one
-                                                 byte a piece, 1 once verified; the
-                                                 first, the verdict on the whole shard
-                                                 too); named by the piece table
-                                                 the map vouches for; kept after a crash,
-                                                 and resumed under that table only
-    tmp/<...>.part.gone-N                        a given-up temp file a reader still holds
-    locks/<algo>-<hex>.lock                      held (flock) by the one process publishing
-    locks/evict.lock                             serialises reservations and evictions
-    ledger                                       what data/ holds: sizes, last use
-                                                 (see :mod:`shardkit.cache.ledger`)
-    slots/slot-NNN.lock                          the per-node request cap
+The directory's names are in :mod:`shardkit.cache.layout`.
 
 A shard becomes visible in ``data/`` only by ``os.replace`` after its size and checksum
 were verified, so a crash or SIGKILL never leaves a file that is later served as whole.
@@ -51,10 +35,10 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from shardkit.cache.folder import make_folder
 from shardkit.cache.layout import (
     CachedShard,
     CacheKey,
-    CacheStat,
     Layout,
     TempFile,
     inode_of,
@@ -67,23 +51,9 @@ from shardkit.durable import fsync_dir
 from shardkit.errors import CacheError
 from shardkit.per_process import PerProcess
 
-__all__ = ["CacheKey", "CacheStat", "CacheStore", "CachedShard", "Layout", "TempFile"]
+__all__ = ["CacheStore"]
 
 log = logging.getLogger(__name__)
-# the names a cache dir holds (lost+found: a file system's root used whole as the cache)
-_OWN = {"data", "tmp", "locks", "slots", "manifests", "manifest-cols", "keys", "ledger"}
-_OWN |= {"lost+found", "CACHEDIR.TAG"}
-
-
-def _own(name: str) -> bool:
-    """A name the cache writes in its root: one of ``_OWN`` or a temp file of one
-    (``ledger.tmp-*``, a durable write's ``.tmp-*``), as another process setting the cache
-    up writes meanwhile (``data.csv`` is not one)."""
-    stem, tmp, _ = name.partition(".tmp-")
-    return name in _OWN or (bool(tmp) and stem in _OWN) or name.startswith(".tmp-")
-
-
-_TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# shardkit node-local shard cache\n"
 
 
 class CacheStore:
@@ -116,47 +86,8 @@ class CacheStore:
         """Create the directory layout (a clear :class:`CacheError` if it cannot)."""
         if self._ready:
             return
-        self.refuse_foreign()
-        try:
-            os.makedirs(self.root, exist_ok=True)
-            tag = os.path.join(self.root, "CACHEDIR.TAG")
-            if not os.path.exists(tag):  # first: a folder without it is not a cache
-                with open(tag, "w") as f:
-                    f.write(_TAG)
-            for sub in ("data", "tmp", "locks", "slots", "manifests"):
-                os.makedirs(os.path.join(self.root, sub), exist_ok=True)
-        except OSError as exc:
-            raise CacheError(f"cannot use cache dir {self.root}: {exc.strerror}") from exc
+        make_folder(self.root)
         self._ready = True
-
-    def refuse_foreign(self) -> None:
-        """A folder that holds anything but a cache is never used as one (eviction removes
-        files under its ``data/``): one without this cache's CACHEDIR.TAG (written before
-        anything else) holds nothing but the cache's own names, else a :class:`CacheError`
-        names what it holds."""
-        try:
-            with open(os.path.join(self.root, "CACHEDIR.TAG")) as f:
-                head = f.read(4096)
-            if "shardkit" in head or _TAG.startswith(head):  # ours, or ours cut short
-                return
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise CacheError(f"cannot use cache dir {self.root}: {exc.strerror}") from exc
-        try:
-            other = sorted(n for n in os.listdir(self.root) if not _own(n))
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            raise CacheError(f"cannot use cache dir {self.root}: {exc.strerror}") from exc
-        if next(self.shards(), None) is not None:
-            other.insert(0, "data/")  # files a cache would evict, under no tag of its own
-        if other:
-            shown = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
-            raise CacheError(
-                f"{self.root} is not a shardkit cache (no shardkit CACHEDIR.TAG; it holds "
-                f"{shown}): give an empty or new folder as the cache dir"
-            )
 
     def path(self, key: CacheKey) -> str:
         return os.path.join(self.root, "data", key.algo, key.digest[:2], key.digest)

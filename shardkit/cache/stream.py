@@ -19,7 +19,7 @@ import os
 from typing import BinaryIO
 
 from shardkit.cache.fill import FillHost, ShardFill, WriteError
-from shardkit.cache.store import CacheKey
+from shardkit.cache.layout import CacheKey
 from shardkit.errors import CacheError, ChecksumError
 from shardkit.io.remote import verified_stream
 

@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from shardkit._types import ObjectRef
 from shardkit.cache import CacheStore, CachingOpener, upkeep
+from shardkit.cache.folder import refuse_foreign
 from shardkit.errors import CacheError
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.index import INDEX_MAGIC
@@ -79,9 +80,8 @@ def _existing(cache_dir: str) -> CacheStore:
     of something else (clean would remove files under its ``data/``)."""
     if not os.path.isdir(cache_dir):
         raise CacheError(f"no cache at {cache_dir}: the folder does not exist")
-    store = CacheStore(cache_dir)
-    store.refuse_foreign()
-    return store
+    refuse_foreign(cache_dir)
+    return CacheStore(cache_dir)
 
 
 @click.group("cache")

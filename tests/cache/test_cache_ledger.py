@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from shardkit.cache import upkeep
-from shardkit.cache.layout import Layout
+from shardkit.cache.layout import CacheKey, Layout
 from shardkit.cache.ledger import Ledger
-from shardkit.cache.store import CacheKey, CacheStore
+from shardkit.cache.store import CacheStore
 
 pytestmark = pytest.mark.integration
 

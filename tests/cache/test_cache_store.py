@@ -22,7 +22,7 @@ import pytest
 from shardkit._types import ObjectRef
 from shardkit.cache import upkeep
 from shardkit.cache.fill import ShardFill
-from shardkit.cache.layout import Layout
+from shardkit.cache.layout import CacheKey, Layout
 from shardkit.cache.locks import (
     NodeSlots,
     claim_byte,
@@ -32,7 +32,7 @@ from shardkit.cache.locks import (
     try_lock_existing,
     unlock,
 )
-from shardkit.cache.store import CacheKey, CacheStore
+from shardkit.cache.store import CacheStore
 from shardkit.counters import Counters
 from shardkit.errors import CacheError, ChecksumError, ConfigError, FetchError
 from shardkit.format.pieces import PieceHasher, Pieces, piece_digest
