@@ -13,7 +13,7 @@ from shardkit import ShardDataset
 from shardkit.cache import make_opener
 from shardkit.errors import ConfigError
 from shardkit.format.manifest.model import Manifest
-from shardkit.format.tario.reader import DEFAULT_MAX_MEMBER
+from shardkit.format.tario.buffer import DEFAULT_MAX_MEMBER
 from shardkit.io.config import FLAT, CacheConfig, IoConfig, ReaderLimits, RetryPolicy
 from shardkit.io.http import policy_of
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from shardkit.format.tario.index import read_index, write_index
-from shardkit.format.tario.reader import TarReader, iter_members, read_shard, split_key
+from shardkit.format.tario.names import split_key
+from shardkit.format.tario.reader import TarReader, iter_members, read_shard
 from shardkit.format.tario.writer import TarBuilder, check_key, member_header
 
 __all__ = [

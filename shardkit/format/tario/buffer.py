@@ -36,31 +36,30 @@ DEFAULT_MAX_MEMBER = 1 << 30  # the largest member a reader holds in memory, by 
 class Buffered:
     """A binary stream read through one large buffer, with absolute offsets for errors.
 
-    Args (see :class:`~shardkit.format.tario.members.MemberReader`): the stream ``f``
-    positioned at ``start``, the shard's ``url``, the range ``end``, the stream's ``size``
-    (found with ``fstat`` when None), ``keep_data`` and ``max_member``.
+    Args (see :class:`~shardkit.format.tario.reader.TarReader`): the stream ``f``
+    positioned at ``start``, the shard's ``url``, the range ``span`` (``start, end``), the
+    stream's ``size`` (found with ``fstat`` when None), and ``keep``: the largest member
+    whose data is kept (``max_member``), or None to keep none (``keep_data`` off).
     """
 
     def __init__(
         self,
         f: BinaryIO,
-        *,
-        url: str = "<stream>",
-        start: int = 0,
-        end: int | None = None,
-        size: int | None = None,
-        keep_data: bool = True,
-        max_member: int = DEFAULT_MAX_MEMBER,
+        url: str,
+        span: tuple[int, int | None],
+        size: int | None,
+        keep: int | None,
     ) -> None:
+        start, end = span
         self.f = f
         self.url = url
-        self.keep_data = keep_data
-        self.max_member = max_member
+        self.keep_data = keep is not None
+        self.max_member = DEFAULT_MAX_MEMBER if keep is None else keep
         self.end = end
         self.size = size if size is not None else stream_size(f)
-        self._buf = b""
-        self._pos = 0
-        self._base = start  # absolute offset of _buf[0]
+        self.buf = b""
+        self.pos = 0
+        self.base = start  # absolute offset of _buf[0]
         self._chunk = _CHUNK  # the next buffered read's size (smaller after an unbuffered read)
         self._seeks: bool | None = None  # whether unbuffered reads work here (found on first use)
         self._unbuffered_end = -1  # where the last member read unbuffered ended
@@ -70,7 +69,7 @@ class Buffered:
     @property
     def offset(self) -> int:
         """The absolute offset of the next unread byte."""
-        return self._base + self._pos
+        return self.base + self.pos
 
     def _read(self, n: int, at: int) -> bytes:
         if self.size is None:
@@ -84,42 +83,41 @@ class Buffered:
         except OSError as exc:
             raise ShardFormatError(f"read failed: {exc}", url=self.url, offset=at) from exc
 
-    def _fill(self, need: int) -> bool:
+    def fill(self, need: int) -> bool:
         """Make ``need`` bytes available at _pos; False when the stream ends first."""
-        avail = len(self._buf) - self._pos
+        avail = len(self.buf) - self.pos
         if avail >= need:
             return True
-        parts = [self._buf[self._pos :]] if avail else []
-        self._base += self._pos
-        self._pos = 0
+        parts = [self.buf[self.pos :]] if avail else []
+        self.base += self.pos
+        self.pos = 0
         chunk, self._chunk = self._chunk, min(self._chunk * 2, _CHUNK)
         while avail < need:
-            data = self._read(max(need, chunk) - avail, self._base + avail)
+            data = self._read(max(need, chunk) - avail, self.base + avail)
             if not data:
                 break
             parts.append(data)
             avail += len(data)
-        self._buf = b"".join(parts) if len(parts) != 1 else parts[0]
+        self.buf = b"".join(parts) if len(parts) != 1 else parts[0]
         return avail >= need
 
-    def _truncated(self, what: str, n: int, at: int) -> ShardFormatError:
+    def truncated(self, what: str, n: int, at: int) -> ShardFormatError:
         return ShardFormatError(
-            f"truncated: {what} needs {n} bytes, the data ends at byte "
-            f"{self._base + len(self._buf)}",
+            f"truncated: {what} needs {n} bytes, the data ends at byte {self.base + len(self.buf)}",
             url=self.url,
             offset=at,
         )
 
-    def _take(self, n: int, what: str, at: int) -> bytes:
+    def take(self, n: int, what: str, at: int) -> bytes:
         """Return the next ``n`` bytes; raise naming header offset ``at`` if they run out."""
         if n <= _PIECE:
-            if n >= _UNBUFFERED and len(self._buf) - self._pos < n and self._can_seek():
+            if n >= _UNBUFFERED and len(self.buf) - self.pos < n and self._can_seek():
                 return self._take_unbuffered(n, what, at)
-            if not self._fill(n):
-                raise self._truncated(what, n, at)
-            p = self._pos
-            self._pos = p + n
-            return self._buf[p : p + n]
+            if not self.fill(n):
+                raise self.truncated(what, n, at)
+            p = self.pos
+            self.pos = p + n
+            return self.buf[p : p + n]
         return self._take_large(n, what, at)
 
     def _can_seek(self) -> bool:
@@ -138,24 +136,24 @@ class Buffered:
         (samples tend to repeat their layout, so it ends where the next large member
         begins), else 8 KiB.
         """
-        avail = len(self._buf) - self._pos
+        avail = len(self.buf) - self.pos
         try:
             if avail:
                 self.f.seek(-avail, io.SEEK_CUR)
         except OSError as exc:
             raise ShardFormatError(f"seek failed: {exc}", url=self.url, offset=at) from exc
-        self._base += self._pos
-        gap = self._base - self._unbuffered_end
-        self._buf, self._pos = b"", 0
-        data = self._read(n, self._base)
-        self._base += len(data)
+        self.base += self.pos
+        gap = self.base - self._unbuffered_end
+        self.buf, self.pos = b"", 0
+        data = self._read(n, self.base)
+        self.base += len(data)
         while len(data) < n:  # a short read: rare for a file (a signal), or its end
-            more = self._read(n - len(data), self._base)
+            more = self._read(n - len(data), self.base)
             if not more:
-                raise self._truncated(what, n, at)
-            self._base += len(more)
+                raise self.truncated(what, n, at)
+            self.base += len(more)
             data += more
-        self._unbuffered_end = self._base
+        self._unbuffered_end = self.base
         self._chunk = gap if BLOCK <= gap <= _SHORT_GAP else _AFTER_UNBUFFERED
         return data
 
@@ -166,22 +164,22 @@ class Buffered:
         same object out, so the peak is the member plus one piece, not twice the member.
         """
         out = io.BytesIO()
-        avail = len(self._buf) - self._pos
+        avail = len(self.buf) - self.pos
         if avail:
-            out.write(memoryview(self._buf)[self._pos :])
-        self._base += len(self._buf)
-        self._buf, self._pos = b"", 0
+            out.write(memoryview(self.buf)[self.pos :])
+        self.base += len(self.buf)
+        self.buf, self.pos = b"", 0
         left = n - avail
         while left > 0:
-            data = self._read(min(left, _PIECE), self._base)
+            data = self._read(min(left, _PIECE), self.base)
             if not data:
-                raise self._truncated(what, n, at)
+                raise self.truncated(what, n, at)
             out.write(data)
-            self._base += len(data)
+            self.base += len(data)
             left -= len(data)
         return out.getvalue()
 
-    def _check_claim(self, size: int, at: int, name: str) -> None:
+    def check_claim(self, size: int, at: int, name: str) -> None:
         if self.size is not None and self.offset + size > self.size:
             raise ShardFormatError(
                 f"member {name!r} claims {size} bytes, past the end of the data "
@@ -192,26 +190,26 @@ class Buffered:
 
     def _discard(self, n: int, what: str, at: int) -> None:
         """Pass over ``n`` bytes without keeping them (each is still read, so hashed)."""
-        avail = len(self._buf) - self._pos
+        avail = len(self.buf) - self.pos
         if n <= avail:
-            self._pos += n
+            self.pos += n
             return
         left = n - avail
-        self._base += len(self._buf)
-        self._buf, self._pos = b"", 0
+        self.base += len(self.buf)
+        self.buf, self.pos = b"", 0
 
         def read(k: int) -> bytes:
-            data = self._read(k, self._base)
-            self._base += len(data)
+            data = self._read(k, self.base)
+            self.base += len(data)
             return data
 
         if _drop(read, left) < left:
-            raise self._truncated(what, n, at)
+            raise self.truncated(what, n, at)
 
-    def _member_data(self, size: int, at: int, name: str, *, keep: bool = True) -> bytes:
+    def member_data(self, size: int, at: int, name: str, *, keep: bool = True) -> bytes:
         """A member's ``size`` data bytes and its padding, checked against the data's size
         and (when kept) ``max_member``; errors name the member's header at ``at``."""
-        self._check_claim(size, at, name)
+        self.check_claim(size, at, name)
         what = f"member {name!r}"
         if not keep:
             self._discard(size + (-size) % BLOCK, what, at)
@@ -223,12 +221,12 @@ class Buffered:
                 url=self.url,
                 offset=at,
             )
-        data = self._take(size, what, at)
+        data = self.take(size, what, at)
         pad = (-size) % BLOCK
         if pad:
-            if not self._fill(pad):
-                raise self._truncated(f"the padding of {what}", pad, at)
-            self._pos += pad
+            if not self.fill(pad):
+                raise self.truncated(f"the padding of {what}", pad, at)
+            self.pos += pad
         return data
 
 

@@ -1,7 +1,7 @@
 """The member layer of the tar reader: header parsing, member kinds, hostile-input checks.
 
 :class:`MemberReader` is the general (slow) path that names every error; the sample loop
-and its fast paths (:mod:`shardkit.format.tario.reader`) are built on it, and both use the
+and its fast paths (:mod:`shardkit.format.tario.reader`) fall back to it, and both use the
 rules of :mod:`~shardkit.format.tario.headers` and :mod:`~shardkit.format.tario.names`.
 Hostile members (absolute or ``..`` paths, sizes past the end of the data, bad header
 checksums, bad sparse maps) raise :class:`ShardFormatError` naming the shard and offset.
@@ -25,12 +25,10 @@ What each header type gives (docs/format.md says why):
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from typing import BinaryIO
 
 from shardkit.errors import ConfigError, ShardFormatError
 from shardkit.format.tario import sparse
-from shardkit.format.tario.buffer import DEFAULT_MAX_MEMBER, Buffered, stream_size
+from shardkit.format.tario.buffer import Buffered
 from shardkit.format.tario.extended import Extended, MemberFacts, member_facts
 from shardkit.format.tario.headers import (
     BLOCK,
@@ -41,13 +39,7 @@ from shardkit.format.tario.headers import (
 )
 from shardkit.format.tario.names import name_problem
 
-__all__ = [
-    "BLOCK",
-    "DEFAULT_MAX_MEMBER",
-    "TAR_POLICIES",
-    "MemberReader",
-    "stream_size",
-]
+__all__ = ["TAR_POLICIES", "MemberReader"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,86 +60,51 @@ _METADATA = {b"V": "volume label", b"A": "Solaris ACL", b"D": "GNU dump director
 _GLOBAL_REFUSED = ("path", "size", "linkpath")
 
 
-class MemberReader(Buffered):
-    """Iterate the regular members of a tar stream (the general path; see TarReader).
+class MemberReader:
+    """The general (slow) path of the tar reader over the byte layer ``src``: the next
+    regular member through any extended headers, every member kind and hostile-input
+    check, each error naming the header block at fault.
 
-    Args:
-        f: a binary stream positioned at ``start`` (a member header).
-        url: the shard's name, used in error messages.
-        start: the absolute byte offset ``f`` is positioned at.
-        end: stop before this absolute offset (a sample-range read); None reads to the
-            end-of-archive marker (one zero block at least, then zeros or the end).
-        size: the stream's total size when known (found with ``fstat`` for plain files);
-            a member claiming bytes past it is rejected before anything is read. When
-            the size is unknown, reads are bounded pieces, so a false claim costs memory
-            only for the bytes really there.
-        keep_data: False reads past member data without keeping it (fields come back
-            as their size in bytes, an ``int``): a check of the structure, or a count of
-            field sizes, that still reads every byte and holds none of it.
-        max_member: the largest member (bytes, a sparse one expanded) whose data is kept
-            in memory; a larger one is a :class:`ShardFormatError` raised before any of
-            its data is read (a 65 KB zstd bomb can claim gigabytes). Not applied when
-            ``keep_data`` is off.
-        policy: ``"strict"`` (default) refuses links, devices, FIFOs and unknown member
-            types; ``"lenient"`` skips them, counted in :attr:`skipped` and logged.
-
-    Errors name the header block at fault: :attr:`ShardFormatError.offset` is the start
-    of the (extended) header of the bad or truncated member, of a partial header, or
-    where an end-of-archive marker was expected. :attr:`skipped` counts the members passed
-    over, by kind (``"directory"``, ``"symbolic link"``, ``"type 'Q'"``, ...).
+    :attr:`skipped` counts the members passed over, by kind (``"directory"``,
+    ``"symbolic link"``, ``"type 'Q'"``, ...); ``policy`` is as
+    :class:`~shardkit.format.tario.reader.TarReader` takes it.
     """
 
-    def __init__(
-        self,
-        f: BinaryIO,
-        *,
-        url: str = "<stream>",
-        start: int = 0,
-        end: int | None = None,
-        size: int | None = None,
-        keep_data: bool = True,
-        max_member: int = DEFAULT_MAX_MEMBER,
-        policy: str = "strict",
-    ) -> None:
+    def __init__(self, src: Buffered, *, policy: str = "strict") -> None:
         if policy not in TAR_POLICIES:
             raise ConfigError(f"tar policy must be one of {TAR_POLICIES}, got {policy!r}")
-        super().__init__(
-            f, url=url, start=start, end=end, size=size, keep_data=keep_data, max_member=max_member
-        )
+        self.src = src
         self.policy = policy
         self.skipped: dict[str, int] = {}
         self._told = False
 
-    def __iter__(self) -> Iterator[tuple[str, bytes | int]]:
-        return self.members()
-
     def _error(self, why: str, at: int) -> ShardFormatError:
-        return ShardFormatError(why, url=self.url, offset=at)
+        return ShardFormatError(why, url=self.src.url, offset=at)
 
     def _header(self, off: int, first: int | None) -> bytes | None:
         """The next header block, or None at a clean end (end-of-archive or ``end``).
 
         ``first`` is the offset of the extended header this block must complete, if any.
         """
-        if not self._fill(BLOCK):
-            if len(self._buf) - self._pos:
+        if not self.src.fill(BLOCK):
+            if len(self.src.buf) - self.src.pos:
                 why, at = "truncated: partial tar header at the end of the data", off
             elif first is not None:
                 why, at = "truncated: the data ends after an extended header", first
-            elif self.end is None:
+            elif self.src.end is None:
                 why, at = "truncated: the data ends without an end-of-archive marker", off
             else:
-                why, at = f"truncated: the data ends at byte {off}, before byte {self.end}", off
+                why, at = f"truncated: the data ends at byte {off}, before byte {self.src.end}", off
             raise self._error(why, at)
-        p = self._pos
-        hdr = self._buf[p : p + BLOCK]
-        self._pos = p + BLOCK
+        p = self.src.pos
+        hdr = self.src.buf[p : p + BLOCK]
+        self.src.pos = p + BLOCK
         if hdr == ZERO_BLOCK:
             if first is not None:
                 raise self._error("end-of-archive right after an extended header", first)
-            if self.end is None:
+            if self.src.end is None:
                 self._after_zero_block(off)
-            self.end_offset = off
+            self.src.end_offset = off
             return None
         return hdr
 
@@ -155,15 +112,15 @@ class MemberReader(Buffered):
         """The end-of-archive marker is two zero blocks; one, then the end of the data (or
         zeros), is taken too, as tarfile and GNU tar take it. One followed by anything else
         is a zeroed block inside the shard, not its end."""
-        self._fill(BLOCK)
-        rest = self._buf[self._pos : self._pos + BLOCK]
+        self.src.fill(BLOCK)
+        rest = self.src.buf[self.src.pos : self.src.pos + BLOCK]
         if rest.count(0) != len(rest):
             raise self._error(
                 "one zero block, then more data: a zeroed block inside the shard, "
                 "not an end-of-archive marker",
                 off,
             )
-        self._pos += len(rest)
+        self.src.pos += len(rest)
 
     def _size_of(self, hdr: bytes, off: int) -> int:
         if not checksum_ok(hdr):
@@ -178,16 +135,16 @@ class MemberReader(Buffered):
         ``ext``, for the member whose headers start at ``first``."""
         if size > _MAX_META:
             raise self._error(f"extended header of {size} bytes is too large", off)
-        data = self._member_data(size, off, "<extended header>")
+        data = self.src.member_data(size, off, "<extended header>")
         try:
             if typeflag in (b"x", b"X"):
-                ext.add_pax(parse_pax(data, self.url, off))
+                ext.add_pax(parse_pax(data, self.src.url, off))
             elif typeflag in (b"L", b"K"):
                 ext.add_long(typeflag, data)
         except ValueError as exc:
             raise self._error(str(exc), first) from None
         if typeflag == b"g":
-            records = parse_pax(data, self.url, off)
+            records = parse_pax(data, self.src.url, off)
             for key in records:
                 if key in _GLOBAL_REFUSED or key.startswith("GNU.sparse."):
                     raise self._error(
@@ -211,25 +168,14 @@ class MemberReader(Buffered):
             raise self._error(f"member {name!r} {problem}", first)
         return name
 
-    def members(self) -> Iterator[tuple[str, bytes | int]]:
-        """Yield ``(name, data)`` for each regular file; ``member_offset`` is its start.
-
-        ``data`` is the member's size (an ``int``) when ``keep_data`` is off.
-        """
-        while True:
-            item = self._next_member()
-            if item is None:
-                return
-            yield item
-
-    def _next_member(self) -> tuple[str, bytes | int] | None:
+    def next_member(self) -> tuple[str, bytes | int] | None:
         """The next file member (through any extended headers), or None at the end."""
         ext = Extended()  # the extended headers before the member
         first: int | None = None  # offset of the current member's first (extended) header
         while True:
-            off = self._base + self._pos
-            if self.end is not None and off >= self.end and first is None:
-                self.end_offset = off
+            off = self.src.base + self.src.pos
+            if self.src.end is not None and off >= self.src.end and first is None:
+                self.src.end_offset = off
                 self._finished()
                 return None
             hdr = self._header(off, first)
@@ -268,12 +214,12 @@ class MemberReader(Buffered):
                 )
             self._count("directory", first, name)
             return None
-        self.member_offset = first
+        self.src.member_offset = first
         self._checked(name, first)
         if typeflag == b"S" or sparse.is_sparse(pax):
             return name, self._sparse(hdr, typeflag, size, first, name, pax)
-        data = self._member_data(size, first, name, keep=self.keep_data)
-        return name, (data if self.keep_data else size)
+        data = self.src.member_data(size, first, name, keep=self.src.keep_data)
+        return name, (data if self.src.keep_data else size)
 
     def _other(self, typeflag: bytes, facts: MemberFacts, first: int) -> None:
         """Pass over a member that is not a file, or refuse it (see the module's list)."""
@@ -290,7 +236,7 @@ class MemberReader(Buffered):
                 "--tar-policy lenient)",
                 first,
             )
-        self._member_data(size, first, f"<{kind}>", keep=False)
+        self.src.member_data(size, first, f"<{kind}>", keep=False)
         self._count(kind, first, name)
 
     @property
@@ -307,7 +253,7 @@ class MemberReader(Buffered):
             self._told = True
             kinds = ", ".join(f"{c} {k}" for k, c in self.skipped.items() if k != "directory")
             logger.warning(
-                "%s: skipped %d members (%s) under the %s tar policy", self.url, n, kinds,
+                "%s: skipped %d members (%s) under the %s tar policy", self.src.url, n, kinds,
                 self.policy,
             )  # fmt: skip
 
@@ -317,7 +263,7 @@ class MemberReader(Buffered):
         if not n and kind != "directory":
             logger.warning(
                 "%s: skipped %s member %r at byte %d (%s policy); further ones are counted",
-                self.url,
+                self.src.url,
                 kind,
                 name,
                 at,
@@ -340,16 +286,16 @@ class MemberReader(Buffered):
             smap = sparse.make_map(real, entries, size)
         except ValueError as exc:
             raise self._error(f"sparse member {name!r}: bad sparse map: {exc}", first) from None
-        if not self.keep_data:
-            self._member_data(size, first, name, keep=False)
+        if not self.src.keep_data:
+            self.src.member_data(size, first, name, keep=False)
             return smap.size
-        if smap.size > self.max_member:
+        if smap.size > self.src.max_member:
             raise self._error(
                 f"member {name!r} is {smap.size} bytes (sparse, expanded), over the "
-                f"largest-member limit of {self.max_member} bytes",
+                f"largest-member limit of {self.src.max_member} bytes",
                 first,
             )
-        return sparse.expand(self._member_data(size, first, name), smap)
+        return sparse.expand(self.src.member_data(size, first, name), smap)
 
     def _old_gnu_map(self, hdr: bytes, first: int) -> list[tuple[int, int]]:
         """The map of a type ``S`` header and of the extension blocks after it."""
@@ -358,7 +304,7 @@ class MemberReader(Buffered):
         while extended:
             if len(entries) > sparse.MAX_ENTRIES:
                 raise ValueError(f"the map has more than {sparse.MAX_ENTRIES} entries")
-            block = self._take(BLOCK, "a sparse map extension block", first)
+            block = self.src.take(BLOCK, "a sparse map extension block", first)
             entries += sparse.old_gnu_entries(block, 0, 21)
             extended = block[504]
         return entries
@@ -366,12 +312,12 @@ class MemberReader(Buffered):
     def _map_in_data(self, size: int, first: int) -> tuple[list[tuple[int, int]], int]:
         """The pax 1.0 map at the start of the member's data, read block by block, and the
         bytes (whole blocks) it takes."""
-        self._check_claim(size, first, "<sparse map>")
+        self.src.check_claim(size, first, "<sparse map>")
         text = b""
         while True:
             if len(text) >= min(size, _MAX_META):
                 raise ValueError("the map does not end inside the member")
-            text += self._take(BLOCK, "a sparse map", first)
+            text += self.src.take(BLOCK, "a sparse map", first)
             found = sparse.map_text(text)
             if found is not None:
                 return found

@@ -1,9 +1,11 @@
 """The streaming tar reader: the hot path of every read.
 
-:class:`TarReader` adds the sample loop to :class:`~shardkit.format.tario.members.MemberReader`
-(buffered reads, header parsing and every hostile-input check): consecutive members that
-share a key become one sample, and the common member shapes are parsed inline from the
-buffer. Anything unusual goes through the general path, which names the error.
+:class:`TarReader` is the sample loop over two parts it holds: the byte layer
+(:class:`~shardkit.format.tario.buffer.Buffered`) and the general member path
+(:class:`~shardkit.format.tario.members.MemberReader`: header parsing and every
+hostile-input check). Consecutive members that share a key become one sample, and the
+common member shapes are parsed inline from the buffer. Anything unusual goes through the
+general path, which names the error.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import BinaryIO, NamedTuple, cast
 from shardkit._types import Sample
 from shardkit.errors import ShardFormatError
 from shardkit.format.compression import open_tar
-from shardkit.format.tario.buffer import DEFAULT_MAX_MEMBER, skip_bytes, stream_size
+from shardkit.format.tario.buffer import DEFAULT_MAX_MEMBER, Buffered, skip_bytes
 from shardkit.format.tario.headers import (
     BLOCK,
     octal_field,
@@ -24,35 +26,111 @@ from shardkit.format.tario.headers import (
     plain_member,
     sum_matches,
 )
-from shardkit.format.tario.members import TAR_POLICIES, MemberReader
-from shardkit.format.tario.names import fast_name, split_key
+from shardkit.format.tario.members import MemberReader
+from shardkit.format.tario.names import fast_name
 
-__all__ = [
-    "DEFAULT_MAX_MEMBER",
-    "TAR_POLICIES",
-    "TarReader",
-    "iter_members",
-    "iter_samples",
-    "open_range",
-    "read_shard",
-    "skip_bytes",
-    "split_key",
-    "stream_size",
-]
+__all__ = ["TarReader", "iter_members", "iter_samples", "open_range", "read_shard"]
 
 _FAST_META = 4 * BLOCK  # larger extended headers take the general path
 # pax records that change nothing about a member as the reader hands it out
 _PAX_IGNORED = frozenset((b"mtime", b"atime", b"ctime", b"uid", b"gid", b"uname", b"gname"))
 
 
-class TarReader(MemberReader):
+class TarReader:
     """Iterate the regular members, or the samples, of a tar stream.
 
-    Takes the arguments of :class:`~shardkit.format.tario.members.MemberReader`.
+    Composed of the byte layer (:class:`~shardkit.format.tario.buffer.Buffered`: large
+    reads, slices, unbuffered reads of large members) and the general member path
+    (:class:`~shardkit.format.tario.members.MemberReader`: every member kind and check);
+    the sample loop here parses the common member shapes inline and falls back to the
+    general path for anything else.
+
+    Args:
+        f: a binary stream positioned at ``start`` (a member header).
+        url: the shard's name, used in error messages.
+        start: the absolute byte offset ``f`` is positioned at.
+        end: stop before this absolute offset (a sample-range read); None reads to the
+            end-of-archive marker (one zero block at least, then zeros or the end).
+        size: the stream's total size when known (found with ``fstat`` for plain files);
+            a member claiming bytes past it is rejected before anything is read. When
+            the size is unknown, reads are bounded pieces, so a false claim costs memory
+            only for the bytes really there.
+        keep_data: False reads past member data without keeping it (fields come back
+            as their size in bytes, an ``int``): a check of the structure, or a count of
+            field sizes, that still reads every byte and holds none of it.
+        max_member: the largest member (bytes, a sparse one expanded) whose data is kept
+            in memory; a larger one is a :class:`ShardFormatError` raised before any of
+            its data is read (a 65 KB zstd bomb can claim gigabytes). Not applied when
+            ``keep_data`` is off.
+        policy: ``"strict"`` (default) refuses links, devices, FIFOs and unknown member
+            types; ``"lenient"`` skips them, counted in :attr:`skipped` and logged.
+
+    Errors name the header block at fault: :attr:`ShardFormatError.offset` is the start
+    of the (extended) header of the bad or truncated member, of a partial header, or
+    where an end-of-archive marker was expected. :attr:`skipped` counts the members passed
+    over, by kind (``"directory"``, ``"symbolic link"``, ``"type 'Q'"``, ...).
     """
 
-    # the last extended header blocks the fast path checked, and the sizes they give
-    _ext_seen: list[tuple[bytes, int, bytes]] = []  # noqa: RUF012 - replaced, never mutated
+    def __init__(
+        self,
+        f: BinaryIO,
+        *,
+        url: str = "<stream>",
+        start: int = 0,
+        end: int | None = None,
+        size: int | None = None,
+        keep_data: bool = True,
+        max_member: int = DEFAULT_MAX_MEMBER,
+        policy: str = "strict",
+    ) -> None:
+        src = Buffered(f, url, (start, end), size, max_member if keep_data else None)
+        self.src = src
+        self.general = MemberReader(src, policy=policy)
+        # the last extended header blocks the fast path checked, and the sizes they give
+        self._ext_seen: list[tuple[bytes, int, bytes]] = []
+
+    @property
+    def url(self) -> str:
+        return self.src.url
+
+    @property
+    def offset(self) -> int:
+        """The absolute offset of the next unread byte."""
+        return self.src.offset
+
+    @property
+    def member_offset(self) -> int:
+        """Where the last member (with its extended headers) began."""
+        return self.src.member_offset
+
+    @property
+    def end_offset(self) -> int | None:
+        """The end-of-archive marker (or ``end``), once met."""
+        return self.src.end_offset
+
+    @property
+    def skipped(self) -> dict[str, int]:
+        """The members passed over, by kind."""
+        return self.general.skipped
+
+    @property
+    def skipped_members(self) -> int:
+        """Members passed over that were not directories."""
+        return self.general.skipped_members
+
+    def __iter__(self) -> Iterator[tuple[str, bytes | int]]:
+        return self.members()
+
+    def members(self) -> Iterator[tuple[str, bytes | int]]:
+        """Yield ``(name, data)`` for each regular file; :attr:`member_offset` is its start.
+
+        ``data`` is the member's size (an ``int``) when ``keep_data`` is off.
+        """
+        while True:
+            item = self.general.next_member()
+            if item is None:
+                return
+            yield item
 
     def samples(self) -> Iterator[tuple[int, Sample]]:
         """Yield ``(byte_offset, sample)``: consecutive members sharing a key, grouped.
@@ -65,24 +143,25 @@ class TarReader(MemberReader):
         (:func:`~shardkit.format.tario.headers.plain_header`), a name that needs no second
         look (:func:`~shardkit.format.tario.names.fast_name`), and all of it (header, data,
         padding) already in the buffer. Anything else, or any doubt, goes through
-        :meth:`_next_member`, which names the error.
+        :meth:`MemberReader.next_member`, which names the error.
         A pax or GNU long-name header before a member (``webdataset.ShardWriter`` writes
         one per member, through ``tarfile``) takes :meth:`_fast_extended` first.
         """
+        src = self.src
         current: Sample = {}
         key = None
-        sample_offset = self.member_offset
-        slow = self._next_member
-        end = self.end
-        keep = self.keep_data
-        limit = self.max_member if keep else None
-        if end is None or self.offset < end:
-            self._fill(BLOCK)  # so that the first member can take the fast path too
+        sample_offset = src.member_offset
+        slow = self.general.next_member
+        end = src.end
+        keep = src.keep_data
+        limit = src.max_member if keep else None
+        if end is None or src.offset < end:
+            src.fill(BLOCK)  # so that the first member can take the fast path too
         while True:
-            buf = self._buf
-            p = self._pos
+            buf = src.buf
+            p = src.pos
             item: tuple[str, bytes | int] | None = None
-            if len(buf) - p >= BLOCK and (end is None or self._base + p < end):
+            if len(buf) - p >= BLOCK and (end is None or src.base + p < end):
                 tf = buf[p + 156]
                 if tf == 48 or tf == 0:  # b"0" or NUL: a regular file
                     plain = plain_member(buf, p)  # no ustar prefix to join, a plain name
@@ -92,13 +171,13 @@ class TarReader(MemberReader):
                         if limit is not None and size > limit:
                             pass  # the general path names the error
                         elif p + total <= len(buf):
-                            self.member_offset = self._base + p
-                            self._pos = p + total
+                            src.member_offset = src.base + p
+                            src.pos = p + total
                             item = (name, buf[p + BLOCK : p + BLOCK + size] if keep else size)
                         else:  # data past the buffer: read as the general path reads it
-                            self.member_offset = first = self._base + p
-                            self._pos = p + BLOCK
-                            got = self._member_data(size, first, name, keep=keep)
+                            src.member_offset = first = src.base + p
+                            src.pos = p + BLOCK
+                            got = src.member_data(size, first, name, keep=keep)
                             item = (name, got if keep else size)
                 elif tf == 120 or tf == 76:  # b"x" or b"L": a pax or GNU long-name header
                     item = self._fast_extended(buf, p, tf == 76)
@@ -117,13 +196,13 @@ class TarReader(MemberReader):
                     yield sample_offset, current
                 key = k
                 current = {"__key__": k}
-                sample_offset = self.member_offset
+                sample_offset = src.member_offset
             field = name[dot + 1 :]
             if field in current:
                 raise ShardFormatError(
                     f"sample {k!r} has field {field!r} twice",
                     url=self.url,
-                    offset=self.member_offset,
+                    offset=src.member_offset,
                 )
             current[field] = data
         if current:
@@ -135,11 +214,12 @@ class TarReader(MemberReader):
 
         Only records that change nothing here (times, owners) or that are simple (``path``,
         ``size`` in ASCII digits) are taken; anything else, and every malformed byte, is
-        left to :meth:`_next_member`, which names the error. ``tarfile`` writes the same
+        left to :meth:`MemberReader.next_member`, which names the error. ``tarfile`` writes the same
         extended header block before every member whose records have the same length, so
         a block equal to one of the last few checked is not checked again. Member data
         that is not all in the buffer yet is read as the general path reads it.
         """
+        src = self.src
         n = len(buf)
         for seen in self._ext_seen:
             if buf.startswith(seen[0], p):
@@ -182,14 +262,14 @@ class TarReader(MemberReader):
         if text is None:
             return None
         size = plain[1] if psize is None else psize
-        keep = self.keep_data
-        self.member_offset = first = self._base + p
+        keep = src.keep_data
+        src.member_offset = first = src.base + p
         stop = q + BLOCK + size
-        if stop + (-size) % BLOCK <= n and (not keep or size <= self.max_member):
-            self._pos = stop + (-size) % BLOCK
+        if stop + (-size) % BLOCK <= n and (not keep or size <= src.max_member):
+            src.pos = stop + (-size) % BLOCK
             return text, buf[q + BLOCK : stop] if keep else size
-        self._pos = q + BLOCK  # the data runs past the buffer: read it as the general path does
-        data = self._member_data(size, first, text, keep=keep)
+        src.pos = q + BLOCK  # the data runs past the buffer: read it as the general path does
+        data = src.member_data(size, first, text, keep=keep)
         return text, (data if keep else size)
 
     def _check_extended(self, buf: bytes, p: int) -> tuple[bytes, int, bytes] | None:

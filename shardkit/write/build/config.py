@@ -12,7 +12,8 @@ from shardkit.format.checksum import new_hasher
 from shardkit.format.images import REENCODE_FORMATS, ImageOptions
 from shardkit.format.manifest.check import MAX_COUNT
 from shardkit.format.manifest.model import Manifest
-from shardkit.format.tario.reader import DEFAULT_MAX_MEMBER, TAR_POLICIES
+from shardkit.format.tario.buffer import DEFAULT_MAX_MEMBER
+from shardkit.format.tario.members import TAR_POLICIES
 from shardkit.units import parse_size
 from shardkit.write.inputs.image_check import CHECK_IMAGES
 from shardkit.write.inputs.select import TreeOptions

@@ -16,7 +16,7 @@ from shardkit.format.compression import SHARD_SUFFIXES
 from shardkit.format.images import ImageOptions
 from shardkit.format.layout import is_index_name
 from shardkit.format.manifest.model import Manifest, expand_braces, incomplete_reason
-from shardkit.format.tario.reader import split_key
+from shardkit.format.tario.names import split_key
 from shardkit.write.inputs.select import TreeOptions, group_samples, select_files
 from shardkit.write.inputs.sources import JSONL_EXTS, SOURCE_TYPES, Kind, Unit
 from shardkit.write.inputs.table_meta import TABLE_EXTS, table_parts

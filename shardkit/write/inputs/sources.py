@@ -25,7 +25,7 @@ import numpy as np
 
 from shardkit.errors import ConfigError, WriterError
 from shardkit.format.images import ImageOptions
-from shardkit.format.tario.reader import DEFAULT_MAX_MEMBER
+from shardkit.format.tario.buffer import DEFAULT_MAX_MEMBER
 from shardkit.format.tario.writer import check_field
 
 __all__ = [
