@@ -101,6 +101,8 @@ ORDER: dict[str, list[list[str]]] = {
             "manifests",
             "fill",
             "stream",
+            "gate",
+            "opener_process",
             "opener",
         ]
     ],

@@ -19,78 +19,29 @@ import functools
 import io
 import logging
 import os
-import queue
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import BinaryIO
 
 from shardkit._types import ObjectRef
 from shardkit.cache.fill import ShardFill
+from shardkit.cache.gate import NodeGate
 from shardkit.cache.layout import CacheKey, Layout
-from shardkit.cache.locks import NodeSlots
 from shardkit.cache.manifests import fetch_manifest_once
+from shardkit.cache.opener_process import OpenerProcess
 from shardkit.cache.store import CacheStore
 from shardkit.cache.stream import CacheStream
 from shardkit.counters import Counters
 from shardkit.errors import CacheError, ChecksumError, ConfigError
 from shardkit.io.config import IoConfig
-from shardkit.io.rate import Admission, NodeRate
 from shardkit.io.remote import RangeSource, UncachedOpener, buffered
 from shardkit.io.verified import VerifiedFile, file_digest
 from shardkit.per_process import PerProcess
-from shardkit.plan.world import WorldInfo
 from shardkit.urls import REMOTE_SCHEMES, url_scheme
 
 __all__ = ["CachingOpener"]
 
 log = logging.getLogger(__name__)
-
-
-class _Local:
-    """What one process of a caching opener owns: its downloads and prefetch threads.
-
-    Prefetch threads are daemons, so a process never waits for them at exit; a download
-    cut short that way leaves a temp file the next reservation removes.
-    """
-
-    def __init__(self, threads: int) -> None:
-        # reentrant: the GC may close an abandoned stream (and give back its lease) in the
-        # thread that holds it
-        self.lock = threading.RLock()
-        self.fills: dict[str, ShardFill] = {}
-        self.queued: set[str] = set()
-        self.leases: dict[str, int] = {}  # prefetched shards, kept from eviction until read
-        self.warned = False
-        self._threads = threads
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._started = 0
-        self._pending = 0  # jobs submitted and not ended
-        self._idle = threading.Condition(self.lock)
-
-    def submit(self, job: Callable[[], None]) -> None:
-        """Run ``job`` in a prefetch thread."""
-        with self.lock:
-            self._pending += 1
-            if self._started < self._threads:
-                self._started += 1
-                name = f"shardkit-prefetch-{self._started}"
-                threading.Thread(target=self._work, name=name, daemon=True).start()
-        self._jobs.put(job)
-
-    def _work(self) -> None:
-        while True:
-            try:
-                self._jobs.get()()
-            finally:
-                with self.lock:
-                    self._pending -= 1
-                    self._idle.notify_all()
-
-    def wait_idle(self, timeout: float | None) -> bool:
-        """Wait until every job submitted has ended; False if ``timeout`` came first."""
-        with self.lock:
-            return self._idle.wait_for(lambda: self._pending == 0, timeout)
 
 
 class CachingOpener:
@@ -108,32 +59,13 @@ class CachingOpener:
         self.remote = remote or UncachedOpener(cfg)
         self.counters = self.remote.counters
         self.store = CacheStore(cfg.cache.cache_dir, cfg.cache.cache_limit)
-        root = self.store.root
-        reserve = cfg.cache.piece_parallel  # slots the background leaves for waiting readers
-        # a slot held past twice the read timeout: its holder is stopped (or its request
-        # far slower than any other); a request waits at most cache_wait for one
-        self.slots = NodeSlots(
-            os.path.join(root, "slots"),
-            cfg.cache.node_requests,
-            reserve,
-            wait=cfg.cache.cache_wait,
-            lease=2 * cfg.read_timeout,
-        )
-        self.rate = NodeRate(
-            os.path.join(root, "slots", "rate"),
-            start=cfg.cache.node_rate
-            or (float(cfg.cache.node_requests) if cfg.cache.rate_adapt else 0.0),
-            adapt=cfg.cache.rate_adapt,
-            wait=cfg.cache.cache_wait,
-            counters=self.counters,
-            cap=cfg.cache.request_rate / nodes() if cfg.cache.request_rate else 0.0,
-        )
-        self._locals: PerProcess[_Local] = PerProcess(
-            functools.partial(_Local, cfg.cache.prefetch_threads)
+        self.gate = NodeGate(cfg, self.store.root, self.counters)
+        self._locals: PerProcess[OpenerProcess] = PerProcess(
+            functools.partial(OpenerProcess, cfg.cache.prefetch_threads)
         )
 
     @property
-    def _local(self) -> _Local:
+    def _local(self) -> OpenerProcess:
         return self._locals.get()
 
     # -- the Opener protocol -------------------------------------------------------
@@ -269,17 +201,11 @@ class CachingOpener:
     def fetch(self, url: str, start: int, end: int, *, urgent: bool = False) -> Iterator[bytes]:
         """The remote bytes ``[start, end)``, each request under the node's request cap
         (``urgent``: a reader waits for them, see :class:`NodeSlots`)."""
-        return self._source(url).stream(url, start, end, gate=functools.partial(self._gate, urgent))
+        return self._source(url).stream(
+            url, start, end, gate=functools.partial(self.gate.turn, urgent)
+        )
 
     # -- internals -----------------------------------------------------------------
-    @contextlib.contextmanager
-    def _gate(self, urgent: bool, until: float | None) -> Iterator[Admission]:
-        """One request's turn on the node: a slot of the cap, then the rate's next start."""
-        with contextlib.ExitStack() as held:
-            if self.cfg.cache.node_requests:
-                held.enter_context(self.slots.slot(urgent=urgent))
-            yield held.enter_context(self.rate.gate(until))
-
     def _source(self, url: str) -> RangeSource:
         src = self.remote.source(url)
         assert src is not None
@@ -434,9 +360,3 @@ def report_rot(counters: Counters, url: str, what: str) -> None:
     """A cached copy that no longer matches: counted, named, evicted, fetched again."""
     counters.add("cache_rotten")
     log.warning("%s: the cached copy rotted on disk (%s); evicted, fetched again", url, what)
-
-
-def nodes() -> int:
-    """How many nodes the job runs on (its world over the ranks of this node)."""
-    world = WorldInfo.detect()
-    return max(1, world.world_size // world.local_world_size)

@@ -104,7 +104,7 @@ def test_a_stopped_peer_holding_the_rate_lock_does_not_hang_a_cached_read(
     opener = CachingOpener(
         IoConfig.make(cache_dir=tmp_path / "c", cache_wait=1.0, deadline=1.0, node_rate=5.0)
     )
-    stopped_holder(opener.rate.path)
+    stopped_holder(opener.gate.rate.path)
     with RangeServer(str(data.base)) as srv:
         url = srv.url(e.url)
         err = _within(4.0, lambda: opener.ensure_cached(ObjectRef(url, e.size, e.checksum)))
@@ -119,9 +119,9 @@ def test_a_cut_never_lifts_a_node_above_its_share_of_the_job_budget(
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     opener = CachingOpener(IoConfig.make(cache_dir=tmp_path / "c", request_rate=1))
-    assert opener.rate.rate() == pytest.approx(0.25)
-    opener.rate.admit().answered(429)
-    assert 0 < opener.rate.rate() <= 0.25
+    assert opener.gate.rate.rate() == pytest.approx(0.25)
+    opener.gate.rate.admit().answered(429)
+    assert 0 < opener.gate.rate.rate() <= 0.25
 
 
 def test_a_job_budget_holds_over_the_state_an_earlier_run_left(
@@ -134,13 +134,13 @@ def test_a_job_budget_holds_over_the_state_an_earlier_run_left(
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     cache = tmp_path / "c"
     before = CachingOpener(IoConfig.make(cache_dir=cache, node_rate=16.0, rate_adapt=False))
-    before.rate.admit()
-    assert before.rate.rate() == 16.0
+    before.gate.rate.admit()
+    assert before.gate.rate.rate() == 16.0
     opener = CachingOpener(IoConfig.make(cache_dir=cache, request_rate=1))
-    assert opener.rate.rate() == pytest.approx(0.25)
-    opener.rate.admit()
+    assert opener.gate.rate.rate() == pytest.approx(0.25)
+    opener.gate.rate.admit()
     with pytest.raises(NoTurn):  # the next turn is 1/0.25 s after the first's
-        opener.rate.admit(time.monotonic() + 3.0)
+        opener.gate.rate.admit(time.monotonic() + 3.0)
 
 
 def test_a_fixed_node_rate_is_the_rate_over_an_earlier_runs_state(tmp_path: Path) -> None:
@@ -148,12 +148,12 @@ def test_a_fixed_node_rate_is_the_rate_over_an_earlier_runs_state(tmp_path: Path
     node_rate=2 was paced at the 16/s the run before left in the node's rate file."""
     cache = tmp_path / "c"
     before = CachingOpener(IoConfig.make(cache_dir=cache, node_rate=16.0, rate_adapt=False))
-    before.rate.admit()
+    before.gate.rate.admit()
     opener = CachingOpener(IoConfig.make(cache_dir=cache, node_rate=2.0, rate_adapt=False))
-    assert opener.rate.rate() == 2.0
-    opener.rate.admit()
+    assert opener.gate.rate.rate() == 2.0
+    opener.gate.rate.admit()
     with pytest.raises(NoTurn):  # the next turn is 1/2 s after the first's
-        opener.rate.admit(time.monotonic() + 0.3)
+        opener.gate.rate.admit(time.monotonic() + 0.3)
 
 
 @pytest.mark.parametrize(

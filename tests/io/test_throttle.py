@@ -169,11 +169,11 @@ def test_a_job_wide_rate_caps_each_node_at_its_share(
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     opener = CachingOpener(IoConfig.make(cache_dir=tmp_path / "c", request_rate=10))
-    assert opener.rate.rate() == pytest.approx(5.0)
-    turn = opener.rate.admit()
+    assert opener.gate.rate.rate() == pytest.approx(5.0)
+    turn = opener.gate.rate.admit()
     time.sleep(0.3)
     turn.answered(200)
-    assert opener.rate.rate() == pytest.approx(5.0)
+    assert opener.gate.rate.rate() == pytest.approx(5.0)
     for bad in (float("nan"), -1.0):
         with pytest.raises(ConfigError, match="request_rate"):
             IoConfig.make(request_rate=bad)
