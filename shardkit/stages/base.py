@@ -209,13 +209,26 @@ class Stage:
         return [] if self.upstream is None else [self.upstream]
 
     def clone(self) -> Stage:
-        """A copy of this stage and everything upstream (user code is shared, not copied):
-        the fluent methods change the copy, so pipelines built from one base never share
-        a stage."""
+        """A copy of this stage and everything upstream (user code is shared, not copied),
+        so pipelines built from one base never share a stage."""
         new = copy.copy(self)
         if self.upstream is not None:
             new.upstream = self.upstream.clone()
         return new
+
+    def over(self, upstream: Stage) -> Stage:
+        """This stage made again over ``upstream`` (this one is unchanged)."""
+        new = copy.copy(self)
+        new.upstream = upstream
+        return new
+
+    def replacing(self, old: Stage, new: Stage) -> Stage:
+        """The pipeline up to this stage with its upstream stage ``old`` (this one, or one
+        down the ``upstream`` chain) replaced by ``new``: the stages above ``old`` made
+        again, none of them changed."""
+        if self is old:
+            return new
+        return self.over(self._up().replacing(old, new))
 
     # -- the protocol ----------------------------------------------------------------
     def iterate(self, ctx: Context, state: Mapping[str, Any] | None = None) -> Cursor:

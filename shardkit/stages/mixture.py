@@ -130,6 +130,17 @@ class Mix(Stage):
     def children(self) -> list[Stage]:
         return list(self.stages)
 
+    def counting(self, tokens_field: str) -> Mix:
+        """This mixture counting its sources' tokens by ``tokens_field`` (a new one)."""
+        return Mix(
+            self.stages,
+            self.schedule,
+            names=self.names,
+            seed=self.seed,
+            stop=self.stop,
+            tokens_field=tokens_field,
+        )
+
     def clone(self) -> Mix:
         new = copy.copy(self)
         new.stages = [s.clone() for s in self.stages]

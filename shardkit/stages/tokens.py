@@ -141,6 +141,11 @@ class PackTokens(Stage):
         boundaries: bool = False,
         pad: int = 0,
     ) -> None:
+        mixture = find_mix(upstream)
+        if mixture is not None and mixture.tokens_field is None:
+            # a mixture before counts its sources' tokens by the packed field: this stage
+            # reads from a copy of the pipeline made so (the one given is not changed)
+            upstream = upstream.replacing(mixture, mixture.counting(field))
         super().__init__(upstream)
         seq_len = as_int(seq_len, "pack_tokens: seq_len", low=1, floats=False)
         if dtype is not None:
@@ -161,9 +166,6 @@ class PackTokens(Stage):
         self.buffer = buffer
         self.boundaries = boundaries
         self.pad = int(pad)
-        mixture = find_mix(upstream)
-        if mixture is not None and mixture.tokens_field is None:
-            mixture.tokens_field = field  # a mixture before counts its sources' tokens by it
 
     def _tokens(self, sample: Any) -> np.ndarray:
         try:
