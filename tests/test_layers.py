@@ -99,6 +99,7 @@ ORDER: dict[str, list[list[str]]] = {
             "store",
             "upkeep",
             "manifests",
+            "download",
             "fill",
             "stream",
             "gate",

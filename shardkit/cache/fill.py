@@ -31,39 +31,31 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Protocol
 
 from shardkit._types import ObjectRef
 from shardkit.activity import waiting
+from shardkit.cache.download import Fetcher, WriteError, download, write_at
 from shardkit.cache.layout import CacheKey, Layout, inode_of
 from shardkit.cache.locks import claim_byte, try_lock, unlock, wait_claim
-from shardkit.cache.store import CacheStore
 from shardkit.counters import Counters
 from shardkit.errors import CacheError, ChecksumError, FetchError
 from shardkit.io.config import IoConfig
-from shardkit.io.verified import PieceCheck, file_digest, timed_hasher
+from shardkit.io.verified import PieceCheck, file_digest
 
-__all__ = ["FillHost", "ShardFill", "WriteError"]
+__all__ = ["FillHost", "ShardFill"]
 
 log = logging.getLogger(__name__)
-_MIN_SPLIT = 1 << 20  # a piece a reader waits for is fetched as ranges of at least this
 # the verdict on the whole shard, in the map's first byte (1 there: not checked yet)
 _UNCHECKED, _BAD, _GOOD = b"\1", b"\2", b"\3"
 
 
-class WriteError(CacheError):
-    """The cache could not write a piece (a full disk): read on uncached, or raise."""
+class FillHost(Fetcher, Protocol):
+    """What a fill needs from its opener: its fetch and store, counters and options."""
 
-
-class FillHost(Protocol):
-    """What a fill needs from its opener."""
-
-    store: CacheStore
     counters: Counters
     cfg: IoConfig
-
-    def fetch(self, url: str, start: int, end: int, *, urgent: bool = False) -> Iterator[bytes]: ...
 
 
 class ShardFill:
@@ -184,9 +176,11 @@ class ShardFill:
             algo, want = self.check.expected(k)
             actual = ""
             for attempt in (1, 2):
-                actual = self._download(claim, lo, hi, algo, split, urgent)
+                actual = download(
+                    self.host, self.url, claim, lo, hi, algo, split=split, urgent=urgent
+                )
                 if actual == want:
-                    _write_at(claim, b"\1", self.key.size + k, self.host.store)
+                    write_at(claim, b"\1", self.key.size + k, self.host.store)
                     self.host.counters.add("pieces_fetched")
                     return True
                 self.host.counters.add("checksum_failures")
@@ -203,59 +197,6 @@ class ShardFill:
             raise self._failed[k]
         finally:
             unlock(claim)
-
-    def _download(self, fd: int, lo: int, hi: int, algo: str, split: int, urgent: bool) -> str:
-        """Write the remote bytes ``[lo, hi)`` at their offsets; their digest."""
-        n = max(1, min(split, (hi - lo) // _MIN_SPLIT))
-        if n > 1:
-            return self._download_split(fd, lo, hi, algo, n, urgent)
-        h = timed_hasher(algo)
-        pos = lo
-        for chunk in self.host.fetch(self.url, lo, hi, urgent=urgent):
-            self._check_room(pos, len(chunk), lo, hi)
-            _write_at(fd, chunk, pos, self.host.store)
-            h.update(chunk)
-            pos += len(chunk)
-        return h.hexdigest() if pos == hi else f"{pos - lo} of {hi - lo} bytes"
-
-    def _check_room(self, pos: int, n: int, lo: int, hi: int) -> None:
-        """A chunk at ``pos`` must end inside ``[lo, hi)``, the bytes asked for: none of a
-        longer answer is written (it could overwrite a piece verified already)."""
-        if pos + n > hi:
-            raise FetchError(
-                f"the server sent more than the {hi - lo} bytes asked for at offset {lo}; "
-                "none of the extra bytes is kept",
-                url=self.url,
-            )
-
-    def _download_split(self, fd: int, lo: int, hi: int, algo: str, n: int, urgent: bool) -> str:
-        """``[lo, hi)`` as ``n`` ranged requests at once; the digest of what was written."""
-        bounds = [lo + (hi - lo) * i // n for i in range(n + 1)]
-        got = [0] * n
-        errors: list[BaseException] = []
-
-        def one(i: int) -> None:
-            try:
-                pos = bounds[i]
-                for chunk in self.host.fetch(self.url, bounds[i], bounds[i + 1], urgent=urgent):
-                    self._check_room(pos, len(chunk), bounds[i], bounds[i + 1])
-                    _write_at(fd, chunk, pos, self.host.store)
-                    pos += len(chunk)
-                got[i] = pos - bounds[i]
-            except BaseException as exc:  # noqa: BLE001 - raised below, in the reader thread
-                errors.append(exc)
-
-        threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(1, n)]
-        for t in threads:
-            t.start()
-        one(0)
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
-        if sum(got) != hi - lo:
-            return f"{sum(got)} of {hi - lo} bytes"
-        return file_digest(fd, hi, algo, start=lo)
 
     # -- the background ------------------------------------------------------------
     def start(self, k: int = 0) -> None:
@@ -374,14 +315,14 @@ class ShardFill:
                 actual = file_digest(claim, key.size, key.algo)
             if actual != key.digest:
                 self.host.counters.add("checksum_failures")
-                _write_at(claim, _BAD, key.size, store)
+                write_at(claim, _BAD, key.size, store)
                 self._bad = self.check.whole_error(actual)
                 log.warning("%s: not cached: %s", self.url, self._bad)
                 if own:
                     self._close()  # this fill's lease: only readers may keep the file a while
                 store.discard(key, self.layout)
                 return _BAD
-            _write_at(claim, _GOOD, key.size, store)
+            write_at(claim, _GOOD, key.size, store)
             self._publish(claim, own)
             return _GOOD
         finally:
@@ -412,15 +353,3 @@ class ShardFill:
                 log.warning("%s: cache dir %s: cannot publish: %s", self.url, store.root, exc)
         finally:
             unlock(lock)
-
-
-def _write_at(fd: int, data: bytes, pos: int, store: CacheStore) -> None:
-    view = memoryview(data)
-    try:
-        while view:
-            n = os.pwrite(fd, view, pos)
-            view, pos = view[n:], pos + n
-    except OSError as exc:
-        raise WriteError(
-            f"cache dir {store.root}: cannot write ({exc.strerror}); the disk may be full"
-        ) from exc

@@ -18,7 +18,8 @@ import logging
 import os
 from typing import BinaryIO
 
-from shardkit.cache.fill import FillHost, ShardFill, WriteError
+from shardkit.cache.download import WriteError
+from shardkit.cache.fill import FillHost, ShardFill
 from shardkit.cache.layout import CacheKey
 from shardkit.errors import CacheError, ChecksumError
 from shardkit.io.remote import verified_stream

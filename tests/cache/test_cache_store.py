@@ -492,9 +492,9 @@ def test_a_piece_is_verified_before_its_map_says_so_and_resumed(tmp_path: Path) 
 def test_the_piece_a_reader_waits_for_comes_over_several_ranges(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import shardkit.cache.fill as fill_module
+    import shardkit.cache.download as download_module
 
-    monkeypatch.setattr(fill_module, "_MIN_SPLIT", 100)
+    monkeypatch.setattr(download_module, "_MIN_SPLIT", 100)
     store = CacheStore(str(tmp_path))
     key = data_key(2000)
     layout = pieces_of(2000, 1000)
