@@ -10,7 +10,7 @@ from typing import Any
 from shardkit.errors import ConfigError, DecodeError
 from shardkit.stages.base import Context, Cursor, Fruitless, Grid, Stage, Step, callable_name
 from shardkit.stages.collate import collate_numpy
-from shardkit.stages.regroup import open_upstream, settled
+from shardkit.stages.regroup import left_after, merge_held, open_upstream, settled
 from shardkit.values import as_int
 
 __all__ = ["Batched", "Map", "Select", "ToTuple"]
@@ -182,7 +182,12 @@ class Batched(Step):
         return out
 
     def merge(self, grid: Grid) -> dict[str, Any] | None:
-        return self._up().merge([[settled(st) for st in row] for row in grid])
+        """The upstream's merge, with the items a replay's group held and had not given
+        (after a batching change; given first: :func:`~shardkit.stages.regroup.merge_held`)."""
+        return merge_held(self._up(), grid)
+
+    def left(self, ctx: Context, state: Mapping[str, Any] | None) -> int | None:
+        return left_after(self._up(), ctx, state, self.name)
 
     def carry(self, state: Mapping[str, Any] | None, epoch: int) -> dict[str, Any] | None:
         return super().carry(settled(state), epoch)

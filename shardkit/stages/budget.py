@@ -20,10 +20,8 @@ State, a cursor: the upstream's state before the group being given (``source``),
 item count (``size``), how many of its batches were given (``skip``) and which of its items
 (``done``, a bit mask in hex).
 A restore re-reads the group, packs it again and skips what was given. An elastic resume
-goes on after the group (its rest is left out, as :mod:`shardkit.stages.tokens` does): the
-items the saved workers' held groups had not given are counted in the loader's
-``stats()["dropped_samples"]``, split over the new ranks and workers (the merged state's
-``"dropped"``).
+gives the items the saved workers' groups held and had not given first, then goes on (see
+:func:`~shardkit.stages.regroup.merge_held`): each item once, none left out.
 
 A *batching change* (a new ``n`` or budget) replays the group's items not yet given:
 see :mod:`shardkit.stages.regroup`.
@@ -51,8 +49,14 @@ from shardkit.stages.base import (
 )
 from shardkit.stages.collate import collate_numpy
 from shardkit.stages.mix_draws import drawn_from
-from shardkit.stages.nominal import share
-from shardkit.stages.regroup import BATCHINGS, bits, open_upstream, settled, unmask
+from shardkit.stages.regroup import (
+    bits,
+    left_after,
+    merge_held,
+    open_upstream,
+    settled,
+    unmask,
+)
 
 __all__ = [
     "BudgetBatched",
@@ -235,25 +239,15 @@ class BudgetBatched(Stage):
                 cursor = _BudgetCursor(self, up, skip)
                 if st.get("held", True):  # the group re-read must be the one saved
                     cursor.expect = (st.get("size"), done)
-                if "dropped" in st:  # an elastic merge's: this worker's share of it
-                    lost = check_int(st, self.name, "dropped")
-                    slots = ctx.world * ctx.workers
-                    cursor.own["dropped_samples"] = float(
-                        share(lost, slots, ctx.rank * ctx.workers + ctx.worker)
-                    )
                 return cursor
         # none, the upstream's, or another batching's (a batching change): from there
         return _BudgetCursor(self, open_upstream(self._up(), ctx, state), 0)
 
     def merge(self, grid: Grid) -> dict[str, Any] | None:
-        """Every worker goes on after the group it was giving (its rest is left out, and
-        counted as ``"dropped"``)."""
-        source = self._up().merge([[settled(st) for st in row] for row in grid])
-        if source is None:
-            return None
-        out = self._fresh(source)
-        out["dropped"] = sum(held_rest(st, self.name) for row in grid for st in row)
-        return out
+        """The upstream's merge, with the items the workers' groups held and had not given
+        (given first: :func:`~shardkit.stages.regroup.merge_held`)."""
+        source = merge_held(self._up(), grid)
+        return None if source is None else self._fresh(source)
 
     def carry(self, state: Mapping[str, Any] | None, epoch: int) -> dict[str, Any] | None:
         source = self._up().carry(settled(state), epoch) if state is not None else None
@@ -263,9 +257,8 @@ class BudgetBatched(Stage):
         return None  # the batches a rank gets depend on the costs it reads
 
     def left(self, ctx: Context, state: Mapping[str, Any] | None) -> int | None:
-        """The upstream's left after the group held, plus the group's items not given."""
-        up = self._up().left(ctx, settled(state))
-        return None if up is None else up + held_rest(state, self.name)
+        """The upstream's left after the groups held, plus their items not given."""
+        return left_after(self._up(), ctx, state, self.name)
 
     def _fresh(self, source: Mapping[str, Any]) -> dict[str, Any]:
         return {
@@ -280,21 +273,6 @@ class BudgetBatched(Stage):
             "done": "",
             "source": dict(source),
         }
-
-
-def held_rest(state: Mapping[str, Any] | None, stage: str) -> int:
-    """The items of the groups a batching's ``state`` holds (a budget batching's, and a
-    replay's under it) that were not given."""
-    held = 0
-    while isinstance(state, Mapping) and state.get("stage") in BATCHINGS:
-        if state.get("held", True) and "after" in state:
-            size = state.get("size")
-            if type(size) is int:
-                held += max(size - len(unmask(state.get("done", ""), stage)), 0)
-            state = state["after"]
-        else:
-            state = state.get("source")
-    return held
 
 
 class _Group:

@@ -5,7 +5,15 @@ hands the new batching a state of the old one (a budget batching's, or a replay'
 :func:`open_upstream` turns it into a replay (a ``"regroup"`` state): the group's items not
 yet given, in stream order, then the upstream on from the group's end. Nothing is given
 twice, nothing is skipped. :func:`settled` is such a state past its group (its rest left
-out): what an elastic merge and an epoch's carry start from.
+out): what an epoch's carry starts from.
+
+An *elastic* resume (another world size or worker count) delivers the held groups too:
+:func:`merge_held` folds every old worker's held groups (their items not given, each with
+the old ``(rank, world, worker, workers, epoch)`` that read it) into a ``"held"`` state over
+the upstream's merged one; the new ranks and workers share the groups out (group ``i`` to
+slot ``i mod slots``) and each reads its groups again where they were read, gives their
+items not yet given, then goes on with the re-planned rest of the epoch. Each item is
+given once; none is left out.
 
 The group's given items are a bit mask in hex (``done``): :func:`bits`, :func:`mask`,
 :func:`unmask`.
@@ -19,13 +27,28 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from shardkit.errors import StateDictError
-from shardkit.stages.base import Context, Cursor, Stage, check_int, check_state
+from shardkit.stages.base import Context, Cursor, Grid, Stage, check_int, check_state, state_epoch
 from shardkit.stages.mix_draws import drawn_from
+from shardkit.stages.source import sources_of
 
-__all__ = ["BATCHINGS", "REGROUP", "bits", "mask", "open_upstream", "settled", "unmask"]
+__all__ = [
+    "BATCHINGS",
+    "HELD",
+    "REGROUP",
+    "bits",
+    "held_groups",
+    "held_rest",
+    "left_after",
+    "mask",
+    "merge_held",
+    "open_upstream",
+    "settled",
+    "unmask",
+]
 
 REGROUP = "regroup"
-BATCHINGS = ("budget_batched", REGROUP)
+HELD = "held"
+BATCHINGS = ("budget_batched", REGROUP, HELD)
 
 
 def bits(done: Iterable[int]) -> int:
@@ -52,11 +75,103 @@ def unmask(text: Any, stage: str) -> set[int]:
 
 
 def settled(state: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    """A batching's state past the group it holds (its rest left out): what an elastic
-    merge and an epoch's carry start from."""
+    """A batching's state past the groups it holds (their rest left out): what an epoch's
+    carry starts from, and the upstream's part of an elastic merge (:func:`merge_held`
+    keeps the groups)."""
     while state is not None and state.get("stage") in BATCHINGS:
         state = state.get("after", state.get("source"))
     return state
+
+
+def held_groups(state: Mapping[str, Any] | None, at: list[int] | None) -> list[dict[str, Any]]:
+    """The groups a batching's ``state`` holds (a budget batching's, a replay's, an elastic
+    merge's), outermost first, each ``{"at", "source", "size", "done"}``: where it was read
+    (``at``: the ``rank, world, worker, workers, epoch`` of the worker that read it, given as
+    ``at`` for the state's own groups), the upstream's state before it, its item count and
+    the items given (a hex bit mask)."""
+    out: list[dict[str, Any]] = []
+    while isinstance(state, Mapping) and state.get("stage") in BATCHINGS:
+        name = str(state.get("stage"))
+        if name == HELD:
+            out += _check_groups(state)
+            state = state.get("source")
+        elif state.get("held", True) and "after" in state:
+            st = check_state(state, name, 1, ("size", "done", "source"))
+            size = check_int(st, name, "size")
+            done = mask(unmask(st["done"], name))
+            out.append({"at": at, "source": st["source"], "size": size, "done": done})
+            state = state["after"]
+        else:
+            state = state.get("source")
+    return out
+
+
+def held_rest(state: Mapping[str, Any] | None, stage: str) -> int:
+    """The items of the groups a batching's ``state`` holds that were not given."""
+    rest = 0
+    for g in held_groups(state, None):
+        rest += max(g["size"] - len(unmask(g["done"], stage)), 0)
+    return rest
+
+
+def left_after(up: Stage, ctx: Context, state: Mapping[str, Any] | None, stage: str) -> int | None:
+    """A batching's ``left``: its upstream's after the groups held, plus their items not
+    given."""
+    n = up.left(ctx, settled(state))
+    return None if n is None else n + held_rest(state, stage)
+
+
+def merge_held(up: Stage, grid: Grid) -> dict[str, Any] | None:
+    """The elastic merge of a batching over ``up``: ``up``'s merge of the states past the
+    groups held, and those groups (their items not given) in a ``"held"`` state the new
+    ranks and workers share out. Without ``split_by_node`` every rank read the same
+    stream, so the groups are rank 0's and each rank gives them all."""
+    source = up.merge([[settled(st) for st in row] for row in grid])
+    if source is None:
+        return None
+    rows = grid if _by_node(up) else grid[:1]
+    groups = []
+    for r, row in enumerate(rows):
+        for w, st in enumerate(row):
+            if st is not None:
+                at = [r, len(grid), w, len(row), state_epoch(st)]
+                groups += [g for g in held_groups(st, at) if _rest(g)]
+    if not groups:
+        return source
+    return {"stage": HELD, "version": 1, "share": True, "groups": groups, "source": source}
+
+
+def _by_node(up: Stage) -> bool:
+    return all(s.by_node for s in sources_of(up))
+
+
+def _rest(group: Mapping[str, Any]) -> bool:
+    return bool(group["size"] > len(unmask(group["done"], HELD)))
+
+
+def _check_groups(state: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A ``"held"`` state's groups, checked (shapes and ranges)."""
+    st = check_state(state, HELD, 1, ("groups", "source"))
+    groups = st["groups"]
+    if not isinstance(groups, list):
+        raise StateDictError(f"{HELD}: key 'groups' must be a list")
+    out = []
+    for g in groups:
+        if not isinstance(g, Mapping):
+            raise StateDictError(f"{HELD}: every group must be a dict")
+        check_int(g, HELD, "size")
+        unmask(g.get("done"), HELD)
+        at = g.get("at")
+        ok = isinstance(at, list) and len(at) == 5 and all(type(x) is int and x >= 0 for x in at)
+        if not isinstance(at, list) or not ok or not (0 <= at[0] < at[1] and 0 <= at[2] < at[3]):
+            raise StateDictError(
+                f"{HELD}: a group's 'at' must be [rank, world, worker, workers, epoch] "
+                f"(ints >= 0, rank < world, worker < workers), got {at!r}"
+            )
+        if not isinstance(g.get("source"), Mapping):
+            raise StateDictError(f"{HELD}: a group needs the upstream's state before it")
+        out.append(dict(g))
+    return out
 
 
 def open_upstream(up: Stage, ctx: Context, state: Mapping[str, Any] | None) -> Cursor:
@@ -66,6 +181,14 @@ def open_upstream(up: Stage, ctx: Context, state: Mapping[str, Any] | None) -> C
     if state is None or state.get("stage") not in BATCHINGS:
         return up.iterate(ctx, state)
     name = str(state.get("stage"))
+    if name == HELD:
+        groups = _check_groups(state)
+        if state.get("share"):  # a merge's, for every new rank and worker: this one's part
+            slots, slot = ctx.workers, ctx.worker
+            if _by_node(up):
+                slots, slot = ctx.world * ctx.workers, ctx.rank * ctx.workers + ctx.worker
+            groups = groups[slot::slots]
+        return _Held(up, open_upstream(up, ctx, state["source"]), groups)
     st = check_state(state, name, 1, ("size", "done", "source"))
     size = check_int(st, name, "size")
     done = unmask(st["done"], name)
@@ -121,3 +244,51 @@ class _Replay(Cursor):
                     got[1] += self.mix._tokens(self.group[i])
             out["given"] = [[k, *given[k]] for k in sorted(given)]
         return out
+
+
+class _Held(Cursor):
+    """The items not given of ``groups`` (each read again where it was read: another rank
+    and worker of the run that saved them), then on with ``up``."""
+
+    def __init__(self, stage: Stage, up: Cursor, groups: list[dict[str, Any]]) -> None:
+        super().__init__(up)
+        self.stage = stage
+        self.groups = groups
+        self.mix = drawn_from(up)
+        self.own["samples"] = 0.0
+        self.items = self._items()
+
+    def _items(self) -> Iterator[Any]:
+        while self.groups:
+            g = self.groups[0]
+            where = Context(*g["at"])
+            reader = open_upstream(self.stage, where, g["source"])
+            self.upstreams.append(reader)  # its counters (bytes, seconds) are this cursor's
+            done = bits(unmask(g["done"], HELD))
+            n = 0
+            for i, item in enumerate(itertools.islice(reader, g["size"])):
+                n += 1
+                self.own["samples"] -= 1  # counted when given (not at all: given before)
+                if done >> i & 1:
+                    continue
+                done |= 1 << i
+                self.groups[0] = {**g, "done": format(done, "x")}
+                self.own["samples"] += 1
+                if self.mix is not None:  # not drawn now: counted in the merged exposure
+                    self.mix.last = None
+                yield item
+            reader.close()
+            if n < g["size"]:
+                raise StateDictError(
+                    f"{HELD}: a held group of {g['size']} items (read by rank {where.rank} "
+                    f"worker {where.worker} of {where.world} x {where.workers}) has {n} read "
+                    "again: the data or the pipeline differs from the run that saved it"
+                )
+            self.groups.pop(0)
+        yield from self.upstream
+
+    def state(self) -> dict[str, Any]:
+        if not self.groups:  # every group given: the upstream's state is exact
+            return self.upstream.state()
+        groups = [dict(g) for g in self.groups]
+        return {"stage": HELD, "version": 1, "groups": groups, "source": self.upstream.state()}

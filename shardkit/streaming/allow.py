@@ -45,7 +45,7 @@ __all__ = [
 
 ALLOW = ("batch_size", "sources", "seq_len", "weights")
 _BATCHINGS = ("batched", "budget_batched")
-_GROUPS = ("budget_batched", "regroup")  # batching states that may hold a group
+_GROUPS = ("budget_batched", "regroup", "held")  # batching states that may hold a group
 
 
 @dataclass(frozen=True)
@@ -214,12 +214,18 @@ def _check_renames(saved: list[str], here: list[str], rename: Mapping[str, str])
 
 
 def _walk(state: Any) -> Iterator[dict[str, Any]]:
-    """Every stage state nested in ``state`` (it first)."""
+    """Every stage state nested in ``state`` (it first), those past and before a held group
+    too (``after``, an elastic merge's ``groups``)."""
     if isinstance(state, dict):
         yield state
         yield from _walk(state.get("source"))
+        yield from _walk(state.get("after"))
         for sub in state.get("sources") or ():
             yield from _walk(sub)
+        groups = state.get("groups") if state.get("stage") == "held" else None
+        for group in groups if isinstance(groups, list) else ():
+            if isinstance(group, dict):
+                yield from _walk(group.get("source"))
 
 
 def _stages(stage: Stage) -> Iterator[Stage]:
@@ -260,6 +266,11 @@ def _settle(sub: dict[str, Any]) -> None:
     """A batching's state (in place) after the group it holds, its rest left out, as
     best-fit packing goes on at its next group: after a seq_len change the group's items
     are sequences the new packer does not make (a replay of them gave tokens twice)."""
+    if sub.get("stage") == "held":  # an elastic merge's groups: the same
+        source = sub.get("source")
+        sub.clear()
+        sub.update(source if isinstance(source, dict) else {})
+        return
     held = sub.get("stage") == "regroup" or sub.get("held", False)
     if not held:
         return
@@ -300,8 +311,9 @@ def _fit_mix(
 
 
 def replaying(states: Any) -> bool:
-    """Some worker state holds a group being replayed after a batching change."""
-    return any(sub.get("stage") == "regroup" for ws in states or () for sub in _walk(ws))
+    """Some worker state holds a group being replayed (after a batching change or an
+    elastic resume)."""
+    return any(sub.get("stage") in ("regroup", "held") for ws in states or () for sub in _walk(ws))
 
 
 def retired_exposure(st: Mapping[str, Any]) -> dict[str, dict[str, int]]:

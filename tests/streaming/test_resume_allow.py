@@ -202,3 +202,28 @@ def test_sources_and_weights_change_on_another_worker_count(make_shards: MakeSha
     assert not set(head_a) & set(tail_a) and len(set(tail_a)) == len(tail_a)
     assert len(head_a) + len(tail_a) == 30, "a kept source gives the rest of its epoch"
     assert len(set(ids(tail, "c"))) == len(ids(tail, "c")) == 12 and not ids(tail, "b")
+
+
+def test_a_replayed_group_survives_a_worker_count_change(tmp_path: Path) -> None:
+    """budget -> batched(5) (allow batch_size), saved while the replay holds the budget
+    group's rest, then loaded on another worker count: batched(n)'s merge gives that rest
+    (it was left out and not counted), every document once."""
+    m = lognormal_shards(tmp_path / "d", n=120)
+
+    def threads(ds: ShardDataset, workers: int) -> WebLoader:
+        return WebLoader(ds, num_workers=workers, worker_mode="thread")
+
+    head, state = head_and_state(
+        threads(base(m).batched(budget=4000, cost="tokens.npy", buffer=20), 2), 2
+    )
+    ramp = threads(base(m).batched(5), 2)
+    ramp.load_state_dict(state, allow={"batch_size"})
+    it = iter(ramp)
+    head.append(next(it))
+    state = json.loads(json.dumps(ramp.state_dict()))
+    assert "regroup" in json.dumps(state)  # the replay holds some of the group
+    one = threads(base(m).batched(5), 1)
+    one.load_state_dict(state)
+    got = [k for b in head + list(one) for k in keys_of(b)]
+    assert sorted(got) == sorted(f"doc-{i:06d}" for i in range(120))
+    assert one.stats()["dropped_samples"] == 0
