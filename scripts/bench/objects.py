@@ -91,7 +91,7 @@ def run_one(
             for s in samples:
                 w.write(s)
     elif kind == "shardkit-s3":
-        import shardkit.io.stores as stores
+        import shardkit.io.store_s3 as stores
 
         real = stores.S3Store.__init__
 
@@ -142,7 +142,7 @@ def run_one(
         stats = {"requests": -1, "bytes_sent": -1}
         ray.shutdown()
     elif kind == "raw-s3":
-        from shardkit.io.stores import S3Store
+        from shardkit.io.store_s3 import S3Store
 
         store = S3Store(BUCKET, endpoint_url=endpoint, part_size=8 << 20)
         _count(store.client, stats)

@@ -19,7 +19,7 @@ from shardkit.format.checksum import ALGORITHMS
 from shardkit.format.manifest.compact import save_manifest
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.pieces import DEFAULT_PIECE_SIZE
-from shardkit.io.stores import is_object_url
+from shardkit.io.store_base import is_object_url
 from shardkit.units import format_bytes, parse_size
 from shardkit.urls import expand_braces
 from shardkit.write.build.merge import keep_other_set, merge_object_parts, merge_parts

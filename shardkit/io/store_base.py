@@ -2,7 +2,8 @@
 an :class:`ObjectStore` puts small objects whole, streams big ones up through an
 :class:`Upload` (one part in memory; the object appears only at :meth:`Upload.complete`),
 gets, lists, deletes and creates an object only where there is none (a conditional put).
-The stores themselves are in :mod:`shardkit.io.stores`.
+The stores themselves are in :mod:`shardkit.io.store_s3`, :mod:`shardkit.io.store_gs` and
+:mod:`shardkit.io.store_az`; :func:`shardkit.io.stores.open_store` picks one for a url.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from shardkit.urls import OBJECT_SCHEMES, url_scheme
 
 __all__ = [
     "DEFAULT_PART_SIZE",
+    "RETRY_STATUS",
     "STALE_UPLOAD_AGE",
     "ObjectInfo",
     "ObjectStore",
@@ -31,6 +33,7 @@ __all__ = [
 
 DEFAULT_PART_SIZE = 8 << 20  # S3's smallest part is 5 MiB; GCS wants multiples of 256 KiB
 STALE_UPLOAD_AGE = 6 * 3600.0
+RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})  # a write answered so is tried again
 T = TypeVar("T")
 
 

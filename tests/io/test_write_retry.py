@@ -19,8 +19,10 @@ import pytest
 
 from shardkit.errors import FetchError
 from shardkit.io.retry import RetryPolicy
+from shardkit.io.store_az import AzStore
 from shardkit.io.store_base import ObjectStore
-from shardkit.io.stores import AzStore, GsStore, S3Store
+from shardkit.io.store_gs import GsStore
+from shardkit.io.store_s3 import S3Store
 from tests.helpers.fault_proxy import FaultProxy
 from tests.helpers.stores import Store, object_store
 

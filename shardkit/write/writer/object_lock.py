@@ -29,7 +29,7 @@ from types import TracebackType
 from typing import Any
 
 from shardkit.errors import WriterError
-from shardkit.io.stores import ObjectStore
+from shardkit.io.store_base import ObjectStore
 from shardkit.write.writer.lock import pid_alive
 
 __all__ = ["LEASE", "RENEW", "ObjectLock"]

@@ -31,7 +31,8 @@ from typing import Any, BinaryIO
 from shardkit.format.layout import INDEX_DIR
 from shardkit.format.manifest.journal import parse_journal
 from shardkit.format.manifest.model import Manifest, ShardEntry
-from shardkit.io.stores import ObjectStore, Upload, open_store
+from shardkit.io.store_base import ObjectStore, Upload
+from shardkit.io.stores import open_store
 from shardkit.write.writer.object_lock import ObjectLock
 from shardkit.write.writer.target import ErrorLog, Existing, Lock, Moves, Target, errors_name
 

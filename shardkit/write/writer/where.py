@@ -7,7 +7,7 @@ import os
 import re
 
 from shardkit.errors import ConfigError, redact
-from shardkit.io.stores import is_object_url
+from shardkit.io.store_base import is_object_url
 from shardkit.urls import parse_url
 from shardkit.write.writer.local import LocalTarget
 from shardkit.write.writer.objects import ObjectTarget
