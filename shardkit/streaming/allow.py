@@ -37,6 +37,7 @@ __all__ = [
     "ALLOW",
     "Allowed",
     "Change",
+    "adapt_state",
     "adapt_states",
     "diff_fingerprints",
     "replaying",
@@ -241,25 +242,39 @@ def adapt_states(
     best-fit packing's group left (seq_len), the mixture's sources renamed, added and
     removed (their exposure summed into ``retired``)."""
     kinds = {c.kind for c in changes}
-    mix = next((s for s in _stages(pipeline) if isinstance(s, Mix)), None)
-    best_fit = any(
-        isinstance(s, PackTokens) and s.strategy == "best_fit" for s in _stages(pipeline)
-    )
     retired: dict[str, dict[str, int]] = {k: dict(v) for k, v in (st.get("retired") or {}).items()}
     for entry in st["ranks"]:
         for ws in entry["workers"]:
-            for sub in _walk(ws):
-                if "seq_len" in kinds and sub.get("stage") in _GROUPS:
-                    _settle(sub)  # its group holds sequences of the old length
-                if "seq_len" in kinds and best_fit and sub.get("stage") == PackTokens.name:
-                    sub.update(skip=0, source=sub.pop("after", sub["source"]))
-                if "sources" in kinds and mix is not None and sub.get("stage") == Mix.name:
-                    _fit_mix(sub, mix, allowed.rename, retired)
+            adapt_state(ws, pipeline, changes, allowed, retired)
     if retired:
         st["retired"] = retired
     if kinds & {"batch_size", "seq_len", "sources"}:
         st["regrouped"] = True
     return st
+
+
+def adapt_state(
+    ws: dict[str, Any] | None,
+    pipeline: Stage,
+    changes: list[Change],
+    allowed: Allowed,
+    retired: dict[str, dict[str, int]],
+) -> None:
+    """One pipeline state (a worker's, or a data set's) fitted to ``pipeline`` for the
+    accepted ``changes``, in place; the exposure of the sources removed is added to
+    ``retired``."""
+    kinds = {c.kind for c in changes}
+    mix = next((s for s in _stages(pipeline) if isinstance(s, Mix)), None)
+    best_fit = any(
+        isinstance(s, PackTokens) and s.strategy == "best_fit" for s in _stages(pipeline)
+    )
+    for sub in _walk(ws):
+        if "seq_len" in kinds and sub.get("stage") in _GROUPS:
+            _settle(sub)  # its group holds sequences of the old length
+        if "seq_len" in kinds and best_fit and sub.get("stage") == PackTokens.name:
+            sub.update(skip=0, source=sub.pop("after", sub["source"]))
+        if "sources" in kinds and mix is not None and sub.get("stage") == Mix.name:
+            _fit_mix(sub, mix, allowed.rename, retired)
 
 
 def _settle(sub: dict[str, Any]) -> None:

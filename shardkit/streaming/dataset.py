@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
@@ -47,6 +47,7 @@ from shardkit.stages import (
     sources_of,
 )
 from shardkit.stages.epoch import Epoch
+from shardkit.streaming.allow import Allowed, adapt_state, diff_fingerprints
 from shardkit.streaming.frameworks import check_framework
 from shardkit.streaming.recipe import DEFAULT_BUFSIZE, Recipe
 from shardkit.streaming.resume import EPOCH_MISMATCH, Loaded, check_dataset_state, dataset_state
@@ -259,16 +260,31 @@ class ShardDataset(Recipe, IterableDataset[Any]):
             cursor = Epoch(self._tail.iterate(self.context()), self._sources, self._epoch)
         return dataset_state(cursor.epoch, cursor.complete, fingerprint, cursor.state())
 
-    def load_state_dict(self, state: Mapping[str, Any], *, epoch_mismatch: str = "raise") -> None:
+    def load_state_dict(
+        self,
+        state: Mapping[str, Any],
+        *,
+        epoch_mismatch: str = "raise",
+        allow: Collection[str] | Mapping[str, Any] | None = None,
+    ) -> None:
         """Resume from ``state`` at the next ``iter()``, in the state's epoch.
 
         Args:
             state: from :meth:`state_dict`.
             epoch_mismatch: ``"raise"`` (default) when a later ``set_epoch`` names an
                 epoch the state does not fit, or ``"discard"`` the state then.
+            allow: the changes of the pipeline since the state was saved that the load
+                accepts (refused by default, naming the change and the value), as
+                :meth:`WebLoader.load_state_dict`'s: ``"batch_size"``, ``"sources"``
+                (renames: ``{"sources": {"old": "new"}}``), ``"seq_len"``, ``"weights"``.
+                A data set keeps no exposure: a removed source's is dropped.
         """
         discard = Loaded.discards(epoch_mismatch)
-        epoch, complete, tail = check_dataset_state(state, self.fingerprint())
+        allowed = Allowed.parse(allow, False)
+        epoch, complete, saved, tail = check_dataset_state(state)
+        changes = diff_fingerprints(saved, self.fingerprint(), allowed.rename)
+        allowed.check(changes)
+        adapt_state(tail, self._tail, changes, allowed, {})
         self._tail.iterate(self.context(epoch=epoch), tail)  # checks it: a cursor, dropped
         self._loaded = Loaded(tail, epoch, complete, discard, "dataset")
         self._epoch = epoch

@@ -28,6 +28,7 @@ left of the epoch. A state saved after the epoch ended (``complete``) fits that 
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -114,17 +115,17 @@ def dataset_state(
     }
 
 
-def check_dataset_state(state: Any, fingerprint: list[Any]) -> tuple[int, bool, dict[str, Any]]:
-    """``(epoch, complete, pipeline state)`` of a data set's state that fits ``fingerprint``."""
+def check_dataset_state(state: Any) -> tuple[int, bool, Any, dict[str, Any]]:
+    """``(epoch, complete, fingerprint, pipeline state)`` of a data set's state, checked in
+    shape (its fingerprint is the caller's to compare: some changes may be allowed)."""
     st = check_state(state, DATASET, DATASET_VERSION, ("epoch", "complete", "pipeline", "state"))
     epoch = check_int(st, DATASET, "epoch")
     if not isinstance(st["complete"], bool):
         raise StateDictError("dataset: key 'complete' must be true or false")
-    check_fingerprint(st["pipeline"], fingerprint)
     tail = st["state"]
     if not isinstance(tail, Mapping) or state_epoch(tail) != epoch:
         raise StateDictError("dataset: the pipeline state is for another epoch")
-    return epoch, st["complete"], dict(tail)
+    return epoch, st["complete"], st["pipeline"], copy.deepcopy(dict(tail))
 
 
 def encode_job_state(st: Mapping[str, Any]) -> dict[str, Any]:

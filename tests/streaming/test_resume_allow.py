@@ -227,3 +227,33 @@ def test_a_replayed_group_survives_a_worker_count_change(tmp_path: Path) -> None
     got = [k for b in head + list(one) for k in keys_of(b)]
     assert sorted(got) == sorted(f"doc-{i:06d}" for i in range(120))
     assert one.stats()["dropped_samples"] == 0
+
+
+def test_a_data_sets_load_takes_allow_as_the_loaders(make_shards: MakeShards) -> None:
+    """ShardDataset.load_state_dict refuses a batching change by default naming it and the
+    allow value, and with allow= goes on at the first sample not given (a budget group's
+    rest first); a mixture's source removed goes by allow={'sources'} too."""
+    m = make_shards([20, 17, 23])
+    full = [k for b in base(m).batched(4) for k in keys_of(b)]
+    head_ds = base(m).batched(budget=300, cost=lambda s: 50, buffer=12)
+    it = iter(head_ds)
+    head = [next(it) for _ in range(2)]  # a group of 12 holds 6 more
+    state = json.loads(json.dumps(head_ds.state_dict()))
+    ramp = base(m).batched(4)
+    with pytest.raises(StateDictError, match=r"batched\(budget=300.*-> batched\(4\).*'batch_size'"):
+        ramp.load_state_dict(state)
+    ramp.load_state_dict(state, allow={"batch_size"})
+    got = [k for b in head + list(ramp) for k in keys_of(b)]
+    assert sorted(got) == sorted(full)  # nothing twice, nothing skipped
+
+    a, b = make_shards([10], prefix="a"), make_shards([10], prefix="b", seed=4)
+    both = mixed({"a": a, "b": b}, {"a": 1, "b": 1})
+    it = iter(both)
+    first = [next(it) for _ in range(3)]
+    state = json.loads(json.dumps(both.state_dict()))
+    only_a = mixed({"a": a}, {"a": 1})
+    with pytest.raises(StateDictError, match=r"removed \['b'\].*allow=\{'sources'\}"):
+        only_a.load_state_dict(state, allow={"weights"})
+    only_a.load_state_dict(state, allow={"sources", "weights"})
+    kept = ids(first, "a") + ids(list(only_a), "a")
+    assert len(kept) == len(set(kept)) == 10  # the kept source goes on from its cursor
