@@ -45,6 +45,9 @@ __all__ = ["ShardWriter"]
 
 log = logging.getLogger(__name__)
 _FLUSH = 4 << 20
+# a piece of a member (header, data, padding) this large goes out as it is; runs of smaller
+# ones are joined (one copy of small bytes, where a syscall and a hash call each would cost more)
+_JOIN_BELOW = 64 << 10
 
 
 class ShardWriter:
@@ -297,11 +300,12 @@ class ShardWriter:
 
     def _flush(self) -> None:
         if self._pending:
-            if self._pending_size <= _FLUSH * 4:
-                self._sink.write(b"".join(self._pending))
-            else:  # a large member goes out as it is: joining would copy it
-                for piece in self._pending:
-                    self._sink.write(piece)
+            parts = _coalesced(self._pending)
+            if self._sink is self._hashing:  # a plain tar: hashed and written, never joined
+                self._hashing.write_parts(parts)
+            else:
+                for part in parts:
+                    self._sink.write(part)
             self._pending = []
             self._pending_size = 0
 
@@ -377,3 +381,21 @@ class ShardWriter:
         self.next_index += len(found.manifest.shards)
         if found.journalled:
             self._write_manifest()
+
+
+def _coalesced(pieces: list[bytes | bytearray | memoryview]) -> list[bytes | memoryview]:
+    """``pieces`` with each run of small ones joined; large ones as they are (no copy)."""
+    out: list[bytes | memoryview] = []
+    run: list[bytes | bytearray | memoryview] = []
+    for piece in pieces:
+        view = memoryview(piece).cast("B") if not isinstance(piece, bytes) else piece
+        if len(view) < _JOIN_BELOW:
+            run.append(view)
+            continue
+        if run:
+            out.append(b"".join(run))
+            run = []
+        out.append(view)
+    if run:
+        out.append(b"".join(run))
+    return out
