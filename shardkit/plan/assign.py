@@ -72,6 +72,9 @@ class PlanConfig:
         remainder: ``"drop"`` or ``"pad"``, for samples that do not divide by world size.
         resampled: draw shards with replacement instead of reading each once.
         epoch_length: samples per rank in an epoch of resampled mode (None: endless).
+        bufsize: the sample shuffle's window (:mod:`shardkit.plan.order`; None: none).
+        initial: the window's size at the epoch's start (None: none).
+        by_node: every rank reads its own share (else each reads all, as rank 0 of 1).
     """
 
     seed: int = 0
@@ -79,6 +82,9 @@ class PlanConfig:
     remainder: str = "drop"
     resampled: bool = False
     epoch_length: int | None = None
+    bufsize: int | None = None
+    initial: int | None = None
+    by_node: bool = False
 
     def __post_init__(self) -> None:
         if self.remainder not in REMAINDERS:

@@ -216,19 +216,29 @@ class Stage:
             new.upstream = self.upstream.clone()
         return new
 
-    def over(self, upstream: Stage) -> Stage:
-        """This stage made again over ``upstream`` (this one is unchanged)."""
+    def over(self, children: Sequence[Stage]) -> Stage:
+        """This stage made again over ``children`` (for :meth:`children`; this one is
+        unchanged)."""
         new = copy.copy(self)
-        new.upstream = upstream
+        new.upstream = children[0] if children else None
         return new
 
-    def replacing(self, old: Stage, new: Stage) -> Stage:
-        """The pipeline up to this stage with its upstream stage ``old`` (this one, or one
-        down the ``upstream`` chain) replaced by ``new``: the stages above ``old`` made
-        again, none of them changed."""
-        if self is old:
+    def rebuilt(self, swap: Callable[[Stage], Stage | None]) -> Stage:
+        """The pipeline up to this stage made again where ``swap`` gives a stage a
+        replacement (None: keep it), each stage above a replaced one made again over the
+        new ones; none of the stages given is changed."""
+        new = swap(self)
+        if new is not None:
             return new
-        return self.over(self._up().replacing(old, new))
+        children = self.children()
+        made = [c.rebuilt(swap) for c in children]
+        if all(m is c for m, c in zip(made, children, strict=True)):
+            return self
+        return self.over(made)
+
+    def replacing(self, old: Stage, new: Stage) -> Stage:
+        """The pipeline up to this stage with the stage ``old`` in it replaced by ``new``."""
+        return self.rebuilt(lambda s: new if s is old else None)
 
     # -- the protocol ----------------------------------------------------------------
     def iterate(self, ctx: Context, state: Mapping[str, Any] | None = None) -> Cursor:

@@ -130,6 +130,11 @@ class Mix(Stage):
     def children(self) -> list[Stage]:
         return list(self.stages)
 
+    def over(self, children: Sequence[Stage]) -> Mix:
+        new = copy.copy(self)
+        new.stages = list(children)
+        return new
+
     def counting(self, tokens_field: str) -> Mix:
         """This mixture counting its sources' tokens by ``tokens_field`` (a new one)."""
         return Mix(

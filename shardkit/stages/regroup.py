@@ -142,7 +142,7 @@ def merge_held(up: Stage, grid: Grid) -> dict[str, Any] | None:
 
 
 def _by_node(up: Stage) -> bool:
-    return all(s.by_node for s in sources_of(up))
+    return all(s.config.by_node for s in sources_of(up))
 
 
 def _rest(group: Mapping[str, Any]) -> bool:

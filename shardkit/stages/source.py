@@ -8,6 +8,7 @@ The recipe (:class:`ShardSource`) checks a state and makes the cursor
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Mapping, Sequence
 from functools import partial
@@ -35,7 +36,8 @@ class ShardSource(Stage):
 
     Args:
         source: a manifest (path, url or :class:`Manifest`), a url list or a brace pattern.
-        config: the plan choices (seed, shard shuffle, remainder, resampled, epoch length).
+        config: the plan choices (seed, shard shuffle, remainder, resampled, epoch length,
+            sample shuffle window, split by node).
         handler: ``"raise"``, ``"warn"`` or ``"skip_shard"`` (see :mod:`.policy`).
         allow_unsafe_urls: let a manifest name urls outside its base (or ``pipe:``).
         allow_incomplete: read a manifest whose build did not finish (refused otherwise).
@@ -64,11 +66,14 @@ class ShardSource(Stage):
         self.allow_unsafe_urls = allow_unsafe_urls
         self.io = io or IoConfig()
         self.allow_incomplete = allow_incomplete
-        self.bufsize: int | None = None
-        self.initial: int | None = None
-        self.by_node = False
         self._catalog: Catalog | None = None
         self._opener = PerProcess(partial(opener_for, self.io))
+
+    def planned(self, config: PlanConfig) -> ShardSource:
+        """This source read by another plan (a new recipe; this one is unchanged)."""
+        new = copy.copy(self)
+        new.config = config
+        return new
 
     # -- setup ---------------------------------------------------------------------
     def opener(self) -> Opener:
@@ -101,15 +106,14 @@ class ShardSource(Stage):
 
     def where(self, ctx: Context) -> Context:
         """The plan's view of ``ctx``: without ``split_by_node`` every rank is rank 0 of 1."""
-        return ctx if self.by_node else Context(0, 1, ctx.worker, ctx.workers, ctx.epoch)
+        return ctx if self.config.by_node else Context(0, 1, ctx.worker, ctx.workers, ctx.epoch)
 
     def _stream(self, where: Context, history: Sequence[Generation]) -> Stream:
         return plan_stream(self.catalog().counts, self.config, where, tuple(history))
 
     def _window(self, where: Context, gen: int) -> Window | None:
-        return shuffle_window(
-            self.bufsize, self.initial, self.config.seed, where.epoch, gen, where.rank, where.worker
-        )
+        c, w = self.config, where
+        return shuffle_window(c.bufsize, c.initial, c.seed, w.epoch, gen, w.rank, w.worker)
 
     # -- the protocol ----------------------------------------------------------------
     def params(self) -> dict[str, Any]:
@@ -121,9 +125,9 @@ class ShardSource(Stage):
             "remainder": c.remainder,
             "resampled": c.resampled,
             "epoch_length": c.epoch_length,
-            "bufsize": self.bufsize,
-            "initial": self.initial,
-            "split_by_node": self.by_node,
+            "bufsize": self.config.bufsize,
+            "initial": self.config.initial,
+            "split_by_node": self.config.by_node,
             "handler": self.policy,
             "nshards": len(catalog.shards),
             "nsamples": catalog.total,
@@ -180,7 +184,7 @@ class ShardSource(Stage):
             "stage": self.name,
             "version": self.version,
             "seed": self.config.seed,
-            "shuffle": [self.bufsize, self.initial],
+            "shuffle": [self.config.bufsize, self.config.initial],
             "history": [g.to_dict() for g in history],
             "nshards": len(catalog.shards),
             "nsamples": catalog.total,
@@ -247,10 +251,11 @@ class ShardSource(Stage):
                 f"shards: the state was saved with seed {st['seed']}, this pipeline has "
                 f"seed {self.config.seed}"
             )
-        if list(st.get("shuffle") or [None, None]) != [self.bufsize, self.initial]:
+        window = [self.config.bufsize, self.config.initial]
+        if list(st.get("shuffle") or [None, None]) != window:
             raise StateDictError(
                 f"shards: key 'shuffle': the state was saved with a shuffle buffer of "
-                f"{st.get('shuffle')}, this pipeline has {[self.bufsize, self.initial]}"
+                f"{st.get('shuffle')}, this pipeline has {window}"
             )
         check_int(st, self.name, "epoch")
         check_int(st, self.name, "position")
@@ -258,7 +263,7 @@ class ShardSource(Stage):
 
     def merge(self, grid: Grid) -> dict[str, Any] | None:
         """One more generation in the history: what every ``(rank, worker)`` emitted."""
-        rows = [list(r) for r in (grid if self.by_node else grid[:1])]
+        rows = [list(r) for r in (grid if self.config.by_node else grid[:1])]
         found = [st for row in rows for st in row if st is not None]
         if not found:
             return None
@@ -286,7 +291,7 @@ class ShardSource(Stage):
                     )
                 line.append(cur["position"])
             positions.append(tuple(line))
-        gen = Generation(world, workers, tuple(positions), self.bufsize, self.initial)
+        gen = Generation(world, workers, tuple(positions), self.config.bufsize, self.config.initial)
         out = dict(first)
         out.update(
             history=[*first["history"], gen.to_dict()],

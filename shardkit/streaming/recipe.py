@@ -71,6 +71,21 @@ class Recipe:
         return new
 
     # -- source configuration ------------------------------------------------------
+    def _planned(self: R, **choices: Any) -> R:
+        """A recipe whose sources read by their plan with ``choices`` (fields of
+        :class:`~shardkit.plan.assign.PlanConfig`), each source and the stages above it
+        made again."""
+
+        def swap(stage: Stage) -> Stage | None:
+            if not isinstance(stage, ShardSource):
+                return None
+            return stage.planned(dataclasses.replace(stage.config, **choices))
+
+        new = self._derive()
+        new._tail = self._tail.rebuilt(swap)
+        new._sources = sources_of(new._tail)
+        return new
+
     def _before_grouping(self, what: str) -> None:
         if self._grouped:
             raise ConfigError(
@@ -83,11 +98,9 @@ class Recipe:
         self._before_grouping("split_by_node()")
         if (rank is None) != (world_size is None):
             raise ConfigError("split_by_node: give both rank and world_size, or neither")
-        new = self._derive()
+        new = self._planned(by_node=True)
         if rank is not None and world_size is not None:
             new._given = Context(rank, world_size)  # validates
-        for s in new._sources:
-            s.by_node = True
         return new
 
     def split_by_worker(self: R) -> R:
@@ -104,10 +117,9 @@ class Recipe:
         initial = bufsize if initial is None else as_int(initial, "shuffle: initial", floats=False)
         if bufsize < 0 or not 0 < initial <= max(bufsize, 1):
             raise ConfigError(f"shuffle({bufsize}, initial={initial}): need 0 < initial <= bufsize")
-        new = self._derive()
-        for s in new._sources:
-            s.bufsize, s.initial = (bufsize, initial) if bufsize > 1 else (None, None)
-        return new
+        if bufsize <= 1:
+            return self._planned(bufsize=None, initial=None)
+        return self._planned(bufsize=bufsize, initial=initial)
 
     def with_epoch(self: R, n: int) -> R:
         """Make an epoch ``n`` items per rank: samples of a resampled stream, or (after
@@ -121,10 +133,7 @@ class Recipe:
             raise ConfigError(
                 "with_epoch() needs resampled=True: otherwise an epoch is the whole data set"
             )
-        new = self._derive()
-        for s in new._sources:
-            s.config = dataclasses.replace(s.config, epoch_length=n)
-        return new
+        return self._planned(epoch_length=n)
 
     @property
     def grouped(self) -> bool:
@@ -236,7 +245,7 @@ class Recipe:
 
     @property
     def splits_by_node(self) -> bool:
-        return any(s.by_node for s in self._sources)
+        return any(s.config.by_node for s in self._sources)
 
     def pipeline(self) -> Stage:
         """The last stage: the recipe (see :mod:`shardkit.stages.base`)."""

@@ -46,3 +46,21 @@ def test_a_mixture_packed_by_its_field_counts_tokens_and_resumes(make_shards: Ma
     assert found is not None and found.tokens_field is None
     assert len(list(packed)) == 6  # no "a schedule in tokens needs the token field"
     assert_resumable(lambda: base.pack_tokens("tokens.npy", 48).with_epoch(6), rounds=2, seed=4)
+
+
+def test_source_methods_make_new_sources_with_their_plan(make_shards: MakeShards) -> None:
+    """shuffle, split_by_node and with_epoch are plan choices: each makes new sources whose
+    PlanConfig holds them (under a mixture too); the recipe called on keeps its own."""
+    base = mix(_two(make_shards), [1, 1], seed=1)
+    before = [(s, s.config) for s in base.sources]
+    shuffled = base.shuffle(8, initial=2).split_by_node()
+    assert [(s, s.config) for s in base.sources] == before
+    assert not {id(s) for s in shuffled.sources} & {id(s) for s, _ in before}
+    assert [(s.config.bufsize, s.config.initial, s.config.by_node) for s in shuffled.sources] == [
+        (8, 2, True),
+        (8, 2, True),
+    ]
+    found = find_mix(shuffled.pipeline())
+    assert found is not None and found.stages[0].upstream is shuffled.sources[0]  # decode()
+    resampled = ShardDataset(make_shards([4]), resampled=True).with_epoch(9)
+    assert resampled.sources[0].config.epoch_length == 9 and len(list(resampled)) == 9

@@ -28,6 +28,7 @@ from shardkit.errors import (
 )
 from shardkit.format.layout import index_name
 from shardkit.format.manifest.model import Manifest
+from shardkit.io import CacheConfig
 from shardkit.io.config import IoConfig
 from shardkit.write.writer import ShardWriter
 from tests.helpers.resumable import assert_resumable
@@ -89,10 +90,10 @@ def test_unknown_io_options_fail_when_the_data_set_is_made(make_shards: MakeShar
         ShardDataset(make_shards([2]), io=IoConfig.make(range_sise="1MB"))
     with pytest.raises(ConfigError, match="IoConfig"):
         ShardDataset(make_shards([2]), io={"range_size": 1})  # type: ignore[arg-type]
-    cfg = IoConfig.make(range_size="1MB", cache_limit="2GB")
+    cfg = IoConfig(range_size=10**6, cache=CacheConfig(cache_limit=2 * 10**9))
     with pytest.raises(ConfigError, match="not both"):
         ShardDataset(make_shards([2]), io=cfg, cache_dir="/tmp/x")
-    ds = ShardDataset(make_shards([2]), io=IoConfig.make(range_size="1MB"), cache_dir="c")
+    ds = ShardDataset(make_shards([2]), io=IoConfig(range_size=10**6), cache_dir="c")
     assert (ds.sources[0].io.range_size, ds.sources[0].io.cache.cache_dir) == (1_000_000, "c")
 
 
@@ -400,9 +401,9 @@ def test_fluent_methods_return_new_pipelines(make_shards: MakeShards) -> None:
     base = ShardDataset(m, seed=1)
     shuffled = base.shuffle(20)
     ranked = base.split_by_node(1, 2)
-    assert base.sources[0].bufsize is None and not base.sources[0].by_node
-    assert shuffled.sources[0].bufsize == 20 and not shuffled.sources[0].by_node
-    assert ranked.sources[0].by_node and ranked.sources[0].bufsize is None
+    assert base.sources[0].config.bufsize is None and not base.sources[0].config.by_node
+    assert shuffled.sources[0].config.bufsize == 20 and not shuffled.sources[0].config.by_node
+    assert ranked.sources[0].config.by_node and ranked.sources[0].config.bufsize is None
     assert len(ranked) == sum(SIZES) // 2 and len(base) == sum(SIZES)
     a, b = base.select(lambda s: True), base.to_tuple("__key__")
     assert a.pipeline() is not b.pipeline() and a.pipeline().upstream is not b.pipeline().upstream

@@ -29,7 +29,7 @@ def test_shuffle_without_a_buffer_size_takes_a_default(make_shards: MakeShards) 
     m = make_shards([1500, 1500])
     plain = sk.ShardDataset(m, shardshuffle=False)
     shuffled = plain.shuffle()
-    assert shuffled.sources[0].bufsize == 1000
+    assert shuffled.sources[0].config.bufsize == 1000
     got = _keys(shuffled)
     assert sorted(got) == _keys(plain) and got != _keys(plain)
     assert got == _keys(plain.shuffle(1000)), "the default is shuffle(1000)"
