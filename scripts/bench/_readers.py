@@ -70,9 +70,9 @@ def read_sk_dataset(manifest: str, verify: str = "on") -> dict[str, int]:
     """shardkit.ShardDataset over the manifest, in this process (no workers); ``verify``
     "off" reads the shards unverified (``IoConfig.limits.verify``)."""
     import shardkit
-    from shardkit.io.config import IoConfig
+    from shardkit.io.config import IoConfig, ReaderLimits
 
-    ds = shardkit.ShardDataset(manifest, io=IoConfig(verify=verify))
+    ds = shardkit.ShardDataset(manifest, io=IoConfig(limits=ReaderLimits(verify=verify)))
     return {"samples": _count(ds)}
 
 
@@ -119,9 +119,9 @@ def _drain(loader: Iterable[Any]) -> dict[str, Any]:
 
 def loader_shardkit(spec: dict[str, Any]) -> Iterable[Any]:
     import shardkit
-    from shardkit.io.config import IoConfig
+    from shardkit.io.config import IoConfig, ReaderLimits
 
-    io = IoConfig(verify=spec.get("verify", "on"))
+    io = IoConfig(limits=ReaderLimits(verify=spec.get("verify", "on")))
     ds = shardkit.ShardDataset(spec["manifest"], io=io).decode().batched(spec["batch"])
     mode = spec.get("worker_mode", "process")
     extra = {"persistent_workers": spec["persistent"]} if "persistent" in spec else {}

@@ -183,14 +183,15 @@ def read_clients(endpoint: str, mb: int, repeats: int) -> list[dict[str, Any]]:
     """Ranged reads of one object in 8 MiB ranges: boto3 (shardkit's s3 source) vs obstore."""
     import boto3
 
-    from shardkit.cache import make_opener
+    from shardkit.cache import opener_for
+    from shardkit.io import IoConfig
 
     client = boto3.client("s3", endpoint_url=endpoint)
     data = os.urandom(mb << 20)
     client.put_object(Bucket=BUCKET, Key="read/obj.bin", Body=data)
     rows = []
     for rep in range(repeats):
-        opener = make_opener(endpoint_url=endpoint)
+        opener = opener_for(IoConfig(endpoint_url=endpoint))
         t0 = time.perf_counter()
         got = opener.read(f"s3://{BUCKET}/read/obj.bin")
         rows.append({"client": "shardkit s3 (boto3)", "secs": time.perf_counter() - t0,

@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from shardkit.io import IoConfig
+from shardkit.io import CacheConfig, IoConfig
 from shardkit.streaming.dataset import ShardDataset
 from shardkit.units import parse_size
 from shardkit.write.writer import ShardWriter
@@ -47,7 +47,7 @@ def write_set(out: str, total: int, shard_size: int, pieces: bool) -> None:
 
 
 def epoch(url: str, cache: str, verify: str) -> int:
-    io = IoConfig(cache_dir=cache, cache_verify=verify)
+    io = IoConfig(cache=CacheConfig(cache_dir=cache, cache_verify=verify))
     ds = ShardDataset(url, seed=0, shardshuffle=False, io=io)
     return sum(len(s["bin"]) for s in ds)  # type: ignore[arg-type]
 

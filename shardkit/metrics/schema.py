@@ -32,7 +32,7 @@ dict with these keys, always all of them; counts are ``int``, rates and times ``
                           ``errors_decode``, ``errors_other``
 ``skipped_shards``        shards (or the rest of one) dropped; ``skipped_samples``
 ``skipped_members``       tar members a lenient tar policy passed over (links,
-                          devices, FIFOs, unknown types; ``IoConfig(tar_policy=...)``)
+                          devices, FIFOs, unknown types; ``ReaderLimits(tar_policy=...)``)
 ``per_worker``            per DataLoader worker: ``worker``, ``batches``, ``samples``,
                           ``bytes``, ``samples_per_s``, ``mb_per_s``
 ``io``                    the raw io counters (:data:`IO_KEYS`, ints), summed

@@ -6,13 +6,14 @@ use it; so can a script.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import resource
 import time
 from collections.abc import Callable
 from typing import Any
 
-from shardkit.io.config import IoConfig
+from shardkit.io.config import CacheConfig, IoConfig, ReaderLimits
 from shardkit.metrics import tracker
 from shardkit.streaming.dataset import ShardDataset
 from shardkit.streaming.loader import WebLoader
@@ -39,14 +40,21 @@ def stream(
     on_batch: Callable[[], object] | None = None,
     max_epochs: int | None = None,
     handler: str = "raise",
-    **io_options: Any,
+    cache_dir: str | None = None,
+    max_member: int | None = None,
+    tar_policy: str = "strict",
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Stream ``source`` for about ``seconds`` (or ``max_epochs`` epochs, whichever ends
     first); ``(stats and setup, timeline)`` (see :meth:`LoaderStats.timeline`).
     ``on_batch()`` is called after every batch (a progress bar's update); ``handler`` is
-    the data set's bad-data policy."""
+    the data set's bad-data policy; ``cache_dir`` the node cache of remote shards;
+    ``max_member`` and ``tar_policy`` the readers' (:class:`~shardkit.io.ReaderLimits`)."""
 
-    ds = ShardDataset(source, io=IoConfig.make(**io_options), handler=handler)
+    limits = ReaderLimits(tar_policy=tar_policy)
+    if max_member is not None:  # None: the readers' default
+        limits = dataclasses.replace(limits, max_member=max_member)
+    io = IoConfig(cache=CacheConfig(cache_dir=cache_dir), limits=limits)
+    ds = ShardDataset(source, io=io, handler=handler)
     if shuffle > 1:
         ds = ds.shuffle(shuffle)
     if decode:

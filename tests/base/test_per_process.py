@@ -9,6 +9,7 @@ import pickle
 import pytest
 
 from shardkit.counters import Counters
+from shardkit.io import CacheConfig
 from shardkit.per_process import PerProcess, fork_generation
 
 _made = itertools.count()
@@ -80,7 +81,7 @@ def test_every_process_resource_is_per_process(tmp_path: object) -> None:
     clone = pickle.loads(pickle.dumps(src))  # what a spawned worker gets: no session
     assert clone._session.peek() is None and clone.session is not mine
     assert _in_child(lambda: id(src.session) != id(mine)) == pickle.dumps(True)
-    opener = CachingOpener(IoConfig(cache_dir=str(tmp_path)))
+    opener = CachingOpener(IoConfig(cache=CacheConfig(cache_dir=str(tmp_path))))
     local = opener._local
     assert pickle.loads(pickle.dumps(opener))._locals.peek() is None
     assert opener._local is local

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from shardkit._types import ObjectRef
-from shardkit.cache import CacheKey, CacheStore, make_opener
+from shardkit.cache import CacheKey, CacheStore, make_opener, opener_for
 from shardkit.cache.locks import try_lock_existing
 from shardkit.errors import ChecksumError
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.index import read_index
 from shardkit.format.tario.reader import read_shard
-from shardkit.io import load_manifest
+from shardkit.io import CacheConfig, IoConfig, load_manifest
 from tests.helpers.published import wait_published
 from tests.helpers.readback import files_under, read_samples
 from tests.helpers.servers import RangeServer
@@ -110,7 +110,9 @@ def test_reader_gets_its_first_piece_while_the_shard_fills(
     m = make_shards([40], tokens=8000, subdir="big", piece_size="128KB")  # ~1.3 MB, 11 pieces
     size = m.shards[0].size
     with RangeServer(str(m.base), bandwidth=1_000_000) as srv:
-        opener = make_opener(cache_dir=tmp_path / "cache", piece_parallel=2)
+        opener = opener_for(
+            IoConfig(cache=CacheConfig(cache_dir=tmp_path / "cache", piece_parallel=2))
+        )
         remote, urls = entries(opener, srv)
         e = remote.shards[0]
         assert e.pieces is not None and len(e.pieces.digests) == 11
@@ -146,7 +148,7 @@ def test_a_corrupt_piece_is_fetched_again_and_never_served(
         # (nor fetched a third time by a reader that waited for the thread that failed it)
         srv.add_fault("/data-*", "corrupt", at=5 * 128_000 + 1, times=2)
         cache2 = tmp_path / "cache2"
-        strict = make_opener(cache_dir=cache2, piece_parallel=1)
+        strict = opener_for(IoConfig(cache=CacheConfig(cache_dir=cache2, piece_parallel=1)))
         got: list[str] = []
         with (
             pytest.raises(ChecksumError) as info,
@@ -232,7 +234,7 @@ def test_a_reader_waits_for_another_fills_piece_at_most_cache_wait(
     assert fd is not None and not published
     holder = claim_byte(fd, e.size)  # a fill that holds piece 0 and never finishes it
     assert holder is not None
-    opener = make_opener(cache_dir=cache, cache_wait=0.5)
+    opener = opener_for(IoConfig(cache=CacheConfig(cache_dir=cache, cache_wait=0.5)))
     _, urls = entries(opener, server)
     with (
         pytest.raises(CacheError, match=r"waited \d+ s for piece 0") as info,
@@ -302,7 +304,9 @@ def test_eviction_keeps_the_limit_and_spares_a_shard_in_use(
     size = max(s.size for s in shards.shards)
     limit = 3 * (size + 1)  # room for 3 shards and the piece map of one being filled
     cache = tmp_path / "cache"
-    opener = make_opener(cache_dir=cache, cache_limit=limit, prefetch_depth=1)
+    opener = opener_for(
+        IoConfig(cache=CacheConfig(cache_dir=cache, cache_limit=limit, prefetch_depth=1))
+    )
     store = CacheStore(str(cache), limit)
     m, urls = entries(opener, server)
     want = read_samples(shards, make_opener())
@@ -356,7 +360,7 @@ def test_eviction_keeps_the_limit_and_spares_a_shard_in_use(
 def test_prefetch_fetches_the_next_shards_in_the_background(
     shards: Manifest, server: RangeServer, tmp_path: Path
 ) -> None:
-    opener = make_opener(cache_dir=tmp_path / "cache", prefetch_depth=2)
+    opener = opener_for(IoConfig(cache=CacheConfig(cache_dir=tmp_path / "cache", prefetch_depth=2)))
     m, urls = entries(opener, server)
     plan = [ObjectRef(u, s.size, s.checksum, s.pieces) for u, s in zip(urls, m.shards, strict=True)]
     opener.prefetch(plan[1:])  # the next two of this worker's plan; the rest is too deep
@@ -376,7 +380,7 @@ def test_a_prefetched_shard_is_leased_before_it_is_published(
 ) -> None:
     # else an eviction between its publish and its lease could throw it away unread
     cache = tmp_path / "cache"
-    opener = make_opener(cache_dir=cache, prefetch_depth=1)
+    opener = opener_for(IoConfig(cache=CacheConfig(cache_dir=cache, prefetch_depth=1)))
     m, urls = entries(opener, server)
     store = CacheStore(str(cache))
     e = m.shards[1]
@@ -411,7 +415,9 @@ def test_a_prefetched_shard_is_leased_before_it_is_published(
 
 def test_node_request_cap(shards: Manifest, tmp_path: Path) -> None:
     with RangeServer(str(shards.base), latency=0.05) as srv:
-        opener = make_opener(cache_dir=tmp_path / "cache", node_requests=1)
+        opener = opener_for(
+            IoConfig(cache=CacheConfig(cache_dir=tmp_path / "cache", node_requests=1))
+        )
         m, urls = entries(opener, srv)
         errors: list[BaseException] = []
 
@@ -460,7 +466,9 @@ def test_unwritable_cache_reads_uncached(
     m, _ = entries(opener, server)
     assert read_samples(m, opener) == read_samples(shards, make_opener())
     assert opener.stats()["cache_errors"] >= 1
-    strict = make_opener(cache_dir=blocker / "cache", on_cache_error="raise")
+    strict = opener_for(
+        IoConfig(cache=CacheConfig(cache_dir=blocker / "cache", on_cache_error="raise"))
+    )
     from shardkit.errors import CacheError
 
     with pytest.raises(CacheError, match="not-a-dir"):
@@ -514,7 +522,8 @@ def test_node_manifest_copy_is_revalidated_with_its_etag(
     first = load_manifest(url, fresh)
     assert load_manifest(url, make_opener(cache_dir=cache)).shards == first.shards
     assert len(server.requests("/manifest.json")) == 1
-    stale = make_opener(cache_dir=cache, manifest_ttl=0)  # always ask, conditionally
+    # always ask, conditionally
+    stale = opener_for(IoConfig(cache=CacheConfig(cache_dir=cache, manifest_ttl=0)))
     assert load_manifest(url, stale).shards == first.shards
     reqs = server.requests("/manifest.json")
     assert len(reqs) == 2 and reqs[1].status == 304

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from shardkit._types import ObjectRef
-from shardkit.cache import CacheKey, CacheStore, make_opener
+from shardkit.cache import CacheKey, CacheStore, make_opener, opener_for
 from shardkit.format.manifest.model import Manifest
-from shardkit.io import load_manifest
+from shardkit.io import CacheConfig, IoConfig, load_manifest
 from tests.helpers.published import wait_published
 from tests.helpers.readback import read_samples
 from tests.helpers.servers import RangeServer
@@ -87,7 +87,7 @@ def test_a_fill_threads_os_error_is_a_warning_and_the_read_goes_on(
     threading.excepthook = crashed.append
     try:
         with RangeServer(str(m.base), bandwidth=200_000) as srv:
-            opener = make_opener(cache_dir=cache, piece_parallel=1)
+            opener = opener_for(IoConfig(cache=CacheConfig(cache_dir=cache, piece_parallel=1)))
             remote = load_manifest(srv.url("manifest.json"), opener)
             url = remote.resolve(e.url)
             with caplog.at_level(logging.WARNING, logger="shardkit"):
@@ -115,7 +115,9 @@ def test_a_ledger_edited_with_valid_checksums_cannot_exceed_the_limit(
     size = max(s.size for s in shards.shards)
     limit = 2 * (size + 1)
     cache = str(tmp_path / "cache")
-    opener = make_opener(cache_dir=cache, cache_limit=limit, prefetch_depth=0)
+    opener = opener_for(
+        IoConfig(cache=CacheConfig(cache_dir=cache, cache_limit=limit, prefetch_depth=0))
+    )
     m = load_manifest(server.url("manifest.json"), opener)
     urls = [m.resolve(s.url) for s in m.shards]
     for u, s in list(zip(urls, m.shards, strict=True))[:2]:
@@ -130,7 +132,9 @@ def test_a_ledger_edited_with_valid_checksums_cannot_exceed_the_limit(
     ]
     ledger.write_bytes(_line(header) + _line({"add": listed, "del": []}) + _line({"end": True}))
     for u, s in list(zip(urls, m.shards, strict=True))[2:]:
-        other = make_opener(cache_dir=cache, cache_limit=limit, prefetch_depth=0)
+        other = opener_for(
+            IoConfig(cache=CacheConfig(cache_dir=cache, cache_limit=limit, prefetch_depth=0))
+        )
         assert other.ensure_cached(ObjectRef(u, s.size, s.checksum, s.pieces)) == "fetched"
         held = sum(p.stat().st_size for p in (Path(cache) / "data").rglob("*") if p.is_file())
         assert held <= limit

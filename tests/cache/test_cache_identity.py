@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from shardkit._types import ObjectRef
-from shardkit.cache import CacheKey, CacheStore, make_opener
+from shardkit.cache import CacheKey, CacheStore, make_opener, opener_for
 from shardkit.errors import ChecksumError
 from shardkit.format.manifest.model import Manifest
-from shardkit.io import load_manifest
+from shardkit.io import CacheConfig, IoConfig, load_manifest
 from tests.helpers.readback import read_samples
 from tests.helpers.servers import RangeServer
 
@@ -80,7 +80,7 @@ def test_pieces_of_other_bytes_are_a_checksum_error_for_every_reader(
 def hostile_main(argv: list[str]) -> None:
     """Job B: open its first shard through the cache, take one piece, die (SIGKILL)."""
     manifest_url, cache = argv
-    opener = make_opener(cache_dir=cache, piece_parallel=1)
+    opener = opener_for(IoConfig(cache=CacheConfig(cache_dir=cache, piece_parallel=1)))
     m = load_manifest(manifest_url, opener)
     e = m.shards[0]
     with opener.open(ObjectRef(m.resolve(e.url), e.size, e.checksum, e.pieces)) as f:
@@ -123,7 +123,7 @@ def test_a_206_longer_than_asked_never_overwrites_verified_pieces(
         # the request for piece 0 comes last (the reader starts at piece 1); its answer
         # runs into piece 1, already verified, with wrong bytes: the part asked is taken
         srv.add_fault("/" + e.url, "long", start=0, after=PIECE // 2)
-        opener = make_opener(cache_dir=cache, piece_parallel=1)
+        opener = opener_for(IoConfig(cache=CacheConfig(cache_dir=cache, piece_parallel=1)))
         remote = load_manifest(srv.url("manifest.json"), opener)
         url = remote.resolve(e.url)
         with opener.open(ObjectRef(url, e.size, e.checksum, e.pieces), start=PIECE) as f:

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 
 from shardkit._types import ObjectRef
-from shardkit.cache import CacheKey, CacheStore, make_opener, upkeep
+from shardkit.cache import CacheKey, CacheStore, make_opener, opener_for, upkeep
 from shardkit.cache.layout import Layout
 from shardkit.format.manifest.model import Manifest, ShardEntry
 from shardkit.format.tario.index import read_index
 from shardkit.format.tario.reader import read_shard
-from shardkit.io import load_manifest
+from shardkit.io import CacheConfig, IoConfig, load_manifest
 from tests.helpers.readback import read_samples
 from tests.helpers.servers import RangeServer
 
@@ -97,7 +97,7 @@ def full_disk_main(argv: list[str]) -> None:
 
     manifest_url, cache_dir, limit, mode = argv
     resource.setrlimit(resource.RLIMIT_FSIZE, (int(limit), int(limit)))
-    opener = make_opener(cache_dir=cache_dir, on_cache_error=mode)
+    opener = opener_for(IoConfig(cache=CacheConfig(cache_dir=cache_dir, on_cache_error=mode)))
     m = load_manifest(manifest_url, opener)
     try:
         result = {"digest": digest(read_samples(m, opener)), "stats": opener.stats()}
@@ -193,7 +193,7 @@ def verified(store: CacheStore, key: CacheKey, n: int, e: ShardEntry) -> list[in
 def pieces_main(argv: list[str]) -> None:
     """Read one shard (or the samples ``[lo, hi)`` of it) through the cache, with pieces."""
     manifest_url, cache_dir, lo, hi = argv[0], argv[1], int(argv[2]), int(argv[3])
-    opener = make_opener(cache_dir=cache_dir, piece_parallel=1)
+    opener = opener_for(IoConfig(cache=CacheConfig(cache_dir=cache_dir, piece_parallel=1)))
     m = load_manifest(manifest_url, opener)
     e = m.shards[0]
     url = m.resolve(e.url)

@@ -4,7 +4,6 @@ against a real Range server; a byte flipped on disk is caught, evicted and fetch
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 from shardkit.cache import CacheKey, CacheStore
 from shardkit.errors import ConfigError
 from shardkit.format.manifest.model import Manifest
-from shardkit.io import IoConfig
+from shardkit.io import CacheConfig, IoConfig
 from shardkit.streaming.dataset import ShardDataset
 from tests.helpers.published import wait_published
 from tests.helpers.servers import RangeServer
@@ -35,7 +34,7 @@ def server(shards: Manifest) -> Iterator[RangeServer]:
 
 
 def read(url: str, cache: Path, verify: str) -> tuple[list[str], dict[str, float]]:
-    io = IoConfig(cache_dir=str(cache), cache_verify=verify)
+    io = IoConfig(cache=CacheConfig(cache_dir=str(cache), cache_verify=verify))
     ds = ShardDataset(url, seed=1, shardshuffle=False, io=io)
     keys = [str(s["__key__"]) for s in ds]
     return keys, ds.io_stats()
@@ -83,6 +82,6 @@ def test_a_byte_rotted_on_disk_is_caught_at_open_evicted_and_fetched_again(
 
 def test_cache_verify_is_checked() -> None:
     with pytest.raises(ConfigError, match="cache_verify"):
-        IoConfig(cache_verify="always")
+        IoConfig(cache=CacheConfig(cache_verify="always"))
     assert IoConfig().cache.cache_verify == "fill"
-    assert os.fspath(IoConfig.make(cache_dir="c", cache_verify="open").cache.cache_dir or "") == "c"
+    assert IoConfig(cache=CacheConfig(cache_dir="c", cache_verify="open")).cache.cache_dir == "c"

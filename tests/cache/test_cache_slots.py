@@ -17,7 +17,7 @@ import pytest
 from shardkit.cache.locks import NodeSlots
 from shardkit.errors import CacheError
 from shardkit.format.manifest.model import Manifest
-from shardkit.io.config import IoConfig
+from shardkit.io.config import CacheConfig, IoConfig
 from tests.helpers.readback import read_samples
 from tests.helpers.servers import RangeServer
 
@@ -28,9 +28,10 @@ ROOT = Path(__file__).resolve().parents[2]
 _HOLDER = """
 import sys
 from shardkit._types import ObjectRef
-from shardkit.cache import make_opener
-from shardkit.io import load_manifest
-opener = make_opener(cache_dir=sys.argv[2], node_requests=1, piece_parallel=1)
+from shardkit.cache import opener_for
+from shardkit.io import CacheConfig, IoConfig, load_manifest
+cache = CacheConfig(cache_dir=sys.argv[2], node_requests=1, piece_parallel=1)
+opener = opener_for(IoConfig(cache=cache))
 m = load_manifest(sys.argv[1], opener)
 e = m.shards[0]
 with opener.open(ObjectRef(m.resolve(e.url), e.size, e.checksum, e.pieces)) as f:
@@ -60,7 +61,10 @@ def test_a_stopped_process_holding_the_only_slot_is_taken_over(
         try:
             slow.wait_body(path, 1000)  # its request holds the slot
             holder.send_signal(signal.SIGSTOP)
-            io = IoConfig.make(cache_dir=cache, node_requests=1, read_timeout=1.0, cache_wait=30.0)
+            io = IoConfig(
+                read_timeout=1.0,
+                cache=CacheConfig(cache_dir=cache, node_requests=1, cache_wait=30.0),
+            )
             ds = ShardDataset(fast.url("manifest.json"), shardshuffle=False, io=io)
             began = time.monotonic()
             got = sorted(s["__key__"] for s in WebLoader(ds, num_workers=2))

@@ -17,12 +17,12 @@ from typing import BinaryIO
 import pytest
 
 from shardkit._types import ObjectRef
-from shardkit.cache import CacheKey, CacheStore, make_opener
+from shardkit.cache import CacheKey, CacheStore, opener_for
 from shardkit.cache.layout import Layout
 from shardkit.cache.locks import NodeSlots, claim_byte, try_lock, unlock, wait_claim
 from shardkit.errors import CacheError
 from shardkit.format.manifest.model import Manifest
-from shardkit.io import load_manifest
+from shardkit.io import CacheConfig, IoConfig, load_manifest
 from tests.helpers.servers import RangeServer
 
 pytestmark = pytest.mark.integration
@@ -122,7 +122,7 @@ def _held_reader(
     the shard through a caching opener, the shard's server path)."""
     fd, at, path = _part(cache, shards)
     holder = _holder(path, at)
-    opener = make_opener(cache_dir=cache, cache_wait=cache_wait)
+    opener = opener_for(IoConfig(cache=CacheConfig(cache_dir=cache, cache_wait=cache_wait)))
     m = load_manifest(server.url("manifest.json"), opener)
     e = m.shards[0]
     url = m.resolve(e.url)

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from shardkit import ShardDataset, WebLoader
-from shardkit.cache import make_opener
+from shardkit.cache import opener_for
 from shardkit.format.manifest.compact import compact_path
 from shardkit.format.manifest.compact_file import PRELUDE
 from shardkit.format.manifest.model import Manifest
-from shardkit.io.config import IoConfig
+from shardkit.io.config import CacheConfig, IoConfig
 from tests.helpers.data import make_shards as write_shards
 from tests.helpers.servers import RangeServer
 
@@ -213,7 +213,7 @@ def test_no_room_for_a_remote_form_or_the_nodes_copy_reads_on(
     monkeypatch.setenv("XDG_CACHE_HOME", str(full_disk / "user"))
     with RangeServer(str(m.base)) as srv:
         url = srv.url("manifest.json")
-        node = make_opener(cache_dir=full_disk / "node", manifest_ttl=0)
+        node = opener_for(IoConfig(cache=CacheConfig(cache_dir=full_disk / "node", manifest_ttl=0)))
         assert Manifest.loads(node.fetch_manifest(url)).total_samples == 12
         _fill(full_disk)
         caplog.set_level(logging.WARNING, logger="shardkit")

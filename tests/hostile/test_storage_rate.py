@@ -22,6 +22,7 @@ from shardkit._types import ObjectRef
 from shardkit.cache.opener import CachingOpener
 from shardkit.errors import CacheError, FetchError
 from shardkit.format.manifest.model import Manifest
+from shardkit.io import CacheConfig, RetryPolicy
 from shardkit.io.config import IoConfig
 from shardkit.io.rate import NodeRate
 from shardkit.io.retry import NoTurn
@@ -102,7 +103,10 @@ def test_a_stopped_peer_holding_the_rate_lock_does_not_hang_a_cached_read(
     data = make_shards([2], tokens=8)
     e = data.shards[0]
     opener = CachingOpener(
-        IoConfig.make(cache_dir=tmp_path / "c", cache_wait=1.0, deadline=1.0, node_rate=5.0)
+        IoConfig(
+            cache=CacheConfig(cache_dir=tmp_path / "c", cache_wait=1.0, node_rate=5.0),
+            retry=RetryPolicy(deadline=1.0),
+        )
     )
     stopped_holder(opener.gate.rate.path)
     with RangeServer(str(data.base)) as srv:
@@ -118,7 +122,7 @@ def test_a_cut_never_lifts_a_node_above_its_share_of_the_job_budget(
     rate to the floor (1/s): every node 4x its share, the job 4x its budget."""
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    opener = CachingOpener(IoConfig.make(cache_dir=tmp_path / "c", request_rate=1))
+    opener = CachingOpener(IoConfig(cache=CacheConfig(cache_dir=tmp_path / "c", request_rate=1)))
     assert opener.gate.rate.rate() == pytest.approx(0.25)
     opener.gate.rate.admit().answered(429)
     assert 0 < opener.gate.rate.rate() <= 0.25
@@ -133,10 +137,12 @@ def test_a_job_budget_holds_over_the_state_an_earlier_run_left(
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     cache = tmp_path / "c"
-    before = CachingOpener(IoConfig.make(cache_dir=cache, node_rate=16.0, rate_adapt=False))
+    before = CachingOpener(
+        IoConfig(cache=CacheConfig(cache_dir=cache, node_rate=16.0, rate_adapt=False))
+    )
     before.gate.rate.admit()
     assert before.gate.rate.rate() == 16.0
-    opener = CachingOpener(IoConfig.make(cache_dir=cache, request_rate=1))
+    opener = CachingOpener(IoConfig(cache=CacheConfig(cache_dir=cache, request_rate=1)))
     assert opener.gate.rate.rate() == pytest.approx(0.25)
     opener.gate.rate.admit()
     with pytest.raises(NoTurn):  # the next turn is 1/0.25 s after the first's
@@ -147,9 +153,13 @@ def test_a_fixed_node_rate_is_the_rate_over_an_earlier_runs_state(tmp_path: Path
     """rate_adapt=False keeps the rate at node_rate: a run restarted within 10 minutes with
     node_rate=2 was paced at the 16/s the run before left in the node's rate file."""
     cache = tmp_path / "c"
-    before = CachingOpener(IoConfig.make(cache_dir=cache, node_rate=16.0, rate_adapt=False))
+    before = CachingOpener(
+        IoConfig(cache=CacheConfig(cache_dir=cache, node_rate=16.0, rate_adapt=False))
+    )
     before.gate.rate.admit()
-    opener = CachingOpener(IoConfig.make(cache_dir=cache, node_rate=2.0, rate_adapt=False))
+    opener = CachingOpener(
+        IoConfig(cache=CacheConfig(cache_dir=cache, node_rate=2.0, rate_adapt=False))
+    )
     assert opener.gate.rate.rate() == 2.0
     opener.gate.rate.admit()
     with pytest.raises(NoTurn):  # the next turn is 1/2 s after the first's

@@ -11,6 +11,7 @@ import pytest
 
 from shardkit._types import ObjectRef
 from shardkit.errors import FetchError
+from shardkit.io import RetryPolicy
 from shardkit.io.config import IoConfig
 from shardkit.io.remote import UncachedOpener
 from tests.helpers.throttle import ThrottlingServer
@@ -20,7 +21,9 @@ from tests.helpers.throttle import ThrottlingServer
 @pytest.mark.parametrize("mode", ["retry-after", "503"])
 def test_a_store_throttling_for_ever_is_one_clear_fetch_error(tmp_path: Path, mode: str) -> None:
     (tmp_path / "a.bin").write_bytes(b"x" * 1000)
-    opener = UncachedOpener(IoConfig.make(deadline=1.0, max_attempts=100, backoff_base=0.1))
+    opener = UncachedOpener(
+        IoConfig(retry=RetryPolicy(deadline=1.0, max_attempts=100, backoff_base=0.1))
+    )
     with ThrottlingServer(str(tmp_path), rate=1e-6, burst=0, mode=mode) as srv:
         url = srv.url("a.bin") + "?X-Amz-Signature=SECRETSIG&X-Amz-Credential=CREDX"
         start = time.monotonic()

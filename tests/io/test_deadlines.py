@@ -15,9 +15,9 @@ import pytest
 
 from shardkit import FetchError, ShardDataset, WebLoader
 from shardkit._types import ObjectRef
-from shardkit.cache import make_opener
+from shardkit.cache import opener_for
 from shardkit.format.manifest.model import Manifest
-from shardkit.io import IoConfig, load_manifest
+from shardkit.io import CacheConfig, IoConfig, RetryPolicy, load_manifest
 from tests.helpers.servers import RangeServer
 
 pytestmark = pytest.mark.integration
@@ -41,7 +41,7 @@ def server(shards: Manifest) -> Iterator[RangeServer]:
 def test_a_huge_retry_after_is_not_waited_for(shards: Manifest, server: RangeServer) -> None:
     victim = shards.shards[1].url
     server.add_fault("/" + victim, "status", status=429, retry_after="86400", times=1000)
-    io = IoConfig.make(deadline=20.0, **FAST)
+    io = IoConfig(retry=RetryPolicy(deadline=20.0, **FAST))
     ds = ShardDataset(server.url("manifest.json"), shardshuffle=False, io=io)
     loader = WebLoader(ds, num_workers=2, multiprocessing_context="fork")
     with pytest.raises(FetchError) as info:
@@ -57,7 +57,7 @@ def test_a_server_stalling_after_every_partial_answer_runs_out(
 ) -> None:
     victim = shards.shards[0].url
     server.add_fault("/" + victim, "stall", after=2000, seconds=5.0, times=1000)
-    opener = make_opener(read_timeout=0.3, max_attempts=3, **FAST)
+    opener = opener_for(IoConfig(read_timeout=0.3, retry=RetryPolicy(max_attempts=3, **FAST)))
     with pytest.raises(FetchError) as info:
         opener.read(server.url(victim))
     assert info.value.url == server.url(victim) and info.value.attempts == 3
@@ -71,7 +71,9 @@ def test_a_server_stalling_after_every_partial_answer_runs_out(
 def test_the_deadline_bounds_many_attempts(shards: Manifest, server: RangeServer) -> None:
     victim = shards.shards[0].url
     server.add_fault("/" + victim, "stall", after=500, seconds=5.0, times=1000)
-    opener = make_opener(read_timeout=0.2, max_attempts=10_000, deadline=1.0, **FAST)
+    opener = opener_for(
+        IoConfig(read_timeout=0.2, retry=RetryPolicy(max_attempts=10_000, deadline=1.0, **FAST))
+    )
     with pytest.raises(FetchError, match="the deadline is 1 s") as info:
         opener.read(server.url(victim))
     assert 1 < info.value.attempts < 10_000
@@ -84,7 +86,7 @@ TRICKLE = {"step": 20, "seconds": 0.1}  # 200 B/s, below the default minimum of 
 def test_a_trickle_is_bounded_by_the_deadline(shards: Manifest, server: RangeServer) -> None:
     victim = shards.shards[0].url
     server.add_fault("/" + victim, "trickle", after=3000, times=1000, **TRICKLE)
-    opener = make_opener(deadline=2.0, **FAST)
+    opener = opener_for(IoConfig(retry=RetryPolicy(deadline=2.0, **FAST)))
     began = time.monotonic()
     with pytest.raises(FetchError, match="below the minimum rate") as info:
         opener.read(server.url(victim))
@@ -99,11 +101,9 @@ def test_a_trickle_under_the_loader_with_workers_ends_within_the_deadline(
     shards: Manifest, server: RangeServer, tmp_path: Path, cached: bool
 ) -> None:
     server.add_fault("/data-*.tar", "trickle", after=0, times=1000, **TRICKLE)
-    io = IoConfig.make(
-        deadline=2.0,
-        cache_dir=tmp_path / "cache" if cached else None,
-        on_cache_error="raise",
-        **FAST,
+    io = IoConfig(
+        retry=RetryPolicy(deadline=2.0, **FAST),
+        cache=CacheConfig(cache_dir=tmp_path / "cache" if cached else None, on_cache_error="raise"),
     )
     # the manifest is fetched first, without the deadline: on a busy 2-core CI its own fetch
     # took longer than the 2 s read timeout once, and what is asserted here is the shards' read
@@ -122,7 +122,9 @@ def test_a_retry_after_past_the_deadline_fails_at_once_naming_it(
 ) -> None:
     victim = shards.shards[1].url
     server.add_fault("/" + victim, "status", status=503, retry_after="999999", times=1000)
-    io = IoConfig.make(**FAST)  # the default deadline (300 s) and Retry-After cap (120 s)
+    io = IoConfig(
+        retry=RetryPolicy(**FAST)
+    )  # the default deadline (300 s) and Retry-After cap (120 s)
     ds = ShardDataset(server.url("manifest.json"), shardshuffle=False, io=io)
     loader = WebLoader(ds, num_workers=2, multiprocessing_context="fork")
     began = time.monotonic()
@@ -140,7 +142,9 @@ def test_a_slow_consumer_or_a_slow_but_steady_server_is_not_a_trickle(
 ) -> None:
     entry = shards.shards[0]
     want = (Path(str(shards.base)) / entry.url).read_bytes()
-    opener = make_opener(deadline=1.0, rate_window=0.6, range_size=8 << 10, **FAST)
+    opener = opener_for(
+        IoConfig(range_size=8 << 10, retry=RetryPolicy(deadline=1.0, rate_window=0.6, **FAST))
+    )
     with opener.open(ObjectRef(server.url(entry.url), entry.size, entry.checksum)) as f:
         got = [f.read(1000)]
         for _ in range(2):

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from shardkit._types import ObjectRef
-from shardkit.cache import make_opener
+from shardkit.cache import make_opener, opener_for
 from shardkit.errors import ChecksumError, ConfigError, FetchError, ManifestError
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.index import read_index
-from shardkit.io import load_manifest
+from shardkit.io import CacheConfig, IoConfig, RetryPolicy, load_manifest
 from tests.helpers.readback import read_samples
 from tests.helpers.servers import RangeServer
 
@@ -81,7 +81,7 @@ def test_ranged_reads_use_the_sample_index(shards: Manifest, server: RangeServer
 
 
 def test_range_size_splits_a_shard_into_requests(shards: Manifest, server: RangeServer) -> None:
-    opener = make_opener(range_size="64KiB")
+    opener = opener_for(IoConfig(range_size=64 << 10))
     entry = shards.shards[0]
     data = opener.read(server.url(entry.url))
     assert data == (Path(str(shards.base)) / entry.url).read_bytes()
@@ -109,7 +109,11 @@ def test_faults_heal_with_identical_samples(
     spec = dict(FAULTS[fault])
     server.add_fault(victim, spec.pop("kind"), **spec)  # type: ignore[arg-type]
     cache_dir = tmp_path / "cache" if cached else None
-    opener = make_opener(cache_dir=cache_dir, read_timeout=0.5, **FAST)
+    opener = opener_for(
+        IoConfig(
+            read_timeout=0.5, cache=CacheConfig(cache_dir=cache_dir), retry=RetryPolicy(**FAST)
+        )
+    )
     remote = load_manifest(server.url("manifest.json"), opener)
     assert read_samples(remote, opener) == local_samples(shards)
     reqs = server.requests(victim)
@@ -133,7 +137,7 @@ def test_faults_heal_with_identical_samples(
 def test_gives_up_with_a_fetch_error(shards: Manifest, server: RangeServer) -> None:
     url = server.url(shards.shards[0].url)
     server.add_fault("/" + shards.shards[0].url, "status", status=503, times=100)
-    opener = make_opener(max_attempts=3, **FAST)
+    opener = opener_for(IoConfig(retry=RetryPolicy(max_attempts=3, **FAST)))
     with pytest.raises(FetchError) as info:
         opener.read(url)
     assert info.value.url == url and info.value.status == 503 and info.value.attempts == 3
@@ -147,7 +151,7 @@ def test_gives_up_with_a_fetch_error(shards: Manifest, server: RangeServer) -> N
 def test_connection_refused_is_a_fetch_error(shards: Manifest) -> None:
     from tests.helpers.servers import free_port
 
-    opener = make_opener(max_attempts=2, connect_timeout=1.0, **FAST)
+    opener = opener_for(IoConfig(connect_timeout=1.0, retry=RetryPolicy(max_attempts=2, **FAST)))
     url = f"http://127.0.0.1:{free_port()}/data-000000.tar"
     with pytest.raises(FetchError, match=r"127\.0\.0\.1") as info:
         opener.read(url)
@@ -192,7 +196,7 @@ def test_unsafe_manifest_urls_are_refused(tmp_path: Path, server: RangeServer) -
 def test_pipe_urls_only_when_allowed_in_code(shards: Manifest) -> None:
     entry = shards.shards[0]
     path = Path(str(shards.base)) / entry.url
-    opener = make_opener(allow_pipe=True)
+    opener = opener_for(IoConfig(allow_pipe=True))
     assert opener.read(f"pipe:cat {path}") == path.read_bytes()
     assert opener.read(f"pipe:cat {path}", start=100, end=600) == path.read_bytes()[100:600]
     with pytest.raises(FetchError, match="status 3"):
@@ -208,7 +212,7 @@ def test_a_drop_past_the_retries_reaches_the_reader_as_a_fetch_error(
     entry = shards.shards[1]
     server.add_fault("/" + entry.url, "drop", after=30_000, times=1)
     server.add_fault("/" + entry.url, "status", status=503, times=100)  # then no way back
-    opener = make_opener(max_attempts=2, **FAST)
+    opener = opener_for(IoConfig(retry=RetryPolicy(max_attempts=2, **FAST)))
     url = server.url(entry.url)
     got = []
     with (

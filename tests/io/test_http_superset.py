@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from shardkit._types import ObjectRef
-from shardkit.cache import make_opener
+from shardkit.cache import make_opener, opener_for
 from shardkit.format.manifest.model import Manifest
-from shardkit.io import load_manifest
+from shardkit.io import CacheConfig, IoConfig, load_manifest
 from tests.helpers.readback import read_samples
 from tests.helpers.servers import RangeServer
 
@@ -37,7 +37,7 @@ def test_a_superset_206_gives_the_part_asked(
     with RangeServer(str(m.base)) as srv:
         for s in m.shards:  # every range answered 1000 bytes wider on both sides
             srv.add_fault("/" + s.url, "wide", times=1000, at=1000, after=1000)
-        opener = make_opener(cache_dir=cache, range_size=PIECE)
+        opener = opener_for(IoConfig(range_size=PIECE, cache=CacheConfig(cache_dir=cache)))
         remote = load_manifest(srv.url("manifest.json"), opener)
         url = remote.resolve(e.url)
         assert opener.read(url, start=5000, end=9000) == local[5000:9000]  # no checksums

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from shardkit._types import ObjectRef
-from shardkit.cache import make_opener
+from shardkit.cache import make_opener, opener_for
 from shardkit.errors import ChecksumError, FetchError
 from shardkit.format.manifest.model import Manifest
-from shardkit.io import load_manifest
+from shardkit.io import CacheConfig, IoConfig, load_manifest
 from tests.helpers.readback import files_under, read_samples
 from tests.helpers.servers import moto_server
 
@@ -55,7 +55,7 @@ def shards(make_shards: Callable[..., Manifest], s3: object) -> Manifest:
 
 
 def test_s3_shards_stream_identical(shards: Manifest, endpoint: str) -> None:
-    opener = make_opener(endpoint_url=endpoint)
+    opener = opener_for(IoConfig(endpoint_url=endpoint))
     remote = load_manifest(f"s3://{BUCKET}/ds/manifest.json", opener)
     assert remote.resolve(remote.shards[0].url) == f"s3://{BUCKET}/ds/{shards.shards[0].url}"
     assert read_samples(remote, opener) == read_samples(shards, make_opener())
@@ -69,12 +69,16 @@ def test_s3_shards_stream_identical(shards: Manifest, endpoint: str) -> None:
 
 
 def test_s3_through_the_cache(shards: Manifest, endpoint: str, tmp_path: Path) -> None:
-    opener = make_opener(cache_dir=tmp_path / "cache", endpoint_url=endpoint)
+    opener = opener_for(
+        IoConfig(endpoint_url=endpoint, cache=CacheConfig(cache_dir=tmp_path / "cache"))
+    )
     remote = load_manifest(f"s3://{BUCKET}/ds/manifest.json", opener)
     want = read_samples(shards, make_opener())
     assert read_samples(remote, opener) == want
     assert opener.stats()["cache_misses"] == 3
-    again = make_opener(cache_dir=tmp_path / "cache", endpoint_url=endpoint)
+    again = opener_for(
+        IoConfig(endpoint_url=endpoint, cache=CacheConfig(cache_dir=tmp_path / "cache"))
+    )
     remote = load_manifest(f"s3://{BUCKET}/ds/manifest.json", again)
     assert read_samples(remote, again) == want
     stats = again.stats()
@@ -91,7 +95,7 @@ def test_s3_endpoint_from_the_environment(
 
 
 def test_s3_missing_key_and_corrupt_object(shards: Manifest, endpoint: str, s3: object) -> None:
-    opener = make_opener(endpoint_url=endpoint)
+    opener = opener_for(IoConfig(endpoint_url=endpoint))
     with pytest.raises(FetchError) as info:
         opener.read(f"s3://{BUCKET}/ds/missing.tar")
     assert info.value.status == 404 and "missing.tar" in str(info.value)

@@ -12,9 +12,10 @@ import pytest
 from click.testing import CliRunner
 
 from shardkit import ShardDataset, WebLoader
-from shardkit.cache import make_opener
+from shardkit.cache import opener_for
 from shardkit.cli import cli
 from shardkit.format.manifest.model import Manifest
+from shardkit.io import CacheConfig
 from shardkit.io.config import IoConfig
 from tests.helpers.readback import files_under
 from tests.helpers.servers import moto_process
@@ -58,7 +59,7 @@ def _read(source: str | Manifest, io: IoConfig | None = None) -> list[tuple[str,
 
 
 def _samples(endpoint: str, cache_dir: Path) -> list[tuple[str, bytes]]:
-    return _read(URL, IoConfig(cache_dir=str(cache_dir), endpoint_url=endpoint))
+    return _read(URL, IoConfig(endpoint_url=endpoint, cache=CacheConfig(cache_dir=str(cache_dir))))
 
 
 def _local(m: Manifest) -> list[tuple[str, bytes]]:
@@ -75,7 +76,7 @@ def test_one_url_on_two_stores_with_one_cache_dir_gives_each_store_its_own_data(
     assert _samples(one, cache) == _local(m1)
     # the node's manifest copy, asked for directly (the first store's copy is fresh)
     for endpoint, m in stores:
-        opener = make_opener(cache_dir=cache, endpoint_url=endpoint)
+        opener = opener_for(IoConfig(endpoint_url=endpoint, cache=CacheConfig(cache_dir=cache)))
         assert Manifest.loads(opener.fetch_manifest(URL)).total_samples == m.total_samples
 
 

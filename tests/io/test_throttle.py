@@ -18,6 +18,7 @@ from shardkit._types import ObjectRef
 from shardkit.cache.opener import CachingOpener
 from shardkit.errors import FetchError
 from shardkit.format.manifest.model import Manifest
+from shardkit.io import CacheConfig, RetryPolicy
 from shardkit.io.config import IoConfig
 from shardkit.io.rate import FLOOR, NodeRate
 from tests.helpers.throttle import MODES, ThrottlingServer
@@ -30,7 +31,9 @@ def _node_process(
 ) -> None:
     """One process of a node: read its shards through the node's cache in 4 threads (as
     readers and prefetches do), put their bytes on ``q``."""
-    opener = CachingOpener(IoConfig.make(cache_dir=cache, prefetch_depth=0, **options))
+    opener = CachingOpener(
+        IoConfig(cache=CacheConfig(cache_dir=cache, prefetch_depth=0, **options))
+    )
 
     def read(entry: tuple[str, int, str]) -> tuple[str, bytes]:
         name, size, checksum = entry
@@ -145,7 +148,10 @@ def test_a_store_that_throttles_forever_ends_in_a_named_fetch_error_by_the_deadl
     data = make_shards([2], tokens=8)
     e = data.shards[0]
     opener = CachingOpener(
-        IoConfig.make(cache_dir=tmp_path / "c", deadline=2.0, max_attempts=100, backoff_base=0.1)
+        IoConfig(
+            cache=CacheConfig(cache_dir=tmp_path / "c"),
+            retry=RetryPolicy(deadline=2.0, max_attempts=100, backoff_base=0.1),
+        )
     )
     with ThrottlingServer(str(data.base), rate=1e-6, burst=0, mode=mode) as srv:
         url = srv.url(e.url)
@@ -168,7 +174,7 @@ def test_a_job_wide_rate_caps_each_node_at_its_share(
 
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    opener = CachingOpener(IoConfig.make(cache_dir=tmp_path / "c", request_rate=10))
+    opener = CachingOpener(IoConfig(cache=CacheConfig(cache_dir=tmp_path / "c", request_rate=10)))
     assert opener.gate.rate.rate() == pytest.approx(5.0)
     turn = opener.gate.rate.admit()
     time.sleep(0.3)
@@ -176,4 +182,4 @@ def test_a_job_wide_rate_caps_each_node_at_its_share(
     assert opener.gate.rate.rate() == pytest.approx(5.0)
     for bad in (float("nan"), -1.0):
         with pytest.raises(ConfigError, match="request_rate"):
-            IoConfig.make(request_rate=bad)
+            IoConfig(cache=CacheConfig(request_rate=bad))

@@ -23,6 +23,7 @@ from shardkit._types import ObjectRef
 from shardkit.cli import cli
 from shardkit.cli._plot import BENCH_SIZE, SHARDS_SIZE
 from shardkit.format.manifest.model import Manifest
+from shardkit.io import CacheConfig
 from shardkit.metrics import watch_idle
 from shardkit.metrics.schema import COUNT_KEYS, WINDOW_KEYS
 from shardkit.write.writer import ShardWriter
@@ -157,7 +158,7 @@ def test_cache_stat_tells_indexes_from_shards_and_shows_the_limit(
 
     cache = str(tmp_path / "cache")
     with RangeServer(str(tokens.base)) as srv:
-        opener = CachingOpener(IoConfig.make(cache_dir=cache))
+        opener = CachingOpener(IoConfig(cache=CacheConfig(cache_dir=cache)))
         for e in tokens.shards:
             opener.ensure_cached(ObjectRef(srv.url(e.url), e.size, e.checksum))
             assert e.index is not None and e.index_checksum is not None

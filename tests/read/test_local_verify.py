@@ -20,6 +20,7 @@ import pytest
 from shardkit import ChecksumError, ShardDataset, WebLoader
 from shardkit._types import ObjectRef
 from shardkit.format.manifest.model import Manifest
+from shardkit.io import CacheConfig, ReaderLimits
 from shardkit.io.config import IoConfig
 from shardkit.io.local import open_local
 from tests.helpers.readback import shardkit
@@ -94,7 +95,7 @@ def test_loader_with_two_workers(corrupt: tuple[Path, str, str]) -> None:
 @pytest.mark.timeout(60)
 def test_cache_verify_open(corrupt: tuple[Path, str, str], tmp_path: Path) -> None:
     manifest, name, what = corrupt
-    io = IoConfig.make(cache_dir=tmp_path / "cache", cache_verify="open")
+    io = IoConfig(cache=CacheConfig(cache_dir=tmp_path / "cache", cache_verify="open"))
     ds = ShardDataset(str(manifest), shardshuffle=False, handler="raise", io=io)
     with pytest.raises(ChecksumError) as info:
         list(ds)
@@ -114,7 +115,7 @@ def test_bench_cli(corrupt: tuple[Path, str, str]) -> None:
 @pytest.mark.timeout(60)
 def test_verify_off_reads_the_bytes_unchecked(corrupt: tuple[Path, str, str]) -> None:
     manifest, _, _ = corrupt
-    io = IoConfig.make(verify="off")
+    io = IoConfig(limits=ReaderLimits(verify="off"))
     ds = ShardDataset(str(manifest), shardshuffle=False, handler="raise", io=io)
     assert len(list(ds)) == 80
 

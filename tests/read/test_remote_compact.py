@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from shardkit.cache import make_opener, opener_for
 from shardkit.errors import ManifestError
 from shardkit.format.manifest.model import Manifest
+from shardkit.io import CacheConfig
 from shardkit.io.config import IoConfig
 from shardkit.read.catalog import Catalog, CompactShards, load_catalog, open_catalog
 from shardkit.read.remote_compact import form_dir
@@ -54,7 +55,10 @@ def test_the_remote_form_equals_the_local_form_and_the_json(
     (root / name).mkdir()
     m.save(str(root / name / "manifest.json"), csv_too=False)
     url = server.url(f"{name}/manifest.json")
-    for io in (IoConfig(), IoConfig(cache_dir=str(tmp_path / name))):  # user's dir, node cache
+    for io in (
+        IoConfig(),
+        IoConfig(cache=CacheConfig(cache_dir=str(tmp_path / name))),
+    ):  # user's dir, node cache
         remote = _remote(url, io)
         parsed = Catalog(load_catalog(url, make_opener()))
         local = open_catalog(str(root / name / "manifest.json"), make_opener())
@@ -73,7 +77,7 @@ def test_one_manifest_request_per_node_and_a_changed_manifest_is_seen(
     path = Path(str(first.base)) / "manifest.json"
     with RangeServer(first.base) as srv:
         url = srv.url("manifest.json")
-        node = IoConfig(cache_dir=str(tmp_path / "node"))
+        node = IoConfig(cache=CacheConfig(cache_dir=str(tmp_path / "node")))
         for _ in range(3):  # three processes of one node
             assert _remote(url, node).total == 12
         assert len(srv.requests("/manifest.json")) == 1
@@ -81,7 +85,7 @@ def test_one_manifest_request_per_node_and_a_changed_manifest_is_seen(
         # node's JSON copy does); past it, the new bytes are seen and the form rebuilt
         Manifest(shards=first.shards[:2]).save(str(path), csv_too=False)
         assert _remote(url, node).total == 12
-        stale = IoConfig(cache_dir=node.cache.cache_dir, manifest_ttl=0)
+        stale = IoConfig(cache=CacheConfig(cache_dir=node.cache.cache_dir, manifest_ttl=0))
         assert _remote(url, stale).total == 7
         assert _remote(url, node).total == 7  # the rebuilt form, no request
         # without a cache dir every process asks, and maps the form where the bytes match
@@ -101,7 +105,7 @@ def test_a_damaged_or_foreign_form_is_rebuilt(
     other = make_shards([1, 1], subdir="e")
     with RangeServer(tmp_path) as srv:
         a, b = srv.url("d/manifest.json"), srv.url("e/manifest.json")
-        node = IoConfig(cache_dir=str(tmp_path / "node"), manifest_ttl=0)
+        node = IoConfig(cache=CacheConfig(cache_dir=str(tmp_path / "node"), manifest_ttl=0))
         fa = Path(_form(_remote(a, node)))
         fb = Path(_form(_remote(b, node)))
         assert sorted(Path(form_dir(node.cache.cache_dir)).glob("*.cols")) == sorted([fa, fb])
@@ -120,7 +124,7 @@ def test_a_worker_refuses_a_form_that_changed_under_it(
     first = make_shards([3, 4, 5], subdir="d")
     with RangeServer(first.base) as srv:
         url = srv.url("manifest.json")
-        node = IoConfig(cache_dir=str(tmp_path / "node"), manifest_ttl=0)
+        node = IoConfig(cache=CacheConfig(cache_dir=str(tmp_path / "node"), manifest_ttl=0))
         parent = _remote(url, node)
         blob = pickle.dumps(parent)
         Manifest(shards=first.shards[:1]).save(str(Path(str(first.base)) / "manifest.json"))

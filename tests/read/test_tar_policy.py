@@ -1,4 +1,5 @@
-"""The tar policy reaches every reader a user has: ``IoConfig(tar_policy=...)``.
+"""The tar policy reaches every reader a user has:
+``IoConfig(limits=ReaderLimits(tar_policy=...))``.
 
 A foreign shard holding a symbolic link, a FIFO, a character device (written by tarfile)
 and a member of the unknown type ``Q`` (a hand-made header with data): the default
@@ -19,6 +20,7 @@ import pytest
 from shardkit import IndexedShards, ShardDataset, ShardFormatError, WebLoader, read_shard
 from shardkit.check.summary import manifest_from_shards
 from shardkit.format.manifest.compact import save_manifest
+from shardkit.io import CacheConfig, ReaderLimits
 from shardkit.io.config import IoConfig
 from tests.helpers.servers import RangeServer
 from tests.helpers.tarcorpus import (
@@ -29,7 +31,7 @@ from tests.helpers.tarcorpus import (
     webdataset_samples,
 )
 
-LENIENT = IoConfig(tar_policy="lenient")
+LENIENT = IoConfig(limits=ReaderLimits(tar_policy="lenient"))
 NSAMPLES = 10
 
 
@@ -135,11 +137,13 @@ def test_the_cache_path_over_http_honours_the_io_config(
     shard, _, at = foreign
     with RangeServer(shard.parent.parent) as srv:
         url = srv.url("set/manifest.json")
-        strict = IoConfig.make(cache_dir=tmp_path / "c1")
+        strict = IoConfig(cache=CacheConfig(cache_dir=tmp_path / "c1"))
         with pytest.raises(ShardFormatError) as info:
             list(ShardDataset(url, shardshuffle=False, io=strict))
         assert info.value.offset == at and "foreign-000000.tar" in str(info.value)
-        cached = IoConfig.make(cache_dir=tmp_path / "c2", tar_policy="lenient")
+        cached = IoConfig(
+            cache=CacheConfig(cache_dir=tmp_path / "c2"), limits=ReaderLimits(tar_policy="lenient")
+        )
         got = list(ShardDataset(url, shardshuffle=False, io=cached))
     assert sorted_samples(got) == sorted_samples(webdataset_samples(shard))
     assert any((tmp_path / "c2").rglob("*")), "the shard went through the cache"
@@ -147,4 +151,4 @@ def test_the_cache_path_over_http_honours_the_io_config(
 
 def test_an_unknown_policy_is_a_config_error() -> None:
     with pytest.raises(ValueError, match="tar_policy must be one of"):
-        IoConfig(tar_policy="loose")
+        IoConfig(limits=ReaderLimits(tar_policy="loose"))

@@ -16,6 +16,7 @@ import pytest
 
 from shardkit import ShardDataset, read_shard
 from shardkit.format.tario.buffer import Buffered
+from shardkit.io import ReaderLimits
 from shardkit.io.config import IoConfig
 from shardkit.write.writer import ShardWriter
 
@@ -48,7 +49,9 @@ def test_the_dataset_reads_large_members_unbuffered(
     tmp_path: Path, unbuffered_calls: list[int], verify: str
 ) -> None:
     manifest = _write(tmp_path / "set", 30)
-    ds = ShardDataset(str(manifest), shardshuffle=False, io=IoConfig(verify=verify))
+    ds = ShardDataset(
+        str(manifest), shardshuffle=False, io=IoConfig(limits=ReaderLimits(verify=verify))
+    )
     got = list(ds)
     assert [s["bin"] for s in got] == [bytes([i % 251]) * BIG for i in range(30)]
     assert unbuffered_calls.count(BIG) >= 20, unbuffered_calls
@@ -62,7 +65,9 @@ def test_ranges_match_read_shard(tmp_path: Path, unbuffered_calls: list[int], ve
     unbuffered_calls.clear()
     keys = []
     for rank in (0, 1):
-        ds = ShardDataset(str(manifest), shardshuffle=False, io=IoConfig(verify=verify))
+        ds = ShardDataset(
+            str(manifest), shardshuffle=False, io=IoConfig(limits=ReaderLimits(verify=verify))
+        )
         keys += [s["__key__"] for s in ds.split_by_node(rank=rank, world_size=2)]
     assert sorted(keys) == want
     assert unbuffered_calls.count(BIG) >= 15, unbuffered_calls
