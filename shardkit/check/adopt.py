@@ -27,11 +27,9 @@ from urllib.parse import urlsplit
 from shardkit._types import ObjectRef, Opener
 from shardkit.check.summary import FieldStats, add_fields, scan_stream
 from shardkit.errors import ConfigError
-from shardkit.format.checksum import new_hasher
 from shardkit.format.layout import index_name
 from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
 from shardkit.format.pieces import DEFAULT_PIECE_SIZE
-from shardkit.format.tario.index import write_index
 from shardkit.urls import REMOTE_PREFIXES, expand_braces
 from shardkit.write.writer.where import open_target
 
@@ -108,20 +106,13 @@ def adopt_remote(
                                piece_size=piece_size, tar_policy=tar_policy)  # fmt: skip
         idx = idx_sum = None
         if index:
-            # the current, bound form (SKIDX002): readers warned on the old one every epoch
-            data = write_index(
-                scan.offsets, scan.end, signatures=scan.signatures, shard_checksum=scan.checksum
-            )
+            data, idx_sum = scan.index(algo)
             idx = index_name(rel)
             target.put(idx, data)
-            h = new_hasher(algo)
-            h.update(data)
-            idx_sum = f"{algo}:{h.hexdigest()}"
         if on_shard is not None:
             with lock:
                 on_shard()
-        entry = ShardEntry(url, scan.size, scan.nsamples, scan.checksum, idx, idx_sum, scan.pieces)
-        return entry, scan.fields
+        return scan.entry(url, idx, idx_sum), scan.fields
 
     with ThreadPoolExecutor(max_workers=min(workers, len(urls))) as pool:
         futures = [pool.submit(one, u, r) for u, r in zip(urls, rels, strict=True)]

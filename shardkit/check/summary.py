@@ -69,6 +69,22 @@ class ShardScan:
     def nsamples(self) -> int:
         return len(self.offsets)
 
+    def index(self, algo: str) -> tuple[bytes, str]:
+        """The shard's sample index (the current, bound form: SKIDX002; readers warned on
+        the old one every epoch) and its checksum as ``algo:hex``."""
+        data = write_index(
+            self.offsets, self.end, signatures=self.signatures, shard_checksum=self.checksum
+        )
+        h = new_hasher(algo)
+        h.update(data)
+        return data, f"{algo}:{h.hexdigest()}"
+
+    def entry(self, url: str, index: str | None, index_checksum: str | None) -> ShardEntry:
+        """The manifest's entry for the shard at ``url`` (its index at ``index``)."""
+        return ShardEntry(
+            url, self.size, self.nsamples, self.checksum, index, index_checksum, self.pieces
+        )
+
 
 def _scan_tar(f: BinaryIO, url: str, size: int | None, nkeys: int, policy: str) -> tuple[Any, ...]:
     reader = TarReader(f, url=url, size=size, keep_data=False, policy=policy)  # sizes only
@@ -168,7 +184,8 @@ def manifest_from_shards(
 
     ``tar_policy="lenient"`` skips links, devices, FIFOs and unknown member types (each
     shard's count warned naming it; the manifest and indexes then describe the shards as a
-    lenient reader reads them: read them with ``IoConfig(tar_policy="lenient")``).
+    lenient reader reads them: read them with
+    ``IoConfig(limits=ReaderLimits(tar_policy="lenient"))``).
 
     Each shard is read once (its piece checksums, with ``piece_size``, in the same pass).
     With ``index`` a sample index is written for each shard (in ``.index/`` beside it:
@@ -207,20 +224,13 @@ def manifest_from_shards(
                           piece_size=piece_size, tar_policy=tar_policy)  # fmt: skip
         idx = idx_sum = None
         if index:
-            data = write_index(
-                scan.offsets, scan.end, signatures=scan.signatures, shard_checksum=scan.checksum
-            )
+            data, idx_sum = scan.index(algo)
             idx = index_name(url)
             path = os.path.join(base, *idx.split("/"))
             os.makedirs(os.path.dirname(path), exist_ok=True)
             atomic_write(path, data)
-            h = new_hasher(algo)
-            h.update(data)
-            idx_sum = f"{algo}:{h.hexdigest()}"
         add_fields(fields, scan.fields)
-        shards.append(
-            ShardEntry(url, scan.size, scan.nsamples, scan.checksum, idx, idx_sum, scan.pieces)
-        )
+        shards.append(scan.entry(url, idx, idx_sum))
     created = creation_info(source="shardkit manifest from-shards")
     return Manifest(shards, algo, fields, created, base=base), manifest_path
 
