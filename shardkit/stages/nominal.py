@@ -81,13 +81,7 @@ class WithEpoch(Stage):
         ]
         if source is None:
             return None
-        return {
-            "stage": self.name,
-            "version": self.version,
-            "count": 0,
-            "done": min(given, default=0),
-            "source": source,
-        }
+        return self.state_of(0, min(given, default=0), source)
 
     def carry(self, state: Mapping[str, Any] | None, epoch: int) -> dict[str, Any] | None:
         if state is None:
@@ -95,11 +89,15 @@ class WithEpoch(Stage):
         source = self._up().carry(state["source"], epoch)
         if source is None:
             return None
+        return self.state_of(0, None, source)
+
+    def state_of(self, count: int, done: int | None, source: Any) -> dict[str, Any]:
+        """A state: ``count`` items this worker gave, ``done`` the rank gave before."""
         return {
             "stage": self.name,
             "version": self.version,
-            "count": 0,
-            "done": None,
+            "count": count,
+            "done": done,
             "source": source,
         }
 
@@ -149,10 +147,4 @@ class _EpochCursor(Cursor):
             yield item
 
     def state(self) -> dict[str, Any]:
-        return {
-            "stage": self.stage.name,
-            "version": self.stage.version,
-            "count": self.count,
-            "done": self.done,
-            "source": self.upstream.state(),
-        }
+        return self.stage.state_of(self.count, self.done, self.upstream.state())
