@@ -206,8 +206,8 @@ class WebLoader:
         self._opened = {}  # seconds spent taking over each worker's batches
         self._stall.prepare()  # before worker processes start: they report to it
         it = iter(self._loader)
-        self._stall.begin(self._where.rank, lambda: [p.pid for p in getattr(it, "_workers", ())])
         gen = self._iterate(it, synced)
+        self._stall.begin(self._where.rank, it, gen)
         close_at_exit(gen)
         return gen
 

@@ -59,10 +59,10 @@ class StallWatch:
         self._beat = time.monotonic()
         self._stop: threading.Event | None = None
         self._rank = 0
-        self._pids: Callable[[], list[int]] = list
+        self._workers: Callable[[], object] = _none
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_stop": None, "_pids": list}
+        return {**self.__dict__, "_stop": None, "_workers": _none}
 
     def prepare(self) -> None:
         """Before worker processes start: they will report into this watch's directory."""
@@ -74,24 +74,32 @@ class StallWatch:
             weakref.finalize(self, shutil.rmtree, self._dir, ignore_errors=True)
         activity.watch_from(self._dir)
 
-    def begin(self, rank: int, pids: Callable[[], list[int]]) -> None:
-        """An epoch starts: watch it (``pids``: the worker processes, in worker order)."""
+    def begin(self, rank: int, workers: object, epoch: object) -> None:
+        """An epoch starts: watch it while ``epoch`` (the loader's iteration) lives.
+
+        ``workers`` is the DataLoader's iterator (its ``_workers``: the worker processes, in
+        worker order). Both are held weakly: an epoch dropped unfinished, even one never
+        started (its ``finally`` never runs), stops its watch, and the watch never keeps
+        its worker processes alive (it did: they ran, and the watch reported 300 s stalls,
+        until the process exited)."""
         if self.warn is None:
             return
         self.end()
-        self._rank, self._pids = rank, pids
+        self._rank, self._workers = rank, _weak(workers)
         self.beat()
         stop = self._stop = threading.Event()
-        threading.Thread(target=self._run, args=(stop,), name="shardkit-stall", daemon=True).start()
+        # the thread holds this reference, so its callback runs when the epoch is dropped
+        dropped = weakref.ref(epoch, lambda _: stop.set())
+        args = (stop, dropped)
+        threading.Thread(target=self._run, args=args, name="shardkit-stall", daemon=True).start()
 
     def beat(self) -> None:
         """A batch arrived."""
         self._beat = time.monotonic()
 
     def end(self) -> None:
-        """The epoch ended (or was left): stop watching, and let go of its workers (the
-        ``pids`` callable holds the epoch's iterator, which must not outlive it)."""
-        self._pids = list
+        """The epoch ended (or was left): stop watching, and let go of its workers."""
+        self._workers = _none
         if self._stop is not None:
             self._stop.set()
             self._stop = None
@@ -101,14 +109,15 @@ class StallWatch:
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
 
-    def _run(self, stop: threading.Event) -> None:
+    def _run(self, stop: threading.Event, epoch: weakref.ref[object]) -> None:
+        """Watch until ``stop`` is set: the epoch ended, or ``epoch`` was dropped."""
         assert self.warn is not None
         told = self._beat
         while not stop.wait(min(1.0, self.warn / 4)):
             quiet = time.monotonic() - self._beat
             if quiet >= self.warn and time.monotonic() - max(told, self._beat) >= self.warn:
                 told = time.monotonic()
-                pids = self._pids()  # before end() lets go of them
+                pids = [p.pid for p in getattr(self._workers(), "_workers", ())]
                 if stop.is_set():
                     return  # the epoch ended meanwhile: nothing stalls
                 with contextlib.suppress(Exception):  # a report never breaks the loader
@@ -182,6 +191,19 @@ class StallWatch:
                 if name.endswith(".stacks"):
                     with contextlib.suppress(OSError):
                         os.remove(os.path.join(self._dir, name))
+
+
+def _none() -> None:
+    """No workers (a watch between epochs)."""
+    return None
+
+
+def _weak(workers: object) -> Callable[[], object]:
+    """A weak reference to ``workers``, or a strong one where it takes none."""
+    try:
+        return weakref.ref(workers)
+    except TypeError:
+        return lambda: workers
 
 
 def _own_stacks() -> str:
