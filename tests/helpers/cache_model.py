@@ -36,28 +36,28 @@ from tests.helpers.servers import RangeServer
 ROOT = Path(__file__).resolve().parents[2]
 PIECE = 32_000
 BOUND = 25.0  # seconds a read may take: cache_wait + deadline + a stopped peer's lease
-OPTIONS = {
-    "cache_wait": 6.0,
-    "deadline": 5.0,
-    "read_timeout": 1.0,
-    "connect_timeout": 1.0,
-    "max_attempts": 4,
-    "backoff_base": 0.05,
-    "backoff_max": 0.2,
-    "retry_after_max": 0.5,
-    "piece_parallel": 2,
-    "node_requests": 3,
-    "prefetch_depth": 0,
+OPTIONS = {  # the readers' io options, by concern
+    "io": {"read_timeout": 1.0, "connect_timeout": 1.0},
+    "retry": {
+        "deadline": 5.0,
+        "max_attempts": 4,
+        "backoff_base": 0.05,
+        "backoff_max": 0.2,
+        "retry_after_max": 0.5,
+    },
+    "cache": {"cache_wait": 6.0, "piece_parallel": 2, "node_requests": 3, "prefetch_depth": 0},
 }
 
 _READER = """
 import hashlib, json, sys, time
 from shardkit._types import ObjectRef
-from shardkit.cache import make_opener
+from shardkit.cache import opener_for
 from shardkit.errors import ShardkitError
 from shardkit.format.pieces import Pieces
-cache, limit, options = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
-opener = make_opener(cache_dir=cache, cache_limit=limit, **options)
+from shardkit.io import CacheConfig, IoConfig, RetryPolicy
+cache, limit, o = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+store = CacheConfig(cache_dir=cache, cache_limit=limit, **o["cache"])
+opener = opener_for(IoConfig(cache=store, retry=RetryPolicy(**o["retry"]), **o["io"]))
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     op = json.loads(line)

@@ -27,7 +27,7 @@ _NODE = r"""
 import json, sys, time
 import shardkit as sk
 url, cache, rank, world, workers, options = sys.argv[1:7]
-io = sk.IoConfig.make(cache_dir=cache, **json.loads(options))
+io = sk.IoConfig(cache=sk.io.CacheConfig(cache_dir=cache, **json.loads(options)))
 ds = sk.ShardDataset(url, seed=1, io=io)
 loader = sk.WebLoader(ds.split_by_node(int(rank), int(world)), num_workers=int(workers))
 print("ready", flush=True)
@@ -140,7 +140,7 @@ def run_job(
 ) -> Epoch:
     """One epoch of ``nodes`` node processes (one rank each, its own cache dir under
     ``cache_root``, ``workers`` DataLoader workers) reading ``server``'s manifest.json
-    at once; ``options`` go to ``ShardDataset`` (io options such as ``rate_adapt``)."""
+    at once; ``options`` are the cache's (``CacheConfig`` fields such as ``rate_adapt``)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = []
     for n in range(nodes):
