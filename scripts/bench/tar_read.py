@@ -11,6 +11,16 @@ pattern (a member of 64 KiB or more read into its own object, the run up to it i
 read), on offsets found before the clock starts. CPU seconds, medians of interleaved
 repetitions; warm page cache.
 
+Verified reads (issue 30): ``shardkit.ShardDataset`` over the shards' manifest, verified
+(the default: each 16 MiB piece read into a reused buffer and checked before any of it is
+handed out, then copied out by the tar reader) and with ``verify="off"``; and "hold", the
+other way to hand out only verified bytes, tried here and not built: ``TarReader`` reading
+the file straight into each member's own ``bytes`` (as ``read_shard`` does), every read
+hashed as it passes, each sample held until the piece holding its last byte is whole and
+hashed (``--hold-pieces``: piece sizes to try). Its cost is the memory a piece of held
+samples takes: past the CPU's L2 every byte is copied into cold memory, which the
+allocator also trims and faults in again.
+
     .venv/bin/python scripts/bench/tar_read.py --size 200MB --repeats 5
 
 Run it with ``PYTHONPATH`` pointing at another checkout to time that checkout's reader on
@@ -19,6 +29,7 @@ the same data (the data is written by the shardkit that runs the script).
 
 from __future__ import annotations
 
+import collections
 import glob
 import io
 import os
@@ -28,6 +39,7 @@ import tarfile
 from collections.abc import Callable
 from typing import Any
 
+import xxhash
 from _common import (
     base_parser,
     before_runs,
@@ -45,6 +57,8 @@ from _common import (
 
 import shardkit
 from shardkit.format.codecs import encode_field
+from shardkit.format.tario.reader import TarReader
+from shardkit.io.config import IoConfig
 from shardkit.units import parse_size
 
 
@@ -53,6 +67,75 @@ def _write_shardkit(ds: Any, out: str, shard_size: int) -> list[str]:
         for s in ds.samples:
             w.write(s)
     return sorted(glob.glob(os.path.join(out, "*.tar")))
+
+
+def _read_dataset(manifest: str, verify: str) -> Callable[[], dict[str, int]]:
+    def run() -> dict[str, int]:
+        ds = shardkit.ShardDataset(manifest, io=IoConfig(verify=verify))
+        return {"samples": sum(1 for _ in ds)}
+
+    return run
+
+
+class _Hashed(io.RawIOBase):
+    """A file read as it is (each read into its own ``bytes``), every byte hashed once per
+    piece as it first passes; ``verified_to`` is the end of the last whole piece (the "hold"
+    way). It seeks, as the tar reader's unbuffered reads of large members want."""
+
+    def __init__(self, path: str, piece: int) -> None:
+        self._f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by close()
+        self._piece = piece
+        self._pos = 0
+        self._hashed = 0
+        self._h = xxhash.xxh3_128()
+        self.verified_to = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._pos = self._f.seek(offset, whence)
+        return self._pos
+
+    def read(self, size: int = -1) -> bytes:  # type: ignore[override]
+        data = self._f.read(size)
+        view, at = memoryview(data), self._hashed - self._pos
+        self._pos += len(data)
+        while at < len(data):
+            take = min(len(data) - at, self._piece - self._hashed % self._piece)
+            self._h.update(view[at : at + take])
+            at += take
+            self._hashed += take
+            if self._hashed % self._piece == 0:
+                self._h.hexdigest()  # the check against the manifest's digest
+                self._h = xxhash.xxh3_128()
+                self.verified_to = self._hashed
+        return data
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
+
+
+def _read_held(paths: list[str], piece: int) -> Callable[[], dict[str, int]]:
+    def run() -> dict[str, int]:
+        n = 0
+        for p in paths:
+            with _Hashed(p, piece) as f:
+                reader = TarReader(f, url=p, size=os.path.getsize(p))  # type: ignore[arg-type]
+                held: collections.deque[Any] = collections.deque()
+                for _, sample in reader.samples():
+                    held.append((reader.offset, sample))
+                    while held and held[0][0] <= f.verified_to:
+                        held.popleft()
+                        n += 1
+                n += len(held)  # the last piece, checked at the end
+        return {"samples": n}
+
+    return run
 
 
 def _write_tarfile(ds: Any, out: str, shard_size: int) -> list[str]:
@@ -137,6 +220,7 @@ def _member_reads(paths: list[str]) -> Callable[[], dict[str, int]]:
 def main() -> None:
     p = base_parser(__doc__ or "")
     p.set_defaults(size="200MB", repeats=5, shard_size="64MB")
+    p.add_argument("--hold-pieces", default="16MiB,1MiB", help="piece sizes of the hold way")
     args = p.parse_args()
     parse_common(args)
     texts: list[str] = []
@@ -148,22 +232,36 @@ def main() -> None:
         own = _write_shardkit(ds, os.path.join(work, "sk"), parse_size(args.shard_size))
         pax = _write_tarfile(ds, os.path.join(work, "pax"), parse_size(args.shard_size))
         settle(own + pax)
+        manifest = os.path.join(work, "sk", "manifest.json")
+        held = [
+            (f"hold, {size >> 20} MiB pieces (shardkit tars)", _read_held(own, size))
+            for size in (parse_size(x) for x in args.hold_pieces.split(",") if x)
+        ]
         contenders = [
             ("read_shard (shardkit tars)", _read_shardkit(own)),
+            ("ShardDataset verified (shardkit tars)", _read_dataset(manifest, "on")),
+            ("ShardDataset verify=off (shardkit tars)", _read_dataset(manifest, "off")),
+            *held,
             ("read_shard (tarfile pax tars)", _read_shardkit(pax)),
             ("tarfile (tarfile pax tars)", _read_tarfile(pax)),
             ("reads alone (shardkit tars)", _member_reads(own)),
             ("raw read (shardkit tars)", _read_raw(own)),
         ]
+        before = "/".join(f"{x:.1f}" for x in os.getloadavg())
         series = interleave(args.repeats, contenders, before=before_runs(False))
         raw = statistics.median(series["raw read (shardkit tars)"].extra["cpu_s"])
+        own_cpu = statistics.median(series["read_shard (shardkit tars)"].extra["cpu_s"])
         rows = []
         for name, s in series.items():
             cpu = statistics.median(s.extra["cpu_s"])
             row = [name, fmt(cpu, ".3f"), fmt(len(ds.samples) / cpu, ",.0f")]
-            rows.append([*row, fmt(100 * raw / cpu, ".0f") + "%"])
-        texts.append(f"### {profile}: {describe(ds)} (load average {os.getloadavg()[0]:.1f})\n\n")
-        texts.append(table(["reader", "CPU s (median)", "samples / CPU s", "% of raw"], rows))
+            row += [fmt(100 * raw / cpu, ".0f") + "%", fmt(100 * own_cpu / cpu, ".0f") + "%"]
+            rows.append(row)
+        load = "/".join(f"{x:.1f}" for x in os.getloadavg())
+        loads = f"load average {before} before, {load} after"
+        texts.append(f"### {profile}: {describe(ds)} ({loads})\n\n")
+        head = ["reader", "CPU s (median)", "samples / CPU s", "% of raw", "% of read_shard"]
+        texts.append(table(head, rows))
         results[profile] = {n: {"cpu_s": s.extra["cpu_s"]} for n, s in series.items()}
     finish(args.out, "tar_read", results, texts, f"shardkit from {shardkit.__file__}")
 
