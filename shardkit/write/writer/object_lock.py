@@ -25,7 +25,6 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
-from types import TracebackType
 from typing import Any
 
 from shardkit.errors import WriterError
@@ -155,10 +154,5 @@ class ObjectLock:
     def __enter__(self) -> ObjectLock:
         return self.acquire()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()  # whether the block raised or not
