@@ -9,12 +9,7 @@ from collections.abc import Iterator
 
 from shardkit.errors import FetchError
 from shardkit.io.retry import Retryable
-from shardkit.io.store_base import (
-    RETRY_STATUS,
-    ObjectInfo,
-    ObjectStore,
-    Upload,
-)
+from shardkit.io.store_base import RETRY_STATUS, ObjectInfo, ObjectStore, Upload
 
 __all__ = ["AzStore"]
 

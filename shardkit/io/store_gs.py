@@ -10,12 +10,7 @@ from typing import Any
 
 from shardkit.errors import FetchError
 from shardkit.io.retry import Retryable, parse_retry_after
-from shardkit.io.store_base import (
-    RETRY_STATUS,
-    ObjectInfo,
-    ObjectStore,
-    Upload,
-)
+from shardkit.io.store_base import RETRY_STATUS, ObjectInfo, ObjectStore, Upload
 
 __all__ = ["GsStore"]
 

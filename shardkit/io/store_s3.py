@@ -11,12 +11,7 @@ from typing import Any
 from shardkit.errors import ConfigError
 from shardkit.io.retry import Retryable
 from shardkit.io.s3 import s3_retryable
-from shardkit.io.store_base import (
-    STALE_UPLOAD_AGE,
-    ObjectInfo,
-    ObjectStore,
-    Upload,
-)
+from shardkit.io.store_base import STALE_UPLOAD_AGE, ObjectInfo, ObjectStore, Upload
 
 __all__ = ["S3Store"]
 
