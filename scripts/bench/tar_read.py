@@ -58,7 +58,7 @@ from _common import (
 import shardkit
 from shardkit.format.codecs import encode_field
 from shardkit.format.tario.reader import TarReader
-from shardkit.io.config import IoConfig
+from shardkit.io.config import IoConfig, ReaderLimits
 from shardkit.units import parse_size
 
 
@@ -71,7 +71,7 @@ def _write_shardkit(ds: Any, out: str, shard_size: int) -> list[str]:
 
 def _read_dataset(manifest: str, verify: str) -> Callable[[], dict[str, int]]:
     def run() -> dict[str, int]:
-        ds = shardkit.ShardDataset(manifest, io=IoConfig(verify=verify))
+        ds = shardkit.ShardDataset(manifest, io=IoConfig(limits=ReaderLimits(verify=verify)))
         return {"samples": sum(1 for _ in ds)}
 
     return run

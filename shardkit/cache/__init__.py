@@ -16,6 +16,7 @@ from shardkit.cache.manifests import fetch_manifest_once
 from shardkit.cache.opener import CachingOpener
 from shardkit.cache.store import CacheStore
 from shardkit.io import IoConfig, UncachedOpener
+from shardkit.io.config import misspelled, with_cache
 
 __all__ = [
     "CacheKey",
@@ -30,26 +31,24 @@ __all__ = [
 
 
 def make_opener(
+    io: IoConfig | None = None,
     *,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: int | str | None = None,
-    allow_pipe: bool = False,
-    **options: Any,
+    **other: Any,
 ) -> Opener:
-    """The opener a data set reads through: the node-local cache's when ``cache_dir`` is
+    """The opener a data set reads through: the node-local cache's when a cache dir is
     given, else plain io (local, http(s), s3).
 
     Args:
-        cache_dir: the node-local cache directory; None reads remote shards uncached.
+        io: the io options (:class:`IoConfig`; default: ``IoConfig()``).
+        cache_dir: the node-local cache directory (the shortcut every reader takes for
+            ``io.cache.cache_dir``); None reads remote shards uncached.
         cache_limit: bytes the cache may hold (``"500GB"``); None: no limit.
-        allow_pipe: allow ``pipe:CMD`` urls (code only; never from a manifest).
-        options: any other :class:`IoConfig` field (``range_size``, ``read_timeout``,
-            ``max_attempts``, ``endpoint_url``, ``prefetch_depth``, ``node_requests``, ...).
     """
-    cfg = IoConfig.make(
-        cache_dir=cache_dir, cache_limit=cache_limit, allow_pipe=allow_pipe, **options
-    )
-    return opener_for(cfg)
+    if other:  # an io option by its own name: an error naming the spelling to use
+        raise misspelled("make_opener", other)
+    return opener_for(with_cache(io, cache_dir, cache_limit))
 
 
 def opener_for(cfg: IoConfig) -> Opener:

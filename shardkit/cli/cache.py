@@ -29,7 +29,7 @@ from shardkit.cache.folder import refuse_foreign
 from shardkit.errors import CacheError
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.index import INDEX_MAGIC
-from shardkit.io import IoConfig, load_manifest
+from shardkit.io import CacheConfig, IoConfig, load_manifest
 from shardkit.plan.assign import PlanConfig, Ranges, worker_stream
 from shardkit.plan.world import Context
 from shardkit.units import format_bytes, parse_size, plural
@@ -192,11 +192,8 @@ def _shard_range(text: str | None, n: int) -> range:
 @_JSON
 def warm(manifest: str, cache_dir: str, limit: str | None, **opts: Any) -> None:
     """Pre-fetch into the cache the shards a rank reads in an epoch, in its order."""
-    cfg = IoConfig.make(
-        cache_dir=cache_dir,
-        cache_limit=parse_size(limit) if limit else None,
-        endpoint_url=opts["endpoint_url"],
-    )
+    cache = CacheConfig(cache_dir=cache_dir, cache_limit=parse_size(limit) if limit else None)
+    cfg = IoConfig(cache=cache, endpoint_url=opts["endpoint_url"])
     opener = CachingOpener(cfg)
     m = load_manifest(manifest, opener)
     ids = rank_shards(

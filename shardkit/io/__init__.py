@@ -1,13 +1,13 @@
 """Bytes from somewhere: the one seam every shard, index and manifest read goes through.
 
-``make_opener(...)`` returns the opener a data set reads through: local paths and
-``file://`` urls are read in place; ``http(s)://`` (:mod:`shardkit.io.http`), ``s3://``
-(:mod:`shardkit.io.s3`), ``gs://`` and ``az://`` (:mod:`shardkit.io.blobs`) are streamed
-with ranged requests, retries and resume, through the node-local cache
-(:mod:`shardkit.cache`) when ``cache_dir`` is given. ``pipe:CMD`` runs a command and is
-refused unless the caller passes ``allow_pipe=True`` in code (a manifest can never turn it
-on). Every option is one of :class:`IoConfig`'s, grouped by concern (:class:`RetryPolicy`,
-:class:`CacheConfig`, :class:`ReaderLimits`) and also accepted by its flat name.
+``shardkit.cache.make_opener(io, cache_dir=...)`` returns the opener a data set reads
+through: local paths and ``file://`` urls are read in place; ``http(s)://``
+(:mod:`shardkit.io.http`), ``s3://`` (:mod:`shardkit.io.s3`), ``gs://`` and ``az://``
+(:mod:`shardkit.io.blobs`) are streamed with ranged requests, retries and resume, through
+the node-local cache (:mod:`shardkit.cache`) when a cache dir is given. ``pipe:CMD`` runs
+a command and is refused unless the caller sets ``IoConfig(allow_pipe=True)`` in code (a
+manifest can never turn it on). Every option is one of :class:`IoConfig`'s, set and read
+by its concern (:class:`RetryPolicy`, :class:`CacheConfig`, :class:`ReaderLimits`).
 
 Choice on a full disk (or any cache write failure): a :class:`CacheError` is logged and
 counted (``stats()["cache_errors"]``) and the read goes on without the cache; pass

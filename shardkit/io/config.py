@@ -3,17 +3,22 @@
 (:class:`~shardkit.io.retry.RetryPolicy`), the cache (:class:`CacheConfig`) and the
 reader's limits (:class:`ReaderLimits`) - beside the transport's own options.
 
-An option is set by its own name (``IoConfig(cache_dir=..., max_attempts=...)``,
-``IoConfig.make(...)``, ``dataclasses.replace(cfg, cache_limit=...)``) or by concern
-(``IoConfig(retry=RetryPolicy(...), cache=CacheConfig(...))``; a flat keyword given with its
-concern's config overrides it), and read one way only: by its concern
-(``cfg.retry.deadline``, ``cfg.cache.cache_dir``, ``cfg.limits.verify``).
+An option is set and read one way, by its concern::
+
+    IoConfig(retry=RetryPolicy(deadline=60), cache=CacheConfig(cache_dir="/nvme"))
+    cfg.retry.deadline, cfg.cache.cache_dir, cfg.limits.verify
+
+An option of a concern given to :class:`IoConfig` by its own name (the flat spelling
+shardkit took before, ``IoConfig(cache_dir=...)``) is a :class:`ConfigError` naming the
+spelling to use. The readers' entry points take ``io=`` and one shortcut for the cache,
+``cache_dir=``/``cache_limit=`` (:func:`with_cache`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +37,7 @@ __all__ = [
     "IoConfig",
     "ReaderLimits",
     "RetryPolicy",
+    "misspelled",
     "with_cache",
 ]
 
@@ -149,9 +155,39 @@ _CONCERNS: dict[str, type[Any]] = {
     "cache": CacheConfig,
     "limits": ReaderLimits,
 }
-FLAT: dict[str, str] = {  # an old flat option -> the concern that holds it
+_CONCERN_OF: dict[str, str] = {  # an option of a concern -> the concern's field in IoConfig
     f.name: concern for concern, cls in _CONCERNS.items() for f in dataclasses.fields(cls)
 }
+
+
+def misspelled(owner: str, given: Iterable[str]) -> ConfigError:
+    """The error for options ``owner`` does not take by these names: each io option named
+    with the spelling to use (``IoConfig(cache=CacheConfig(cache_dir=...))``), the rest
+    listed as unknown."""
+    names = sorted(given)
+    top = {f.name for f in dataclasses.fields(IoConfig)}
+    moved = [n for n in names if n in _CONCERN_OF or n in top]
+    parts = []
+    if moved:
+        by: dict[str, list[str]] = {}
+        for n in moved:
+            by.setdefault(_CONCERN_OF.get(n, ""), []).append(f"{n}=...")
+        groups = ", ".join(
+            ", ".join(ns) if not c else f"{c}={_CONCERNS[c].__name__}({', '.join(ns)})"
+            for c, ns in by.items()
+        )
+        spelling = f"IoConfig({groups})"
+        if owner != "IoConfig":
+            spelling = f"{owner}(io={spelling})"
+        imports = sorted({"IoConfig", *(_CONCERNS[c].__name__ for c in by if c)})
+        parts.append(
+            f"{owner} takes {', '.join(moved)} by concern: {spelling} "
+            f"(from shardkit.io import {', '.join(imports)})"
+        )
+    unknown = [n for n in names if n not in moved]
+    if unknown:
+        parts.append(f"{owner} has no option {', '.join(unknown)} (IoConfig's: {sorted(top)})")
+    return ConfigError("; ".join(parts))
 
 
 @dataclass(frozen=True, init=False)
@@ -164,9 +200,8 @@ class IoConfig:
             ``deadline``, ``min_rate``, ``rate_window``).
         cache: the node-local cache (:class:`CacheConfig`: ``cache_dir``, ``cache_limit``,
             ``prefetch_depth``, ``prefetch_threads``, ``node_requests``, ``node_rate``,
-            ``rate_adapt``, ``request_rate``,
-            ``piece_parallel``, ``cache_wait``, ``manifest_ttl``, ``on_cache_error``,
-            ``cache_verify``).
+            ``rate_adapt``, ``request_rate``, ``piece_parallel``, ``cache_wait``,
+            ``manifest_ttl``, ``on_cache_error``, ``cache_verify``).
         limits: what a reader holds at most and checks (:class:`ReaderLimits`:
             ``max_member``, ``verify``, ``tar_policy``).
         allow_pipe: allow ``pipe:CMD`` urls (only ever set in code, never by a manifest).
@@ -174,8 +209,9 @@ class IoConfig:
         read_timeout: seconds without a byte before a read is abandoned and retried.
         range_size: bytes per ranged GET.
         endpoint_url: S3-compatible endpoint (default: ``AWS_ENDPOINT_URL`` or AWS).
-        flat: any option of the three concerns by its own name (``cache_dir="/nvme"``,
-            ``deadline=60``), applied over ``retry``/``cache``/``limits``.
+
+    An option of ``retry``, ``cache`` or ``limits`` given here by its own name
+    (``IoConfig(cache_dir=...)``) is a :class:`ConfigError` naming the spelling to use.
     """
 
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -198,16 +234,20 @@ class IoConfig:
         read_timeout: float = 60.0,
         range_size: int = DEFAULT_RANGE_SIZE,
         endpoint_url: str | None = None,
-        **flat: Any,
+        **other: Any,
     ) -> None:
-        unknown = sorted(set(flat) - set(FLAT))
-        if unknown:
-            raise TypeError(f"IoConfig got unknown options {unknown}")
+        if other:  # a flat option of a concern, or a typo: an error naming the way
+            raise misspelled("IoConfig", other)
         given = {"retry": retry, "cache": cache, "limits": limits}
         for concern, cls in _CONCERNS.items():
-            own = {k: v for k, v in flat.items() if FLAT[k] == concern}
-            base = given[concern] or cls()
-            object.__setattr__(self, concern, dataclasses.replace(base, **own) if own else base)
+            value = given[concern]
+            if value is None:
+                value = cls()
+            elif not isinstance(value, cls):
+                raise ConfigError(
+                    f"IoConfig: {concern} must be a {cls.__name__}, not {type(value).__name__}"
+                )
+            object.__setattr__(self, concern, value)
         object.__setattr__(self, "allow_pipe", allow_pipe)
         object.__setattr__(self, "connect_timeout", connect_timeout)
         object.__setattr__(self, "read_timeout", read_timeout)
@@ -220,35 +260,15 @@ class IoConfig:
         if self.range_size < 1:
             raise ConfigError(f"range_size must be >= 1, got {self.range_size!r}")
 
-    @classmethod
-    def make(
-        cls,
-        *,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit: int | str | None = None,
-        allow_pipe: bool = False,
-        **options: Any,
-    ) -> IoConfig:
-        """Build a config from keyword options (flat or by concern), parsing sizes
-        ("64MiB") and paths."""
-        known = {f.name for f in dataclasses.fields(cls)} | set(FLAT)
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ConfigError(f"unknown io options {unknown}; known: {sorted(known)}")
-        for name in ("range_size", "max_member"):
-            if name in options and isinstance(options[name], str):
-                options[name] = parse_size(options[name])
-        if cache_dir is not None:
-            options["cache_dir"] = os.fspath(cache_dir)
-        if cache_limit is not None:
-            options["cache_limit"] = parse_size(cache_limit)
-        return cls(allow_pipe=allow_pipe, **options)
-
 
 def with_cache(
-    io: IoConfig | None, cache_dir: str | os.PathLike[str] | None, cache_limit: int | str | None
+    io: IoConfig | None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: int | str | None = None,
 ) -> IoConfig:
-    """``io`` with the ``cache_dir``/``cache_limit`` shortcuts applied."""
+    """``io`` (default: ``IoConfig()``) with the readers' cache shortcut applied:
+    ``cache_dir``/``cache_limit`` (``"500GB"``) set ``io.cache``'s, refused where ``io``
+    names a cache of its own."""
     if io is not None and not isinstance(io, IoConfig):
         raise ConfigError(f"io must be an IoConfig, not {type(io).__name__}")
     base = io or IoConfig()
@@ -256,8 +276,7 @@ def with_cache(
         return base
     if io is not None and (io.cache.cache_dir, io.cache.cache_limit) != (None, None):
         raise ConfigError("give the cache in io= or in cache_dir=/cache_limit=, not both")
-    shortcut = IoConfig.make(cache_dir=cache_dir, cache_limit=cache_limit)
-    cache = dataclasses.replace(
-        base.cache, cache_dir=shortcut.cache.cache_dir, cache_limit=shortcut.cache.cache_limit
-    )
+    limit = None if cache_limit is None else parse_size(cache_limit)
+    path = None if cache_dir is None else os.fspath(cache_dir)
+    cache = dataclasses.replace(base.cache, cache_dir=path, cache_limit=limit)
     return dataclasses.replace(base, cache=cache)

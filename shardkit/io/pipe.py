@@ -21,8 +21,8 @@ def check_pipe_allowed(url: str, allow_pipe: bool) -> None:
     """Refuse ``pipe:`` unless the caller allowed it in code."""
     if not allow_pipe:
         raise ConfigError(
-            f"refusing {url!r}: pipe: urls run a shell command; pass allow_pipe=True to "
-            "make_opener(...) in code to allow them"
+            f"refusing {url!r}: pipe: urls run a shell command; give "
+            "io=IoConfig(allow_pipe=True) in code to allow them"
         )
 
 

@@ -37,7 +37,7 @@ from shardkit.counters import Counters
 from shardkit.errors import CacheError, ChecksumError, ConfigError, FetchError
 from shardkit.format.pieces import PieceHasher, Pieces, piece_digest
 from shardkit.io.clocked import resuming_chunks
-from shardkit.io.config import IoConfig
+from shardkit.io.config import CacheConfig, IoConfig
 from shardkit.io.remote import ChunkStream
 from shardkit.io.retry import Retryable, RetryPolicy, parse_retry_after
 from shardkit.io.verified import PieceCheck
@@ -178,14 +178,14 @@ def test_parse_retry_after() -> None:
 
 
 def test_io_config_options() -> None:
-    cfg = IoConfig.make(cache_limit="1GB", range_size="8MiB", read_timeout=5)
+    cfg = IoConfig(cache=CacheConfig(cache_limit=10**9), range_size=8 << 20, read_timeout=5)
     assert cfg.cache.cache_limit == 10**9 and cfg.range_size == 8 << 20 and cfg.read_timeout == 5
-    with pytest.raises(ConfigError, match="unknown io options"):
-        IoConfig.make(rnage_size=1)
+    with pytest.raises(ConfigError, match="no option rnage_size"):
+        IoConfig(rnage_size=1)
     with pytest.raises(ConfigError, match="read_timeout"):
         IoConfig(read_timeout=0)
     with pytest.raises(ConfigError, match="on_cache_error"):
-        IoConfig(on_cache_error="ignore")
+        IoConfig(cache=CacheConfig(on_cache_error="ignore"))
 
 
 def test_counters_count_this_process_only() -> None:
@@ -381,10 +381,12 @@ class MemoryHost:
     """An in-memory remote for a fill: serves DATA, corrupting the next ``bad`` bodies
     that start at ``at``."""
 
-    def __init__(self, store: CacheStore, bad: int = 0, at: int = 0, **cfg: Any) -> None:
+    def __init__(
+        self, store: CacheStore, bad: int = 0, at: int = 0, piece_parallel: int = 4
+    ) -> None:
         self.store = store
         self.counters = Counters()
-        self.cfg = IoConfig(**cfg)
+        self.cfg = IoConfig(cache=CacheConfig(piece_parallel=piece_parallel))
         self.bad = bad
         self.at = at
         self.asked: list[tuple[int, int]] = []

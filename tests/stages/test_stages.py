@@ -87,7 +87,7 @@ def test_ranks_split_shards_by_sample_range(make_shards: MakeShards) -> None:
 
 def test_unknown_io_options_fail_when_the_data_set_is_made(make_shards: MakeShards) -> None:
     with pytest.raises(ConfigError, match="range_sise"):
-        ShardDataset(make_shards([2]), io=IoConfig.make(range_sise="1MB"))
+        ShardDataset(make_shards([2]), io=IoConfig(range_sise=10**6))
     with pytest.raises(ConfigError, match="IoConfig"):
         ShardDataset(make_shards([2]), io={"range_size": 1})  # type: ignore[arg-type]
     cfg = IoConfig(range_size=10**6, cache=CacheConfig(cache_limit=2 * 10**9))

@@ -232,7 +232,8 @@ class MemberReader:
         if typeflag not in _METADATA and self.policy != "lenient":
             raise self._error(
                 f"member {name!r} is a {kind}; shards hold regular files "
-                "(a lenient tar policy skips such members: IoConfig(tar_policy='lenient'), "
+                "(a lenient tar policy skips such members: "
+                "IoConfig(limits=ReaderLimits(tar_policy='lenient')), "
                 "--tar-policy lenient)",
                 first,
             )
