@@ -373,9 +373,9 @@ def bench_cache(sizes: list[int], repeats: int, tmp: str) -> list[dict[str, Any]
 
 def _hit(store: Any, key: Any) -> None:
     """An open of a cached shard, touched as a reader touches it."""
-    from shardkit.cache.layout import Layout
+    from shardkit.cache.layout import FillPieces
 
-    fd, published = store.open_part(key, Layout(key.size))
+    fd, published = store.open_part(key, FillPieces(key.size))
     assert fd is not None and published
     os.utime(fd)  # as a reader does: it is the most recently used now
     os.close(fd)
@@ -383,23 +383,23 @@ def _hit(store: Any, key: Any) -> None:
 
 def _evict_and_publish(store: Any, key: Any) -> None:
     """A reservation in a full cache (it evicts), then the shard published."""
-    from shardkit.cache.layout import Layout
+    from shardkit.cache.layout import FillPieces
 
-    fd, _ = store.open_part(key, Layout(key.size))
+    fd, _ = store.open_part(key, FillPieces(key.size))
     assert fd is not None
     os.ftruncate(fd, key.size)
     os.close(fd)
-    store.publish(key, Layout(key.size))
+    store.publish(key, FillPieces(key.size))
 
 
 def _reserve(store: Any, key: Any) -> None:
     """A reservation of a temp file for ``key``, given up at once."""
-    from shardkit.cache.layout import Layout
+    from shardkit.cache.layout import FillPieces
 
-    fd, _ = store.open_part(key, Layout(key.size))
+    fd, _ = store.open_part(key, FillPieces(key.size))
     assert fd is not None
     os.close(fd)
-    store.discard(key, Layout(key.size))
+    store.discard(key, FillPieces(key.size))
 
 
 def _row(name: str, sizes: list[int], vals: list[float]) -> None:

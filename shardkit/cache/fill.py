@@ -1,6 +1,6 @@
 """Filling one shard into the cache piece by piece, shared by every process that wants it.
 
-A fill writes into the shard's temp file (see :class:`~shardkit.cache.layout.Layout`): the
+A fill writes into the shard's temp file (see :class:`~shardkit.cache.layout.FillPieces`): the
 bytes of piece *k* at their offsets, then byte *k* of the piece map set to 1 once the piece
 matched its checksum. The map is the only state, on disk, in the file it speaks of:
 
@@ -37,7 +37,7 @@ from typing import Protocol
 from shardkit._types import ObjectRef
 from shardkit.activity import waiting
 from shardkit.cache.download import Fetcher, WriteError, download, write_at
-from shardkit.cache.layout import CacheKey, Layout, inode_of
+from shardkit.cache.layout import CacheKey, FillPieces, inode_of
 from shardkit.cache.locks import claim_byte, try_lock, unlock, wait_claim
 from shardkit.counters import Counters
 from shardkit.errors import CacheError, ChecksumError, FetchError
@@ -71,7 +71,7 @@ class ShardFill:
         self.check = PieceCheck(ref)  # what every piece and the whole must hash to
         self.key = CacheKey.of(self.check.checksum, self.check.size)
         self.url = ref.url
-        self.layout = Layout.of(self.check.size, ref.pieces)
+        self.layout = FillPieces.of(self.check.size, ref.pieces)
         self.done = threading.Event()
         self.error: BaseException | None = None
         self._fd: int | None = fd

@@ -39,7 +39,7 @@ __all__ = [
     "CacheKey",
     "CacheStat",
     "CachedShard",
-    "Layout",
+    "FillPieces",
     "TempFile",
     "inode_of",
     "listdir",
@@ -80,7 +80,7 @@ class CacheKey:
 
 
 @dataclass(frozen=True)
-class Layout:
+class FillPieces:
     """How a shard is filled and checked: ``count`` pieces of ``piece_size`` bytes, each
     checked against its digest before a reader gets a byte of it; ``piece_size`` 0 (a
     manifest without pieces): one piece, the whole shard, checked against its checksum.
@@ -98,7 +98,7 @@ class Layout:
     digests: tuple[str, ...] | None = None
 
     @classmethod
-    def of(cls, size: int, pieces: PieceChecksums | None) -> Layout:
+    def of(cls, size: int, pieces: PieceChecksums | None) -> FillPieces:
         if pieces is None or size == 0:
             return cls(size)
         return cls(size, pieces.size, pieces.digests)
@@ -187,5 +187,5 @@ def scan_tmp(tmp: str) -> Iterator[TempFile]:
         if m is not None:
             path, retired = os.path.join(tmp, name), m.group("gone") is not None
             size = int(m.group("size"))
-            count = Layout(size, int(m.group("piece"))).count
+            count = FillPieces(size, int(m.group("piece"))).count
             yield TempFile(path, m.group("name"), size + count, retired)

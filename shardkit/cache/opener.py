@@ -26,7 +26,7 @@ from typing import BinaryIO
 from shardkit._types import ObjectRef
 from shardkit.cache.fill import ShardFill
 from shardkit.cache.gate import NodeGate
-from shardkit.cache.layout import CacheKey, Layout
+from shardkit.cache.layout import CacheKey, FillPieces
 from shardkit.cache.manifests import fetch_manifest_once
 from shardkit.cache.opener_process import OpenerProcess
 from shardkit.cache.store import CacheStore
@@ -83,7 +83,7 @@ class CachingOpener:
         key = CacheKey.of(ref.checksum, ref.size)
         if not self._usable():
             return self.remote.open(ref, start, stop)
-        layout = Layout.of(ref.size, ref.pieces)
+        layout = FillPieces.of(ref.size, ref.pieces)
         try:
             fd, published = self._open_part(key, layout)
         except CacheError as exc:
@@ -126,7 +126,7 @@ class CachingOpener:
                 key = CacheKey.of(ref.checksum, ref.size)
             except ConfigError:
                 continue  # a hint only: its open() reports the bad checksum
-            layout = Layout.of(ref.size, ref.pieces)
+            layout = FillPieces.of(ref.size, ref.pieces)
             with local.lock:
                 running = local.fills.get(self.store.part_path(key, layout))
                 busy = key.name in local.queued or key.name in local.leases
@@ -142,7 +142,7 @@ class CachingOpener:
         """
         if ref.size is None or ref.checksum is None:
             raise ConfigError(f"{ref.url}: caching a shard needs its size and checksum")
-        key, layout = CacheKey.of(ref.checksum, ref.size), Layout.of(ref.size, ref.pieces)
+        key, layout = CacheKey.of(ref.checksum, ref.size), FillPieces.of(ref.size, ref.pieces)
         fd, published = self._open_part(key, layout)
         if fd is None:
             return "no room"
@@ -226,7 +226,7 @@ class CachingOpener:
             return False
         return True
 
-    def _open_part(self, key: CacheKey, layout: Layout) -> tuple[int | None, bool]:
+    def _open_part(self, key: CacheKey, layout: FillPieces) -> tuple[int | None, bool]:
         try:
             return self.store.open_part(key, layout)
         except OSError as exc:
@@ -255,7 +255,7 @@ class CachingOpener:
         return self._open_ref(ref, start, stop)
 
     def _rechecked(
-        self, key: CacheKey, ref: ObjectRef, start: int, stop: int, layout: Layout, fd: int
+        self, key: CacheKey, ref: ObjectRef, start: int, stop: int, layout: FillPieces, fd: int
     ) -> BinaryIO:
         """A cache hit hashed again as it is read (``cache_verify="open"``): each piece a
         reader comes to before any of its bytes (:class:`VerifiedFile`), or without pieces
@@ -281,7 +281,7 @@ class CachingOpener:
 
         return buffered(VerifiedFile(f, ref, start=start, end=stop, on_bad=on_bad))
 
-    def _fill_for(self, ref: ObjectRef, layout: Layout, fd: int) -> ShardFill:
+    def _fill_for(self, ref: ObjectRef, layout: FillPieces, fd: int) -> ShardFill:
         """This process's fill of ``ref`` (shared by its readers), started on the file
         ``fd`` (a lease of its own on it) if none is running."""
         assert ref.size is not None and ref.checksum is not None
@@ -297,7 +297,7 @@ class CachingOpener:
             local.fills[name] = fill
         return fill
 
-    def _prefetch_one(self, key: CacheKey, ref: ObjectRef, layout: Layout) -> None:
+    def _prefetch_one(self, key: CacheKey, ref: ObjectRef, layout: FillPieces) -> None:
         """Fill one shard ahead and lease it, so eviction spares it until it is read.
 
         The prefetch holds its lease on the temp file from before its first piece, so the

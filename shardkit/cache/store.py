@@ -39,7 +39,7 @@ from shardkit.cache.folder import make_folder
 from shardkit.cache.layout import (
     CachedShard,
     CacheKey,
-    Layout,
+    FillPieces,
     TempFile,
     inode_of,
     scan_data,
@@ -92,10 +92,10 @@ class CacheStore:
     def path(self, key: CacheKey) -> str:
         return os.path.join(self.root, "data", key.algo, key.digest[:2], key.digest)
 
-    def part_path(self, key: CacheKey, layout: Layout | None = None) -> str:
+    def part_path(self, key: CacheKey, layout: FillPieces | None = None) -> str:
         """The temp file of ``key`` filled by ``layout``: named by the checksum, the size
-        and the piece table its map is verified against (:attr:`Layout.table`)."""
-        lay = layout if layout is not None else Layout(key.size)
+        and the piece table its map is verified against (:attr:`FillPieces.table`)."""
+        lay = layout if layout is not None else FillPieces(key.size)
         name = f"{key.name}-{key.size}-p{lay.piece_size}-{lay.table}.part"
         return os.path.join(self.root, "tmp", name)
 
@@ -124,14 +124,14 @@ class CacheStore:
                 os.utime(fd)  # least recently used goes first
         return fd
 
-    def is_retired(self, fd: int, key: CacheKey, layout: Layout) -> bool:
+    def is_retired(self, fd: int, key: CacheKey, layout: FillPieces) -> bool:
         """Whether ``fd`` holds a temp file of ``key`` that was given up and renamed aside."""
         st = os.fstat(fd)
         here = (inode_of(self.part_path(key, layout)), inode_of(self.path(key)))
         return st.st_nlink > 0 and st.st_ino not in here
 
     # -- filling -----------------------------------------------------------------
-    def open_part(self, key: CacheKey, layout: Layout) -> tuple[int | None, bool]:
+    def open_part(self, key: CacheKey, layout: FillPieces) -> tuple[int | None, bool]:
         """``(fd, published)``: the verified shard if it is there (published True), else
         its temp file filled by ``layout``, open read-write: the one there (a fill running,
         or left by a dead one), or a new one if there is room; either under a lease. fd
@@ -174,7 +174,7 @@ class CacheStore:
                 raise
             return fd, False
 
-    def publish(self, key: CacheKey, layout: Layout) -> bool:
+    def publish(self, key: CacheKey, layout: FillPieces) -> bool:
         """Make a verified temp file (cut, synced and closed) visible as the cached shard;
         False if it was evicted meanwhile."""
         path, part = self.path(key), self.part_path(key, layout)
@@ -195,7 +195,7 @@ class CacheStore:
         fsync_dir(os.path.dirname(path))
         return True
 
-    def discard(self, key: CacheKey, layout: Layout) -> None:
+    def discard(self, key: CacheKey, layout: FillPieces) -> None:
         """Give up the temp file of ``key``: removed, or renamed aside and still counted
         while readers hold it."""
         self.ensure()
@@ -222,7 +222,7 @@ class CacheStore:
             finally:
                 ledger.end()
 
-    def let_go(self, fd: int, key: CacheKey, layout: Layout | None) -> None:
+    def let_go(self, fd: int, key: CacheKey, layout: FillPieces | None) -> None:
         """Close a reader's ``fd``; a temp file given up while it was read is removed now."""
         try:
             retired = layout is not None and self.is_retired(fd, key, layout)

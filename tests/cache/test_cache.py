@@ -222,14 +222,14 @@ def test_pieces_that_are_not_the_shards_are_never_published(
 def test_a_reader_waits_for_another_fills_piece_at_most_cache_wait(
     shards: Manifest, server: RangeServer, tmp_path: Path
 ) -> None:
-    from shardkit.cache.layout import Layout
+    from shardkit.cache.layout import FillPieces
     from shardkit.cache.locks import claim_byte, unlock
     from shardkit.errors import CacheError
 
     cache = tmp_path / "cache"
     store = CacheStore(str(cache))
     e = shards.shards[2]
-    key, layout = CacheKey.of(e.checksum, e.size), Layout.of(e.size, e.pieces)
+    key, layout = CacheKey.of(e.checksum, e.size), FillPieces.of(e.size, e.pieces)
     fd, published = store.open_part(key, layout)
     assert fd is not None and not published
     holder = claim_byte(fd, e.size)  # a fill that holds piece 0 and never finishes it

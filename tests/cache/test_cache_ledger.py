@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from shardkit.cache import upkeep
-from shardkit.cache.layout import CacheKey, Layout
+from shardkit.cache.layout import CacheKey, FillPieces
 from shardkit.cache.ledger import Ledger
 from shardkit.cache.store import CacheStore
 
@@ -35,12 +35,12 @@ def key(n: int) -> CacheKey:
 def add(store: CacheStore, n: int, mtime: float | None = None) -> None:
     """Reserve, fill and publish shard ``n`` as a fill does."""
     k = key(n)
-    fd, published = store.open_part(k, Layout(k.size))
+    fd, published = store.open_part(k, FillPieces(k.size))
     assert fd is not None and not published
     os.pwrite(fd, content(n), 0)
     os.ftruncate(fd, k.size)
     os.close(fd)
-    assert store.publish(k, Layout(k.size))
+    assert store.publish(k, FillPieces(k.size))
     if mtime is not None:
         os.utime(store.path(k), (mtime, mtime))
 
@@ -161,7 +161,7 @@ def test_changes_behind_the_ledgers_back_are_found(
     stray = key(7)
     Path(store.path(stray)).parent.mkdir(parents=True, exist_ok=True)
     Path(store.path(stray)).write_bytes(content(7))
-    fd, published = store.open_part(stray, Layout(SIZE))
+    fd, published = store.open_part(stray, FillPieces(SIZE))
     assert fd is not None and published
     os.close(fd)
     assert listed(store) == on_disk(store) and len(on_disk(store)) == 4
@@ -211,7 +211,7 @@ def _churn(root: str, seed: int, rounds: int) -> None:
     for _ in range(rounds):
         n = rng.randrange(30)
         k = key(n)
-        fd, published = store.open_part(k, Layout(k.size))
+        fd, published = store.open_part(k, FillPieces(k.size))
         if fd is None:
             continue  # no room: every shard is being read
         if published:
@@ -222,7 +222,7 @@ def _churn(root: str, seed: int, rounds: int) -> None:
         os.pwrite(fd, content(n), 0)
         os.ftruncate(fd, k.size)
         os.close(fd)
-        store.publish(k, Layout(k.size))
+        store.publish(k, FillPieces(k.size))
         assert store.usage() <= 10 * 100
 
 

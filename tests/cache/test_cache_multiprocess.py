@@ -21,7 +21,7 @@ import pytest
 
 from shardkit._types import ObjectRef
 from shardkit.cache import CacheKey, CacheStore, make_opener, opener_for, upkeep
-from shardkit.cache.layout import Layout
+from shardkit.cache.layout import FillPieces
 from shardkit.format.manifest.model import Manifest, ShardEntry
 from shardkit.format.tario.index import read_index
 from shardkit.format.tario.reader import read_shard
@@ -185,7 +185,7 @@ def piece_ranges(e: ShardEntry, pieces: list[int]) -> list[str]:
 
 def verified(store: CacheStore, key: CacheKey, n: int, e: ShardEntry) -> list[int]:
     """The pieces a temp file's map says are verified."""
-    with open(store.part_path(key, Layout.of(key.size, e.pieces)), "rb") as f:
+    with open(store.part_path(key, FillPieces.of(key.size, e.pieces)), "rb") as f:
         f.seek(key.size)
         return [k for k, b in enumerate(f.read(n)) if b]
 

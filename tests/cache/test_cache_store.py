@@ -22,7 +22,7 @@ import pytest
 from shardkit._types import ObjectRef
 from shardkit.cache import upkeep
 from shardkit.cache.fill import ShardFill
-from shardkit.cache.layout import CacheKey, Layout
+from shardkit.cache.layout import CacheKey, FillPieces
 from shardkit.cache.locks import (
     NodeSlots,
     claim_byte,
@@ -227,7 +227,7 @@ def put(store: CacheStore, n: int, size: int, mtime: float) -> CacheKey:
 
 def open_part(store: CacheStore, key: CacheKey) -> int | None:
     """A new temp file for ``key`` (one piece: its map is 1 byte), or None: no room."""
-    fd, published = store.open_part(key, Layout(key.size))
+    fd, published = store.open_part(key, FillPieces(key.size))
     assert not published
     return fd
 
@@ -400,10 +400,10 @@ class MemoryHost:
         return iter([bytes(data[: len(data) // 2]), bytes(data[len(data) // 2 :])])
 
 
-def pieces_of(size: int, piece: int) -> Layout:
+def pieces_of(size: int, piece: int) -> FillPieces:
     h = PieceHasher(piece)
     h.update(DATA[:size])
-    return Layout(size, piece, h.result().digests)
+    return FillPieces(size, piece, h.result().digests)
 
 
 def data_key(size: int) -> CacheKey:
@@ -411,14 +411,14 @@ def data_key(size: int) -> CacheKey:
     return CacheKey.of("sha256:" + hashlib.sha256(DATA[:size]).hexdigest(), size)
 
 
-def open_data_part(store: CacheStore, key: CacheKey, layout: Layout) -> int:
+def open_data_part(store: CacheStore, key: CacheKey, layout: FillPieces) -> int:
     """A fill's temp file of ``key``, opened as a fill opens it (not yet published)."""
     fd, _ = store.open_part(key, layout)
     assert fd is not None
     return fd
 
 
-def new_fill(host: Any, key: CacheKey, url: str, layout: Layout, fd: int) -> ShardFill:
+def new_fill(host: Any, key: CacheKey, url: str, layout: FillPieces, fd: int) -> ShardFill:
     """A fill of ``key`` (by ``layout``'s pieces) at ``url``, on the temp file ``fd``."""
     pieces = Pieces(layout.piece_size, layout.digests) if layout.digests else None
     return ShardFill(host, ObjectRef(url, key.size, key.checksum, pieces), fd)
@@ -562,7 +562,7 @@ def test_a_reservation_never_counts_a_shard_being_published_twice(
     # A publish (a rename from tmp/ to data/ and its ledger line) between the reservation's
     # look at tmp/ and its look at the ledger would count that shard twice: it would evict
     # a shard, or find no room, for room that is there. It waits for the reservation.
-    publisher = Behind("publisher", lambda: store.publish(done, Layout(99)))
+    publisher = Behind("publisher", lambda: store.publish(done, FillPieces(99)))
     store = CacheStore(str(tmp_path), limit=250, lock=publisher.lock)
     store.ensure()
     done = put_key(1, 99)
@@ -597,7 +597,7 @@ def test_a_given_up_temp_file_stays_counted_while_it_is_read(tmp_path: Path) -> 
     os.close(fd)
     along = store.lease(store.part_path(key))  # a reader
     assert along is not None
-    store.discard(key, Layout(99))
+    store.discard(key, FillPieces(99))
     assert not os.path.exists(store.part_path(key))  # the name is free for another try
     assert store.usage() == 100  # the bytes are still on disk: still counted
     assert not reserve(store, put_key(2, 199))
@@ -606,10 +606,10 @@ def test_a_given_up_temp_file_stays_counted_while_it_is_read(tmp_path: Path) -> 
     assert upkeep.stat(store).dead_temp_files == 1
     again = open_part(store, key)  # the next try of the same shard fits beside it
     assert again is not None
-    store.let_go(along, key, Layout(99))  # the reader lets go: the given-up file goes
+    store.let_go(along, key, FillPieces(99))  # the reader lets go: the given-up file goes
     assert [(p.size, p.retired) for p in store.parts()] == [(100, False)]  # the new try
     os.close(again)
-    store.discard(key, Layout(99))
+    store.discard(key, FillPieces(99))
     assert list(store.parts()) == [] and store.usage() == 0
 
 

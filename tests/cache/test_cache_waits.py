@@ -18,7 +18,7 @@ import pytest
 
 from shardkit._types import ObjectRef
 from shardkit.cache import CacheKey, CacheStore, opener_for
-from shardkit.cache.layout import Layout
+from shardkit.cache.layout import FillPieces
 from shardkit.cache.locks import NodeSlots, claim_byte, try_lock, unlock, wait_claim
 from shardkit.errors import CacheError
 from shardkit.format.manifest.model import Manifest
@@ -53,7 +53,7 @@ def _part(cache: Path, shards: Manifest) -> tuple[int, int, str]:
     and its path."""
     e = shards.shards[0]
     store = CacheStore(str(cache))
-    key, layout = CacheKey.of(e.checksum, e.size), Layout.of(e.size, e.pieces)
+    key, layout = CacheKey.of(e.checksum, e.size), FillPieces.of(e.size, e.pieces)
     fd, published = store.open_part(key, layout)
     assert fd is not None and not published
     return fd, e.size, store.part_path(key, layout)
