@@ -277,6 +277,22 @@ class Catalog:
         last = idx.signature(opener, info, hi - 1) if end is not None else None
         return ByteRange(start, end, 0, first, last)
 
+    def sample_span(self, opener: Opener, shard: int, j: int) -> tuple[int, int, int | None]:
+        """Where sample ``j`` of a shard with a sample index lies, ``(start, end)`` (the
+        last one ends where the index says the archive does), and the signature the sample
+        found there must have (None for a version 1 index)."""
+        info = self.shards[shard]
+        assert info.index_url is not None
+        self.check_within(info, info.index_url)
+        idx = self._index_reader
+        start, end = idx.offset(opener, info, j), idx.offset(opener, info, j + 1)
+        if end <= start:
+            raise ShardFormatError(
+                f"sample index gives sample {j} the byte range {start}..{end}",
+                url=info.index_url,
+            )
+        return start, end, idx.signature(opener, info, j)
+
 
 def _reopen(
     manifest_path: str, allow_unsafe_urls: bool, remote: bool, path: str, digest: str

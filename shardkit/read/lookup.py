@@ -2,27 +2,51 @@
 
 Sample ``i`` (in manifest order) lives in the shard whose cumulative count passes ``i``: a
 binary search over the shard starts (in memory, no I/O), then the shard's sample index
-gives the byte range of that one sample (two offsets and its signature), and one ranged
-read through the opener gets it. The read goes through :func:`read_stream`, so it is
-verified as a sequential read is: the sample found there must carry the signature the
-index gives it, and the opener checks the bytes (the node cache piece by piece; without a
-cache, :func:`piece_verified` reads a remote shard's pieces whole and checks each).
+gives the byte range of that one sample (two offsets and its signature). A
+:class:`Lookups` (one per process) reads those bytes and parses the one sample from them:
+
+- a local shard stays open (a bounded number per process, least recently used closed
+  first); with a checksum in the manifest the pieces holding the sample are read whole
+  and checked before a byte of them is used, as every local read is
+  (:mod:`shardkit.io.local`), and the checked pieces are kept in memory (a bounded number
+  of bytes), so a later lookup in the same piece reads and hashes nothing;
+- a remote shard without a node cache: the pieces holding the sample are fetched whole
+  and checked (:func:`~shardkit.io.remote.verified_open`), once, and kept the same way;
+- a remote shard through the node cache: the cache fetches and verifies the pieces (once
+  per node) and serves every later lookup in them from its file.
+
+The sample found must carry the signature the index gives it, and the range must hold
+exactly one sample: a wrong index is a :class:`ShardFormatError`, never another sample.
+What the fast path cannot read (a compressed shard, one without a sample index, a
+``pipe:`` url) is read through :func:`read_stream` as a sequential read is.
 """
 
 from __future__ import annotations
 
+import os
+import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
-from typing import BinaryIO
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 
 from shardkit._types import ObjectRef, Opener, Sample
+from shardkit.errors import ChecksumError, FetchError, ShardFormatError
+from shardkit.format.compression import compressed_name, sniff
+from shardkit.format.tario.reader import TarReader
 from shardkit.io.config import ReaderLimits
+from shardkit.io.local import computed_pieces
 from shardkit.io.remote import UncachedOpener, verified_open
-from shardkit.read.catalog import Catalog
-from shardkit.read.stream import read_stream
+from shardkit.io.verified import PieceCheck
+from shardkit.read.catalog import Catalog, ShardInfo
+from shardkit.read.stream import check_no_more, check_signature, read_stream
+from shardkit.urls import local_path, url_scheme
 
-__all__ = ["Locator", "PieceVerified", "piece_verified", "read_sample"]
+__all__ = ["Locator", "Lookups", "PieceVerified", "piece_verified", "read_sample"]
+
+KEEP_OPEN = 16  # local shard files a process keeps open for lookups
+KEEP_PIECE_BYTES = 32 << 20  # checked piece bytes a process keeps (one piece at least)
 
 
 class Locator:
@@ -54,12 +78,279 @@ def read_sample(
     *,
     limits: ReaderLimits | None = None,
 ) -> Sample:
-    """Sample ``j`` of ``shard``: one ranged read, its signature checked (raises on bad data);
-    ``limits``: the reader's (``max_member``, ``tar_policy``)."""
+    """Sample ``j`` of ``shard`` through a sequential read of its range: its signature
+    checked (raises on bad data); ``limits``: the reader's (``max_member``, ``tar_policy``)."""
     row = iter([(shard, j, j + 1, 0)])
     for _, sample in read_stream(row, catalog, opener, counts, "raise", limits):
         return sample
     raise AssertionError("read_stream yields the sample or raises")  # pragma: no cover
+
+
+class _LocalShard:
+    """One local shard kept open for lookups, and what its pieces must hash to (None:
+    read as it is: no checksum in the manifest, or ``verify="off"``)."""
+
+    def __init__(self, ref: ObjectRef, verify: bool) -> None:
+        self.url = ref.url
+        try:
+            self.fd = os.open(local_path(ref.url), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise FetchError(f"cannot open: {exc.strerror}", url=ref.url) from exc
+        try:
+            self.check = self._check(ref) if verify and ref.verifiable else None
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def _check(self, ref: ObjectRef) -> PieceCheck:
+        assert ref.size is not None and ref.checksum is not None
+        have = os.fstat(self.fd).st_size
+        if have != ref.size:
+            raise ChecksumError(
+                "size differs from the manifest",
+                url=ref.url,
+                expected=f"{ref.size} bytes",
+                actual=f"{have} bytes",
+            )
+        pieces = ref.pieces or computed_pieces(self.fd, ref.url, ref.size, ref.checksum)
+        return PieceCheck(ObjectRef(ref.url, ref.size, ref.checksum, pieces))
+
+    def piece(self, k: int, spare: np.ndarray[Any, Any] | None) -> memoryview:
+        """Piece ``k``, read whole (into ``spare`` if it is large enough) and checked
+        (:class:`ChecksumError` if it differs)."""
+        check = self.check
+        assert check is not None
+        lo, hi = check.span(k)
+        buf: Any = spare
+        if buf is None or len(buf) < hi - lo:
+            # a fresh buffer costs a page fault per 4 KiB, more than the read: see _room
+            buf = np.empty(check.piece_size or hi - lo, dtype=np.uint8)
+        view = memoryview(buf)[: hi - lo]
+        got = 0
+        while got < hi - lo:
+            n = os.preadv(self.fd, [view[got:]], lo + got)
+            if not n:
+                break
+            got += n
+        hasher = check.hasher(k)
+        hasher.update(view[:got])
+        actual = hasher.hexdigest()
+        if got != hi - lo or actual != check.expected(k)[1]:
+            short = f"{got} of {hi - lo} bytes"
+            raise check.piece_error(k, actual if got == hi - lo else short, why="on disk")
+        return view.toreadonly()
+
+    def read(self, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` as they are on disk (no checksum to check them by)."""
+        data = os.pread(self.fd, end - start, start)
+        if len(data) != end - start:
+            raise ShardFormatError(
+                f"truncated: the file ends before byte {end}", url=self.url, offset=start
+            )
+        return data
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class Lookups:
+    """One process's reader of single samples (see the module docstring).
+
+    Not thread-safe: one process's lookups run one at a time. Held in a
+    :class:`~shardkit.per_process.PerProcess`: a forked child makes its own, so no file or
+    piece is shared across a fork.
+
+    Args:
+        catalog: the shards.
+        opener: reads remote shards (verified) and the sample indexes.
+        limits: the reader's limits (``max_member``, ``verify``, ``tar_policy``).
+        keep_open: local shard files kept open at most.
+        keep_bytes: bytes of checked pieces kept at most (one piece at least).
+    """
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        opener: Opener,
+        limits: ReaderLimits,
+        *,
+        keep_open: int = KEEP_OPEN,
+        keep_bytes: int = KEEP_PIECE_BYTES,
+    ) -> None:
+        self.catalog = catalog
+        self.opener = opener
+        self.limits = limits
+        self.keep_open = max(1, keep_open)
+        self.keep_bytes = keep_bytes
+        self._open: OrderedDict[str, _LocalShard] = OrderedDict()
+        self._pieces: OrderedDict[tuple[str, str, int], memoryview] = OrderedDict()
+        self._piece_bytes = 0
+        self._finalizer = weakref.finalize(self, _close_all, self._open)
+
+    def sample(self, shard: int, j: int, counts: dict[str, float]) -> Sample:
+        """Sample ``j`` of ``shard``, checked (raises on bad data)."""
+        info = self.catalog.shards[shard]
+        url = info.ref.url
+        scheme = url_scheme(url)
+        if info.index_url is None or compressed_name(url) or scheme == "pipe":
+            return read_sample(self.catalog, self.opener, shard, j, counts, limits=self.limits)
+        start, end, signature = self.catalog.sample_span(self.opener, shard, j)
+        if scheme == "file":
+            self.catalog.check_within(info, url)
+            data = self._local(info.ref, start, end)
+        else:
+            data = self._remote(info.ref, start, end)
+        counts["bytes"] += len(data)
+        return self._parse(data, info, start, end, signature, j, counts)
+
+    # -- the bytes ---------------------------------------------------------------------
+    def _local(self, ref: ObjectRef, start: int, end: int) -> bytes:
+        f = self._open.get(ref.url)
+        if f is None:
+            f = _LocalShard(ref, self.limits.verify == "on")
+            self._open[ref.url] = f
+            while len(self._open) > self.keep_open:
+                self._open.popitem(last=False)[1].close()
+        else:
+            self._open.move_to_end(ref.url)
+        check = f.check
+        if check is None:
+            return f.read(start, end)
+        return self._from_pieces(ref, check, start, end, f.piece)
+
+    def _remote(self, ref: ObjectRef, start: int, end: int) -> bytes:
+        if not isinstance(self.opener, PieceVerified) or ref.pieces is None:
+            with self.opener.open(ref, start, end) as f:  # the node cache, or no check
+                return _read_exactly(f, end - start, ref.url, start)
+        check = PieceCheck(ref)  # pieces are fetched whole and checked by the opener
+
+        def fetch(k: int, spare: np.ndarray[Any, Any] | None) -> memoryview:
+            del spare  # the stream hands out bytes of its own
+            lo, hi = check.span(k)
+            with self.opener.open(ref, lo, hi) as f:
+                return memoryview(_read_exactly(f, hi - lo, ref.url, lo))
+
+        return self._from_pieces(ref, check, start, end, fetch)
+
+    def _from_pieces(
+        self, ref: ObjectRef, check: PieceCheck, start: int, end: int, load: Any
+    ) -> bytes:
+        """``[start, end)`` from the checked pieces holding it (kept, or ``load(k)``)."""
+        parts: list[memoryview] = []
+        for k in range(check.piece_of(start), check.piece_of(end - 1) + 1):
+            lo, _ = check.span(k)
+            key = (ref.url, check.checksum, k)
+            piece = self._pieces.get(key)
+            if piece is None:
+                piece = load(k, self._room(check.piece_size, len(parts)))
+                self._pieces[key] = piece
+                self._piece_bytes += len(piece)
+            else:
+                self._pieces.move_to_end(key)
+            parts.append(piece[max(start, lo) - lo : end - lo])
+        return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
+
+    def _room(self, size: int, busy: int) -> np.ndarray[Any, Any] | None:
+        """Drop the oldest pieces until one more of ``size`` bytes fits, but not the
+        ``busy`` newest (the lookup's own); the buffer of the last one dropped, for the next
+        piece to be read into (a buffer used again has its pages mapped already: a fresh
+        one measured slower to fill than the read itself)."""
+        spare = None
+        while len(self._pieces) > busy and self._piece_bytes + size > self.keep_bytes:
+            piece = self._pieces.popitem(last=False)[1]
+            self._piece_bytes -= len(piece)
+            spare = piece.obj if isinstance(piece.obj, np.ndarray) else None
+        return spare
+
+    # -- the sample --------------------------------------------------------------------
+    def _parse(
+        self,
+        data: bytes,
+        info: ShardInfo,
+        start: int,
+        end: int,
+        signature: int | None,
+        j: int,
+        counts: dict[str, float],
+    ) -> Sample:
+        """The one sample ``data`` (bytes ``[start, end)`` of the shard) holds."""
+        url = info.ref.url
+        if start == 0:
+            kind = sniff(data[:8])
+            if kind is not None:
+                raise ShardFormatError(
+                    f"the shard is {kind}-compressed, but its name does not say so: "
+                    "name it .tar.zst / .tar.gz (its index offsets are in the tar)",
+                    url=url,
+                    offset=0,
+                )
+        lim = self.limits
+        reader = TarReader(
+            cast(BinaryIO, _Held(data)), url=url, start=start, end=end, size=info.ref.size,
+            max_member=lim.max_member, policy=lim.tar_policy,
+        )  # fmt: skip
+        samples = reader.samples()
+        found = next(samples, None)
+        if found is None:
+            raise ShardFormatError(
+                f"the sample index gives sample {j} the bytes {start}..{end}, which hold no "
+                "sample: the index is wrong; rewrite it with `shardkit manifest from-shards`",
+                url=url,
+                offset=start,
+            )
+        sample = found[1]
+        if signature is not None:
+            check_signature(sample, signature, info, j)
+        check_no_more(samples, f"sample {j} by the index holds", url)
+        if reader.skipped_members:
+            counts["skipped_members"] = counts.get("skipped_members", 0) + reader.skipped_members
+        sample["__url__"] = url
+        return sample
+
+    def close(self) -> None:
+        """Close the files kept open and drop the pieces kept (it can be used again)."""
+        _close_all(self._open)
+        self._pieces.clear()
+        self._piece_bytes = 0
+
+    def stats(self) -> dict[str, int]:
+        """Files kept open and bytes of checked pieces kept now."""
+        return {"open_shards": len(self._open), "piece_bytes": self._piece_bytes}
+
+
+def _close_all(files: OrderedDict[str, _LocalShard]) -> None:
+    while files:
+        files.popitem()[1].close()
+
+
+class _Held:
+    """A read-only stream over bytes in memory that hands them out without a copy where it
+    can (the tar reader slices its fields from them)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self._pos = 0
+
+    def read(self, n: int = -1) -> bytes:
+        pos, data = self._pos, self._data
+        if pos == 0 and (n < 0 or n >= len(data)):
+            self._pos = len(data)
+            return data
+        stop = len(data) if n < 0 else min(len(data), pos + n)
+        self._pos = stop
+        return data[pos:stop]
+
+    def seekable(self) -> bool:
+        return False
+
+
+def _read_exactly(f: BinaryIO, n: int, url: str, at: int) -> bytes:
+    data = f.read(n)
+    if len(data) != n:
+        raise ShardFormatError(f"truncated: {len(data)} of {n} bytes", url=url, offset=at)
+    return data
 
 
 class PieceVerified:

@@ -25,7 +25,7 @@ from shardkit.read.catalog import ByteRange, Catalog, ShardInfo
 from shardkit.read.policy import DATA_ERRORS, count_error, report
 from shardkit.units import plural
 
-__all__ = ["read_stream"]
+__all__ = ["check_no_more", "check_signature", "read_stream"]
 
 RangeRow = tuple[int, int, int, int]
 _LOOKAHEAD = 8
@@ -204,22 +204,15 @@ def _take(
             skip -= 1
             continue
         if got == 0 and where.first is not None:
-            _check_signature(sample, where.first, info, lo)
+            check_signature(sample, where.first, info, lo)
         if got == want - 1 and where.last is not None:
-            _check_signature(sample, where.last, info, hi - 1)
+            check_signature(sample, where.last, info, hi - 1)
         sample["__url__"] = url
         yield sample
         got += 1
         if got == want:
             if (where.end is not None or hi == info.nsamples) and not where.skip:
-                extra = next(samples, None)
-                if extra is not None:
-                    raise ShardFormatError(
-                        f"samples {lo}..{hi} by the index hold more samples than that (then "
-                        f"{extra[1]['__key__']!r}): the index or the manifest's count is wrong",
-                        url=url,
-                        offset=extra[0],
-                    )
+                check_no_more(samples, f"samples {lo}..{hi} by the index hold", url)
             return
     raise ShardFormatError(
         f"the shard ends {plural(want - got, 'sample')} short of the range asked for; the manifest "
@@ -228,7 +221,22 @@ def _take(
     )
 
 
-def _check_signature(sample: Sample, want: int, info: ShardInfo, i: int) -> None:
+def check_no_more(samples: Iterator[tuple[int, Sample]], what: str, url: str) -> None:
+    """A :class:`ShardFormatError` if ``samples`` (what ``what`` names, e.g. "samples 3..5
+    by the index hold") yields one more sample."""
+    extra = next(samples, None)
+    if extra is not None:
+        raise ShardFormatError(
+            f"{what} more samples than that (then {extra[1]['__key__']!r}): the index or the "
+            "manifest's count is wrong",
+            url=url,
+            offset=extra[0],
+        )
+
+
+def check_signature(sample: Sample, want: int, info: ShardInfo, i: int) -> None:
+    """A :class:`ShardFormatError` unless ``sample`` (sample ``i`` of the shard ``info``)
+    has the signature ``want`` its index gives it (key and field names)."""
     key = str(sample["__key__"])
     if sample_signature(key, [k for k in sample if k != "__key__"]) != want:
         raise ShardFormatError(

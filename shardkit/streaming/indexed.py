@@ -7,17 +7,22 @@
     sk.IndexedShards(url, cache_dir="/nvme/sk").get("sample-00000042")
 
 ``ds[i]`` is global sample ``i`` in manifest order (shard by shard, each in tar order). A
-lookup is a binary search over the shard starts in memory and one ranged read of that one
-sample through the sample index (:mod:`shardkit.read.lookup`): remote shards go through
-the node cache when ``cache_dir`` is given (the pieces holding the sample are fetched and
-verified first), else through piece-verified ranged reads. ``get(key)`` uses the data
-set's key index (:mod:`shardkit.read.keys`), built on first use by reading every key once
-and kept beside the manifest or in the node cache, bound to the manifest's content.
+lookup is a binary search over the shard starts in memory and one read of that one sample
+through the sample index (:mod:`shardkit.read.lookup`). A local shard stays open in each
+process (a bounded number of them); the pieces holding the sample are checked before it
+is parsed and kept in memory a while (a bounded number of bytes), so a later lookup in
+them reads nothing again. Remote shards go through the node cache when ``cache_dir`` is
+given (the pieces holding the sample are fetched and verified once for the node, later
+lookups in them read its file), else through piece-verified ranged reads (each piece
+fetched once and kept as a local one is). ``get(key)`` uses the data set's key index
+(:mod:`shardkit.read.keys`), built on first use by reading every key once and kept
+beside the manifest or in the node cache, bound to the manifest's content.
 
 It works with torch's samplers (``RandomSampler``, ``DistributedSampler``) and a
 ``DataLoader`` with workers: what it pickles is the recipe and the catalog (a compact
-manifest form is mapped again in each worker); openers and the key index are made again
-in each process. One process's lookups run one at a time (not thread-safe).
+manifest form is mapped again in each worker); openers, open shard files and the key
+index are made again in each process (after a fork too). One process's lookups run one at
+a time (not thread-safe). :meth:`IndexedShards.close` closes what a process keeps open.
 """
 
 from __future__ import annotations
@@ -32,9 +37,10 @@ from shardkit.cache import opener_for
 from shardkit.format.manifest.model import Manifest
 from shardkit.io import manifest_source
 from shardkit.io.config import IoConfig, with_cache
+from shardkit.per_process import PerProcess
 from shardkit.read.catalog import Catalog, open_catalog
 from shardkit.read.keys import KeyTable, build_key_table, key_table_path
-from shardkit.read.lookup import Locator, piece_verified, read_sample
+from shardkit.read.lookup import Locator, Lookups, piece_verified
 from shardkit.read.stream import read_stream
 from shardkit.stages import Context, Cursor, Decode, Map, Stage, ToTuple
 from shardkit.values import as_position
@@ -100,6 +106,7 @@ class IndexedShards(Dataset[Any]):
         self._steps: Stage | None = None
         self._locator: Locator | None = None
         self._keys: KeyTable | None = None
+        self._lookups: PerProcess[Lookups] = PerProcess(self._new_lookups)
         self._counts: dict[str, float] = {"samples": 0, "bytes": 0}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -113,6 +120,9 @@ class IndexedShards(Dataset[Any]):
         if self._opener is None:
             self._opener = piece_verified(opener_for(self._io))
         return self._opener
+
+    def _new_lookups(self) -> Lookups:
+        return Lookups(self._catalog, self._open(), self._io.limits)
 
     def _locate(self, i: int) -> tuple[int, int]:
         if self._locator is None:
@@ -148,9 +158,7 @@ class IndexedShards(Dataset[Any]):
 
     def _raw(self, pos: int) -> dict[str, Any]:
         shard, j = self._locate(pos)
-        sample = read_sample(
-            self._catalog, self._open(), shard, j, self._counts, limits=self._io.limits
-        )
+        sample = self._lookups.get().sample(shard, j, self._counts)
         self._counts["samples"] += 1
         return sample
 
@@ -252,6 +260,17 @@ class IndexedShards(Dataset[Any]):
     def io_stats(self) -> dict[str, float]:
         """The io counters of this process's opener."""
         return dict(self._open().stats())
+
+    def close(self) -> None:
+        """Close the shard files this process keeps open for lookups, drop the pieces it
+        keeps, and wait for the node cache's background fills this process started (so
+        the cache dir can be removed); the data set can be used again afterwards."""
+        lookups = self._lookups.peek()
+        if lookups is not None:
+            lookups.close()
+        drain = getattr(self._opener, "drain", None)
+        if drain is not None:
+            drain()
 
     def __repr__(self) -> str:
         r = self._ids

@@ -1,0 +1,137 @@
+"""Lookups: shard files kept open (bounded), checked pieces read once, remote pieces fetched
+once, every sample still checked."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import shardkit as sk
+from shardkit.cache import opener_for
+from shardkit.errors import ChecksumError, ShardFormatError
+from shardkit.format.layout import index_name
+from shardkit.format.manifest.model import Manifest
+from shardkit.format.tario.index import read_index
+from shardkit.io.config import IoConfig, ReaderLimits
+from shardkit.read.catalog import open_catalog
+from shardkit.read.lookup import Lookups, piece_verified
+from tests.helpers.readback import read_samples
+from tests.helpers.servers import RangeServer
+
+MakeShards = Callable[..., Manifest]
+PIECE = 16 << 10
+
+
+def _lookups(m: Manifest, io: IoConfig, **kwargs: int) -> Lookups:
+    opener = piece_verified(opener_for(io))
+    catalog = open_catalog(str(Path(str(m.base)) / "manifest.json"), opener, io=io)
+    return Lookups(catalog, opener, io.limits, **kwargs)
+
+
+def _open_shard_files(base: str) -> int:
+    fds = Path("/proc/self/fd")
+    names = []
+    for fd in fds.iterdir():
+        try:
+            names.append(os.readlink(fd))
+        except OSError:
+            continue  # closed meanwhile (the listing's own descriptor)
+    return sum(1 for n in names if n.startswith(base) and n.endswith(".tar"))
+
+
+@pytest.mark.parametrize("verify", ["on", "off"])
+def test_open_shards_are_bounded_and_every_lookup_is_the_sample_read_in_order(
+    make_shards: MakeShards, verify: str
+) -> None:
+    m = make_shards([3, 4, 2, 5, 3], piece_size=PIECE)
+    want = read_samples(m)
+    lookups = _lookups(m, IoConfig(limits=ReaderLimits(verify=verify)), keep_open=2)
+    where = [(s, j) for s, e in enumerate(m.shards) for j in range(e.nsamples)]
+    order = list(range(len(where)))
+    random.Random(3).shuffle(order)
+    counts = {"samples": 0.0, "bytes": 0.0}
+    for i in order:
+        got = lookups.sample(*where[i], counts)
+        assert got == {**want[i], "__url__": got["__url__"]}
+        assert lookups.stats()["open_shards"] <= 2
+        assert _open_shard_files(str(m.base)) <= 2
+    assert counts["bytes"] > 0
+    lookups.close()
+    assert _open_shard_files(str(m.base)) == 0
+    assert lookups.sample(0, 1, counts)["__key__"] == want[1]["__key__"]  # opens again
+
+
+def test_a_checked_piece_is_read_once_and_a_damaged_piece_is_never_a_sample(
+    make_shards: MakeShards,
+) -> None:
+    m = make_shards([24], tokens=2000, piece_size=PIECE)  # ~8 KB samples: 2 a piece
+    base = Path(str(m.base))
+    offsets = read_index((base / index_name(m.shards[0].url)).read_bytes())
+    first = next(j for j in range(23) if offsets[j + 1] <= PIECE)  # a sample in piece 0
+    far = next(j for j in range(24) if offsets[j] >= 4 * PIECE)  # one well past it
+    lookups = _lookups(m, IoConfig())
+    counts = {"samples": 0.0, "bytes": 0.0}
+    assert lookups.sample(0, first, counts)["__key__"] == f"sample-{first:08d}"
+    shard = base / m.shards[0].url
+    with open(shard, "r+b") as f:  # one byte changed in piece 0 and one in the far piece
+        for at in (int(offsets[first]) + 700, int(offsets[far]) + 700):
+            f.seek(at)
+            byte = f.read(1)
+            f.seek(at)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    assert lookups.sample(0, first, counts)["__key__"] == f"sample-{first:08d}"  # kept
+    with pytest.raises(ChecksumError, match="piece"):
+        lookups.sample(0, far, counts)
+    lookups.close()  # the kept pieces go: piece 0 is read, and checked, again
+    with pytest.raises(ChecksumError, match="piece 0"):
+        lookups.sample(0, first, counts)
+
+
+@pytest.mark.integration
+def test_a_remote_piece_is_fetched_once_for_every_lookup_in_it(
+    make_shards: MakeShards, tmp_path: Path
+) -> None:
+    m = make_shards([24, 4], tokens=500, piece_size=PIECE)  # ~2 KB samples
+    offsets = read_index((Path(str(m.base)) / index_name(m.shards[0].url)).read_bytes())
+    same = [j for j in range(23) if offsets[j + 1] <= PIECE]  # the samples of piece 0
+    assert len(same) >= 2
+    with RangeServer(str(m.base)) as srv:
+        shard = "/" + m.shards[0].url
+        ds = sk.IndexedShards(srv.url("manifest.json"))  # no cache: pieces kept in memory
+        keys = [ds[j]["__key__"] for j in same]
+        assert keys == [f"sample-{j:08d}" for j in same]
+        assert len(srv.requests(shard)) == 1
+        cache = str(tmp_path / "cache")
+        cached = sk.IndexedShards(srv.url("manifest.json"), cache_dir=cache)
+        assert cached[same[0]]["__key__"] == keys[0]
+        cached.close()  # its fill of the shard has ended: the node cache holds it
+        srv.clear_log()
+        again = sk.IndexedShards(srv.url("manifest.json"), cache_dir=cache)
+        assert [again[j]["__key__"] for j in same] == keys
+        assert srv.requests(shard) == []
+
+
+def test_an_index_that_sends_a_lookup_to_another_sample_is_refused(
+    make_shards: MakeShards,
+) -> None:
+    m = make_shards([6], piece_size=PIECE)
+    base = Path(str(m.base))
+    manifest = json.loads((base / "manifest.json").read_text())
+    for entry in manifest["shards"]:
+        entry.pop("index_checksum", None)  # read by ranged reads, not checked whole
+    (base / "manifest.json").write_text(json.dumps(manifest))
+    index = base / index_name(m.shards[0].url)
+    data = bytearray(index.read_bytes())
+    offsets = read_index(bytes(data))
+    data[48 + 8 * 3 : 48 + 8 * 4] = int(offsets[2]).to_bytes(8, "little")  # 3 -> sample 2
+    index.write_bytes(bytes(data))
+    lookups = _lookups(m, IoConfig())
+    counts = {"samples": 0.0, "bytes": 0.0}
+    assert lookups.sample(0, 4, counts)["__key__"] == "sample-00000004"
+    with pytest.raises(ShardFormatError, match="sends sample 3 to sample 'sample-00000002'"):
+        lookups.sample(0, 3, counts)
