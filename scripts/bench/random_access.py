@@ -4,7 +4,8 @@ Every contender looks up the same seeded random sample numbers, one at a time, i
 process (what a map-style Dataset under a RandomSampler does per worker):
 
 - local: ``shardkit.IndexedShards`` over the shardkit shards (a search over the shard
-  starts, the sample index, one pread of the sample, its signature checked), mosaic
+  starts, the sample index, the pieces holding the sample read whole and checked, its
+  signature checked; ``verify off``: one pread of the sample, as the peers read), mosaic
   ``StreamingDataset(local=...)[i]`` over MDS shards, litdata ``StreamingDataset(dir)[i]``
   over its chunks, each written from the same samples; the raw limit is ``os.pread`` of the
   sample's bytes (offsets from shardkit's index, opened files kept: no parse, no check).
@@ -20,7 +21,8 @@ process (what a map-style Dataset under a RandomSampler does per worker):
   the node cache (pieces the lookup needs first, the shard filled behind), mosaic
   (``remote=s3://..., local=...``: a whole shard downloaded on its first lookup), litdata
   (whole chunks). moto answers every request in Python: its per-request cost weighs on
-  the library that sends the most requests.
+  the library that sends the most requests. shardkit's time includes waiting for the
+  shard fills it started to end (``close()``), as mosaic's includes its downloads.
 
 Prints lookups/s medians and the share of the raw limit; writes the JSON to ``--out``.
 """
@@ -85,15 +87,20 @@ def contenders_local(root: str, ids: list[int]) -> list[tuple[str, Any]]:
     mosaic = _peers.streaming()
     from litdata import StreamingDataset as LitDataset
 
-    sk_ds = shardkit.IndexedShards(os.path.join(root, "shardkit", "manifest.json"))
+    from shardkit.io.config import IoConfig, ReaderLimits
+
+    manifest = os.path.join(root, "shardkit", "manifest.json")
+    sk_ds = shardkit.IndexedShards(manifest)
+    sk_off = shardkit.IndexedShards(manifest, io=IoConfig(limits=ReaderLimits(verify="off")))
     mds = mosaic.StreamingDataset(local=os.path.join(root, "mosaic"), shuffle=False, batch_size=1)
     lit = LitDataset(os.path.join(root, "litdata"))
     raw = raw_lookup(os.path.join(root, "shardkit"))
-    for get in (sk_ds.__getitem__, mds.__getitem__, lit.__getitem__, raw):
+    for get in (sk_ds.__getitem__, sk_off.__getitem__, mds.__getitem__, lit.__getitem__, raw):
         get(ids[0])  # open what each opens once (files, indexes), outside the timing
     return [
         ("raw pread", lambda: lookups(raw, ids)),
         ("shardkit IndexedShards", lambda: lookups(sk_ds.__getitem__, ids)),
+        ("shardkit IndexedShards, verify off", lambda: lookups(sk_off.__getitem__, ids)),
         ("mosaic StreamingDataset", lambda: lookups(mds.__getitem__, ids)),
         ("litdata StreamingDataset", lambda: lookups(lit.__getitem__, ids)),
     ]
@@ -105,7 +112,9 @@ def contenders_remote(url: str, ids: list[int], few: list[int]) -> list[tuple[st
     def cached() -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as cache:
             ds = shardkit.IndexedShards(url, cache_dir=cache)
-            return lookups(ds.__getitem__, ids)
+            lookups(ds.__getitem__, ids)
+            ds.close()  # the fills it started, before the cache dir goes
+            return {}
 
     def uncached() -> dict[str, Any]:
         return lookups(shardkit.IndexedShards(url).__getitem__, few)
@@ -170,7 +179,11 @@ def contenders_s3(bucket: str, ids: list[int]) -> list[tuple[str, Any]]:
     def fresh(make: Any) -> Any:
         def run() -> dict[str, Any]:
             with tempfile.TemporaryDirectory() as cache:
-                return lookups(make(cache).__getitem__, ids)
+                ds = make(cache)
+                lookups(ds.__getitem__, ids)
+                if isinstance(ds, shardkit.IndexedShards):
+                    ds.close()  # the fills it started, before the cache dir goes
+                return {}
 
         return run
 
@@ -230,28 +243,30 @@ def run_profile(profile: str, args: Any) -> tuple[list[str], dict[str, Any]]:
     ids = [rng.randrange(len(ds.samples)) for _ in range(args.lookups)]
     before = _common.before_runs(False)
     texts, out = [], {"samples": len(ds.samples), "payload_bytes": ds.payload_bytes}
-    local = contenders_local(root, ids)
-    series = _common.interleave(args.repeats, local, before=before)
-    text, out["local"] = report(series, {name: len(ids) for name, _ in local})
-    texts.append(f"### random access, local, {describe(ds)}\n\n{text}\n")
-    from remote import Server
+    if "local" in args.part_list:
+        local = contenders_local(root, ids)
+        series = _common.interleave(args.repeats, local, before=before)
+        text, out["local"] = report(series, {name: len(ids) for name, _ in local})
+        texts.append(f"### random access, local, {describe(ds)}\n\n{text}\n")
+    if "http" in args.part_list:
+        from remote import Server
 
-    server = Server(os.path.join(root, "shardkit"), args.latency, 1e9, 0)
-    try:
-        few = ids[: args.uncached_lookups]
-        remote = contenders_remote(server.url("manifest.json"), ids, few)
-        series = _common.interleave(args.repeats, remote, before=before)
-        counts = {remote[0][0]: len(ids), remote[1][0]: len(few)}
-        text, out["remote"] = report(series, counts)
-    finally:
-        server.close()
-    if args.moto_python:
+        server = Server(os.path.join(root, "shardkit"), args.latency, 1e9, 0)
+        try:
+            few = ids[: args.uncached_lookups]
+            remote = contenders_remote(server.url("manifest.json"), ids, few)
+            series = _common.interleave(args.repeats, remote, before=before)
+            counts = {remote[0][0]: len(ids), remote[1][0]: len(few)}
+            text, out["remote"] = report(series, counts)
+        finally:
+            server.close()
+        texts.append(
+            f"### random access, http with {args.latency * 1000:.0f} ms per request, "
+            f"{describe(ds)}, pieces of {args.piece_size}\n\n{text}\n"
+        )
+    if args.moto_python and "s3" in args.part_list:
         text_s3, out["s3"] = part_s3(root, profile, ids[: args.remote_lookups], args)
         texts.append(f"### random access, s3 (moto), {describe(ds)}\n\n{text_s3}\n")
-    texts.append(
-        f"### random access, http with {args.latency * 1000:.0f} ms per request, "
-        f"{describe(ds)}, pieces of {args.piece_size}\n\n{text}\n"
-    )
     return texts, out
 
 
@@ -263,7 +278,9 @@ def main() -> None:
     p.add_argument("--piece-size", default="1MB", help="shardkit's piece checksums")
     p.add_argument("--moto-python", default=None, help="a python with moto[server]: s3 part")
     p.add_argument("--remote-lookups", type=int, default=200, help="lookups of the s3 part")
+    p.add_argument("--parts", default="local,http,s3", help="comma list: local,http,s3")
     args = p.parse_args()
+    args.part_list = [x.strip() for x in args.parts.split(",") if x.strip()]
     _common.parse_common(args)
     args.piece = parse_size(args.piece_size)
     results: dict[str, Any] = {"size": args.size, "repeats": args.repeats, "profiles": {}}
