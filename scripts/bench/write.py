@@ -104,7 +104,9 @@ def write_raw(pieces: list[bytes], out: str, shard_bytes: int, algo: str, fsync:
     f.close()
 
 
-def contenders(ds: Dataset, work: str, shard: int) -> list[tuple[str, Callable[[], Any]]]:
+def contenders(
+    ds: Dataset, work: str, shard: int, peers: bool = True
+) -> list[tuple[str, Callable[[], Any]]]:
     pieces = encoded_pieces(ds)
 
     def run(name: str, fn: Callable[[str], None]) -> tuple[str, Callable[[], Any]]:
@@ -116,17 +118,22 @@ def contenders(ds: Dataset, work: str, shard: int) -> list[tuple[str, Callable[[
 
         return name, go
 
-    return [
+    own = [
         run("shardkit sha256", lambda o: _peers.write_shardkit(ds, o, shard, "sha256")),
         run("shardkit xxh3_128", lambda o: _peers.write_shardkit(ds, o, shard, "xxh3_128")),
+    ]
+    others = [
         run("webdataset", lambda o: _peers.write_wds(ds, o, shard)),
         run("mosaic MDS", lambda o: _peers.write_mds(ds, o, shard)),
         run("mosaic MDS sha256", lambda o: _peers.write_mds(ds, o, shard, ["sha256"])),
         run("litdata", lambda o: _peers.write_litdata(ds, o, shard)),
+    ]
+    raw = [
         run("raw sha256+fsync", lambda o: write_raw(pieces, o, shard, "sha256", True)),
         run("raw xxh3_128+fsync", lambda o: write_raw(pieces, o, shard, "xxh3_128", True)),
         run("raw sha256 nofsync", lambda o: write_raw(pieces, o, shard, "sha256", False)),
     ]
+    return own + (others if peers else []) + raw
 
 
 _RAW_FOR = {"shardkit sha256": "raw sha256+fsync", "shardkit xxh3_128": "raw xxh3_128+fsync"}
@@ -134,7 +141,7 @@ _RAW_FOR = {"shardkit sha256": "raw sha256+fsync", "shardkit xxh3_128": "raw xxh
 
 def report(ds: Dataset, series: dict[str, Series]) -> tuple[str, list[dict[str, Any]]]:
     n, payload = len(ds.samples), ds.payload_bytes
-    wds = series["webdataset"].median
+    wds = series["webdataset"].median if "webdataset" in series else float("nan")
     rows, records = [], []
     for name, s in series.items():
         raw = _RAW_FOR.get(name)
@@ -147,11 +154,13 @@ def report(ds: Dataset, series: dict[str, Series]) -> tuple[str, list[dict[str, 
 
 def main() -> None:
     p = base_parser(__doc__.split("\n\n")[0])
+    p.add_argument("--no-peers", action="store_true", help="shardkit and the raw limits only")
     args = p.parse_args()
     parse_common(args)
-    _peers.streaming()  # import the peers now: their import time is not write time
-    import litdata.streaming.writer  # noqa: F401
-    import webdataset  # noqa: F401
+    if not args.no_peers:
+        _peers.streaming()  # import the peers now: their import time is not write time
+        import litdata.streaming.writer  # noqa: F401
+        import webdataset  # noqa: F401
 
     results: dict[str, Any] = {"size": args.size, "repeats": args.repeats, "profiles": {}}
     texts = []
@@ -159,9 +168,12 @@ def main() -> None:
         ds = make_dataset(profile, args.size_bytes)
         log(f"write: {describe(ds)}, shards of {args.shard_size}")
         work = os.path.join(args.work, "write", profile)
-        series = interleave(args.repeats, contenders(ds, work, args.shard_bytes), before=sync)
+        runs = contenders(ds, work, args.shard_bytes, peers=not args.no_peers)
+        load = "/".join(f"{x:.1f}" for x in os.getloadavg())
+        series = interleave(args.repeats, runs, before=sync)
+        load += " before, " + "/".join(f"{x:.1f}" for x in os.getloadavg()) + " after"
         text, records = report(ds, series)
-        texts.append(f"### write, {describe(ds)}\n\n{text}\n")
+        texts.append(f"### write, {describe(ds)} (load average {load})\n\n{text}\n")
         results["profiles"][profile] = {
             "samples": len(ds.samples),
             "payload_bytes": ds.payload_bytes,
