@@ -20,7 +20,7 @@ from shardkit.cache.locks import locked
 from shardkit.cache.store import CacheStore
 from shardkit.counters import Counters
 from shardkit.durable import atomic_write
-from shardkit.io.remote import RangeSource
+from shardkit.io.remote import RangeFetcher
 
 __all__ = ["fetch_manifest_once"]
 
@@ -28,13 +28,13 @@ log = logging.getLogger(__name__)
 
 
 def fetch_manifest_once(
-    store: CacheStore, url: str, source: RangeSource, *, ttl: float, counters: Counters
+    store: CacheStore, url: str, fetcher: RangeFetcher, *, ttl: float, counters: Counters
 ) -> bytes:
     """The bytes of the manifest at ``url``, via the node's copy in ``store``: named by
-    where it lives in full (``source.location``: for ``s3://`` the endpoint, region and
+    where it lives in full (``fetcher.location``: for ``s3://`` the endpoint, region and
     profile too), never by the url's text, so one url on two stores is two copies."""
     store.ensure()
-    where = source.location(url)
+    where = fetcher.location(url)
     base = os.path.join(store.root, "manifests", hashlib.sha256(where.encode()).hexdigest()[:32])
     path, etag_path = base + ".json", base + ".etag"
     with locked(base + ".lock"):
@@ -46,7 +46,7 @@ def fetch_manifest_once(
             counters.add("manifest_cache_hits")
             return _read(path)
         etag = _read(etag_path).decode() if age is not None and os.path.exists(etag_path) else None
-        data, new_etag = source.get(url, etag=etag)
+        data, new_etag = fetcher.get(url, etag=etag)
         if data is None:
             log.info("%s: not modified since the node's copy", url)
             os.utime(path)

@@ -34,7 +34,7 @@ from shardkit.cache.stream import CacheStream
 from shardkit.counters import Counters
 from shardkit.errors import CacheError, ChecksumError, ConfigError
 from shardkit.io.config import IoConfig
-from shardkit.io.remote import RangeSource, UncachedOpener, buffered
+from shardkit.io.remote import RangeFetcher, UncachedOpener, buffered
 from shardkit.io.verified import VerifiedFile, file_digest
 from shardkit.per_process import PerProcess
 from shardkit.urls import REMOTE_SCHEMES, url_scheme
@@ -72,7 +72,7 @@ class CachingOpener:
     def open(self, ref: ObjectRef, start: int = 0, end: int | None = None) -> BinaryIO:
         """Stream ``[start, end)`` of ``ref``, through the cache when it can be cached (a
         remote object with a size and checksum); else as the uncached opener does."""
-        if ref.size is None or ref.checksum is None or self.remote.source(ref.url) is None:
+        if ref.size is None or ref.checksum is None or self.remote.fetcher(ref.url) is None:
             return self.remote.open(ref, start, end)
         stop = ref.size if end is None else min(end, ref.size)
         return self._open_ref(ref, start, stop)
@@ -186,7 +186,7 @@ class CachingOpener:
 
     def fetch_manifest(self, url: str) -> bytes:
         """The manifest at ``url``, fetched once per node into the cache dir."""
-        src = self.remote.source(url)
+        src = self.remote.fetcher(url)
         if src is None or not self._usable():
             return self.remote.fetch_manifest(url)
         return fetch_manifest_once(
@@ -201,13 +201,13 @@ class CachingOpener:
     def fetch(self, url: str, start: int, end: int, *, urgent: bool = False) -> Iterator[bytes]:
         """The remote bytes ``[start, end)``, each request under the node's request cap
         (``urgent``: a reader waits for them, see :class:`NodeSlots`)."""
-        return self._source(url).stream(
+        return self._fetcher(url).stream(
             url, start, end, gate=functools.partial(self.gate.turn, urgent)
         )
 
     # -- internals -----------------------------------------------------------------
-    def _source(self, url: str) -> RangeSource:
-        src = self.remote.source(url)
+    def _fetcher(self, url: str) -> RangeFetcher:
+        src = self.remote.fetcher(url)
         assert src is not None
         return src
 

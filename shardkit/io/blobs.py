@@ -9,7 +9,7 @@ and S3 (:mod:`shardkit.io.clocked`), so it is counted once. One client per proce
 lazily (again after fork); the environment is read when the client is made.
 
 The two stores differ only in how one ranged GET is made and how their errors sort into
-retryable and final; :class:`BlobSource` holds the rest once.
+retryable and final; :class:`BlobFetcher` holds the rest once.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from shardkit.per_process import PerProcess
 from shardkit.urls import parse_url
 
 __all__ = [
-    "AzSource",
-    "BlobSource",
-    "GsSource",
+    "AzFetcher",
+    "BlobFetcher",
+    "GsFetcher",
     "az_client",
     "az_error",
     "gs_client",
@@ -71,8 +71,8 @@ def _slices(data: bytes) -> Iterator[bytes]:
         yield bytes(view[i : i + CHUNK])
 
 
-class BlobSource:
-    """What a ranged source of one object store needs beside its SDK: the retry loop, the
+class BlobFetcher:
+    """What a ranged fetcher of one object store needs beside its SDK: the retry loop, the
     per-node request gate, the range size, whole-object gets (see the module docstring)."""
 
     scheme = ""
@@ -206,7 +206,7 @@ def gs_client() -> Any:
     return storage.Client()
 
 
-class GsSource(BlobSource):
+class GsFetcher(BlobFetcher):
     """Ranged reads of ``gs://bucket/key`` (see the module docstring)."""
 
     scheme = "gs"
@@ -272,7 +272,7 @@ def az_client() -> Any:
     return BlobServiceClient(url, credential=cred, retry_total=0)
 
 
-class AzSource(BlobSource):
+class AzFetcher(BlobFetcher):
     """Ranged reads of ``az://container/key`` (see the module docstring)."""
 
     scheme = "az"

@@ -29,7 +29,7 @@ from shardkit.io.retry import Gate, Retryable, RetryPolicy, parse_retry_after
 from shardkit.per_process import PerProcess
 from shardkit.urls import parse_url
 
-__all__ = ["CHUNK", "HttpSource", "policy_of"]
+__all__ = ["CHUNK", "HttpFetcher", "policy_of"]
 
 CHUNK = 1 << 20
 _RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -84,7 +84,7 @@ class _Body:
         self._resp.close()
 
 
-class HttpSource:
+class HttpFetcher:
     """Ranged reads of ``http(s)://`` urls with retries, resume and timeouts.
 
     Args:

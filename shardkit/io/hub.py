@@ -5,7 +5,7 @@ with a slash quoted as the Hub does: ``@refs%2Fpr%2F3``; ``models/``
 and ``spaces/`` repositories, and ``hf://ORG/NAME/...`` for a model, as ``huggingface_hub``
 spells them) is read as ``{HF_ENDPOINT}/datasets/ORG/NAME/resolve/REVISION/PATH`` over HTTP,
 with the same ranged requests, retries, deadlines and resume as any ``https://`` url
-(:class:`~shardkit.io.http.HttpSource`). The endpoint comes from ``HF_ENDPOINT`` (default
+(:class:`~shardkit.io.http.HttpFetcher`). The endpoint comes from ``HF_ENDPOINT`` (default
 ``https://huggingface.co``), the token from ``HF_TOKEN``, else the login ``huggingface_hub``
 stored (``$HF_TOKEN_PATH``, else ``$HF_HOME/token``, else ``~/.cache/huggingface/token``),
 read once per process when its session is made. The token is sent to the endpoint's host
@@ -21,11 +21,11 @@ from urllib.parse import quote, unquote
 import requests
 
 from shardkit.errors import ConfigError
-from shardkit.io.http import HttpSource
+from shardkit.io.http import HttpFetcher
 from shardkit.io.retry import Gate
 from shardkit.urls import parse_url
 
-__all__ = ["HubSource", "hub_token", "resolve_hub_url"]
+__all__ = ["HubFetcher", "hub_token", "resolve_hub_url"]
 
 _KINDS = {"datasets": "datasets/", "models": "", "spaces": "spaces/"}
 
@@ -68,7 +68,7 @@ def hub_token() -> str | None:
         return None
 
 
-class HubSource(HttpSource):
+class HubFetcher(HttpFetcher):
     """Ranged reads of ``hf://`` urls through their resolve urls (module docstring)."""
 
     def _make_session(self) -> requests.Session:

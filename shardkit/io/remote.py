@@ -21,21 +21,21 @@ from shardkit.counters import Counters
 from shardkit.errors import ChecksumError, ConfigError, redact
 from shardkit.format.checksum import split_checksum
 from shardkit.format.digest import Digest
-from shardkit.io.blobs import AzSource, BlobSource, GsSource
+from shardkit.io.blobs import AzFetcher, BlobFetcher, GsFetcher
 from shardkit.io.config import IoConfig
-from shardkit.io.http import HttpSource
-from shardkit.io.hub import HubSource
+from shardkit.io.http import HttpFetcher
+from shardkit.io.hub import HubFetcher
 from shardkit.io.local import open_local
 from shardkit.io.pipe import check_pipe_allowed, open_pipe
 from shardkit.io.retry import Gate
-from shardkit.io.s3 import S3Source
+from shardkit.io.s3 import S3Fetcher
 from shardkit.io.verified import PieceStream
 from shardkit.urls import HTTP_SCHEMES, url_scheme
 
-__all__ = ["ChunkStream", "RangeSource", "UncachedOpener", "verified_open", "verified_stream"]
+__all__ = ["ChunkStream", "RangeFetcher", "UncachedOpener", "verified_open", "verified_stream"]
 
 
-class RangeSource(Protocol):
+class RangeFetcher(Protocol):
     """Something that streams ``[start, end)`` of a remote object (HTTP, S3)."""
 
     def stream(
@@ -171,7 +171,7 @@ def verified_open(
         return open_pipe(url, start=start, end=end)
     if uncached.cfg.limits.verify == "off":
         ref = ObjectRef(url, ref.size)
-    src = uncached.source(url)
+    src = uncached.fetcher(url)
     if src is None:
         return open_local(ref, start, end)
     stop = end if ref.size is None else (ref.size if end is None else min(end, ref.size))
@@ -199,25 +199,25 @@ class UncachedOpener:
     def __init__(self, cfg: IoConfig, counters: Counters | None = None) -> None:
         self.cfg = cfg
         self.counters = counters or Counters()
-        self.http = HttpSource(cfg, self.counters)
-        self.hub = HubSource(cfg, self.counters)
-        self._s3: S3Source | None = None
-        self._blobs: dict[str, BlobSource] = {}
+        self.http = HttpFetcher(cfg, self.counters)
+        self.hub = HubFetcher(cfg, self.counters)
+        self._s3: S3Fetcher | None = None
+        self._blobs: dict[str, BlobFetcher] = {}
 
-    def source(self, url: str) -> RangeSource | None:
-        """The ranged source for a remote url, or None for local and pipe urls."""
+    def fetcher(self, url: str) -> RangeFetcher | None:
+        """The ranged fetcher of a remote url, or None for local and pipe urls."""
         scheme = url_scheme(url)
         if scheme in HTTP_SCHEMES:
             return self.http
         if scheme == "s3":
             if self._s3 is None:
-                self._s3 = S3Source(self.cfg, self.counters)
+                self._s3 = S3Fetcher(self.cfg, self.counters)
             return self._s3
         if scheme == "hf":
             return self.hub
         if scheme in ("gs", "az"):
             if scheme not in self._blobs:
-                kind = GsSource if scheme == "gs" else AzSource
+                kind = GsFetcher if scheme == "gs" else AzFetcher
                 self._blobs[scheme] = kind(self.cfg, self.counters)
             return self._blobs[scheme]
         if scheme in ("file", "pipe"):
@@ -225,8 +225,8 @@ class UncachedOpener:
         raise ConfigError(f"unsupported url scheme {scheme!r} in {redact(url)!r}")
 
     def location(self, url: str) -> str:
-        """Where the remote ``url`` lives in full (see :meth:`RangeSource.location`)."""
-        src = self.source(url)
+        """Where the remote ``url`` lives in full (see :meth:`RangeFetcher.location`)."""
+        src = self.fetcher(url)
         if src is None:
             raise ConfigError(f"{url!r} is not a remote url")
         return src.location(url)
@@ -242,7 +242,7 @@ class UncachedOpener:
 
     def fetch_manifest(self, url: str) -> bytes:
         """The whole (small) object at ``url``: a manifest."""
-        src = self.source(url)
+        src = self.fetcher(url)
         if src is None:
             return self.read(url)
         data, _ = src.get(url)

@@ -21,7 +21,7 @@ from shardkit.io.http import CHUNK, policy_of
 from shardkit.io.retry import Gate, Retryable, parse_retry_after
 from shardkit.urls import parse_url
 
-__all__ = ["S3Source", "s3_retryable"]
+__all__ = ["S3Fetcher", "s3_retryable"]
 from shardkit.per_process import PerProcess
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
@@ -100,7 +100,7 @@ class _S3Body:
         self._body.close()
 
 
-class S3Source:
+class S3Fetcher:
     """Ranged reads of ``s3://`` urls.
 
     Args:

@@ -69,13 +69,13 @@ def test_every_process_resource_is_per_process(tmp_path: object) -> None:
     from shardkit.cache.ledger import Ledger
     from shardkit.cache.opener import CachingOpener
     from shardkit.io.config import IoConfig
-    from shardkit.io.http import HttpSource
-    from shardkit.io.hub import HubSource
-    from shardkit.io.s3 import S3Source
+    from shardkit.io.http import HttpFetcher
+    from shardkit.io.hub import HubFetcher
+    from shardkit.io.s3 import S3Fetcher
 
-    for cls in (HttpSource, HubSource, S3Source, CachingOpener, Ledger):
+    for cls in (HttpFetcher, HubFetcher, S3Fetcher, CachingOpener, Ledger):
         assert "__getstate__" not in vars(cls), cls  # PerProcess is the one spelling
-    src = HubSource(IoConfig(), Counters())
+    src = HubFetcher(IoConfig(), Counters())
     mine = src.session
     assert src.session is mine
     clone = pickle.loads(pickle.dumps(src))  # what a spawned worker gets: no session
