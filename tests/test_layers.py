@@ -142,7 +142,7 @@ ORDER: dict[str, list[list[str]]] = {
             "indexed",
             "mixing",
             "workers",
-            "threads",
+            "worker_modes",
             "stall",
             "loader",
             "measure",

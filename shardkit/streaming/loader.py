@@ -51,8 +51,8 @@ from shardkit.streaming.resume import (
 )
 from shardkit.streaming.stall import StallWatch
 from shardkit.streaming.sync import EpochEnd
-from shardkit.streaming.threads import close_at_exit, make_workers, stop_workers
 from shardkit.streaming.transfer import Mailbox, PackedBytes
+from shardkit.streaming.worker_modes import close_at_exit, make_workers, stop_workers
 from shardkit.streaming.workers import WorkerSide
 
 __all__ = ["PackedBytes", "WebLoader"]
@@ -77,7 +77,7 @@ class WebLoader:
         worker_mode: ``"process"`` (default: DataLoader worker processes) or ``"thread"``
             (``num_workers`` threads of this process, in the same order, with the same
             state and DDP contract; for pipelines whose work releases the GIL: see
-            :mod:`shardkit.streaming.threads`).
+            :mod:`shardkit.streaming.worker_modes`).
         stall_warn: seconds without a batch before the loader names the stall: where each
             worker's reader is and what it waits on, logged and in ``stats()`` (see
             :mod:`shardkit.streaming.stall`); None: never.
