@@ -340,6 +340,15 @@ def _count_in_memory(compact: Compact | None, opener: Opener) -> None:
         counters.add("compact_forms_in_memory")
 
 
+def _remote_of(opener: Opener, cfg: IoConfig) -> UncachedOpener:
+    """The uncached opener under ``opener`` (a caching or piece-verifying one holds it as
+    ``remote``), else a new one: its client is made once (an S3 client costs a second)."""
+    for found in (opener, getattr(opener, "remote", None)):
+        if isinstance(found, UncachedOpener):
+            return found
+    return UncachedOpener(cfg)
+
+
 def open_catalog(
     source: str | Sequence[str] | Manifest,
     opener: Opener,
@@ -357,7 +366,7 @@ def open_catalog(
         src, remote = str(source), scheme in REMOTE_SCHEMES
         if remote:
             cfg = io or IoConfig()
-            where = UncachedOpener(cfg).location(src)
+            where = _remote_of(opener, cfg).location(src)
             compact = open_remote_compact(
                 src,
                 opener,

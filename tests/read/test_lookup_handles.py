@@ -18,6 +18,7 @@ from shardkit.format.layout import index_name
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.index import read_index
 from shardkit.io.config import IoConfig, ReaderLimits
+from shardkit.io.remote import UncachedOpener
 from shardkit.read.catalog import open_catalog
 from shardkit.read.lookup import Lookups, piece_verified
 from tests.helpers.readback import read_samples
@@ -135,3 +136,24 @@ def test_an_index_that_sends_a_lookup_to_another_sample_is_refused(
     assert lookups.sample(0, 4, counts)["__key__"] == "sample-00000004"
     with pytest.raises(ShardFormatError, match="sends sample 3 to sample 'sample-00000002'"):
         lookups.sample(0, 3, counts)
+
+
+@pytest.mark.integration
+def test_a_remote_catalog_opens_on_the_readers_own_client(
+    make_shards: MakeShards, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    m = make_shards([4])
+    made: list[UncachedOpener] = []
+    real = UncachedOpener.__init__
+
+    def counted(self: UncachedOpener, *args: object, **kwargs: object) -> None:
+        made.append(self)
+        real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(UncachedOpener, "__init__", counted)
+    with RangeServer(str(m.base)) as srv:
+        for cache in (str(tmp_path / "cache"), None):
+            made.clear()
+            ds = sk.IndexedShards(srv.url("manifest.json"), cache_dir=cache)
+            assert ds[3]["__key__"] == "sample-00000003"
+            assert len(made) == 1  # one client (an S3 one takes a second to make)
