@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, settings
 
 from shardkit.format.manifest.model import Manifest
 from tests.helpers.data import make_shards as _make_shards
+from tests.helpers.data import unsynced
 
 # 25 examples a property test (the team's bound): 60 made the property tests a tenth of CI
 settings.register_profile(
@@ -39,6 +40,17 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch, _user_cache: Path) -> Iterator[N
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(_user_cache))
     yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_fsync() -> Iterator[None]:
+    """fsync a no-op in the test process (see :func:`tests.helpers.data.unsynced`);
+    ``SHARDKIT_TEST_FSYNC=1`` keeps the real one."""
+    if os.environ.get("SHARDKIT_TEST_FSYNC") == "1":
+        yield
+        return
+    with unsynced():
+        yield
 
 
 @pytest.fixture
