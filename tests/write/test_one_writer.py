@@ -108,7 +108,7 @@ def test_shard_writer_refuses_a_finished_data_set(tmp_path: Path) -> None:
     """300 samples became 1 and the old shard stayed as a stray file: now a ConfigError,
     unless ``overwrite=True`` (the old shards go) or ``resume=True`` (appended)."""
     out = tmp_path / "out"
-    with sk.ShardWriter(out, WriterOptions(maxcount=100)) as w:
+    with sk.ShardWriter(out, maxcount=100) as w:
         for s in make_samples(300):
             w.write(s)
     before = read_samples(out / "manifest.json")
@@ -128,29 +128,23 @@ def test_shard_writer_refuses_a_finished_data_set(tmp_path: Path) -> None:
         sk.ShardWriter(out, resume=True, overwrite=True)
 
 
-def test_writer_options_in_one_object_and_old_keywords(tmp_path: Path) -> None:
-    opts = WriterOptions(prefix="x", maxsize="8KB", maxcount=3, compress="gzip")
-    assert opts.maxsize == 8000 and opts.max_bytes == 8000
-    with sk.ShardWriter(tmp_path / "a", opts) as w:
-        for s in make_samples(7):
-            w.write(s)
+def test_writer_options_by_keyword_only(tmp_path: Path) -> None:
+    """One spelling: keywords, made one frozen WriterOptions; a positional options object
+    (once also taken, with keywords replacing its fields) is a ConfigError naming them."""
     with sk.ShardWriter(
         tmp_path / "b", prefix="x", maxsize="8KB", maxcount=3, compress="gzip"
     ) as w:
         for s in make_samples(7):
             w.write(s)
-    a = [s.url for s in sk.Manifest.load(tmp_path / "a" / "manifest.json").shards]
+    assert w.options == WriterOptions(prefix="x", maxsize=8000, maxcount=3, compress="gzip")
+    assert w.options.maxsize == 8000 and w.options.max_bytes == 8000
     b = sk.Manifest.load(tmp_path / "b" / "manifest.json")
-    assert a == [s.url for s in b.shards] == [f"x-{i:06d}.tar.gz" for i in range(3)]
-    assert read_samples(tmp_path / "a" / "manifest.json") == read_samples(b)
-    with sk.ShardWriter(tmp_path / "c", opts, maxcount=7, maxsize="1MB") as w:  # replaced
-        for s in make_samples(7):
-            w.write(s)
-    assert len(sk.Manifest.load(tmp_path / "c" / "manifest.json")) == 1
+    assert [s.url for s in b.shards] == [f"x-{i:06d}.tar.gz" for i in range(3)]
     with pytest.raises(ConfigError, match="unknown ShardWriter option maxcnt"):
         sk.ShardWriter(tmp_path / "d", maxcnt=3)  # type: ignore[call-arg]
-    with pytest.raises(ConfigError, match="second argument is a WriterOptions"):
-        sk.ShardWriter(tmp_path / "d", "data")  # type: ignore[arg-type]
+    for misplaced in ("data", WriterOptions(maxcount=3)):
+        with pytest.raises(ConfigError, match=r"by keyword.*ShardWriter\(out_dir, prefix="):
+            sk.ShardWriter(tmp_path / "d", misplaced)
     with pytest.raises(ConfigError, match="too small"):
         WriterOptions(maxsize=100)
 

@@ -26,7 +26,7 @@ from shardkit.format.manifest.model import Manifest
 from shardkit.units import parse_size
 from shardkit.write.inputs.records import read_units
 from shardkit.write.inputs.sources import BadRecord, Located, SourceError, SourceOptions, Unit
-from shardkit.write.writer import ShardWriter, WriterOptions
+from shardkit.write.writer import ShardWriter
 from shardkit.write.writer.target import ErrorLog, Target, build_info, errors_name, store_failures
 
 if TYPE_CHECKING:
@@ -116,15 +116,17 @@ def write_job(job: Job, report: Reporter) -> tuple[int, int]:
         return 0, done.total_samples
     written = 0
     errors = job.target.error_log()
-    opts = WriterOptions(
-        job.prefix,
-        c.maxsize,
-        c.maxcount,
-        c.checksum,
-        c.compress,
+    with ShardWriter(
+        job.target,
+        resume=c.resume,
+        part=job.part,
+        prefix=job.prefix,
+        maxsize=c.maxsize,
+        maxcount=c.maxcount,
+        checksum=c.checksum,
+        compress=c.compress,
         image_quality=c.image.quality if c.image is not None else 90,
-    )
-    with ShardWriter(job.target, opts, resume=c.resume, part=job.part) as w:
+    ) as w:
         info: dict[str, Any] = {**job.meta, "config": job.fingerprint, "complete": False}
         w.manifest.created["build"] = info
         try:

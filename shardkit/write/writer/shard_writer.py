@@ -56,8 +56,6 @@ class ShardWriter:
     Args:
         out_dir: directory for shards and ``manifest.json`` / ``manifest.csv`` (or the
             :class:`~shardkit.write.writer.target.Target` a build chose).
-        options: how shards are cut, named and checked (:class:`WriterOptions`: prefix,
-            maxsize, maxcount, checksum, compress, piece_size, image_quality).
         manifest: the manifest file name inside ``out_dir``.
         start_index: the number of the first shard.
         resume: keep the shards an existing manifest in ``out_dir`` lists and continue
@@ -67,8 +65,9 @@ class ShardWriter:
             manifest goes first). Without it, or ``resume``, a local directory holding a
             manifest of this name is refused.
         part: ``(i, n)`` marks the manifest as part ``i`` of ``n`` for a later merge.
-        keywords: :class:`WriterOptions` fields given one by one (``maxcount=100``), as
-            before there was an options object; they replace those of ``options``.
+        keywords: how shards are cut, named and checked, by keyword (``maxcount=100``:
+            :class:`WriterOptions`' fields prefix, maxsize, maxcount, checksum, compress,
+            piece_size, image_quality), made one frozen value (:attr:`options`).
         endpoint_url: the S3-compatible endpoint for an ``s3://`` ``out_dir``.
 
     ``out_dir`` may be an object-store url (``s3://bucket/prefix/``, ``gs://...``,
@@ -84,8 +83,7 @@ class ShardWriter:
     def __init__(
         self,
         out_dir: str | os.PathLike[str] | Target,
-        options: WriterOptions | None = None,
-        *,
+        *misplaced: object,
         manifest: str = "manifest.json",
         start_index: int = 0,
         resume: bool = False,
@@ -100,14 +98,14 @@ class ShardWriter:
                 f"{self.out_dir!r} looks like a webdataset shard pattern: ShardWriter takes "
                 "the output directory and a prefix (ShardWriter(out_dir, prefix='data'))"
             )
-        if options is not None and not isinstance(options, WriterOptions):
+        if misplaced:  # ShardWriter(out, "data") or a WriterOptions: one spelling, keywords
             raise ConfigError(
-                f"ShardWriter's second argument is a WriterOptions, got {options!r}: "
-                "give the prefix and the other options by keyword (prefix='data')"
+                f"ShardWriter takes its options by keyword, not {misplaced[0]!r}: "
+                "ShardWriter(out_dir, prefix='data', maxsize='1GB', maxcount=...)"
             )
         if resume and overwrite:
             raise ConfigError("resume and overwrite exclude each other: pick one")
-        opts = (options or WriterOptions()).with_keywords(dict(keywords))
+        opts = WriterOptions().with_keywords(dict(keywords))
         self.options = opts
         self.prefix = opts.prefix
         self.maxsize = opts.max_bytes
