@@ -16,7 +16,13 @@
   training process and of the worker processes (what the load does not change much);
   ``--against`` too;
 - ``transfer``: CPU microseconds a batch of 32 LLM documents costs to cross from a worker
-  process, worker side and training side, in one process; ``--against`` too.
+  process, worker side and training side, in one process; ``--against`` too;
+- ``floor``: CPU microseconds torch's DataLoader itself costs an item with 2 kept worker
+  processes (a tiny item), the training process's and the workers'.
+
+``llm`` also prints what 2 worker processes can give at most on 2 idle cores from the CPU
+each mode spends a sample (2 x 0 workers' / all the processes'): 3 processes on 2 cores
+share them, so no scheduling does better (the load changes it little).
 
 Every measurement runs in a fresh child process; the figures are medians of ``--runs``.
 
@@ -219,8 +225,11 @@ def child_transfer(manifest: str) -> dict[str, float]:
     batches = list(itertools.islice(shardkit.ShardDataset(manifest).decode().batched(32), 100))
     packer = arena.WorkerArena(arena.Lanes(1), 0)
     wrap = getattr(arena, "Pickled", None)  # checkouts before it let the queue pickle
+    crossing = getattr(packer, "crossing", None)  # as a worker pickles a batch (plain or not)
 
     def pack(batch: Any) -> bytes:
+        if crossing is not None:
+            return bytes(ForkingPickler.dumps(crossing(batch)))
         parcel = packer.pack(batch)
         return bytes(ForkingPickler.dumps(parcel if wrap is None else wrap(parcel, 0)))
 
@@ -241,7 +250,37 @@ def child_transfer(manifest: str) -> dict[str, float]:
     return {"worker_us_a_batch": min(worker), "training_us_a_batch": min(main)}
 
 
+class _Tiny:  # an IterableDataset (made in the child: torch is imported there)
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Any:
+        meta = {"w": 0, "s": {"stage": "batched", "version": 1, "n": 3}, "c": {"samples": 32.0}}
+        for _ in range(self.n):
+            yield ("x", meta)
+
+
+def child_floor() -> dict[str, float]:
+    """CPU microseconds torch's DataLoader itself costs an item with 2 kept worker processes
+    (a tiny item and meta: no data set, no transfer), the training process's and the
+    workers': what every batch pays before shardkit does anything."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    tiny = type("Tiny", (_Tiny, IterableDataset), {})(5000)
+    loader = DataLoader(tiny, batch_size=None, num_workers=2, persistent_workers=True)
+    for _ in loader:
+        pass
+    pids = [p.pid for p in loader._iterator._workers]  # type: ignore[attr-defined]
+    main, kids = time.process_time(), _cpu(pids)
+    n = sum(1 for _ in loader)
+    return {
+        "cpu_us_main_an_item": (time.process_time() - main) / n * 1e6,
+        "cpu_us_workers_an_item": (_cpu(pids) - kids) / n * 1e6,
+    }
+
+
 CHILDREN = {
+    "floor": child_floor,
     "llm": child_llm,
     "transfer": child_transfer,
     "stages": child_stages,
@@ -310,7 +349,7 @@ def main() -> None:
     p.add_argument("--work", default="/tmp/shardkit-loader-probe")
     p.add_argument("--against", nargs="*", default=[], help="other checkouts (stages, reads, rate)")
     a = p.parse_args()
-    if set(a.probes) - {"llm", "transfer"}:
+    if set(a.probes) - {"llm", "transfer", "floor"}:
         small, medium = make_data(a.work, "small"), make_data(a.work, "medium")
     print(f"load average before: {os.getloadavg()}")
     trees = [ROOT] + [os.path.abspath(t) for t in a.against]
@@ -331,12 +370,25 @@ def main() -> None:
         specs = [(tree, ("transfer", make_llm(a.work))) for tree in trees]
         for tree, med in _interleaved(specs, a.runs):
             print(f"transfer, LLM documents, CPU us a batch of 32, {tree}:", med)
+    if "floor" in a.probes:
+        for _, med in _interleaved([(ROOT, ("floor",))], a.runs):
+            print("floor, torch DataLoader, 2 kept workers, CPU us an item:", med)
     if "llm" in a.probes:
         llm = make_llm(a.work)
         modes = ("0", "process", "thread")
         specs = [(tree, ("llm", llm, mode)) for tree in trees for mode in modes]
-        for (tree, (_, _, mode)), (_, med) in zip(specs, _interleaved(specs, a.runs), strict=True):
+        got = dict(zip(specs, _interleaved(specs, a.runs), strict=True))
+        for (tree, (_, _, mode)), (_, med) in got.items():
             print(f"llm, {mode} workers, {tree}:", med)
+        for tree in trees:
+            zero, proc = got[(tree, ("llm", llm, "0"))][1], got[(tree, ("llm", llm, "process"))][1]
+            cpu = proc["cpu_us_main"] + proc["cpu_us_workers"]
+            ratio = proc["samples_per_s"] / zero["samples_per_s"]
+            print(
+                f"llm, {tree}: 2 processes / 0 workers {ratio:.2f}x"
+                f" measured; at most {2 * zero['cpu_us_main'] / cpu:.2f}x on 2 idle cores (CPU us a"
+                f" sample: 0 workers {zero['cpu_us_main']:.1f}, processes {cpu:.1f} in all)"
+            )
     print(f"load average after: {os.getloadavg()}")
 
 

@@ -1,5 +1,5 @@
 """Where a batch's values go in a worker's shared-memory slot
-(:mod:`shardkit.streaming.arena`): :func:`collect` replaces what is worth a slot (big
+(:mod:`shardkit.streaming.arena`): a :class:`Layout` replaces what is worth a slot (big
 arrays, CPU tensors, lists of arrays of one dtype, lists of bytes) with :class:`Ref`
 placeholders laid out after the slot's header, and :func:`write` copies each value to its
 place.
@@ -7,6 +7,8 @@ place.
 
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,14 +17,15 @@ import torch
 
 from shardkit.errors import TransferError
 from shardkit.streaming.transfer import (
-    atoms,
+    WALK,
     bytes_offsets,
     c_order,
     join_bytes,
     tensorable,
+    walk,
 )
 
-__all__ = ["HEAD", "Ref", "collect", "write"]
+__all__ = ["HEAD", "Layout", "Ref", "write"]
 
 HEAD = 64  # bytes before a slot's data: the sequence number of the batch in it
 _ALIGN = 64
@@ -42,41 +45,54 @@ class Ref:
     index: int = 0  # its value's place in the batch's values (an InlineBatch's)
 
 
-def collect(x: Any, found: list[tuple[Ref, Any]], end: list[int]) -> Any:
-    """``x`` with what goes into the slot replaced by :class:`Ref` placeholders (the
-    containers :func:`~shardkit.streaming.transfer.deliver` walks, and only those)."""
-    t = type(x)
-    if t is np.ndarray:
-        if not tensorable(x):  # C order before pickle: it drops a strided array's byte order
-            return c_order(x)
-        if x.nbytes < _ARRAY_MIN:
-            return x
-        return _place(Ref("array", 0, x.nbytes, x.dtype.str, x.shape), x, found, end)
-    if t is torch.Tensor:
-        if x.is_conj() or x.is_neg():  # torch's sharing drops these bits: wrong values
-            x = _resolved(x)
-        if x.device.type != "cpu" or x.layout != torch.strided or x.is_quantized:
-            return x
-        if x.requires_grad or x.nbytes < _ARRAY_MIN:
-            return x
-        return _place(Ref("tensor", 0, x.nbytes, x.dtype, tuple(x.shape)), x, found, end)
-    if t is dict:
-        if atoms(x.values()):
-            return x
-        return {k: collect(v, found, end) for k, v in x.items()}
-    if t is tuple:
-        return tuple(collect(v, found, end) for v in x)
-    if t is list and x:
-        offsets = bytes_offsets(x)
-        if offsets is not None:
-            return _place(Ref("bytes", 0, offsets[-1], offsets), x, found, end)
-        if atoms(x):
-            return x
-        ref = _arrays(x)
-        if ref is not None:
-            return _place(ref, x, found, end)
-        return [collect(v, found, end) for v in x]
-    return x
+class Layout:
+    """What of one batch goes into a slot: its values in :attr:`found` (each with its
+    :class:`Ref`, laid out after the slot's header), :attr:`end` bytes of them, and whether
+    what stays in the structure is plain data (:attr:`plain`: strings, bytes, numbers, None,
+    numpy arrays), which plain pickle carries as torch's sharing pickler would."""
+
+    def __init__(self) -> None:
+        self.found: list[tuple[Ref, Any]] = []
+        self.end = 0
+        self.plain = True
+
+    def skeleton(self, x: Any) -> Any:
+        """``x`` with what goes into the slot replaced by :class:`Ref` placeholders (the
+        containers :func:`~shardkit.streaming.transfer.deliver` walks, and only those)."""
+        return walk(x, self._leaf)
+
+    def _leaf(self, x: Any) -> Any:
+        t = type(x)
+        if t is np.ndarray:
+            if not tensorable(x):  # C order before pickle: it drops a strided array's byte order
+                return c_order(x)
+            if x.nbytes < _ARRAY_MIN:
+                return x
+            return self._place(Ref("array", 0, x.nbytes, x.dtype.str, x.shape), x)
+        if t is torch.Tensor:
+            if x.is_conj() or x.is_neg():  # torch's sharing drops these bits: wrong values
+                x = _resolved(x)
+            placed = x.device.type == "cpu" and x.layout == torch.strided and not x.is_quantized
+            if not placed or x.requires_grad or x.nbytes < _ARRAY_MIN:
+                self.plain = False
+                return x
+            return self._place(Ref("tensor", 0, x.nbytes, x.dtype, tuple(x.shape)), x)
+        if t is list:
+            offsets = bytes_offsets(x)
+            if offsets is not None:
+                return self._place(Ref("bytes", 0, offsets[-1], offsets), x)
+            ref = _arrays(x)
+            return WALK if ref is None else self._place(ref, x)
+        if t not in _PLAIN:  # any other object may hold a tensor, or pickle otherwise
+            self.plain = False
+        return x
+
+    def _place(self, ref: Ref, value: Any) -> Ref:
+        ref.offset = HEAD + self.end
+        ref.index = len(self.found)
+        self.end += (ref.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+        self.found.append((ref, value))
+        return ref
 
 
 def _resolved(x: torch.Tensor) -> torch.Tensor:
@@ -92,28 +108,28 @@ def _resolved(x: torch.Tensor) -> torch.Tensor:
 
 def _arrays(x: list[Any]) -> Ref | None:
     """A list of tensorable arrays of one dtype and one shape but the first dimension, of
-    at least _ARRAY_MIN bytes in all: its placeholder (its place in the slot still 0)."""
+    at least _ARRAY_MIN bytes in all: its placeholder (its place in the slot still 0). The
+    checks run over the list in C (map, sets), not an item at a time in Python."""
     first = x[0]
     if type(first) is not np.ndarray or first.ndim == 0 or not tensorable(first):
         return None
-    dtype, tail = first.dtype, first.shape[1:]
-    rows, nbytes = [], 0
-    for a in x:
-        if type(a) is not np.ndarray or a.dtype != dtype or a.shape[1:] != tail:
-            return None
-        rows.append(a.shape[0])
-        nbytes += a.nbytes
+    if not _ONLY_ARRAYS.issuperset(map(type, x)) or len(set(map(_dtype, x))) != 1:
+        return None
+    shapes = list(map(_shape, x))
+    tail = first.shape[1:]
+    if ({s[1:] for s in shapes} != {tail}) if tail else (set(map(len, shapes)) != {1}):
+        return None
+    rows = [s[0] for s in shapes]
+    nbytes = sum(rows) * first.itemsize * math.prod(tail)
     if nbytes < _ARRAY_MIN:
         return None
-    return Ref("arrays", 0, nbytes, dtype.str, tail, rows)
+    return Ref("arrays", 0, nbytes, first.dtype.str, tail, rows)
 
 
-def _place(ref: Ref, value: Any, found: list[tuple[Ref, Any]], end: list[int]) -> Ref:
-    ref.offset = HEAD + end[0]
-    ref.index = len(found)
-    end[0] += (ref.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-    found.append((ref, value))
-    return ref
+_ONLY_ARRAYS = frozenset({np.ndarray})
+_PLAIN = frozenset({str, bytes, int, float, bool, complex, type(None)})
+_dtype = operator.attrgetter("dtype")
+_shape = operator.attrgetter("shape")
 
 
 def write(view: np.ndarray, ref: Ref, value: Any) -> None:

@@ -4,6 +4,7 @@ to the items the cursor after them; collate there, keeping the last item's meta.
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 from collections.abc import Callable, Iterator
@@ -26,7 +27,7 @@ from shardkit.stages import Context
 from shardkit.stages.epoch import Epoch
 from shardkit.streaming.arena import Lanes, WorkerArena
 from shardkit.streaming.dataset import ShardDataset
-from shardkit.streaming.transfer import Mailbox, Pickled, deliver
+from shardkit.streaming.transfer import Mailbox, deliver
 
 __all__ = ["Collate", "WorkerSide", "exit_is_an_error"]
 
@@ -68,7 +69,7 @@ class WorkerSide(IterableDataset[Any]):
         info = get_worker_info()
         if info is None:
             return self.stream(0, 1)
-        return self.stream(info.id, info.num_workers, seed_rngs=True)
+        return _primed(self.stream(info.id, info.num_workers, seed_rngs=True))
 
     def stream(
         self, phys: int, n: int, *, seed_rngs: bool = False, own_io: bool = True
@@ -126,6 +127,27 @@ class WorkerSide(IterableDataset[Any]):
                 item = nxt
 
 
+def _primed(items: Iterator[Any]) -> Iterator[Any]:
+    """``items`` with the first taken now. A worker process's DataLoader makes its iterator
+    as the worker starts, then waits for the training process to start the other workers
+    and send it an index: the first batch is read meanwhile (the piece it lies in read and
+    verified, and decoded), not after. An error is raised where it was before, at the first
+    item asked for (torch's worker loop does not catch one made with the iterator of a
+    later epoch)."""
+    try:
+        first = next(items)
+    except StopIteration:
+        return iter(())
+    except Exception as exc:  # noqa: BLE001 - raised at the first item, as before
+        return _raising(exc)
+    return itertools.chain((first,), items)
+
+
+def _raising(exc: Exception) -> Iterator[Any]:
+    raise exc
+    yield  # a generator: raises when asked for its first item
+
+
 def _no_io() -> dict[str, float]:
     return {}
 
@@ -180,6 +202,6 @@ class Collate:
         if arena is None:
             return deliver(batch), meta
         t = perf_counter()
-        parcel = Pickled(arena.pack(batch), arena.worker)
+        parcel = arena.crossing(batch)
         _count_side("transfer_s", perf_counter() - t)
         return parcel, meta
