@@ -19,17 +19,20 @@ costs are within 10% (max <= 1.1 min). Rows:
 
 The steps are those both ranks have (the loader's shared epoch end stops there).
 
-Part ``rate``: a WebLoader's epoch over one rank's share (2 fresh worker processes, then 0
-workers), plain ``batched(24)`` against the token budget: samples/s, and samples per CPU
-second of this process and its workers (steadier than the wall time on a shared machine);
-medians of ``--repeats``, interleaved.
+Part ``rate``: a WebLoader's epoch over one rank's share, in fresh worker processes
+(``--workers``, default 2, then 0: in this process), plain ``batched(24)`` against the token
+budget: samples/s, and samples per CPU second of this process and its workers (steadier
+than the wall time on a shared machine); medians of ``--repeats``, the two pipelines
+interleaved, and the median of each repeat's ratio budget/plain (the pair ran back to back,
+under about the same load). The load average before and after is in the JSON and the note.
 
-    python scripts/bench/budget.py --docs 40000 --repeats 5
+    python scripts/bench/budget.py --docs 40000 --repeats 5 --parts rate --workers 2,0
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
 import sys
@@ -171,32 +174,41 @@ def cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def part_rate(root: str, repeats: int, b_tokens: float) -> list[dict[str, Any]]:
-    """Samples/s of one rank's share (of 2), an epoch in fresh workers, and samples per CPU
-    second (this process and its workers: on a shared machine the CPU time varies less
-    with the others' load than the wall time), medians of ``repeats``."""
+def part_rate(root: str, repeats: int, b_tokens: float, modes: list[int]) -> list[dict[str, Any]]:
+    """Samples/s of one rank's share (of 2), an epoch in fresh workers (``modes``: worker
+    counts, 0: in this process), and samples per CPU second (this process and its workers:
+    on a shared machine the CPU time varies less with the others' load than the wall
+    time), medians of ``repeats``, and the median of each repeat's ratio budget/plain."""
     makers = {
         "batched(24)": lambda: base(root, 0).batched(24),
         "batched(budget)": lambda: base(root, 0).batched(budget=b_tokens, cost="tokens.npy"),
     }
     rows = []
-    for workers in (2, 0):
+    for workers in modes:
         walls: dict[str, list[float]] = {k: [] for k in makers}
         cpus: dict[str, list[float]] = {k: [] for k in makers}
         counts: dict[str, int] = {}
+        batches: dict[str, int] = {}
         for _ in range(repeats):
             for name, make in makers.items():
                 loader = WebLoader(make(), num_workers=workers, persistent_workers=False)
                 t, c = time.perf_counter(), cpu_seconds()
-                counts[name] = sum(samples_of(b) for b in loader)
+                sizes = [samples_of(b) for b in loader]
+                counts[name], batches[name] = sum(sizes), len(sizes)
                 walls[name].append(time.perf_counter() - t)
                 cpus[name].append(cpu_seconds() - c)
+        plain, budget = (walls[name] for name in makers)
+        ratios = [p / b for p, b in zip(plain, budget, strict=True)]  # rate budget / plain
         for name in makers:
             rate = counts[name] / statistics.median(walls[name])
             per_cpu = counts[name] / statistics.median(cpus[name])
-            rows.append(
-                {"pipeline": name, "workers": workers, "samples_per_s": rate, "per_cpu_s": per_cpu}
-            )
+            rates = [counts[name] / w for w in walls[name]]
+            row = {"pipeline": name, "workers": workers, "samples_per_s": rate}
+            row.update(per_cpu_s=per_cpu, min_per_s=min(rates), max_per_s=max(rates))
+            row["per_batch"] = counts[name] / batches[name]
+            if name == "batched(budget)":
+                row["ratio_median"] = statistics.median(ratios)
+            rows.append(row)
             log(f"rate {name} workers={workers}: {rate:,.0f}/s, {per_cpu:,.0f} per CPU s")
     return rows
 
@@ -206,6 +218,7 @@ def main() -> None:
     p.add_argument("--docs", type=int, default=40_000)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--parts", default="balance,rate")
+    p.add_argument("--workers", default="2,0", help="the rate part's worker counts")
     p.add_argument("--work", default="bench-out/budget")
     p.add_argument("--out", default="bench-out")
     args = p.parse_args()
@@ -233,23 +246,41 @@ def main() -> None:
             )
         )
     if "rate" in args.parts:
-        rows = part_rate(args.work, args.repeats, 24 * float(lens.mean()))
+        modes = [int(w) for w in args.workers.split(",")]
+        load = os.getloadavg()[0]
+        rows = part_rate(args.work, args.repeats, 24 * float(lens.mean()), modes)
         results["rate"] = rows
+        results["load_average"] = [load, os.getloadavg()[0]]
         texts.append(
             table(
-                ["pipeline", "workers", "samples/s", "samples per CPU s"],
+                [
+                    "pipeline",
+                    "workers",
+                    "samples/s",
+                    "min..max",
+                    "budget/plain",
+                    "per CPU s",
+                    "per batch",
+                ],
                 [
                     [
                         r["pipeline"],
                         str(r["workers"]),
                         f"{r['samples_per_s']:,.0f}",
+                        f"{r['min_per_s']:,.0f}..{r['max_per_s']:,.0f}",
+                        f"{r['ratio_median']:.3f}" if "ratio_median" in r else "",
                         f"{r['per_cpu_s']:,.0f}",
+                        f"{r['per_batch']:.1f}",
                     ]
                     for r in rows
                 ],
             )
         )
-    finish(args.out, "budget", results, texts, "per-step cost balance and rate (issue 31)")
+    note = "per-step cost balance and rate (issue 31)"
+    if "load_average" in results:
+        a, b = results["load_average"]
+        note += f"; load average {a:.1f} -> {b:.1f} on {os.cpu_count()} CPUs"
+    finish(args.out, "budget", results, texts, note)
 
 
 if __name__ == "__main__":

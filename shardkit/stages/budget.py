@@ -86,6 +86,8 @@ class FieldCost:
                 "cost= a callable",
                 key=_key(sample),
             ) from None
+        if type(value) is np.ndarray:  # the common case, first
+            return float(value.size)
         numel = getattr(value, "numel", None)  # a tensor (its size is a method)
         if callable(numel):
             return float(numel())
@@ -112,6 +114,8 @@ def _cost_of(cost: Callable[[Any], Any], item: Any) -> float:
     """``cost(item)``, a finite number >= 0 (not a bool or a string), else a DecodeError
     naming the item and the cost."""
     c = cost(item)
+    if type(c) is float and 0.0 <= c < math.inf:  # the common case, checked cheaply
+        return c
     ok = isinstance(c, int | float | np.integer | np.floating) and not isinstance(
         c, bool | np.bool_
     )
@@ -152,7 +156,10 @@ def fill_to_budget(costs: Sequence[float], budget: float) -> list[list[int]]:
     item indices in input order, ordered by their first item; a pure function of the costs.
     """
     alone = [[i] for i, c in enumerate(costs) if c > budget]
-    rest = sorted((i for i, c in enumerate(costs) if c <= budget), key=lambda i: (-costs[i], i))
+    # largest first, ties in input order (a reversed sort keeps equal keys in order)
+    rest = sorted(range(len(costs)), key=costs.__getitem__, reverse=True)
+    if alone:
+        rest = [i for i in rest if costs[i] <= budget]
     bins: list[list[int]] = []
     if rest:
         k = max(1, math.ceil(sum(costs[i] for i in rest) / budget - 1e-9))
@@ -171,11 +178,12 @@ def _spread(costs: Sequence[float], order: list[int], budget: float, k: int) -> 
     heap = [(0.0, b) for b in range(min(k, len(order)))]
     bins: list[list[int]] = [[] for _ in heap]
     for i in order:
-        load, b = heapq.heappop(heap)
-        if load + costs[i] > budget:
+        load, b = heap[0]
+        load += costs[i]
+        if load > budget:
             return []
         bins[b].append(i)
-        heapq.heappush(heap, (load + costs[i], b))
+        heapq.heapreplace(heap, (load, b))
     return bins
 
 
@@ -282,7 +290,7 @@ class _Group:
 
     def __init__(self, stage: BudgetBatched, up: Cursor, cursor: _BudgetCursor) -> None:
         self.stage, self.up, self.cursor = stage, up, cursor
-        self.sources: list[int | None] = []  # each item's mixture source (None: no mixture)
+        self.sources: list[int | None] = []  # each item's mixture source (under a mixture)
         self.before = up.state()
         self.after: dict[str, Any] | None = None
         self.items: list[Any] = []
@@ -295,6 +303,7 @@ class _Group:
             return self
         stage, up, items, costs = self.stage, self.up, self.items, self.costs
         cost, budget, most = stage.cost, stage.budget, stage.buffer
+        mix, sources, own = self.cursor.mix, self.sources, self.cursor.own
         goal = GROUP_BATCHES * budget
         total = self.total
         left = -1 if n is None else n
@@ -305,8 +314,9 @@ class _Group:
                 self.after = up.state()
                 break
             items.append(item)
-            self.sources.append(None if self.cursor.mix is None else self.cursor.mix.last)
-            self.cursor.own["samples"] -= 1  # counted when its batch is given
+            if mix is not None:
+                sources.append(mix.last)
+            own["samples"] -= 1  # counted when its batch is given
             c = _cost_of(cost, item)
             costs.append(c)
             total += c if c < budget else budget
