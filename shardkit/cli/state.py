@@ -89,14 +89,12 @@ def _walk(state: Any, name: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
 
 
 def summary(st: Mapping[str, Any]) -> dict[str, Any]:
-    """What a job state holds, as JSON-safe facts."""
+    """What a job state holds, as JSON-safe facts: per source its progress, and under a
+    mixture its exposure (``samples``, ``tokens``; a pipeline without one keeps none)."""
     sources: dict[str, dict[str, Any]] = {}
 
     def entry(name: str) -> dict[str, Any]:
-        return sources.setdefault(
-            name,
-            {"read": 0, "samples_total": None, "epoch": st["epoch"], "samples": 0, "tokens": 0},
-        )
+        return sources.setdefault(name, {"read": 0, "samples_total": None, "epoch": st["epoch"]})
 
     for rank in st["ranks"]:
         for ws in rank["workers"]:
@@ -109,8 +107,8 @@ def summary(st: Mapping[str, Any]) -> dict[str, Any]:
                 elif sub.get("stage") == "mix":
                     for k, n in enumerate(sub.get("names", [])):
                         e = entry(str(n))
-                        e["samples"] += int(sub["counts"][k][0])
-                        e["tokens"] += int(sub["counts"][k][1])
+                        e["samples"] = e.get("samples", 0) + int(sub["counts"][k][0])
+                        e["tokens"] = e.get("tokens", 0) + int(sub["counts"][k][1])
     for name, done in (st.get("retired") or {}).items():
         sources[name] = {**entry(name), **done, "removed": True}
     return {
@@ -143,10 +141,10 @@ def _show_lines(path: str, d: Mapping[str, Any]) -> list[str]:
         total = s.get("samples_total")
         read = f"read {s['read']:,} of {total:,} samples" if total else f"read {s['read']:,}"
         gone = " (removed)" if s.get("removed") else ""
-        lines.append(
-            f"    {name}{gone}: epoch {s['epoch']}, {read}; exposure {s['samples']:,} samples, "
-            f"{s['tokens']:,} tokens"
-        )
+        line = f"    {name}{gone}: epoch {s['epoch']}, {read}"
+        if "samples" in s:  # a mixture's source: what it gave
+            line += f"; exposure {s['samples']:,} samples, {s['tokens']:,} tokens"
+        lines.append(line)
     lines.append("  pipeline:")
     for entry in d["pipeline"]:
         lines.append(f"    {_params(entry)}")

@@ -94,3 +94,18 @@ def test_diff_refuses_another_data_set_with_exit_1(tmp_path: Path) -> None:
     )
     out = invoke("state", "diff", str(pt), "--pipeline", f"{script}:make")
     assert out.exit_code == 1 and "refused:" in out.output
+
+
+def test_show_says_no_exposure_without_a_mixture(tmp_path: Path) -> None:
+    """A pipeline without a mixture has no exposure (it printed 'exposure 0 samples')."""
+    make_shards(tmp_path / "a", [6, 6], prefix="a")
+    loader = WebLoader(ShardDataset(str(tmp_path / "a" / "manifest.json")).batched(2))
+    it = iter(loader)
+    next(it)
+    js = tmp_path / "plain.json"
+    js.write_text(json.dumps(loader.state_dict()), encoding="utf-8")
+    out = invoke("state", "show", str(js))
+    assert out.exit_code == 0 and "shards: epoch 0, read" in out.output, out.output
+    assert "; exposure" not in out.output
+    d = json.loads(invoke("state", "show", str(js), "--json").output)
+    assert "samples" not in d["sources"]["shards"] and d["sources"]["shards"]["read"] > 0
