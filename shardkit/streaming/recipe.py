@@ -122,10 +122,16 @@ class Recipe:
         return self._planned(bufsize=bufsize, initial=initial)
 
     def with_epoch(self: R, n: int) -> R:
-        """Make an epoch ``n`` items per rank: samples of a resampled stream, or (after
-        ``mix`` or ``batched``) the items there, batches after ``batched``: with an endless
-        mixture (``stop="never"``) every rank yields ``n`` per epoch, split over its
-        workers (see :mod:`shardkit.stages.nominal`)."""
+        """Make an epoch ``n`` items per rank, so that every rank yields as many and
+        ``len()`` is known up front.
+
+        On a resampled source (``resampled=True``), before any grouping: ``n`` samples per
+        rank, planned. After ``mix``, ``pack_tokens`` or ``batched``: ``n`` of the items
+        there (batches after ``batched``), split over the rank's workers (see
+        :mod:`shardkit.stages.nominal`), over any pipeline: an endless one (a
+        ``stop="never"`` mixture) gives them; a finite one that runs out first raises a
+        :class:`~shardkit.errors.ConfigError` naming ``n`` (the length would be wrong). A
+        stream of samples read once is refused: its epoch is the whole data set."""
         n = as_int(n, "with_epoch: n", low=1, floats=False)
         if self._grouped or find_mix(self._tail) is not None:
             return self._then(lambda up: WithEpoch(up, n))
