@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from shardkit.errors import TransferError
-from shardkit.streaming.slot_layout import HEAD, Layout, Ref, write
+from shardkit.streaming.slot_layout import HEAD, Ref, SlotLayout, write
 from shardkit.streaming.transfer import (
     InlineBatch,
     PackedBytes,
@@ -150,7 +150,7 @@ class WorkerArena:
     def pack(self, tree: Any) -> Any:
         """The batch as a parcel; as it is (C-ordered where pickle needs it) when nothing in
         it is worth a slot."""
-        layout = Layout()
+        layout = SlotLayout()
         skeleton = layout.skeleton(tree)
         found = layout.found
         self.plain = layout.plain

@@ -1,5 +1,5 @@
 """Where a batch's values go in a worker's shared-memory slot
-(:mod:`shardkit.streaming.arena`): a :class:`Layout` replaces what is worth a slot (big
+(:mod:`shardkit.streaming.arena`): a :class:`SlotLayout` replaces what is worth a slot (big
 arrays, CPU tensors, lists of arrays of one dtype, lists of bytes) with :class:`Ref`
 placeholders laid out after the slot's header, and :func:`write` copies each value to its
 place.
@@ -25,7 +25,7 @@ from shardkit.streaming.transfer import (
     walk,
 )
 
-__all__ = ["HEAD", "Layout", "Ref", "write"]
+__all__ = ["HEAD", "Ref", "SlotLayout", "write"]
 
 HEAD = 64  # bytes before a slot's data: the sequence number of the batch in it
 _ALIGN = 64
@@ -45,7 +45,7 @@ class Ref:
     index: int = 0  # its value's place in the batch's values (an InlineBatch's)
 
 
-class Layout:
+class SlotLayout:
     """What of one batch goes into a slot: its values in :attr:`found` (each with its
     :class:`Ref`, laid out after the slot's header), :attr:`end` bytes of them, and whether
     what stays in the structure is plain data (:attr:`plain`: strings, bytes, numbers, None,
