@@ -111,6 +111,8 @@ class HashingWriter:
         size = 0
         for part in parts:
             view = memoryview(part).cast("B")
+            if not view:
+                continue
             self.digest.update(view)
             group.append(view)
             size += len(view)

@@ -61,3 +61,13 @@ def test_write_parts_to_a_sink_without_a_descriptor() -> None:
     digest = Digest("sha256")
     HashingWriter(sink, digest).write_parts(parts)  # type: ignore[arg-type]
     assert sink.getvalue() == joined and digest.hasher.hexdigest() == sha
+
+
+def test_empty_parts_write_nothing(tmp_path: Path) -> None:
+    digest = Digest("sha256")
+    with open(tmp_path / "out", "wb", buffering=0) as f:
+        w = HashingWriter(f, digest)
+        w.write_parts([b"", bytearray(), memoryview(b"")])
+        w.write_parts([b"x" * 600_000, b""])
+    assert (tmp_path / "out").read_bytes() == b"x" * 600_000
+    assert digest.hasher.hexdigest() == hashlib.sha256(b"x" * 600_000).hexdigest()
