@@ -12,8 +12,10 @@
   measured with other checkouts' shardkit (PYTHONPATH=DIR), runs interleaved;
 - ``llm``: LLM documents (a json record + 256-1800 int32 tokens, decoded, batches of 32):
   samples/s of 0 workers, 2 worker processes and 2 thread workers (kept across epochs, the
-  loader's default), each one's first batch, and the CPU microseconds a sample of the
-  training process and of the worker processes (what the load does not change much);
+  loader's default), and of litdata's 2 kept workers on the same documents when the bench
+  venv is there (``PEER_PYTHON``), each one's first batch, and the CPU microseconds a
+  sample of the training process and of the worker processes (what the load does not
+  change much);
   ``--against`` too;
 - ``transfer``: CPU microseconds a batch of 32 LLM documents costs to cross from a worker
   process, worker side and training side, in one process; ``--against`` too;
@@ -61,25 +63,70 @@ def make_data(work: str, profile: str) -> str:
 LLM_DOCS = 20_000  # ~84 MB: a json record and 256-1800 int32 tokens (1,028 on average)
 
 
-def make_llm(work: str) -> str:
-    """The LLM-document shards (16 MB shards), written once; the manifest's path."""
+def llm_docs() -> Any:
+    """The LLM documents: (key, json record, int32 tokens), the same in every format."""
     import numpy as np
 
+    rng = np.random.default_rng(0)
+    for i in range(LLM_DOCS):
+        n = int(rng.integers(256, 1801))
+        record = {"id": i, "url": f"https://example.org/doc/{i}", "lang": "en", "tokens": n}
+        yield f"d{i:08d}", record, rng.integers(0, 128_000, size=n, dtype=np.int32)
+
+
+def make_llm(work: str) -> str:
+    """The LLM-document shards (16 MB shards), written once; the manifest's path."""
     import shardkit
 
     out = os.path.join(work, "llm")
     manifest = os.path.join(out, "manifest.json")
     if not os.path.exists(manifest):
-        rng = np.random.default_rng(0)
         with shardkit.ShardWriter(out, maxsize=16_000_000) as w:
-            for i in range(LLM_DOCS):
-                n = int(rng.integers(256, 1801))
-                record = {"id": i, "url": f"https://example.org/doc/{i}", "lang": "en"}
-                tokens = rng.integers(0, 128_000, size=n, dtype=np.int32)
-                w.write(
-                    {"__key__": f"d{i:08d}", "json": {**record, "tokens": n}, "tokens.npy": tokens}
-                )
+            for key, record, tokens in llm_docs():
+                w.write({"__key__": key, "json": record, "tokens.npy": tokens})
     return manifest
+
+
+def _same(x: Any) -> Any:
+    return x
+
+
+def child_llm_litdata(work: str, tensors: bool) -> dict[str, float]:
+    """litdata (the bench venv's) on the same LLM documents in its own format (16 MB chunks,
+    written once here): 2 kept worker processes, batches of 32 laid out as shardkit's (a
+    json column dict, a list of token arrays: with ``tensors`` torch tensors, the types
+    shardkit hands out, which torch's queue moves one shared segment each; else numpy
+    arrays, pickled through the pipe: litdata's cheaper way); the first batch counted from
+    the loader's making, as shardkit's is from the WebLoader's (each data set made before)."""
+    import torch
+    from litdata import StreamingDataLoader, StreamingDataset
+    from torch.utils.data import default_collate
+
+    out = os.path.join(work, "llm-litdata")
+    if not os.path.exists(os.path.join(out, "index.json")):
+        from litdata.streaming.writer import BinaryWriter
+
+        w = BinaryWriter(out, chunk_bytes=16_000_000)
+        for i, (key, record, tokens) in enumerate(llm_docs()):
+            w[i] = {"__key__": key, "json": record, "tokens.npy": tokens}
+        w.done()
+        w.merge()
+
+    tokens = torch.from_numpy if tensors else _same
+
+    def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "__key__": [s["__key__"] for s in samples],
+            "json": default_collate([s["json"] for s in samples]),
+            "tokens.npy": [tokens(s["tokens.npy"]) for s in samples],
+        }
+
+    ds = StreamingDataset(out)
+    t = time.perf_counter()
+    loader = StreamingDataLoader(
+        ds, batch_size=32, num_workers=2, collate_fn=collate, persistent_workers=True
+    )
+    return _first_and_rate(loader, t)
 
 
 # -- what a child runs -------------------------------------------------------------------
@@ -136,9 +183,9 @@ def child_rate(manifest: str) -> dict[str, float]:
     return _first_and_rate(loader, time.perf_counter())
 
 
-def _first_and_rate(loader: Any, t: float) -> dict[str, float]:
+def _first_and_rate(loader: Any, t: float, field: str = "__key__") -> dict[str, float]:
     """Seconds from ``t`` (the loader's making) to its first batch; then the median
-    samples/s of 3 more epochs."""
+    samples/s of 3 more epochs (a batch's samples: the length of its ``field``)."""
     it = iter(loader)
     next(it)
     first = time.perf_counter() - t
@@ -147,7 +194,7 @@ def _first_and_rate(loader: Any, t: float) -> dict[str, float]:
     rates = []
     for _ in range(3):
         t = time.perf_counter()
-        m = sum(len(b["__key__"]) for b in loader)
+        m = sum(len(b[field]) for b in loader)
         rates.append(m / (time.perf_counter() - t))
     return {"samples_per_s": statistics.median(rates), "first_batch_s": first}
 
@@ -281,6 +328,7 @@ def child_floor() -> dict[str, float]:
 
 CHILDREN = {
     "floor": child_floor,
+    "llm_litdata": child_llm_litdata,
     "llm": child_llm,
     "transfer": child_transfer,
     "stages": child_stages,
@@ -290,12 +338,16 @@ CHILDREN = {
 }
 
 
+PEER_PYTHON = "/work/benchvenv/bin/python"  # scripts/bench/setup.sh's venv: litdata
+
+
 def run_child(tree: str, kind: str, *args: Any) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": tree}
     spec = json.dumps([kind, *args])
     code = f"import sys; sys.path.insert(0, {HERE!r}); import loader_probe as p; p.main_child()"
+    python = PEER_PYTHON if kind == "llm_litdata" else sys.executable
     out = subprocess.run(  # run in the tree: `-c` puts the working directory first on sys.path
-        [sys.executable, "-c", code, spec],
+        [python, "-c", code, spec],
         env=env,
         cwd=tree,
         capture_output=True,
@@ -377,9 +429,17 @@ def main() -> None:
         llm = make_llm(a.work)
         modes = ("0", "process", "thread")
         specs = [(tree, ("llm", llm, mode)) for tree in trees for mode in modes]
+        peer = os.path.exists(PEER_PYTHON)
+        if peer:  # litdata interleaved with the others
+            specs += [(ROOT, ("llm_litdata", a.work, tensors)) for tensors in (False, True)]
         got = dict(zip(specs, _interleaved(specs, a.runs), strict=True))
-        for (tree, (_, _, mode)), (_, med) in got.items():
-            print(f"llm, {mode} workers, {tree}:", med)
+        for (tree, (kind, *rest)), (_, med) in got.items():
+            if kind == "llm":
+                print(f"llm, {rest[-1]} workers, {tree}:", med)
+            else:
+                print(f"llm, litdata 2 workers, {'tensors' if rest[-1] else 'numpy'}:", med)
+        if not peer:
+            print(f"llm: no {PEER_PYTHON} (scripts/bench/setup.sh): litdata not measured")
         for tree in trees:
             zero, proc = got[(tree, ("llm", llm, "0"))][1], got[(tree, ("llm", llm, "process"))][1]
             cpu = proc["cpu_us_main"] + proc["cpu_us_workers"]
