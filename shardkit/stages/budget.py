@@ -49,6 +49,7 @@ from shardkit.stages.base import (
 )
 from shardkit.stages.collate import collate_numpy
 from shardkit.stages.mix_draws import drawn_from
+from shardkit.stages.nominal import share
 from shardkit.stages.regroup import (
     bits,
     left_after,
@@ -247,6 +248,11 @@ class BudgetBatched(Stage):
                 cursor = _BudgetCursor(self, up, skip)
                 if st.get("held", True):  # the group re-read must be the one saved
                     cursor.expect = (st.get("size"), done)
+                if "dropped" in st:  # a load that left a group out (this worker's share)
+                    lost = check_int(st, self.name, "dropped")
+                    slot, slots = ctx.rank * ctx.workers + ctx.worker, ctx.world * ctx.workers
+                    lost = share(lost, slots, slot) if st.get("shared") else lost
+                    cursor.own["dropped_samples"] = float(lost)
                 return cursor
         # none, the upstream's, or another batching's (a batching change): from there
         return _BudgetCursor(self, open_upstream(self._up(), ctx, state), 0)
@@ -255,7 +261,13 @@ class BudgetBatched(Stage):
         """The upstream's merge, with the items the workers' groups held and had not given
         (given first: :func:`~shardkit.stages.regroup.merge_held`)."""
         source = merge_held(self._up(), grid)
-        return None if source is None else self._fresh(source)
+        if source is None:
+            return None
+        out = self._fresh(source)
+        lost = sum(int(st.get("dropped", 0)) for row in grid for st in row if st is not None)
+        if lost:  # left out by a load and not counted yet: shared out by the new workers
+            out.update(dropped=lost, shared=True)
+        return out
 
     def carry(self, state: Mapping[str, Any] | None, epoch: int) -> dict[str, Any] | None:
         source = self._up().carry(settled(state), epoch) if state is not None else None

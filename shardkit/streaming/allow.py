@@ -10,7 +10,9 @@ asked by name (``allow=``), and refuses them otherwise naming the change and the
 - ``"sources"``: a mixture gains, loses or renames sources (by name; a rename by a mapping,
   ``allow={"sources": {"old": "new"}}``): the kept ones go on from their cursors and
   epochs, a new one starts at its first epoch, a removed one's exposure is kept in the job
-  state (``retired``) and in ``stats()["sources"]``.
+  state (``retired``) and in ``stats()["sources"]``. A group a budget batching holds goes
+  on after its end (its samples were drawn from the old sources): its samples not given
+  are left out, counted in ``stats()["dropped_samples"]``.
 - ``"seq_len"``: another ``pack_tokens`` length: the token stream goes on at the first
   token not yet given (greedy); best-fit packing goes on at the next group.
 - ``"weights"``: other mixture weights, schedule or source order (``reweight=True``, kept
@@ -23,13 +25,15 @@ World size and worker count never need one (a state is re-planned for them).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from shardkit.errors import ConfigError, StateDictError
 from shardkit.stages import Stage
-from shardkit.stages.mixture import Mix
+from shardkit.stages.mixture import Mix, mix_state
+from shardkit.stages.regroup import held_rest
 from shardkit.stages.tokens import PackTokens
 from shardkit.streaming.resume import check_fingerprint
 
@@ -44,6 +48,7 @@ __all__ = [
     "retired_exposure",
 ]
 
+log = logging.getLogger(__name__)
 ALLOW = ("batch_size", "sources", "seq_len", "weights")
 _BATCHINGS = ("batched", "budget_batched")
 _GROUPS = ("budget_batched", "regroup", "held")  # batching states that may hold a group
@@ -268,19 +273,31 @@ def adapt_state(
     best_fit = any(
         isinstance(s, PackTokens) and s.strategy == "best_fit" for s in _stages(pipeline)
     )
+    # a held group read again under a new packing or new sources gives other items (twice,
+    # or other than those saved): the batchings go on after their groups
+    settle = "seq_len" in kinds or ("sources" in kinds and mix is not None)
+    left_out = held_rest(ws, "load_state_dict") if settle and "sources" in kinds else 0
+    budget = None
     for sub in _walk(ws):
-        if "seq_len" in kinds and sub.get("stage") in _GROUPS:
-            _settle(sub)  # its group holds sequences of the old length
+        if settle and sub.get("stage") in _GROUPS:
+            if budget is None and sub.get("stage") == "budget_batched":
+                budget = sub
+            _settle(sub)
         if "seq_len" in kinds and best_fit and sub.get("stage") == PackTokens.name:
             sub.update(skip=0, source=sub.pop("after", sub["source"]))
         if "sources" in kinds and mix is not None and sub.get("stage") == Mix.name:
             _fit_mix(sub, mix, allowed.rename, retired)
+    if left_out:  # samples drawn from the old sources, never given: counted
+        log.warning("load_state_dict: a sources change leaves out %d held samples", left_out)
+        if budget is not None:
+            budget["dropped"] = left_out
 
 
 def _settle(sub: dict[str, Any]) -> None:
     """A batching's state (in place) after the group it holds, its rest left out, as
     best-fit packing goes on at its next group: after a seq_len change the group's items
-    are sequences the new packer does not make (a replay of them gave tokens twice)."""
+    are sequences the new packer does not make (a replay of them gave tokens twice), after
+    a sources change a replay would draw other samples (given twice)."""
     if sub.get("stage") == "held":  # an elastic merge's groups: the same
         source = sub.get("source")
         sub.clear()
@@ -293,16 +310,32 @@ def _settle(sub: dict[str, Any]) -> None:
     if not isinstance(after, dict):
         raise StateDictError(
             f"load_state_dict: a {sub.get('stage')} state holds a group with no end "
-            "('after'): it cannot go on after a seq_len change; load it into the old seq_len "
-            "until the group is given"
+            "('after'): it cannot go on after a seq_len or sources change; load it into the "
+            "old pipeline until the group is given"
         )
     if sub.get("stage") == "regroup":
         sub.clear()
         sub.update(after)
         return
+    _exposure_given(sub, after)
     sub.pop("after")
     sub.pop("given", None)
     sub.update(held=False, size=0, skip=0, done="", source=after)
+
+
+def _exposure_given(sub: Mapping[str, Any], after: Mapping[str, Any]) -> None:
+    """A mixture's exposure past a budget group left out (in ``after``, in place): what it
+    was before the group plus what of the group was given (the rest was never given)."""
+    before, end = mix_state(sub.get("source")), mix_state(after)
+    if not isinstance(before, dict) or not isinstance(end, dict):
+        return
+    counts = [[int(x) for x in c] for c in before.get("counts", [])]
+    if len(counts) != len(end.get("counts", [])):
+        return
+    for k, samples, tokens in sub.get("given") or ():
+        if 0 <= k < len(counts):
+            counts[k] = [counts[k][0] + int(samples), counts[k][1] + int(tokens)]
+    end["counts"] = counts
 
 
 def _fit_mix(
