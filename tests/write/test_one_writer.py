@@ -25,6 +25,7 @@ from tests.helpers.readback import (
     keys_of,
     read_samples,
     shardkit,
+    shardkit_process,
 )
 
 pytestmark = pytest.mark.integration
@@ -50,7 +51,7 @@ def test_a_second_build_into_one_output_fails_at_once_naming_the_first(tmp_path:
     first = _start("build", raw, "-o", out, "--maxcount", "10")
     try:
         with open(fifo, "w") as feed:  # returns once the first build reads its input
-            second = shardkit("build", other, "-o", out, "--maxcount", "10")
+            second = shardkit_process("build", other, "-o", out, "--maxcount", "10")
             api: list[BaseException] = []
             try:
                 build([str(other)], out, progress=False)
@@ -80,7 +81,7 @@ def test_a_writer_holds_its_output_against_builds_and_threads(tmp_path: Path) ->
     src.write_text('{"x": 1}\n')
     with sk.ShardWriter(out, maxcount=5) as w:
         w.write({"__key__": "k", "txt": "held"})
-        r = shardkit("build", src, "-o", out)
+        r = shardkit_process("build", src, "-o", out)  # another process
         assert r.returncode == 1 and f"pid {os.getpid()} on host" in r.stderr, r.stderr
         errors: list[BaseException] = []
 
