@@ -130,13 +130,13 @@ for epoch in range(2):
 
 
 @pytest.fixture(scope="module")
-def many(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    """3,000 one-sample shards (a form of ~300 KB) and another, small data set."""
+def many(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """3,000 one-sample shards (a form of ~300 KB) and another, small data set (left to
+    pytest's clean-up of its temporary folders: removing its 9,000 files took 5.7 s)."""
     root = tmp_path_factory.mktemp("many")
     write_shards(root / "big", [1] * 3000, tokens=4)
     write_shards(root / "small", [2, 2], tokens=4, seed=9)
-    yield str(root / "big" / "manifest.json"), str(root / "small" / "manifest.json")
-    shutil.rmtree(root)
+    return str(root / "big" / "manifest.json"), str(root / "small" / "manifest.json")
 
 
 @pytest.mark.timeout(300)
