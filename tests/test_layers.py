@@ -50,7 +50,18 @@ ORDER: dict[str, list[list[str]]] = {
         ["check", "model", "compact_file", "compact_source", "compact_pieces", "compact", "journal"]
     ],
     "shardkit.format.tario": [
-        ["names", "headers", "extended", "sparse", "buffer", "members", "index", "reader", "writer"]
+        [
+            "names",
+            "headers",
+            "extended",
+            "sparse",
+            "buffer",
+            "members",
+            "fast_extended",
+            "index",
+            "reader",
+            "writer",
+        ]
     ],
     "shardkit.write": [["inputs"], ["writer"], ["build"]],
     "shardkit.write.inputs": [
