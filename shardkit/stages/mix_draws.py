@@ -119,6 +119,13 @@ class MixCursor(Cursor):
             self.last = k
             yield item
 
+    def credit(self, k: int, item: Any) -> None:
+        """Count ``item`` of source ``k`` in the exposure: drawn by another cursor (a held
+        group's item given after an elastic resume, whose merge left it out)."""
+        self.st["counts"][k][0] += 1
+        self.st["counts"][k][1] += self._tokens(item)
+        self.last = k
+
     def state(self) -> dict[str, Any]:
         st = dict(self.st)  # its values are ints, names, or lists of ints: copied one deep
         for key in ("taken", "base", "exhausted", "epochs", "names"):

@@ -13,7 +13,8 @@ the old ``(rank, world, worker, workers, epoch)`` that read it) into a ``"held"`
 the upstream's merged one; the new ranks and workers share the groups out (group ``i`` to
 slot ``i mod slots``) and each reads its groups again where they were read, gives their
 items not yet given, then goes on with the re-planned rest of the epoch. Each item is
-given once; none is left out.
+given once; none is left out. A mixture's exposure counts the groups' rest when it is given
+(the merge takes the exposure the workers had given, :meth:`MixCursor.credit` the rest).
 
 The group's given items are a bit mask in hex (``done``): :func:`bits`, :func:`mask`,
 :func:`unmask`.
@@ -29,6 +30,7 @@ from typing import Any
 from shardkit.errors import StateDictError
 from shardkit.stages.base import Context, Cursor, Grid, Stage, check_int, check_state, state_epoch
 from shardkit.stages.mix_draws import drawn_from
+from shardkit.stages.mixture import given_in, mix_state
 from shardkit.stages.source import sources_of
 
 __all__ = [
@@ -126,7 +128,7 @@ def merge_held(up: Stage, grid: Grid) -> dict[str, Any] | None:
     groups held, and those groups (their items not given) in a ``"held"`` state the new
     ranks and workers share out. Without ``split_by_node`` every rank read the same
     stream, so the groups are rank 0's and each rank gives them all."""
-    source = up.merge([[settled(st) for st in row] for row in grid])
+    source = up.merge([[_delivered(st) for st in row] for row in grid])
     if source is None:
         return None
     rows = grid if _by_node(up) else grid[:1]
@@ -139,6 +141,26 @@ def merge_held(up: Stage, grid: Grid) -> dict[str, Any] | None:
     if not groups:
         return source
     return {"stage": HELD, "version": 1, "share": True, "groups": groups, "source": source}
+
+
+def _delivered(state: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """``state`` past its groups, its mixture's exposure what was given (the groups' rest,
+    given after the merge, is counted then: :meth:`MixCursor.credit`)."""
+    past = settled(state)
+    mix = mix_state(past)
+    if past is None or past is state or mix is None:
+        return past
+    start = mix_state(state)  # the mixture where the (outermost) group began
+    if start is None or len(start.get("counts", ())) != len(mix.get("counts", ())):
+        return past
+    extra = given_in(state, len(mix["counts"]))  # what of the groups was given, by source
+    pairs = zip(start["counts"], extra, strict=True)
+    counts = [[int(c[0]) + e[0], int(c[1]) + e[1]] for c, e in pairs]
+    out = copy.deepcopy(dict(past))
+    inner = mix_state(out)
+    if isinstance(inner, dict):
+        inner["counts"] = counts
+    return out
 
 
 def _by_node(up: Stage) -> bool:
@@ -264,6 +286,7 @@ class _Held(Cursor):
             where = Context(*g["at"])
             reader = open_upstream(self.stage, where, g["source"])
             self.upstreams.append(reader)  # its counters (bytes, seconds) are this cursor's
+            drew = drawn_from(reader)
             done = bits(unmask(g["done"], HELD))
             n = 0
             for i, item in enumerate(itertools.islice(reader, g["size"])):
@@ -274,8 +297,8 @@ class _Held(Cursor):
                 done |= 1 << i
                 self.groups[0] = {**g, "done": format(done, "x")}
                 self.own["samples"] += 1
-                if self.mix is not None:  # not drawn now: counted in the merged exposure
-                    self.mix.last = None
+                if self.mix is not None and drew is not None and drew.last is not None:
+                    self.mix.credit(drew.last, item)  # the merge left it out of the exposure
                 yield item
             reader.close()
             if n < g["size"]:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardkit import ShardDataset, WebLoader
+from shardkit import ShardDataset, WebLoader, mix
 from shardkit.errors import ConfigError, DecodeError
 from shardkit.format.manifest.model import Manifest
 from shardkit.stages.budget import attention_cost, fill_to_budget
@@ -173,3 +173,44 @@ def test_a_cost_field_needs_dict_samples_and_budget_needs_a_cost(tmp_path: Path)
     first = next(iter(raw))
     assert sum(len(s["tokens.npy"]) for s in first) <= 5000 or len(first) == 1
     assert canon(first) == canon(next(iter(raw)))
+
+
+def test_an_elastic_resume_counts_the_exposure_as_the_held_rest_is_given(
+    tmp_path: Path,
+) -> None:
+    """A mixture's exposure after an elastic resume (2 workers -> 1) of budget batches
+    holding groups is what the batches gave, after the load and after every batch: the
+    groups' rest counts when given (it counted at the merge: 46 for 6 given)."""
+    parts = [
+        lognormal_shards(tmp_path / n, n=k, shards=2, seed=s)
+        for n, k, s in (("a", 80, 0), ("b", 40, 5))
+    ]
+
+    def make(workers: int) -> WebLoader:
+        sets = [ShardDataset(m, seed=3).shuffle(16).decode() for m in parts]
+        ds = mix(sets, weights=[1, 1], names=["a", "b"], tokens_field="tokens.npy")
+        ds = ds.batched(budget=2000, cost="tokens.npy", buffer=40)
+        return WebLoader(ds, num_workers=workers, worker_mode="thread")
+
+    def counted(batches: list[Any]) -> dict[str, int]:
+        out = {"a": 0, "b": 0}
+        for b in batches:
+            for url in b["__url__"]:
+                out[Path(url).parent.name] += 1
+        return out
+
+    def reported(ld: WebLoader) -> dict[str, int]:
+        return {k: v["samples"] for k, v in ld.stats()["sources"].items()}
+
+    head_ld = make(2)
+    it = iter(head_ld)
+    head = [next(it) for _ in range(3)]
+    one = make(1)
+    one.load_state_dict(json.loads(json.dumps(head_ld.state_dict())))
+    assert reported(one) == counted(head)
+    given = list(head)
+    for b in one:
+        given.append(b)
+        assert reported(one) == counted(given), len(given)
+    keys = [(u, k) for b in given for u, k in zip(b["__url__"], b["__key__"], strict=True)]
+    assert len(keys) == len(set(keys))
