@@ -264,7 +264,12 @@ class BudgetBatched(Stage):
         if source is None:
             return None
         out = self._fresh(source)
-        lost = sum(int(st.get("dropped", 0)) for row in grid for st in row if st is not None)
+        lost = sum(
+            check_int(st, self.name, "dropped")
+            for row in grid
+            for st in row
+            if st is not None and "dropped" in st
+        )
         if lost:  # left out by a load and not counted yet: shared out by the new workers
             out.update(dropped=lost, shared=True)
         return out
