@@ -136,7 +136,7 @@ ORDER: dict[str, list[list[str]]] = {
             "nominal",
             "mix_draws",
         ],
-        ["mixture", "regroup", "budget", "basic", "tokens"],
+        ["mixture", "regroup", "costs", "budget", "basic", "tokens"],
     ],
     "shardkit.metrics": [["schema", "job", "alert", "export"]],
     "shardkit.streaming": [

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from scripts.bench._common import finish, fresh_dir, log, table
 from shardkit import ShardDataset, WebLoader
-from shardkit.stages.budget import attention_cost
+from shardkit.stages.costs import attention_cost
 from shardkit.write.writer import ShardWriter
 
 SEQ_LEN = 2048

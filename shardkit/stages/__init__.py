@@ -5,8 +5,8 @@ from __future__ import annotations
 from shardkit.read.policy import POLICIES, check_policy
 from shardkit.stages.base import Context, Cursor, Grid, Stage, check_state, state_epoch
 from shardkit.stages.basic import Batched, Map, Select, ToTuple
-from shardkit.stages.budget import attention_cost
 from shardkit.stages.collate import collate_numpy
+from shardkit.stages.costs import attention_cost
 from shardkit.stages.decode import Decode
 from shardkit.stages.source import ShardSource, sources_of
 from shardkit.stages.tokens import PackTokens

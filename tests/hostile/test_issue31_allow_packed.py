@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from shardkit import ShardDataset, WebLoader
-from shardkit.stages.budget import attention_cost
+from shardkit.stages.costs import attention_cost
 from tests.streaming.test_budget import lognormal_shards
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from shardkit import ShardDataset, WebLoader, mix
 from shardkit.errors import ConfigError, DecodeError
 from shardkit.format.manifest.model import Manifest
-from shardkit.stages.budget import attention_cost, fill_to_budget
+from shardkit.stages.costs import attention_cost, fill_to_budget
 from shardkit.write.writer import ShardWriter
 from tests.helpers.resumable import assert_resumable, canon
 
