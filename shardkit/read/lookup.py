@@ -46,6 +46,10 @@ from shardkit.urls import local_path, url_scheme
 __all__ = ["Locator", "Lookups", "PieceVerified", "piece_verified", "read_sample"]
 
 KEEP_OPEN = 16  # local shard files a process keeps open for lookups
+# a sample spanning more is read as a stream: the index gives the range, and an index that
+# is wrong (unchecked where the manifest gives no index checksum) must not make a lookup
+# hold a whole shard in memory before the parse finds out
+DIRECT_MAX = 64 << 20
 KEEP_PIECE_BYTES = 2 << 20  # checked piece bytes a process keeps (one piece at least): more
 # measured slower for random lookups (buffers cycled out of the CPU cache; hits are rare)
 
@@ -169,6 +173,8 @@ class Lookups:
         limits: the reader's limits (``max_member``, ``verify``, ``tar_policy``).
         keep_open: local shard files kept open at most.
         keep_bytes: bytes of checked pieces kept at most (one piece at least).
+        direct_max: the largest sample read whole before it is parsed; a larger one is
+            read as a stream (:func:`read_sample`).
     """
 
     def __init__(
@@ -179,12 +185,14 @@ class Lookups:
         *,
         keep_open: int = KEEP_OPEN,
         keep_bytes: int = KEEP_PIECE_BYTES,
+        direct_max: int = DIRECT_MAX,
     ) -> None:
         self.catalog = catalog
         self.opener = opener
         self.limits = limits
         self.keep_open = max(1, keep_open)
         self.keep_bytes = keep_bytes
+        self.direct_max = direct_max
         self._open: OrderedDict[str, _LocalShard] = OrderedDict()
         self._pieces: OrderedDict[tuple[str, str, int], memoryview] = OrderedDict()
         self._piece_bytes = 0
@@ -198,6 +206,8 @@ class Lookups:
         if info.index_url is None or compressed_name(url) or scheme == "pipe":
             return read_sample(self.catalog, self.opener, shard, j, counts, limits=self.limits)
         start, end, signature = self.catalog.sample_span(self.opener, shard, j)
+        if end - start > self.direct_max:
+            return read_sample(self.catalog, self.opener, shard, j, counts, limits=self.limits)
         if scheme == "file":
             self.catalog.check_within(info, url)
             data = self._local(info.ref, start, end)

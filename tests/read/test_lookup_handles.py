@@ -67,6 +67,17 @@ def test_open_shards_are_bounded_and_every_lookup_is_the_sample_read_in_order(
     assert lookups.sample(0, 1, counts)["__key__"] == want[1]["__key__"]  # opens again
 
 
+def test_a_sample_larger_than_a_direct_read_is_read_as_a_stream(make_shards: MakeShards) -> None:
+    m = make_shards([3, 4], piece_size=PIECE)
+    want = read_samples(m)
+    lookups = _lookups(m, IoConfig(), direct_max=100)  # every sample here is larger
+    counts = {"samples": 0.0, "bytes": 0.0}
+    got = [lookups.sample(s, j, counts) for s, j in [(1, 2), (0, 0), (1, 3)]]
+    assert [g["__key__"] for g in got] == [want[i]["__key__"] for i in (5, 0, 6)]
+    assert got[0]["tokens.npy"] == want[5]["tokens.npy"]
+    assert lookups.stats()["open_shards"] == 0  # none of them read directly
+
+
 def test_a_checked_piece_is_read_once_and_a_damaged_piece_is_never_a_sample(
     make_shards: MakeShards,
 ) -> None:
