@@ -24,6 +24,7 @@ What the fast path cannot read (a compressed shard, one without a sample index, 
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -163,9 +164,10 @@ class _LocalShard:
 class Lookups:
     """One process's reader of single samples (see the module docstring).
 
-    Not thread-safe: one process's lookups run one at a time. Held in a
-    :class:`~shardkit.per_process.PerProcess`: a forked child makes its own, so no file or
-    piece is shared across a fork.
+    Its threads' lookups take turns (a lock around the read, not the parse): the files and
+    pieces kept, and the buffers pieces are read into, are the process's. Held in a
+    :class:`~shardkit.per_process.PerProcess`: a forked child makes its own, so no file,
+    piece or lock is shared across a fork.
 
     Args:
         catalog: the shards.
@@ -196,25 +198,27 @@ class Lookups:
         self._open: OrderedDict[str, _LocalShard] = OrderedDict()
         self._pieces: OrderedDict[tuple[str, str, int], memoryview] = OrderedDict()
         self._piece_bytes = 0
+        self._lock = threading.RLock()  # reentrant, as every lock a close() may take
         self._finalizer = weakref.finalize(self, _close_all, self._open)
 
     def sample(self, shard: int, j: int, counts: dict[str, float]) -> Sample:
         """Sample ``j`` of ``shard``, checked (raises on bad data)."""
-        info = self.catalog.shards[shard]
-        url = info.ref.url
-        scheme = url_scheme(url)
-        if info.index_url is None or compressed_name(url) or scheme == "pipe":
-            return read_sample(self.catalog, self.opener, shard, j, counts, limits=self.limits)
-        start, end, signature = self.catalog.sample_span(self.opener, shard, j)
-        if end - start > self.direct_max:
-            return read_sample(self.catalog, self.opener, shard, j, counts, limits=self.limits)
-        if scheme == "file":
-            self.catalog.check_within(info, url)
-            data = self._local(info.ref, start, end)
-        else:
-            data = self._remote(info.ref, start, end)
-        counts["bytes"] += len(data)
-        return self._parse(data, info, start, end, signature, j, counts)
+        with self._lock:
+            info = self.catalog.shards[shard]
+            url = info.ref.url
+            scheme = url_scheme(url)
+            if info.index_url is None or compressed_name(url) or scheme == "pipe":
+                return read_sample(self.catalog, self.opener, shard, j, counts, limits=self.limits)
+            start, end, signature = self.catalog.sample_span(self.opener, shard, j)
+            if end - start > self.direct_max:
+                return read_sample(self.catalog, self.opener, shard, j, counts, limits=self.limits)
+            if scheme == "file":
+                self.catalog.check_within(info, url)
+                data = self._local(info.ref, start, end)
+            else:
+                data = self._remote(info.ref, start, end)
+            counts["bytes"] += len(data)
+        return self._parse(data, info, start, end, signature, j, counts)  # data is its own
 
     # -- the bytes ---------------------------------------------------------------------
     def _local(self, ref: ObjectRef, start: int, end: int) -> bytes:
@@ -322,9 +326,10 @@ class Lookups:
 
     def close(self) -> None:
         """Close the files kept open and drop the pieces kept (it can be used again)."""
-        _close_all(self._open)
-        self._pieces.clear()
-        self._piece_bytes = 0
+        with self._lock:
+            _close_all(self._open)
+            self._pieces.clear()
+            self._piece_bytes = 0
 
     def stats(self) -> dict[str, int]:
         """Files kept open and bytes of checked pieces kept now."""

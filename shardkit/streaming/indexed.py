@@ -21,8 +21,9 @@ beside the manifest or in the node cache, bound to the manifest's content.
 It works with torch's samplers (``RandomSampler``, ``DistributedSampler``) and a
 ``DataLoader`` with workers: what it pickles is the recipe and the catalog (a compact
 manifest form is mapped again in each worker); openers, open shard files and the key
-index are made again in each process (after a fork too). One process's lookups run one at
-a time (not thread-safe). :meth:`IndexedShards.close` closes what a process keeps open.
+index are made again in each process (after a fork too). A process's threads take turns at
+the reads (a lock), not at the parse. :meth:`IndexedShards.close` closes what a process keeps
+open.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -76,6 +78,30 @@ def test_a_sample_larger_than_a_direct_read_is_read_as_a_stream(make_shards: Mak
     assert [g["__key__"] for g in got] == [want[i]["__key__"] for i in (5, 0, 6)]
     assert got[0]["tokens.npy"] == want[5]["tokens.npy"]
     assert lookups.stats()["open_shards"] == 0  # none of them read directly
+
+
+def test_threads_of_one_process_take_turns_at_the_kept_files_and_pieces(
+    make_shards: MakeShards,
+) -> None:
+    m = make_shards([30, 30], tokens=1000, piece_size=PIECE)  # ~4 KB samples, 60 pieces
+    want = read_samples(m)
+    lookups = _lookups(m, IoConfig(), keep_open=1, keep_bytes=PIECE)  # evicting always
+    where = [(s, j) for s, e in enumerate(m.shards) for j in range(e.nsamples)]
+    order = [random.Random(t).choices(range(60), k=300) for t in range(4)]
+
+    def look(t: int) -> list[bool]:
+        counts = {"samples": 0.0, "bytes": 0.0}
+        got = [lookups.sample(*where[i], counts)["tokens.npy"] for i in order[t]]
+        return [g == want[i]["tokens.npy"] for g, i in zip(got, order[t], strict=True)]
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # threads take turns often, as on a busy machine
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(look, range(4)))
+    finally:
+        sys.setswitchinterval(old)
+    assert all(all(r) for r in results)
 
 
 def test_a_checked_piece_is_read_once_and_a_damaged_piece_is_never_a_sample(
