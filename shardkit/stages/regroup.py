@@ -131,16 +131,39 @@ def merge_held(up: Stage, grid: Grid) -> dict[str, Any] | None:
     source = up.merge([[_delivered(st) for st in row] for row in grid])
     if source is None:
         return None
-    rows = grid if _by_node(up) else grid[:1]
+    by_node = _by_node(up)
+    rows = grid if by_node else grid[:1]
     groups = []
     for r, row in enumerate(rows):
         for w, st in enumerate(row):
             if st is not None:
                 at = [r, len(grid), w, len(row), state_epoch(st)]
+                slots = len(grid) * len(row) if by_node else len(row)
+                st = _own_share(st, r * len(row) + w if by_node else w, slots)
                 groups += [g for g in held_groups(st, at) if _rest(g)]
     if not groups:
         return source
     return {"stage": HELD, "version": 1, "share": True, "groups": groups, "source": source}
+
+
+def _own_share(state: Mapping[str, Any], slot: int, slots: int) -> Mapping[str, Any]:
+    """A worker's ``state`` with an elastic merge's shared groups it still holds (it gave
+    nothing since that load: its state is the load's, every group) cut to its own share,
+    the part :func:`open_upstream` gave it (the others' are in the other workers' states)."""
+    sub: Any = state
+    while isinstance(sub, Mapping) and sub.get("stage") in BATCHINGS:
+        if sub.get("stage") == HELD and sub.get("share"):
+            break
+        sub = sub.get("source")
+    else:
+        return state
+    out = copy.deepcopy(dict(state))
+    sub = out
+    while not (sub.get("stage") == HELD and sub.get("share")):
+        sub = sub["source"]
+    sub["groups"] = _check_groups(sub)[slot::slots]
+    sub.pop("share")
+    return out
 
 
 def _delivered(state: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
