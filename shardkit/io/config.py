@@ -98,7 +98,11 @@ class CacheConfig:
             object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
         if self.cache_dir is not None and not isinstance(self.cache_dir, str):
             raise ConfigError(f"cache_dir must be a path, got {self.cache_dir!r}")
+        if self.cache_dir == "":  # os.environ.get("CACHE", ""): not the working directory
+            raise ConfigError("cache_dir is empty: give a folder, or None for no cache")
         typed_fields(self)
+        if self.cache_limit is not None and self.cache_limit < 0:
+            raise ConfigError(f"cache_limit must be >= 0 bytes, got {self.cache_limit!r}")
         if not self.cache_wait > 0:
             raise ConfigError(f"cache_wait must be > 0, got {self.cache_wait!r}")
         for name in (
@@ -277,6 +281,6 @@ def with_cache(
     if io is not None and (io.cache.cache_dir, io.cache.cache_limit) != (None, None):
         raise ConfigError("give the cache in io= or in cache_dir=/cache_limit=, not both")
     limit = None if cache_limit is None else parse_size(cache_limit)
-    path = None if cache_dir is None else os.fspath(cache_dir)
-    cache = dataclasses.replace(base.cache, cache_dir=path, cache_limit=limit)
+    path = os.fspath(cache_dir) if isinstance(cache_dir, os.PathLike) else cache_dir
+    cache = dataclasses.replace(base.cache, cache_dir=path, cache_limit=limit)  # checks path
     return dataclasses.replace(base, cache=cache)

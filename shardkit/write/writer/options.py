@@ -17,6 +17,7 @@ from shardkit.errors import ConfigError
 from shardkit.format.checksum import new_hasher
 from shardkit.format.pieces import DEFAULT_PIECE_SIZE
 from shardkit.units import parse_size
+from shardkit.values import as_int
 
 __all__ = [
     "COMPRESSIONS",
@@ -94,8 +95,10 @@ class WriterOptions:
         object.__setattr__(self, "maxsize", parse_size(self.maxsize))
         if self.max_bytes < 4096:
             raise ConfigError(f"maxsize {self.maxsize} is too small (at least 4 KB)")
-        if self.maxcount is not None and self.maxcount < 1:
-            raise ConfigError(f"maxcount must be at least 1, got {self.maxcount}")
+        if self.maxcount is not None:  # True, 2.5 and "3" are no counts
+            object.__setattr__(self, "maxcount", as_int(self.maxcount, "maxcount", floats=False))
+            if self.maxcount < 1:
+                raise ConfigError(f"maxcount must be at least 1, got {self.maxcount}")
         new_hasher(self.checksum)  # validates the name now, not at the first shard
         if self.compress not in COMPRESSIONS:
             raise ConfigError(f"compress must be None, 'zstd' or 'gzip', got {self.compress!r}")
@@ -103,6 +106,9 @@ class WriterOptions:
             object.__setattr__(self, "piece_size", parse_size(self.piece_size))
             if self.piece_bytes is not None and self.piece_bytes < 4096:
                 raise ConfigError(f"piece_size {self.piece_size} is too small (at least 4 KB)")
+        object.__setattr__(
+            self, "image_quality", as_int(self.image_quality, "image_quality", floats=False)
+        )
         if not 1 <= self.image_quality <= 100:
             raise ConfigError(f"image_quality must be in 1..100, got {self.image_quality}")
 
