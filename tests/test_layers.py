@@ -155,6 +155,7 @@ ORDER: dict[str, list[list[str]]] = {
             "workers",
             "worker_modes",
             "stall",
+            "place",
             "loader",
             "measure",
         ]

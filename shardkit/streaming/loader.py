@@ -19,7 +19,6 @@ written before every ``iter()``, so persistent workers follow ``set_epoch`` and
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Collection, Generator, Iterator, Mapping, Sequence
@@ -27,28 +26,11 @@ from typing import Any, cast
 
 from shardkit.errors import ConfigError
 from shardkit.metrics import LoaderStats, counter_delta
-from shardkit.stages import Context
 from shardkit.stages.mixture import find_mix
-from shardkit.streaming.allow import (
-    Allowed,
-    adapt_states,
-    diff_fingerprints,
-    replaying,
-    retired_exposure,
-)
 from shardkit.streaming.arena import take_over
 from shardkit.streaming.dataset import ShardDataset
-from shardkit.streaming.resume import (
-    STAGE,
-    VERSION,
-    Loaded,
-    carried_states,
-    check_job_state,
-    check_loadable,
-    encode_job_state,
-    merge_rank_states,
-    resume_plan,
-)
+from shardkit.streaming.place import Place
+from shardkit.streaming.resume import merge_rank_states
 from shardkit.streaming.stall import StallWatch
 from shardkit.streaming.sync import EpochEnd
 from shardkit.streaming.transfer import Mailbox, PackedBytes
@@ -117,26 +99,18 @@ class WebLoader:
         self._epoch = dataset.epoch
         self._sync = sync
         self._end = EpochEnd()
-        self._loaded: Loaded | None = None
-        self._states: list[dict[str, Any] | None] = [None] * self._logical
-        self._where = Context(workers=self._logical)
-        self._batches = 0
-        self._begun: int | None = None  # the epoch the last iteration began in
-        self._next_worker = 0
-        self._complete = False
+        self._place = Place(dataset, self._logical, self._fingerprint)
         self._job_skips: dict[str, int] | None = None
         self._stats = LoaderStats()
         self._opened: dict[int, float] = {}
-        self._voting = False  # a load changed the batching: the ranks vote on the epoch end
-        self._retired: dict[str, dict[str, int]] = {}  # sources a load removed: exposure
         self._stall = StallWatch(stall_warn, stall_stacks)
 
     # -- epochs and length ---------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Iterate epoch ``epoch`` next (a loaded state must fit it: see
         :meth:`~shardkit.streaming.resume.Loaded.at_epoch`)."""
-        if self._loaded is not None:
-            self._loaded = self._loaded.at_epoch(epoch)
+        if self._place.loaded is not None:
+            self._place.loaded = self._place.loaded.at_epoch(epoch)
         self.dataset.set_epoch(epoch)
         self._epoch = int(epoch)
 
@@ -179,22 +153,11 @@ class WebLoader:
             total = len(self)
         except TypeError:
             return None
-        if self._loaded is not None:
-            where = self.dataset.context(0, self._logical, self._epoch)
-            pending = self._loaded.state
-            plan = resume_plan(pending, self.dataset.pipeline(), where)
-            if plan.done:
-                return 0
-            exact = (pending["world"], pending["num_workers"]) == (where.world, where.workers)
-            exact = exact and not pending.get("regrouped")
-            return max(total - plan.batches, 0) if exact or plan.states is None else None
-        if self._begun == self._epoch:
-            return 0 if self._complete else max(total - self._batches, 0)
-        return total
+        return self._place.remaining(self._epoch, total)
 
     # -- iteration -----------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        box = self._begin()
+        box = self._place.begin(self._epoch)
         self._stats.start(self._epoch)
         if box is None:  # the loaded state had ended this epoch: nothing is left
             self._stats.stop()
@@ -207,7 +170,7 @@ class WebLoader:
         self._stall.prepare()  # before worker processes start: they report to it
         it = iter(self._loader)
         gen = self._iterate(it, synced)
-        self._stall.begin(self._where.rank, it, gen)
+        self._stall.begin(self._place.where.rank, it, gen)
         close_at_exit(gen)
         return gen
 
@@ -220,31 +183,9 @@ class WebLoader:
     def _lockstep(self) -> bool:
         """Ranks yield equal batch counts by construction: lengths known up front (the
         plan gives every rank equal shares) and no skip policy can shorten a rank's data."""
-        if self._voting or any(s.policy != "raise" for s in self.dataset.sources):
+        if self._place.voting or any(s.policy != "raise" for s in self.dataset.sources):
             return False
         return self.dataset.lengths(self._logical) is not None
-
-    def _begin(self) -> dict[str, Any] | None:
-        """Decide how this iteration starts (fresh, exact resume, elastic) for the mailbox."""
-        where = self.dataset.context(0, self._logical, self._epoch)
-        self._where = where
-        loaded, self._loaded = self._loaded, None
-        st = None if loaded is None else loaded.state
-        plan = resume_plan(st, self.dataset.pipeline(), where)
-        if plan.states is None and not plan.done:
-            carried = carried_states(self.dataset.pipeline(), self._states, loaded, where)
-            plan = dataclasses.replace(plan, states=carried)
-        self._batches = plan.batches
-        self._begun = self._epoch
-        self._states = list(plan.states) if plan.states else [None] * self._logical
-        self._voting = bool(st and st.get("regrouped")) or replaying(plan.states)
-        self._next_worker = plan.rotation
-        self._complete = plan.done
-        if plan.done:
-            return None
-        box = {"epoch": where.epoch, "rank": where.rank, "world": where.world}
-        box["rotation"] = plan.rotation
-        return {**box, "states": plan.states}
 
     def _iterate(self, it: Iterator[Any], synced: bool) -> Generator[Any, None, None]:
         stats = self._stats
@@ -256,7 +197,7 @@ class WebLoader:
                 t = time.perf_counter()
                 got = next(it, _END)
                 if got is _END:
-                    self._complete = True
+                    self._place.complete = True
                     return
                 yield self._deliver(got, t)
         except GeneratorExit:  # the epoch was left early: persistent workers stay
@@ -282,9 +223,9 @@ class WebLoader:
             ok, job = self._end.finish(vote)
             self._job_skips = {"skipped_samples": job[0], "skipped_shards": job[1]}
             if not ok:  # a rank's data ended: the epoch ends for every rank
-                self._complete = True
+                self._place.complete = True
                 if ahead is not _END:  # this rank's rest is never delivered: counted
-                    self._stats.add({"dropped_samples": self._left()})
+                    self._stats.add({"dropped_samples": self._place.left(self._epoch)})
                 return
             got = ahead
             ahead = next(it, _END)
@@ -292,14 +233,6 @@ class WebLoader:
             batch = self._deliver(got, t)
             yield batch
             t = time.perf_counter()
-
-    def _left(self) -> int:
-        """The samples this rank's workers had still to give after their last delivered
-        batch (0 where not known up front)."""
-        tail = self.dataset.pipeline()
-        where = [self.dataset.context(w, self._logical, self._epoch) for w in range(self._logical)]
-        left = [tail.left(ctx, st) for ctx, st in zip(where, self._states, strict=True)]
-        return sum(n for n in left if n is not None)
 
     def _skips(self) -> list[int]:
         counts = self._stats.totals()[0]
@@ -310,9 +243,7 @@ class WebLoader:
         self._stall.beat()
         batch, meta = cast(tuple[Any, dict[str, Any]], got)
         w = int(meta["w"])
-        self._states[w] = meta["s"]
-        self._batches += 1
-        self._next_worker = (w + 1) % self._logical
+        self._place.delivered(w, meta["s"])
         wait = time.perf_counter() - t
         if self.worker_mode == "thread":  # counted once for the process, not per worker
             io = counter_delta(self.dataset.io_stats(), self._io_base)
@@ -336,39 +267,8 @@ class WebLoader:
         (rank 0) and load it on every rank of the next run. Without one it holds this rank's
         cursors (join the ranks' states with :meth:`merge_states`).
         """
-        if self._loaded is not None:  # loaded and not iterated yet: the state as loaded
-            return encode_job_state(self._loaded.state)
-        entry = {
-            "rank": self._where.rank,
-            "batches": self._batches,
-            "next_worker": self._next_worker,
-            "workers": self._states,
-        }
-        complete = self._complete
-        if self._begun is not None and self._begun != self._epoch:
-            # set_epoch moved on since the last iteration: the next iter() starts this
-            # epoch afresh (with what the pipeline carries over), and so does this state
-            where = self.dataset.context(0, self._logical, self._epoch)
-            carried = carried_states(self.dataset.pipeline(), self._states, None, where)
-            entry.update(batches=0, next_worker=0, workers=carried or [None] * self._logical)
-            complete = False
-        ranks: list[dict[str, Any]] = [entry]
-        if self._job():
-            ranks = sorted(self._end.gather(entry), key=lambda e: int(e["rank"]))
-        retired = {"retired": self._retired} if self._retired else {}
-        return encode_job_state(
-            {
-                **retired,
-                "stage": STAGE,
-                "version": VERSION,
-                "epoch": self._epoch,
-                "complete": complete,
-                "world": self._where.world,
-                "num_workers": self._logical,
-                "pipeline": self._fingerprint,
-                "ranks": ranks,
-            }
-        )
+        gather = self._end.gather if self._job() else None
+        return self._place.job_state(self._epoch, gather)
 
     def load_state_dict(
         self,
@@ -395,20 +295,9 @@ class WebLoader:
         fit: another pipeline (stages, seed, shuffle buffer...), manifest content, a
         cursor out of range, or a change not allowed (naming the ``allow`` value).
         """
-        discard = Loaded.discards(epoch_mismatch)
-        allowed = Allowed.parse(allow, reweight)
-        st = check_job_state(state)
-        changes = diff_fingerprints(st["pipeline"], self._fingerprint, allowed.rename)
-        allowed.check(changes)
-        if changes:
-            st = adapt_states(st, self.dataset.pipeline(), changes, allowed)
-            st["pipeline"] = self._fingerprint  # saved again, it fits this pipeline
-        where = self.dataset.context(0, self._logical, st["epoch"])
-        check_loadable(st, self.dataset.pipeline(), where)
-        self._loaded = Loaded(st, st["epoch"], st["complete"], discard, STAGE)
-        self._retired = retired_exposure(st)
-        self.dataset.set_epoch(int(st["epoch"]))
-        self._epoch = int(st["epoch"])
+        epoch = self._place.load(state, epoch_mismatch, allow, reweight)
+        self.dataset.set_epoch(epoch)
+        self._epoch = epoch
 
     @staticmethod
     def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -432,22 +321,12 @@ class WebLoader:
             out.update({f"job_{k}": v for k, v in self._job_skips.items()})
         mixture = find_mix(self.dataset.pipeline())
         if mixture is not None:  # exposure: what each source gave, as of the latest batch
-            out["sources"] = mixture.exposure(*self._exposed())
-            if self._retired and self._where.rank == 0:  # job totals: rank 0's
-                for name, done in self._retired.items():
+            out["sources"] = mixture.exposure(*self._place.exposed())
+            retired = self._place.retired
+            if retired and self._place.where.rank == 0:  # job totals: rank 0's
+                for name, done in retired.items():
                     out["sources"][name] = {**done, "share": 0.0, "weight": 0.0}
                 total = sum(v["samples"] for v in out["sources"].values())
                 for v in out["sources"].values():
                     v["share"] = v["samples"] / total if total else 0.0
         return out
-
-    def _exposed(self) -> tuple[list[dict[str, Any] | None], Context]:
-        """The worker states the exposure is read from: a loaded state's for this rank
-        before its first batch, else the latest batches'."""
-        if self._loaded is None:
-            return self._states, self._where
-        where = self.dataset.context(0, self._logical, self._loaded.epoch)
-        plan = resume_plan(
-            {**self._loaded.state, "complete": False}, self.dataset.pipeline(), where
-        )
-        return list(plan.states or []), where
