@@ -13,8 +13,8 @@ import pytest
 
 import shardkit as sk
 from shardkit.cache import make_opener
-from shardkit.errors import ConfigError
-from shardkit.io import CacheConfig, IoConfig
+from shardkit.errors import ConfigError, ShardFormatError
+from shardkit.io import CacheConfig, IoConfig, ReaderLimits
 
 
 @pytest.mark.parametrize(
@@ -69,3 +69,14 @@ def test_writer_counts_take_no_bool_float_or_str(option: str, value: Any, tmp_pa
     with pytest.raises(ConfigError, match=option):
         sk.ShardWriter(tmp_path / "out", **{option: value})
     assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_the_largest_member_message_names_the_spelling_a_reader_takes(tmp_path: Path) -> None:
+    """'raise it with max_member=': ShardDataset(max_member=...) is a TypeError and
+    IoConfig(max_member=...) a ConfigError since the one spelling; the way is limits=."""
+    with sk.ShardWriter(tmp_path / "set") as w:
+        w.write({"__key__": "a", "bin": b"x" * 3000})
+    io = IoConfig(limits=ReaderLimits(max_member=1000))
+    with pytest.raises(ShardFormatError, match=r"ReaderLimits\(max_member=") as err:
+        list(sk.ShardDataset(tmp_path / "set", io=io))
+    assert "1000 bytes" in str(err.value)

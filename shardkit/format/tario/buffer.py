@@ -217,7 +217,9 @@ class Buffered:
         if size > self.max_member:
             raise ShardFormatError(
                 f"{what} is {size} bytes, over the largest-member limit of {self.max_member} "
-                "bytes (raise it with max_member= or --max-member if this shard is trusted)",
+                "bytes (if this shard is trusted, raise it: "
+                "io=IoConfig(limits=ReaderLimits(max_member=...)), read_shard(max_member=...) "
+                "or --max-member)",
                 url=self.url,
                 offset=at,
             )
