@@ -270,6 +270,13 @@ class Mix(Stage):
             ]
             subs.append(stage.merge(sub))
         total = [sum(st["taken"][i] for st in found) for i in (0, 1)]
+        # a worker that gave nothing since a merge holds its totals: counted at (0, 0) only
+        counts = [
+            self.check(st)["counts"]
+            for r, row in enumerate(grid)
+            for w, st in enumerate(row)
+            if st is not None and not (st.get("shared") and (r, w) != (0, 0))
+        ]
         first = found[0]
         return {
             **first,
@@ -281,7 +288,7 @@ class Mix(Stage):
             # workers draw from what is left of each (as before the merge, per worker)
             "exhausted": [False] * n,
             "epochs": epochs,
-            "counts": [[sum(st["counts"][k][i] for st in found) for i in (0, 1)] for k in range(n)],
+            "counts": [[sum(c[k][i] for c in counts) for i in (0, 1)] for k in range(n)],
             "shared": True,
             "sources": subs,
         }

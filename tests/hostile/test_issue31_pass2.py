@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from shardkit import ShardDataset, WebLoader
+from shardkit import ShardDataset, WebLoader, mix
 from shardkit.format.manifest.model import Manifest
 from tests.streaming.test_budget import lognormal_shards
 
@@ -61,3 +61,58 @@ def test_a_load_saved_before_every_worker_gave_a_batch_gives_each_document_once(
     got, ld = run(docs, [("budget", 2, 5), (batching, 3, 1), (batching, 1, None)])
     assert twice(got) == []
     assert len(got) + ld.stats()["dropped_samples"] == 120
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Manifest]:
+    """Mixture sources a (60 documents), b (40) and c (30)."""
+    root = tmp_path_factory.mktemp("sources")
+    sizes = {"a": 60, "b": 40, "c": 30}
+    return {
+        name: lognormal_shards(root / name, n=n, shards=2, seed=i)
+        for i, (name, n) in enumerate(sizes.items())
+    }
+
+
+def mixed(parts: dict[str, Manifest], names: str, batching: str) -> ShardDataset:
+    sets = [ShardDataset(parts[n], seed=2).shuffle(8).decode() for n in names]
+    ds = mix(sets, weights=[1] * len(names), names=list(names), stop="longest")
+    if batching == "budget":
+        return ds.batched(budget=3000, cost="tokens.npy", buffer=20)
+    return ds.batched(int(batching))
+
+
+def run_mixed(
+    parts: dict[str, Manifest], legs: list[tuple[str, str, int, int | None, set[str]]]
+) -> tuple[collections.Counter[str], WebLoader]:
+    """Each leg: the sources, the batching, thread workers, batches (None: to the end) and
+    the allow= of its load; returns how many documents of each source were given."""
+    state: dict[str, Any] | None = None
+    got: list[str] = []
+    for names, batching, workers, steps, allow in legs:
+        ld = WebLoader(mixed(parts, names, batching), num_workers=workers, worker_mode="thread")
+        if state is not None:
+            ld.load_state_dict(state, allow=allow)
+        for n, batch in enumerate(ld, 1):
+            pairs = zip(batch["__url__"], batch["__key__"], strict=True)
+            got += [f"{u.split('/')[-2]}/{k}" for u, k in pairs]
+            if n == steps:
+                break
+        state = json.loads(json.dumps(ld.state_dict()))
+    assert twice(got) == []
+    return collections.Counter(k.split("/")[0] for k in got), ld
+
+
+@pytest.mark.integration
+def test_exposure_after_a_load_saved_before_every_worker_gave_a_batch(
+    sources: dict[str, Manifest],
+) -> None:
+    """A mixture on 2 workers -> 3 (one batch: workers 1 and 2 gave none, their mixture
+    state the merge's, its counts the job's totals) -> 1: the merge summed the totals of
+    every worker that had not started again: stats()['sources'] said a 142, b 98 for the
+    60 and 40 given."""
+    given, ld = run_mixed(
+        sources, [("ab", "4", 2, 5, set()), ("ab", "4", 3, 1, set()), ("ab", "4", 1, None, set())]
+    )
+    exposure = {k: v["samples"] for k, v in ld.stats()["sources"].items()}
+    assert exposure == dict(given) == {"a": 60, "b": 40}
