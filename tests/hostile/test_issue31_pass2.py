@@ -131,8 +131,8 @@ def test_dropped_samples_survive_the_next_load(sources: dict[str, Manifest], wor
     """a and b on 2 workers, 5 budget batches (each worker holds a group), then c added
     (its groups' rest left out, counted) on ``workers`` workers for 1 batch, then to the
     end on 2 workers: what was given plus stats()['dropped_samples'] is the 130 documents.
-    It said 0 dropped (2 workers: the count was not saved) and 2x the count (3 workers:
-    workers 1 and 2 had given nothing, each held it all)."""
+    It said 0 dropped for 10 left out (the count was not saved); 3 workers -> 1 worker at
+    the end said 40 for 20 (workers 1 and 2 had given nothing, each held the whole count)."""
     change = {"sources", "weights"}
     given, ld = run_mixed(
         sources,
