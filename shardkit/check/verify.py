@@ -33,7 +33,7 @@ from shardkit.values import as_int
 if TYPE_CHECKING:
     from shardkit._types import Opener
 
-__all__ = ["LEVELS", "Problem", "VerifyReport", "extra_files", "verify"]
+__all__ = ["LEVELS", "extra_files", "verify"]
 
 log = logging.getLogger(__name__)
 

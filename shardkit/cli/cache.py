@@ -30,7 +30,8 @@ from shardkit.errors import CacheError
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.index import INDEX_MAGIC
 from shardkit.io import CacheConfig, IoConfig, load_manifest
-from shardkit.plan.assign import PlanConfig, Ranges, worker_stream
+from shardkit.plan.assign import PlanConfig, worker_stream
+from shardkit.plan.ranges import Ranges
 from shardkit.plan.world import Context
 from shardkit.units import format_bytes, parse_size, plural
 from shardkit.urls import url_scheme

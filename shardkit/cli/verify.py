@@ -13,8 +13,8 @@ import click
 from tqdm import tqdm
 
 from shardkit.cache import make_opener
-from shardkit.check.report import Problem
-from shardkit.check.verify import VerifyReport, verify
+from shardkit.check.report import Problem, VerifyReport
+from shardkit.check.verify import verify
 from shardkit.cli.build import tar_policy_option
 from shardkit.errors import ShardkitError
 from shardkit.io import load_manifest

@@ -21,9 +21,10 @@ import os
 from shardkit._types import Opener
 from shardkit.errors import ManifestError
 from shardkit.format.manifest.model import Manifest
-from shardkit.io.config import CacheConfig, IoConfig, ReaderLimits, RetryPolicy
+from shardkit.io.config import CacheConfig, IoConfig, ReaderLimits
 from shardkit.io.local import open_local
 from shardkit.io.remote import UncachedOpener
+from shardkit.io.retry import RetryPolicy
 from shardkit.urls import local_path, url_scheme
 
 __all__ = [

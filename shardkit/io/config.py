@@ -25,18 +25,15 @@ from typing import Any
 from shardkit.errors import ConfigError
 from shardkit.format.tario.buffer import DEFAULT_MAX_MEMBER
 from shardkit.format.tario.members import TAR_POLICIES
-from shardkit.io.retry import DEFAULT_MIN_RATE, DEFAULT_RATE_WINDOW, RetryPolicy
+from shardkit.io.retry import RetryPolicy
 from shardkit.units import parse_size
 from shardkit.values import typed_fields
 
 __all__ = [
-    "DEFAULT_MIN_RATE",
     "DEFAULT_RANGE_SIZE",
-    "DEFAULT_RATE_WINDOW",
     "CacheConfig",
     "IoConfig",
     "ReaderLimits",
-    "RetryPolicy",
     "misspelled",
     "with_cache",
 ]

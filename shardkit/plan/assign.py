@@ -45,8 +45,6 @@ __all__ = [
     "REMAINDERS",
     "Generation",
     "PlanConfig",
-    "Ranges",
-    "ResampledStream",
     "epoch_sequence",
     "rank_length",
     "remaining_sequence",

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from shardkit.plan.world import Context
 from shardkit.read.policy import POLICIES, check_policy
-from shardkit.stages.base import Context, Cursor, Grid, Stage, check_state, state_epoch
+from shardkit.stages.base import Cursor, Grid, Stage, check_state, state_epoch
 from shardkit.stages.basic import Batched, Map, Select, ToTuple
 from shardkit.stages.collate import collate_numpy
 from shardkit.stages.costs import attention_cost

@@ -38,7 +38,6 @@ from shardkit.errors import ConfigError, StateDictError
 from shardkit.plan.world import Context
 
 __all__ = [
-    "Context",
     "Cursor",
     "Fruitless",
     "Grid",

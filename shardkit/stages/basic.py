@@ -8,7 +8,8 @@ from time import perf_counter
 from typing import Any
 
 from shardkit.errors import ConfigError, DecodeError
-from shardkit.stages.base import Context, Cursor, Fruitless, Grid, Stage, Step, callable_name
+from shardkit.plan.world import Context
+from shardkit.stages.base import Cursor, Fruitless, Grid, Stage, Step, callable_name
 from shardkit.stages.collate import collate_numpy
 from shardkit.stages.regroup import left_after, merge_held, open_upstream, settled
 from shardkit.values import as_int

@@ -34,15 +34,8 @@ from time import perf_counter
 from typing import Any
 
 from shardkit.errors import ConfigError, StateDictError
-from shardkit.stages.base import (
-    Context,
-    Cursor,
-    Grid,
-    Stage,
-    callable_name,
-    check_int,
-    check_state,
-)
+from shardkit.plan.world import Context
+from shardkit.stages.base import Cursor, Grid, Stage, callable_name, check_int, check_state
 from shardkit.stages.collate import collate_numpy
 from shardkit.stages.costs import FieldCost, check_budget, cost_of, fill_to_budget
 from shardkit.stages.mix_draws import drawn_from

@@ -32,9 +32,9 @@ from shardkit.errors import ConfigError, DecodeError, StateDictError
 from shardkit.format.codecs import NpyDecoder, decode_field, field_decoder
 from shardkit.format.images import IMAGE_EXTS
 from shardkit.per_process import PerProcess
+from shardkit.plan.world import Context
 from shardkit.read.policy import check_policy, count_error, report
 from shardkit.stages.base import (
-    Context,
     Cursor,
     Fruitless,
     Grid,
@@ -44,7 +44,7 @@ from shardkit.stages.base import (
     sub_grid,
 )
 
-__all__ = ["IMAGE_EXTS", "IMAGE_MODES", "Decode"]
+__all__ = ["IMAGE_MODES", "Decode"]
 
 log = logging.getLogger(__name__)
 

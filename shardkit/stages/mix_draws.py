@@ -10,7 +10,8 @@ import numpy as np
 
 from shardkit.plan.order import stream_seed, uniforms
 from shardkit.plan.schedule import Schedule, choose
-from shardkit.stages.base import Context, Cursor, Stage
+from shardkit.plan.world import Context
+from shardkit.stages.base import Cursor, Stage
 
 __all__ = ["MixCursor", "Mixed", "drawn_from"]
 

@@ -30,7 +30,8 @@ from typing import Any
 
 from shardkit.errors import ConfigError, StateDictError
 from shardkit.plan.schedule import Schedule
-from shardkit.stages.base import Context, Cursor, Grid, Stage, check_int, check_state
+from shardkit.plan.world import Context
+from shardkit.stages.base import Cursor, Grid, Stage, check_int, check_state
 from shardkit.stages.mix_draws import MixCursor
 from shardkit.stages.source import sources_of
 

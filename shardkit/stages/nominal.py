@@ -21,7 +21,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from shardkit.errors import ConfigError, StateDictError
-from shardkit.stages.base import Context, Cursor, Grid, Stage, check_int, check_state
+from shardkit.plan.world import Context
+from shardkit.stages.base import Cursor, Grid, Stage, check_int, check_state
 from shardkit.values import as_int
 
 __all__ = ["WithEpoch", "share"]

@@ -14,11 +14,13 @@ from typing import Any
 from shardkit._types import Opener, Sample
 from shardkit.errors import ShardError
 from shardkit.io.config import ReaderLimits
-from shardkit.plan.assign import Ranges, ResampledStream
 from shardkit.plan.order import Window, iter_order, nth_output, resume_window
+from shardkit.plan.ranges import Ranges
+from shardkit.plan.resampled import ResampledStream
+from shardkit.plan.world import Context
 from shardkit.read.catalog import Catalog
 from shardkit.read.stream import read_stream
-from shardkit.stages.base import Context, Cursor
+from shardkit.stages.base import Cursor
 
 __all__ = ["SourceCursor", "Stream", "last_of", "stream_length"]
 

@@ -28,7 +28,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from shardkit.errors import StateDictError
-from shardkit.stages.base import Context, Cursor, Grid, Stage, check_int, check_state, state_epoch
+from shardkit.plan.world import Context
+from shardkit.stages.base import Cursor, Grid, Stage, check_int, check_state, state_epoch
 from shardkit.stages.mix_draws import drawn_from
 from shardkit.stages.mixture import given_in, mix_state
 from shardkit.stages.source import sources_of

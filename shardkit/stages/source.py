@@ -23,9 +23,10 @@ from shardkit.per_process import PerProcess
 from shardkit.plan.assign import Generation, PlanConfig, shuffle_window, stream_lengths
 from shardkit.plan.assign import worker_stream as plan_stream
 from shardkit.plan.order import Window
+from shardkit.plan.world import Context
 from shardkit.read.catalog import Catalog, open_catalog
 from shardkit.read.policy import check_policy
-from shardkit.stages.base import Context, Grid, Stage, check_int, check_state
+from shardkit.stages.base import Grid, Stage, check_int, check_state
 from shardkit.stages.reading import SourceCursor, Stream, last_of, stream_length
 
 __all__ = ["ShardSource", "sources_of"]

@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from shardkit.errors import ConfigError, DecodeError, StateDictError
-from shardkit.stages.base import Context, Cursor, Grid, Stage, check_int, check_state
+from shardkit.plan.world import Context
+from shardkit.stages.base import Cursor, Grid, Stage, check_int, check_state
 from shardkit.stages.mix_draws import drawn_from
 from shardkit.stages.mixture import find_mix
 from shardkit.stages.packing import Segment, best_fit, pieces, segments_boundaries

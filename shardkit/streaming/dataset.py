@@ -49,11 +49,11 @@ from shardkit.stages import (
 from shardkit.stages.epoch import Epoch
 from shardkit.streaming.allow import Allowed, adapt_state, diff_fingerprints
 from shardkit.streaming.frameworks import check_framework
-from shardkit.streaming.recipe import DEFAULT_BUFSIZE, Recipe
-from shardkit.streaming.resume import EPOCH_MISMATCH, Loaded, check_dataset_state, dataset_state
+from shardkit.streaming.recipe import Recipe
+from shardkit.streaming.resume import Loaded, check_dataset_state, dataset_state
 from shardkit.values import as_int
 
-__all__ = ["DEFAULT_BUFSIZE", "EPOCH_MISMATCH", "ShardDataset"]
+__all__ = ["ShardDataset"]
 
 log = logging.getLogger(__name__)
 

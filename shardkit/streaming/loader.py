@@ -33,11 +33,11 @@ from shardkit.streaming.place import Place
 from shardkit.streaming.resume import merge_rank_states
 from shardkit.streaming.stall import StallWatch
 from shardkit.streaming.sync import EpochEnd
-from shardkit.streaming.transfer import Mailbox, PackedBytes
+from shardkit.streaming.transfer import Mailbox
 from shardkit.streaming.worker_modes import close_at_exit, make_workers, stop_workers
 from shardkit.streaming.workers import WorkerSide
 
-__all__ = ["PackedBytes", "WebLoader"]
+__all__ = ["WebLoader"]
 
 log = logging.getLogger(__name__)
 _END = object()

@@ -15,7 +15,7 @@ from shardkit.stages.mixture import STOPS, Mix
 from shardkit.streaming.dataset import ShardDataset
 from shardkit.values import as_int
 
-__all__ = ["Mix", "mix"]
+__all__ = ["mix"]
 
 Weights = Sequence[float] | Mapping[str, float] | Schedule
 

@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from shardkit import ConfigError, Manifest, ManifestError, ShardEntry, ShardWriter
-from shardkit.format.manifest.model import expand_braces, resolve_url
+from shardkit.urls import expand_braces, resolve_url
 from tests.helpers.data import make_samples
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shardkit.errors import StateDictError
-from shardkit.plan.assign import Generation, PlanConfig, Ranges, epoch_sequence, split
+from shardkit.plan.assign import Generation, PlanConfig, epoch_sequence, split
 from shardkit.plan.order import remaining_after
+from shardkit.plan.ranges import Ranges
 
 
 def reference_remaining(

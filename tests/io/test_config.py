@@ -16,8 +16,9 @@ from shardkit.cache import make_opener
 from shardkit.errors import ConfigError
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.buffer import DEFAULT_MAX_MEMBER
-from shardkit.io.config import CacheConfig, IoConfig, ReaderLimits, RetryPolicy
+from shardkit.io.config import CacheConfig, IoConfig, ReaderLimits
 from shardkit.io.http import policy_of
+from shardkit.io.retry import RetryPolicy
 
 CONCERNS = {"retry": RetryPolicy, "cache": CacheConfig, "limits": ReaderLimits}
 OLD_FLAT = {  # the options IoConfig once took by their own names, with their defaults

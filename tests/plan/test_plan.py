@@ -11,8 +11,6 @@ from shardkit.errors import ConfigError, StateDictError
 from shardkit.plan.assign import (
     Generation,
     PlanConfig,
-    Ranges,
-    ResampledStream,
     epoch_sequence,
     rank_length,
     remaining_sequence,
@@ -22,6 +20,8 @@ from shardkit.plan.assign import (
     worker_stream,
 )
 from shardkit.plan.order import iter_order
+from shardkit.plan.ranges import Ranges
+from shardkit.plan.resampled import ResampledStream
 from shardkit.plan.world import Context
 
 COUNTS = [7, 11, 3, 9, 13, 10, 7]  # 60 samples in 7 uneven shards

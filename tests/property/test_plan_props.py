@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 from shardkit.plan.assign import (
     Generation,
     PlanConfig,
-    Ranges,
     epoch_sequence,
     shuffle_window,
     worker_stream,
 )
 from shardkit.plan.order import Window, iter_order
+from shardkit.plan.ranges import Ranges
 from shardkit.plan.world import Context
 from tests.helpers.strategies import counts_st, epoch_st, seed_st, workers_st, world_st
 

@@ -11,13 +11,13 @@ from hypothesis import strategies as st
 from shardkit.plan.assign import (
     Generation,
     PlanConfig,
-    Ranges,
     remaining_sequence,
     split,
     stream_lengths,
     worker_stream,
 )
 from shardkit.plan.order import Window, remaining_after, remaining_after_many
+from shardkit.plan.ranges import Ranges
 from shardkit.plan.world import Context
 from tests.helpers.plan_reference import reference_remaining
 from tests.helpers.strategies import generation_st, ref_counts_st

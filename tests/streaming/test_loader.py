@@ -18,7 +18,7 @@ from shardkit import ShardDataset, WebLoader
 from shardkit.errors import ConfigError
 from shardkit.format.manifest.model import Manifest
 from shardkit.streaming import arena
-from shardkit.streaming.loader import PackedBytes
+from shardkit.streaming.transfer import PackedBytes
 from shardkit.write.writer import ShardWriter
 from tests.helpers.resumable import assert_resumable
 from tests.helpers.servers import RangeServer

@@ -34,19 +34,9 @@ from shardkit.format.manifest.check import (
     parse_int,
 )
 from shardkit.format.pieces import Pieces
-from shardkit.urls import dirname, expand_braces, is_absolute, join, resolve_url
+from shardkit.urls import dirname, is_absolute, join, resolve_url
 
-__all__ = [
-    "CSV_HEADER",
-    "FORMAT_NAME",
-    "FORMAT_VERSION",
-    "Manifest",
-    "ShardEntry",
-    "creation_info",
-    "expand_braces",
-    "incomplete_reason",
-    "resolve_url",
-]
+__all__ = ["Manifest", "ShardEntry", "creation_info", "incomplete_reason"]
 
 
 @dataclass(frozen=True)

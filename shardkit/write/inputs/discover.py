@@ -15,8 +15,9 @@ from shardkit.errors import ConfigError
 from shardkit.format.compression import SHARD_SUFFIXES
 from shardkit.format.images import ImageOptions
 from shardkit.format.layout import is_index_name
-from shardkit.format.manifest.model import Manifest, expand_braces, incomplete_reason
+from shardkit.format.manifest.model import Manifest, incomplete_reason
 from shardkit.format.tario.names import split_key
+from shardkit.urls import expand_braces
 from shardkit.write.inputs.select import TreeOptions, group_samples, select_files
 from shardkit.write.inputs.sources import JSONL_EXTS, SOURCE_TYPES, Kind, Unit
 from shardkit.write.inputs.table_meta import TABLE_EXTS, table_parts
