@@ -254,3 +254,28 @@ def test_imports_point_down_the_layer_order() -> None:
         elif ua in rank and ub in rank and rank[ub] >= rank[ua]:
             wrong.append(f"{a} (layer {rank[ua]}) imports {b} (layer {rank[ub]}), line {line}")
     assert not wrong, "imports pointing up the layer order:\n" + "\n".join(wrong)
+
+
+def test_no_module_exports_a_neighbours_names() -> None:
+    """A module is one concept: what it lists in ``__all__`` it defines (a package's
+    ``__init__`` gathers its public names; a module that re-exports a sibling's spells one
+    name two ways, so callers split between them)."""
+    root = Path(shardkit.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        tree = ast.parse(path.read_text())
+        imported: dict[str, str] = {}
+        listed: list[str] = []
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("shardkit"):
+                imported.update({a.asname or a.name: str(node.module) for a in node.names})
+            elif isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+            ):
+                listed = list(ast.literal_eval(node.value))
+        found += [
+            f"{path.relative_to(root)}: {n} (from {imported[n]})" for n in listed if n in imported
+        ]
+    assert not found, "re-exported: " + "; ".join(found)
