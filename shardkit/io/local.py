@@ -203,7 +203,9 @@ class SeekableVerified(io.RawIOBase):
         lo, hi = self._check.span(k)
         old = self._cur[3]
         self._cur = (-1, 0, 0, memoryview(b""))  # nothing verified while it is overwritten
-        buf: Any = old.obj if len(old) >= hi - lo else _buffer(self._check.piece_size or hi - lo)
+        # the largest piece of this shard (a piece size past the shard's is a buffer of the shard)
+        most = min(self._check.piece_size, self._check.size) or hi - lo
+        buf: Any = old.obj if len(old) >= hi - lo else _buffer(most)
         if buf is not old.obj and isinstance(old.obj, np.ndarray):
             _give_back(old.obj)
         view = memoryview(buf)[: hi - lo]
