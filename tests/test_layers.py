@@ -122,7 +122,16 @@ ORDER: dict[str, list[list[str]]] = {
         ]
     ],
     "shardkit.read": [
-        ["policy", "indexes", "remote_compact", "catalog", "stream", "lookup", "keys"]
+        [
+            "policy",
+            "indexes",
+            "remote_compact",
+            "catalog",
+            "stream",
+            "piece_opener",
+            "lookup",
+            "keys",
+        ]
     ],
     "shardkit.stages": [
         [

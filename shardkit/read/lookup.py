@@ -11,7 +11,8 @@ gives the byte range of that one sample (two offsets and its signature). A
   (:mod:`shardkit.io.local`), and the checked pieces are kept in memory (a bounded number
   of bytes), so a later lookup in the same piece reads and hashes nothing;
 - a remote shard without a node cache: the pieces holding the sample are fetched whole
-  and checked (:func:`~shardkit.io.remote.verified_open`), once, and kept the same way;
+  and checked (:func:`~shardkit.io.remote.verified_open`, through
+  :mod:`shardkit.read.piece_opener`), once, and kept the same way;
 - a remote shard through the node cache: the cache fetches and verifies the pieces (once
   per node) and serves every later lookup in them from its file.
 
@@ -27,7 +28,6 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
 from typing import Any, BinaryIO, cast
 
 import numpy as np
@@ -38,13 +38,13 @@ from shardkit.format.compression import compressed_name, sniff
 from shardkit.format.tario.reader import TarReader
 from shardkit.io.config import ReaderLimits
 from shardkit.io.local import computed_pieces
-from shardkit.io.remote import UncachedOpener, verified_open
 from shardkit.io.verified import PieceCheck
 from shardkit.read.catalog import Catalog, ShardInfo
+from shardkit.read.piece_opener import PieceVerified
 from shardkit.read.stream import check_no_more, check_signature, read_stream
 from shardkit.urls import local_path, url_scheme
 
-__all__ = ["Locator", "Lookups", "PieceVerified", "piece_verified", "read_sample"]
+__all__ = ["Locator", "Lookups", "read_sample"]
 
 KEEP_OPEN = 16  # local shard files a process keeps open for lookups
 # a sample spanning more is read as a stream: the index gives the range, and an index that
@@ -367,44 +367,3 @@ def _read_exactly(f: BinaryIO, n: int, url: str, at: int) -> bytes:
     if len(data) != n:
         raise ShardFormatError(f"truncated: {len(data)} of {n} bytes", url=url, offset=at)
     return data
-
-
-class PieceVerified:
-    """An opener whose ranged reads of remote shards are verified without a node cache.
-
-    A read of a part of a remote shard that has piece checksums fetches the pieces it
-    overlaps whole and checks each before a byte is handed out
-    (:func:`~shardkit.io.remote.verified_open`). A part of a shard without pieces cannot
-    be checked apart from the whole shard: it is refused, naming the fix.
-    """
-
-    def __init__(self, remote: UncachedOpener) -> None:
-        self.remote = remote
-
-    def open(self, ref: ObjectRef, start: int = 0, end: int | None = None) -> BinaryIO:
-        """Stream ``[start, end)`` of ``ref``, verified (see the class docstring)."""
-        return verified_open(self.remote, ref, start, end, parts="refuse")
-
-    def read(self, url: str, *, start: int = 0, end: int | None = None) -> bytes:
-        """Bytes of an unverified object (an index, a manifest)."""
-        return self.remote.read(url, start=start, end=end)
-
-    def prefetch(self, refs: Sequence[ObjectRef]) -> None:
-        """Nothing to fill ahead without a cache."""
-        del refs
-
-    def stats(self) -> dict[str, float]:
-        """The counters of the opener underneath."""
-        return self.remote.stats()
-
-    def fetch_manifest(self, url: str) -> bytes:
-        """A remote manifest's bytes."""
-        return self.remote.fetch_manifest(url)
-
-
-def piece_verified(opener: Opener) -> Opener:
-    """``opener`` with its uncached ranged reads verified piece by piece (see
-    :class:`PieceVerified`); a caching opener verifies them already and is kept."""
-    if isinstance(opener, UncachedOpener):
-        return PieceVerified(opener)
-    return opener

@@ -41,7 +41,8 @@ from shardkit.io.config import IoConfig, with_cache
 from shardkit.per_process import PerProcess
 from shardkit.read.catalog import Catalog, open_catalog
 from shardkit.read.keys import KeyTable, build_key_table, key_table_path
-from shardkit.read.lookup import Locator, Lookups, piece_verified
+from shardkit.read.lookup import Locator, Lookups
+from shardkit.read.piece_opener import piece_verified
 from shardkit.read.stream import read_stream
 from shardkit.stages import Context, Cursor, Decode, Map, Stage, ToTuple
 from shardkit.values import as_position

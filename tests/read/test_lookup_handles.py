@@ -22,7 +22,8 @@ from shardkit.format.tario.index import read_index
 from shardkit.io.config import IoConfig, ReaderLimits
 from shardkit.io.remote import UncachedOpener
 from shardkit.read.catalog import open_catalog
-from shardkit.read.lookup import Lookups, piece_verified
+from shardkit.read.lookup import Lookups
+from shardkit.read.piece_opener import piece_verified
 from tests.helpers.readback import read_samples
 from tests.helpers.servers import RangeServer
 
