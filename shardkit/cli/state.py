@@ -21,6 +21,7 @@ from typing import Any
 import click
 
 from shardkit.errors import ConfigError, ShardkitError, StateDictError, redact
+from shardkit.stages.mixture import given_in, mix_state
 from shardkit.streaming.allow import diff_fingerprints
 from shardkit.streaming.resume import STAGE, check_job_state
 
@@ -97,7 +98,8 @@ def summary(st: Mapping[str, Any]) -> dict[str, Any]:
         return sources.setdefault(name, {"read": 0, "samples_total": None, "epoch": st["epoch"]})
 
     for rank in st["ranks"]:
-        for ws in rank["workers"]:
+        for w, ws in enumerate(rank["workers"]):
+            top = mix_state(ws)
             for name, sub in _walk(ws, "shards"):
                 if sub.get("stage") == "shards":
                     e = entry(name)
@@ -105,10 +107,18 @@ def summary(st: Mapping[str, Any]) -> dict[str, Any]:
                     e["samples_total"] = sub.get("nsamples")
                     e["epoch"] = sub.get("epoch", e["epoch"])
                 elif sub.get("stage") == "mix":
-                    for k, n in enumerate(sub.get("names", [])):
+                    names = sub.get("names", [])
+                    counts = [[int(x) for x in c] for c in sub["counts"]]
+                    if sub is top:  # as the loader's stats count it (Mix.exposure)
+                        if sub.get("shared") and (int(rank["rank"]), w) != (0, 0):
+                            counts = [[0, 0] for _ in names]  # a merge's totals: rank 0's
+                        given = given_in(ws, len(names))  # given from a group held back
+                        pairs = zip(counts, given, strict=False)
+                        counts = [[c[0] + g[0], c[1] + g[1]] for c, g in pairs]
+                    for k, n in enumerate(names):
                         e = entry(str(n))
-                        e["samples"] = e.get("samples", 0) + int(sub["counts"][k][0])
-                        e["tokens"] = e.get("tokens", 0) + int(sub["counts"][k][1])
+                        e["samples"] = e.get("samples", 0) + counts[k][0]
+                        e["tokens"] = e.get("tokens", 0) + counts[k][1]
     for name, done in (st.get("retired") or {}).items():
         sources[name] = {**entry(name), **done, "removed": True}
     return {

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import collections
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from shardkit import ShardDataset, WebLoader, mix
+from shardkit.cli import cli
 from shardkit.format.manifest.model import Manifest
 from tests.streaming.test_budget import lognormal_shards
 
@@ -143,3 +146,31 @@ def test_dropped_samples_survive_the_next_load(sources: dict[str, Manifest], wor
         ],
     )
     assert sum(given.values()) + ld.stats()["dropped_samples"] == 130
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "legs",
+    [
+        [("ab", "budget", 2, 5, set())],
+        [("ab", "4", 2, 5, set()), ("ab", "4", 3, 1, set())],
+        [("ab", "budget", 2, 5, set()), ("a", "budget", 2, 2, {"sources", "weights"})],
+    ],
+    ids=["budget-groups-held", "after-a-merge", "a-source-removed"],
+)
+def test_state_show_gives_the_exposure_the_loader_counts(
+    sources: dict[str, Manifest],
+    legs: list[tuple[str, str, int, int | None, set[str]]],
+    tmp_path: Path,
+) -> None:
+    """`shardkit state show --json` said a 0, b 0 for the 10 and 10 budget batches gave
+    (their groups held back from the mixture's counts), a 36, b 28 for 14 and 10 after a
+    merge (every worker that gave nothing since held the job's totals), a 10 for 17 after
+    a sources change."""
+    _, ld = run_mixed(sources, legs)
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(ld.state_dict()))
+    got = CliRunner().invoke(cli, ["state", "show", "--json", str(path)], catch_exceptions=False)
+    assert got.exit_code == 0, got.output
+    shown = {k: v["samples"] for k, v in json.loads(got.output)["sources"].items()}
+    assert shown == {k: v["samples"] for k, v in ld.stats()["sources"].items()}
