@@ -277,6 +277,11 @@ def with_cache(
         return base
     if io is not None and (io.cache.cache_dir, io.cache.cache_limit) != (None, None):
         raise ConfigError("give the cache in io= or in cache_dir=/cache_limit=, not both")
+    if cache_dir is None:  # a limit alone read every shard uncached, with no word
+        raise ConfigError(
+            f"cache_limit={cache_limit!r} without cache_dir=: give the cache's folder too "
+            "(cache_dir='/nvme/shardkit'), or no cache_limit for no cache"
+        )
     limit = None if cache_limit is None else parse_size(cache_limit)
     path = os.fspath(cache_dir) if isinstance(cache_dir, os.PathLike) else cache_dir
     cache = dataclasses.replace(base.cache, cache_dir=path, cache_limit=limit)  # checks path

@@ -80,3 +80,21 @@ def test_the_largest_member_message_names_the_spelling_a_reader_takes(tmp_path: 
     with pytest.raises(ShardFormatError, match=r"ReaderLimits\(max_member=") as err:
         list(sk.ShardDataset(tmp_path / "set", io=io))
     assert "1000 bytes" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda d: make_opener(cache_limit="1GB"),
+        lambda d: sk.ShardDataset(d, cache_limit="1GB"),
+        lambda d: sk.IndexedShards(d, cache_limit=10**9),
+    ],
+    ids=["make_opener", "ShardDataset", "IndexedShards"],
+)
+def test_a_cache_limit_without_a_cache_dir_is_refused(make: Any, tmp_path: Path) -> None:
+    """The shortcut's limit alone (cache_dir forgotten) read every remote shard uncached,
+    with no word: the limit was dropped."""
+    with sk.ShardWriter(tmp_path / "set") as w:
+        w.write({"__key__": "a", "txt": "x"})
+    with pytest.raises(ConfigError, match="without cache_dir"):
+        make(str(tmp_path / "set"))
