@@ -174,3 +174,42 @@ def test_state_show_gives_the_exposure_the_loader_counts(
     assert got.exit_code == 0, got.output
     shown = {k: v["samples"] for k, v in json.loads(got.output)["sources"].items()}
     assert shown == {k: v["samples"] for k, v in ld.stats()["sources"].items()}
+
+
+def by_node_leg(
+    m: Manifest, world: int, workers: int, steps: int | None, state: dict[str, Any] | None
+) -> tuple[list[str], dict[str, Any]]:
+    """``world`` ranks (each its own loader, split_by_node(rank, world)) on ``workers``
+    thread workers, each giving ``steps`` batches; their keys and the joined state."""
+    states, got = [], []
+    for rank in range(world):
+        ds = ShardDataset(m, seed=3).split_by_node(rank, world).decode()
+        ld = WebLoader(
+            ds.batched(budget=3000, cost="tokens.npy", buffer=20),
+            num_workers=workers,
+            worker_mode="thread",
+        )
+        if state is not None:
+            ld.load_state_dict(state)
+        for n, batch in enumerate(ld, 1):
+            got += list(batch["__key__"])
+            if n == steps:
+                break
+        states.append(ld.state_dict())
+    return got, json.loads(json.dumps(WebLoader.merge_states(states)))
+
+
+@pytest.mark.integration
+def test_ranks_that_gave_no_batch_on_a_worker_since_a_load_give_each_document_once(
+    docs: Manifest,
+) -> None:
+    """2 ranks x 2 workers -> 3 ranks x 2 (one batch a rank: every rank's worker 1 gave
+    none) -> 1 rank: 276 documents given for 119 before (each rank's worker 1 held every
+    rank's groups)."""
+    got: list[str] = []
+    state = None
+    for world, workers, steps in [(2, 2, 3), (3, 2, 1), (1, 1, None)]:
+        keys, state = by_node_leg(docs, world, workers, steps, state)
+        got += keys
+    assert twice(got) == []
+    assert len(got) >= 118  # the 3-rank re-plan leaves at most 2 as remainder
