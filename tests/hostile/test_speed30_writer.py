@@ -11,6 +11,7 @@ import hashlib
 import io
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,7 +34,7 @@ def _payload(n: int, seed: int) -> bytes:
 def test_every_field_size_and_kind_is_written_as_given(
     tmp_path: Path, compress: str | None
 ) -> None:
-    want: list[dict[str, bytes]] = []
+    want: list[dict[str, Any]] = []
     kept: list[tuple[bytearray, np.ndarray]] = []
     with unsynced(), ShardWriter(tmp_path, prefix="d", piece_size=4096, compress=compress) as w:
         for i, n in enumerate(SIZES):
