@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,31 @@ def _walk(state: Any, name: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
             yield from _walk(sub, str(sub_name))
 
 
+def _tally(ws: Any, first: bool, entry: Callable[[str], dict[str, Any]]) -> None:
+    """Add one worker's state ``ws`` to the per-source ``entry``: the shards' progress, and
+    a mixture's exposure as the loader's stats count it (:meth:`Mix.exposure`: a merge's
+    totals once, at rank 0 worker 0 (``first``); what a batching held back and gave)."""
+    top = mix_state(ws)
+    for name, sub in _walk(ws, "shards"):
+        if sub.get("stage") == "shards":
+            e = entry(name)
+            e["read"] += int(sub.get("position", 0))
+            e["samples_total"] = sub.get("nsamples")
+            e["epoch"] = sub.get("epoch", e["epoch"])
+        elif sub.get("stage") == "mix":
+            names = list(sub.get("names", []))
+            counts = [[int(x) for x in c] for c in sub["counts"]]
+            if sub is top:
+                if sub.get("shared") and not first:
+                    counts = [[0, 0] for _ in names]
+                given = given_in(ws, len(names))
+                counts = [[c[0] + g[0], c[1] + g[1]] for c, g in zip(counts, given, strict=True)]
+            for k, n in enumerate(names):
+                e = entry(str(n))
+                e["samples"] = e.get("samples", 0) + counts[k][0]
+                e["tokens"] = e.get("tokens", 0) + counts[k][1]
+
+
 def summary(st: Mapping[str, Any]) -> dict[str, Any]:
     """What a job state holds, as JSON-safe facts: per source its progress, and under a
     mixture its exposure (``samples``, ``tokens``; a pipeline without one keeps none)."""
@@ -99,26 +124,14 @@ def summary(st: Mapping[str, Any]) -> dict[str, Any]:
 
     for rank in st["ranks"]:
         for w, ws in enumerate(rank["workers"]):
-            top = mix_state(ws)
-            for name, sub in _walk(ws, "shards"):
-                if sub.get("stage") == "shards":
-                    e = entry(name)
-                    e["read"] += int(sub.get("position", 0))
-                    e["samples_total"] = sub.get("nsamples")
-                    e["epoch"] = sub.get("epoch", e["epoch"])
-                elif sub.get("stage") == "mix":
-                    names = sub.get("names", [])
-                    counts = [[int(x) for x in c] for c in sub["counts"]]
-                    if sub is top:  # as the loader's stats count it (Mix.exposure)
-                        if sub.get("shared") and (int(rank["rank"]), w) != (0, 0):
-                            counts = [[0, 0] for _ in names]  # a merge's totals: rank 0's
-                        given = given_in(ws, len(names))  # given from a group held back
-                        pairs = zip(counts, given, strict=False)
-                        counts = [[c[0] + g[0], c[1] + g[1]] for c, g in pairs]
-                    for k, n in enumerate(names):
-                        e = entry(str(n))
-                        e["samples"] = e.get("samples", 0) + counts[k][0]
-                        e["tokens"] = e.get("tokens", 0) + counts[k][1]
+            try:
+                _tally(ws, (int(rank["rank"]), w) == (0, 0), entry)
+            except (TypeError, ValueError, IndexError, KeyError, AttributeError) as exc:
+                raise StateDictError(
+                    f"webloader: rank {rank['rank']} worker {w}: a stage state is not one a "
+                    f"loader saves ({type(exc).__name__}: {exc}): the state was edited or "
+                    "damaged"
+                ) from None
     for name, done in (st.get("retired") or {}).items():
         sources[name] = {**entry(name), **done, "removed": True}
     return {

@@ -213,3 +213,34 @@ def test_ranks_that_gave_no_batch_on_a_worker_since_a_load_give_each_document_on
         got += keys
     assert twice(got) == []
     assert len(got) >= 118  # the 3-rank re-plan leaves at most 2 as remainder
+
+
+def _mix_of(state: dict[str, Any]) -> dict[str, Any]:
+    while state.get("stage") != "mix":
+        state = state["source"]
+    return state
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda ws: _mix_of(ws).update(counts=[[1, 2]]),  # one source's counts cut
+        lambda ws: _mix_of(ws).update(names=5),
+        lambda ws: ws.update(given=[[0, "x", 1]]),
+    ],
+    ids=["counts-short", "names-no-list", "given-no-number"],
+)
+def test_state_show_names_a_hand_edited_mixture_state(
+    sources: dict[str, Manifest], edit: Any, tmp_path: Path
+) -> None:
+    """Each was a traceback (IndexError, TypeError, ValueError) from `state show`."""
+    _, ld = run_mixed(sources, [("ab", "budget", 2, 5, set())])
+    state = ld.state_dict()
+    ranks = json.loads(state["ranks"])
+    edit(ranks[0]["workers"][0])
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps({**state, "ranks": json.dumps(ranks)}))
+    got = CliRunner().invoke(cli, ["state", "show", "--json", str(path)], catch_exceptions=False)
+    assert got.exit_code == 1, got.output
+    assert "rank 0 worker 0" in json.loads(got.output)["error"]
