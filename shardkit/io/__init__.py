@@ -19,13 +19,13 @@ from __future__ import annotations
 import os
 
 from shardkit._types import Opener
-from shardkit.errors import ManifestError
+from shardkit.errors import FetchError, ManifestError
 from shardkit.format.manifest.model import Manifest
 from shardkit.io.config import CacheConfig, IoConfig, ReaderLimits
 from shardkit.io.local import open_local
 from shardkit.io.remote import UncachedOpener
 from shardkit.io.retry import RetryPolicy
-from shardkit.urls import local_path, url_scheme
+from shardkit.urls import HTTP_SCHEMES, OBJECT_SCHEMES, local_path, parse_url, url_scheme
 
 __all__ = [
     "CacheConfig",
@@ -39,14 +39,24 @@ __all__ = [
     "open_local",
 ]
 
+MANIFEST_NAME = "manifest.json"  # what a folder, local or remote, is read as
+_FOLDER_SCHEMES = (*HTTP_SCHEMES, *OBJECT_SCHEMES)
+
 
 def manifest_source(source: str) -> str:
-    """``source`` as a manifest: a local folder (the ``-o`` a build was given) is the
-    ``manifest.json`` in it, a :class:`ManifestError` naming that file where it has none;
-    anything else is returned as given."""
-    if url_scheme(source) != "file" or not os.path.isdir(local_path(source)):
+    """``source`` as a manifest: a folder is the ``manifest.json`` in it. A local folder
+    (the ``-o`` a build was given) without one is a :class:`ManifestError` naming that
+    file; a remote folder (an ``http(s)://``, ``s3://``, ``gs://`` or ``az://`` url ending
+    in ``/``) is checked as every url is (a :class:`ConfigError` for what the url parser
+    refuses) and its ``manifest.json`` is read when the manifest is (:func:`load_manifest`
+    names the url tried where there is none). Anything else is returned as given."""
+    scheme = url_scheme(source)
+    # a prefix is a folder here (the rest is refused as ever); a query is never one
+    if scheme in _FOLDER_SCHEMES and source.endswith("/") and not parse_url(source).query:
+        return source + MANIFEST_NAME
+    if scheme != "file" or not os.path.isdir(local_path(source)):
         return source
-    path = os.path.join(local_path(source), "manifest.json")
+    path = os.path.join(local_path(source), MANIFEST_NAME)
     if not os.path.isfile(path):
         raise ManifestError(
             f"{source} is a folder without a manifest: {path} is absent (a build's -o "
@@ -56,13 +66,23 @@ def manifest_source(source: str) -> str:
 
 
 def load_manifest(source: str, opener: Opener | None = None) -> Manifest:
-    """Load the manifest at ``source`` (a path or url, or a local folder holding a
+    """Load the manifest at ``source`` (a path or url, or a folder holding a
     ``manifest.json``: :func:`manifest_source`) through ``opener``.
 
     With a caching opener a remote manifest is fetched once per node and shared (see
     :mod:`shardkit.cache.manifests`).
     """
-    if url_scheme(source) == "file":
-        return Manifest.load(local_path(manifest_source(source)))
+    url = manifest_source(source)
+    if url_scheme(url) == "file":
+        return Manifest.load(local_path(url))
     opener = opener or UncachedOpener(IoConfig())
-    return Manifest.loads(opener.fetch_manifest(source), source=source)
+    try:
+        data = opener.fetch_manifest(url)
+    except FetchError as exc:
+        if url == source or exc.status not in (403, 404):
+            raise
+        raise ManifestError(
+            f"{source} is a folder without a manifest: {url} could not be read ({exc}); a "
+            f"build's -o holds one, or name the manifest's url"
+        ) from exc
+    return Manifest.loads(data, source=url)

@@ -59,8 +59,9 @@ log = logging.getLogger(__name__)
 
 
 class ShardDataset(Recipe, IterableDataset[Any]):
-    """Samples of a shard set: a manifest (path, url or :class:`Manifest`), a url list or
-    a brace pattern such as ``"data-{000000..000099}.tar"``.
+    """Samples of a shard set: a manifest (path, url or :class:`Manifest`; a folder, local
+    or a remote url ending in ``/``, is its ``manifest.json``), a url list or a brace
+    pattern such as ``"data-{000000..000099}.tar"``.
 
     Args:
         source: what to read.

@@ -71,7 +71,8 @@ class IndexedShards(Dataset[Any]):
     """Samples of a shard set by position and by key (see the module docstring).
 
     Args:
-        source: a manifest (path, url or :class:`Manifest`), a url list or a brace pattern
+        source: a manifest (path, url or :class:`Manifest`; a folder, local or a remote url
+            ending in ``/``, is its ``manifest.json``), a url list or a brace pattern
             (shards without a sample index are refused at the first lookup in them).
         allow_unsafe_urls: let the manifest name urls outside its base.
         allow_incomplete: read a manifest whose build did not finish.

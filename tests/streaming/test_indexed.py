@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from click.testing import CliRunner
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
 import shardkit as sk
-from shardkit.errors import ChecksumError, ConfigError, ShardFormatError
+from shardkit.cli import cli
+from shardkit.errors import ChecksumError, ConfigError, ManifestError, ShardFormatError
 from shardkit.format.layout import index_name
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.index import read_index
+from shardkit.io import load_manifest
 from tests.helpers.readback import files_under, keys_of, read_samples
 from tests.helpers.servers import Fault, RangeServer, moto_server, s3_bucket
 
@@ -194,6 +198,12 @@ def test_s3_lookups(make_shards: MakeShards, monkeypatch: pytest.MonkeyPatch) ->
         ds = sk.IndexedShards("s3://sets/ix/manifest.json").decode()
         assert [ds[i]["json"]["id"] for i in (15, 0, 9)] == [15, 0, 9]
         assert ds.get("sample-00000011")["json"]["id"] == 11
+        # a prefix (a folder url) is its manifest.json, for every entry point
+        assert sk.IndexedShards("s3://sets/ix/").decode()[9]["json"]["id"] == 9
+        res = CliRunner().invoke(cli, ["verify", "s3://sets/ix/", "--json"])
+        assert res.exit_code == 0, res.output
+        with pytest.raises(ManifestError, match=re.escape("s3://sets/none/manifest.json")):
+            load_manifest("s3://sets/none/")
 
 
 @pytest.mark.integration
