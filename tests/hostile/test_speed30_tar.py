@@ -7,6 +7,7 @@ integrity trailer is refused, as GNU tar refuses it (xfail: it is not)."""
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ def test_a_cut_shard_is_an_error_or_every_sample_right(tmp_path: Path) -> None:
     shard = _write(tmp_path)
     data = shard.read_bytes()
     cuts = sorted({c + d for c in range(0, len(data), 512) for d in (-1, 0, 1)} - {-1})
-    readers = {
+    readers: dict[str, Callable[[], list[Any]]] = {
         "read_shard": lambda: list(read_shard(str(shard))),
         "ShardDataset": lambda: list(ShardDataset(tmp_path, io=OFF)),
         "IndexedShards": lambda: [IndexedShards(tmp_path, io=OFF)[i] for i in range(3)],
