@@ -175,3 +175,24 @@ def test_ctrl_c_says_how_to_resume(tmp_path: Path) -> None:
     _, err = again.communicate(timeout=60)
     assert again.returncode == 0, err
     assert assert_whole(out / "manifest.json").total_samples == 35
+
+
+def test_a_writer_held_open_refuses_a_build_from_its_own_thread(tmp_path: Path) -> None:
+    """A notebook opens a ShardWriter and then runs a build into the same folder in the
+    same thread: the build was let in (the lock was re-entrant per thread) and the two
+    mixed their shards and manifests; now refused, the writer's data whole."""
+    out = tmp_path / "out"
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(f'{{"x": {i}}}\n' for i in range(20)))
+    with sk.ShardWriter(out, maxcount=5) as w:
+        w.write({"__key__": "k", "txt": "held"})
+        with pytest.raises(WriterError, match="ShardWriter this thread holds open"):
+            build([str(src)], out, progress=False)
+        r = shardkit("build", src, "-o", out)  # the CLI's entry point, in this thread
+        assert r.returncode == 1 and "holds open" in r.stderr, r.stderr
+        with pytest.raises(WriterError, match="holds open"):
+            sk.ShardWriter(out, prefix="again")
+    m = assert_whole(out / "manifest.json")
+    assert m.total_samples == 1 and keys_of(read_samples(m)) == ["k"]
+    # a build's own lock still lends itself to the build's writer: a build runs whole
+    assert build([str(src)], tmp_path / "out2", progress=False).manifest.total_samples == 20

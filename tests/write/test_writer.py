@@ -220,6 +220,7 @@ def test_resume_folds_the_journal_and_drops_a_torn_last_line(tmp_path: Path) -> 
     journal = w.output._journal  # type: ignore[attr-defined]
     assert journal is not None
     journal.close()  # a killed process's files close with it
+    w._lock.release()  # type: ignore[union-attr]  # and its output lock goes with it
     path = str(tmp_path / "manifest.json")
     assert len(Manifest.load(path)) == 4 and len(read_journal(path)) == 2
     with open(journal_path(path), "ab") as f:

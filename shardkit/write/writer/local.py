@@ -212,8 +212,7 @@ class LocalTarget(Target):
 
     # -- lock ----------------------------------------------------------------------
     def lock(self, names: Sequence[str], *, writer: bool = False) -> OutputLock:
-        del writer
-        return OutputLock(self.out_dir, names)
+        return OutputLock(self.out_dir, names, lends=not writer)
 
     # -- a parallel build's work state ---------------------------------------------
     def work_name(self, stem: str) -> str:

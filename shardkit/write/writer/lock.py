@@ -9,9 +9,10 @@ across hosts where the shared filesystem passes ``flock`` on (NFSv4, Lustre, GPF
 The file is removed as the lock is let go (a locker checks that the file it locked is
 still the one on disk), so a finished output holds no lock file.
 
-Inside one thread the lock is re-entrant: a build holds it and its own writer takes it
-again; another thread of the process is refused as another process is. A forked child
-does not inherit it.
+A build's lock lends itself inside its thread: the build holds it and its own writer takes
+it again. A lone writer's lends itself to nothing: a build, or a second writer, into an
+output that a :class:`~shardkit.write.writer.ShardWriter` holds open is refused, from its
+own thread as from another thread or process. A forked child does not inherit it.
 """
 
 from __future__ import annotations
@@ -39,13 +40,14 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-_HELD: dict[str, tuple[int, int, int]] = {}  # real path -> (fd, holders, holding thread)
+# real path -> (fd, holders, holding thread, whether it lends itself inside that thread)
+_HELD: dict[str, tuple[int, int, int, bool]] = {}
 _GUARD = threading.Lock()
 _HOOKED: list[bool] = []
 
 
 def _forget_in_child() -> None:
-    for fd, _, _ in _HELD.values():
+    for fd, *_ in _HELD.values():
         with contextlib.suppress(OSError):
             os.close(fd)
     _HELD.clear()
@@ -89,13 +91,18 @@ def _same_file(fd: int, path: str) -> bool:
     return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
 
-def _acquire(path: str, what: str) -> None:
+def _acquire(path: str, what: str, lends: bool) -> None:
     with _GUARD:
         held = _HELD.get(path)
         me = threading.get_ident()
-        if held is not None and held[2] == me:
-            _HELD[path] = (held[0], held[1] + 1, me)
+        if held is not None and held[2] == me and held[3]:
+            _HELD[path] = (held[0], held[1] + 1, me, held[3])
             return
+        if held is not None and held[2] == me:
+            raise WriterError(
+                f"{what} is being written by a ShardWriter this thread holds open: close it "
+                "first (one writer per output)"
+            )
         if held is not None:
             raise WriterError(
                 f"{what} is being written by another thread of this process "
@@ -111,14 +118,14 @@ def _acquire(path: str, what: str) -> None:
             os.close(fd)  # its holder removed it as it let go: lock the one there now
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
-        _HELD[path] = (fd, 1, me)
+        _HELD[path] = (fd, 1, me, lends)
 
 
 def _release(path: str) -> None:
     with _GUARD:
-        fd, count, thread = _HELD[path]
+        fd, count, thread, lends = _HELD[path]
         if count > 1:
-            _HELD[path] = (fd, count - 1, thread)
+            _HELD[path] = (fd, count - 1, thread, lends)
             return
         del _HELD[path]
         # removed while still held (a later locker checks it locked the file on disk),
@@ -132,11 +139,13 @@ class OutputLock:
     """The locks of one output: ``names`` (a manifest name, a shard prefix) in ``out_dir``.
 
     ``acquire()`` takes them all or none, without waiting; ``release()`` lets them go.
-    Also a context manager.
+    Also a context manager. ``lends``: a build's lock, which its own writer, in its thread,
+    takes again; a lone writer's lends itself to nothing.
     """
 
-    def __init__(self, out_dir: str, names: Iterable[str]) -> None:
+    def __init__(self, out_dir: str, names: Iterable[str], *, lends: bool = True) -> None:
         self.out_dir = out_dir
+        self.lends = lends
         self.paths = sorted({os.path.join(out_dir, f".lock-{n}") for n in names})
         self._taken: list[str] = []
 
@@ -145,7 +154,7 @@ class OutputLock:
         try:
             for path in self.paths:
                 real = os.path.realpath(path)
-                _acquire(real, self.out_dir)
+                _acquire(real, self.out_dir, self.lends)
                 self._taken.append(real)
         except BaseException:
             self.release()
