@@ -131,12 +131,15 @@ class BudgetBatched(Stage):
         if source is None:
             return None
         out = self._fresh(source)
-        lost = sum(
-            check_int(st, self.name, "dropped")
-            for row in grid
-            for st in row
-            if st is not None and "dropped" in st
-        )
+        lost = 0
+        for r, row in enumerate(grid):
+            for w, st in enumerate(row):
+                if st is not None and "dropped" in st:
+                    n = check_int(st, self.name, "dropped")
+                    # a worker that gave nothing since a merge: its share of the merge's
+                    lost += (
+                        share(n, len(grid) * len(row), r * len(row) + w) if st.get("shared") else n
+                    )
         if lost:  # left out by a load and not counted yet: shared out by the new workers
             out.update(dropped=lost, shared=True)
         return out
@@ -236,6 +239,8 @@ class _BudgetCursor(Cursor):
         out = self.stage._fresh(self.clean)
         if self.held is not None:
             out.update(self.held, held=True)
+        if self.own.get("dropped_samples"):  # a load's count, kept for the loads after
+            out["dropped"] = int(self.own["dropped_samples"])
         return out
 
     def _batches(self, skip: int) -> Iterator[Any]:
