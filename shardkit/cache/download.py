@@ -1,19 +1,20 @@
 """Downloading a byte range of a remote shard into its cache file, at its offsets: over one
-ranged request, or several at once for a piece a reader waits for; a write the disk refuses
-is a :class:`WriteError`, and no byte past the range asked for is ever written."""
+ranged request, several at once for a piece a reader waits for, or a run of consecutive
+pieces in one request, each piece hashed as its bytes arrive; a write the disk refuses is a
+:class:`WriteError`, and no byte past the range asked for is ever written."""
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from shardkit.cache.store import CacheStore
 from shardkit.errors import CacheError, FetchError
 from shardkit.io.verified import file_digest, timed_hasher
 
-__all__ = ["Fetcher", "WriteError", "download", "write_at"]
+__all__ = ["Fetcher", "WriteError", "download", "download_run", "write_at"]
 
 _MIN_SPLIT = 1 << 20  # a piece a reader waits for is fetched as ranges of at least this
 
@@ -55,6 +56,47 @@ def download(
         h.update(chunk)
         pos += len(chunk)
     return h.hexdigest() if pos == hi else f"{pos - lo} of {hi - lo} bytes"
+
+
+def download_run(
+    host: Fetcher,
+    url: str,
+    fd: int,
+    bounds: Sequence[int],
+    algos: Sequence[str],
+    piece_done: Callable[[int, str], bool],
+    *,
+    urgent: bool = False,
+) -> tuple[int, str]:
+    """Write the remote pieces ``[bounds[i], bounds[i + 1])`` of ``url`` at their offsets in
+    ``fd`` over one ranged request, hashing each with ``algos[i]`` as its bytes arrive;
+    ``piece_done(i, digest)`` is told each piece the moment it is whole and says whether to
+    go on. Returns ``(i, what)``: the first piece not taken (``len(algos)``: all were) and
+    its digest, or what came short of it."""
+    chunks = host.fetch(url, bounds[0], bounds[-1], urgent=urgent)
+    i, pos, h = 0, bounds[0], timed_hasher(algos[0])
+    try:
+        for chunk in chunks:
+            _check_room(url, pos, len(chunk), bounds[0], bounds[-1])
+            write_at(fd, chunk, pos, host.store)
+            view = memoryview(chunk)
+            while view:
+                n = min(len(view), bounds[i + 1] - pos)
+                h.update(view[:n])
+                view, pos = view[n:], pos + n
+                if pos == bounds[i + 1]:
+                    if not piece_done(i, h.hexdigest()):
+                        return i, h.hexdigest()
+                    i += 1
+                    if i < len(algos):
+                        h = timed_hasher(algos[i])
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:  # a run given up early lets its connection go now
+            close()
+    if i == len(algos):
+        return i, ""
+    return i, f"{pos - bounds[i]} of {bounds[i + 1] - bounds[i]} bytes"
 
 
 def _check_room(url: str, pos: int, n: int, lo: int, hi: int) -> None:

@@ -36,7 +36,7 @@ from typing import Protocol
 
 from shardkit._types import ObjectRef
 from shardkit.activity import waiting
-from shardkit.cache.download import Fetcher, WriteError, download, write_at
+from shardkit.cache.download import Fetcher, WriteError, download, download_run, write_at
 from shardkit.cache.layout import CacheKey, FillPieces, inode_of
 from shardkit.cache.locks import claim_byte, try_lock, unlock, wait_claim
 from shardkit.counters import Counters
@@ -165,6 +165,7 @@ class ShardFill:
         claim = claim_byte(fd, self.key.size + k)
         if claim is None:
             return False
+        run = [(k, claim)]  # the pieces claimed here, each let go once done with
         try:
             if claimed is not None:
                 claimed()
@@ -172,31 +173,113 @@ class ShardFill:
                 return True
             if k in self._failed:  # corrupt twice while another thread held the claim
                 raise self._failed[k]
-            lo, hi = self.check.span(k)
-            algo, want = self.check.expected(k)
-            actual = ""
-            for attempt in (1, 2):
-                actual = download(
-                    self.host, self.url, claim, lo, hi, algo, split=split, urgent=urgent
-                )
-                if actual == want:
-                    write_at(claim, b"\1", self.key.size + k, self.host.store)
-                    self.host.counters.add("pieces_fetched")
-                    return True
-                self.host.counters.add("checksum_failures")
-                log.warning(
-                    "%s: piece %d (bytes %d..%d) differs from the manifest, attempt %d of 2",
-                    self.url,
-                    k,
-                    lo,
-                    hi,
-                    attempt,
-                )
-            self._failed[k] = self.check.piece_error(k, actual)
-            self._stop(self._failed[k])  # this fill is over; a later open tries again
-            raise self._failed[k]
+            if split == 1 and not urgent:  # a background fetch: a run of pieces, one request
+                run += self._claim_run(claim, k)
+            return self._download(run, split=split, urgent=urgent)
         finally:
+            for _, fd_k in run:
+                if fd_k >= 0:  # (-1: let go already)
+                    unlock(fd_k)
+
+    def _claim_run(self, fd: int, k: int) -> list[tuple[int, int]]:
+        """Claims on the pieces after ``k`` that nobody holds nor has verified, as many in a
+        row as fit one ranged request: at most ``range_size`` bytes, and a share of the shard
+        small enough that ``piece_parallel`` runs fill it side by side."""
+        width = self.host.cfg.cache.piece_parallel
+        room = min(self.host.cfg.range_size, -(-self.check.size // width))
+        lo, hi = self.check.span(k)
+        run: list[tuple[int, int]] = []
+        for j in range(k + 1, self.layout.count):
+            hi = self.check.span(j)[1]
+            if hi - lo > room or j in self._failed or self.ready(fd, j):
+                break
+            claim = claim_byte(fd, self.key.size + j)
+            if claim is None:
+                break
+            if self.ready(claim, j):
+                unlock(claim)
+                break
+            run.append((j, claim))
+        return run
+
+    def _download(self, run: list[tuple[int, int]], *, split: int, urgent: bool) -> bool:
+        """Fetch the claimed pieces of ``run`` (in a row) in one ranged request, each marked
+        and its claim let go the moment it matches; one that does not (or came short) is
+        fetched once more alone, and the claims after it let go. True: the first is done."""
+        k, claim = run[0]
+        lo, hi = self.check.span(k)
+        if len(run) == 1:  # as many requests at once as ``split`` asks
+            got = download(
+                self.host,
+                self.url,
+                claim,
+                lo,
+                hi,
+                self.check.expected(k)[0],
+                split=split,
+                urgent=urgent,
+            )
+            i, actual = (1, "") if self._took(run, 0, got) else (0, got)
+        else:  # written through a description of its own: each claim goes once checked
+            wfd = os.open(f"/proc/self/fd/{claim}", os.O_RDWR | os.O_CLOEXEC)
+            try:
+                bounds = [lo] + [self.check.span(j)[1] for j, _ in run]
+                algos = [self.check.expected(j)[0] for j, _ in run]
+                took = functools.partial(self._took, run, wfd=wfd)
+                i, actual = download_run(
+                    self.host, self.url, wfd, bounds, algos, took, urgent=urgent
+                )
+            finally:
+                os.close(wfd)
+        if i == len(run):
+            return True
+        k, claim = run[i]
+        for _, later in run[i + 1 :]:  # not fetched here: whoever wants them next
+            unlock(later)
+        del run[i + 1 :]
+        self._mismatch(k, actual, 1)
+        lo, hi = self.check.span(k)
+        algo, want = self.check.expected(k)
+        actual = download(self.host, self.url, claim, lo, hi, algo, split=split, urgent=urgent)
+        if actual == want:
+            self._mark(k, claim)
+            return True
+        self._mismatch(k, actual, 2)
+        self._failed[k] = self.check.piece_error(k, actual)
+        self._stop(self._failed[k])  # this fill is over; a later open tries again
+        raise self._failed[k]
+
+    def _took(
+        self, run: list[tuple[int, int]], i: int, actual: str, *, wfd: int | None = None
+    ) -> bool:
+        """Piece ``i`` of ``run`` arrived whole as ``actual``: marked if it matches, and its
+        claim let go at once (readers waiting on it wake now) where ``wfd`` writes the run;
+        False if it does not match."""
+        k, claim = run[i]
+        if actual != self.check.expected(k)[1]:
+            return False
+        self._mark(k, claim)
+        if wfd is not None:
+            run[i] = (k, -1)
             unlock(claim)
+        return True
+
+    def _mark(self, k: int, claim: int) -> None:
+        write_at(claim, b"\1", self.key.size + k, self.host.store)
+        self.host.counters.add("pieces_fetched")
+
+    def _mismatch(self, k: int, actual: str, attempt: int) -> None:
+        lo, hi = self.check.span(k)
+        self.host.counters.add("checksum_failures")
+        log.warning(
+            "%s: piece %d (bytes %d..%d) differs from the manifest (%s), attempt %d of 2",
+            self.url,
+            k,
+            lo,
+            hi,
+            actual,
+            attempt,
+        )
 
     # -- the background ------------------------------------------------------------
     def start(self, k: int = 0) -> None:

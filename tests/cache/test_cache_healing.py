@@ -87,7 +87,9 @@ def test_a_fill_threads_os_error_is_a_warning_and_the_read_goes_on(
     threading.excepthook = crashed.append
     try:
         with RangeServer(str(m.base), bandwidth=200_000) as srv:
-            opener = opener_for(IoConfig(cache=CacheConfig(cache_dir=cache, piece_parallel=1)))
+            # a request per piece (range_size): the fill is still on when the dir goes
+            cfg = IoConfig(range_size=32_000, cache=CacheConfig(cache_dir=cache, piece_parallel=1))
+            opener = opener_for(cfg)
             remote = load_manifest(srv.url("manifest.json"), opener)
             url = remote.resolve(e.url)
             with caplog.at_level(logging.WARNING, logger="shardkit"):

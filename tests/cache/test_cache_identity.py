@@ -80,7 +80,9 @@ def test_pieces_of_other_bytes_are_a_checksum_error_for_every_reader(
 def hostile_main(argv: list[str]) -> None:
     """Job B: open its first shard through the cache, take one piece, die (SIGKILL)."""
     manifest_url, cache = argv
-    opener = opener_for(IoConfig(cache=CacheConfig(cache_dir=cache, piece_parallel=1)))
+    # a request per piece (range_size): piece 0 is in long before the rest
+    cfg = IoConfig(range_size=PIECE, cache=CacheConfig(cache_dir=cache, piece_parallel=1))
+    opener = opener_for(cfg)
     m = load_manifest(manifest_url, opener)
     e = m.shards[0]
     with opener.open(ObjectRef(m.resolve(e.url), e.size, e.checksum, e.pieces)) as f:
@@ -131,7 +133,8 @@ def test_a_206_longer_than_asked_never_overwrites_verified_pieces(
         assert opener.drain(30)
         with opener.open(ObjectRef(url, e.size, e.checksum, e.pieces)) as f:
             assert f.read() == source
-        longs = [r for r in srv.requests("/" + e.url) if r.sent > PIECE]
+        longs = [r for r in srv.requests("/" + e.url) if r.range == f"bytes=0-{PIECE - 1}"]
+        longs = [r for r in longs if r.sent > PIECE]
         assert len(longs) == 1  # the over-long answer was sent, only the part asked kept
     with open(store.path(CacheKey.of(e.checksum, e.size)), "rb") as f:
         assert f.read() == source  # published, whole and right
