@@ -11,6 +11,8 @@ when the state cannot be read, or a change no ``allow`` value accepts.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import importlib.util
 import json
 import sys
@@ -56,6 +58,22 @@ def _states(obj: Any) -> Iterator[Mapping[str, Any]]:
             yield from _states(value)
 
 
+def _numpy_globals() -> list[Any]:
+    """What a checkpoint's numpy arrays and scalars (a numpy RNG state beside the loader's,
+    as trainers save it) unpickle with: numbers only, no code (an object array's items
+    still need globals of their own, which ``weights_only`` refuses)."""
+    import numpy as np
+
+    try:
+        multiarray = importlib.import_module("numpy._core.multiarray")
+    except ImportError:  # numpy 1.x
+        multiarray = importlib.import_module("numpy.core.multiarray")
+
+    kinds = "?bhilqBHILQefdgFDGSU"  # bool, ints, floats, complex, bytes, str
+    dtypes = {type(np.dtype(k)) for k in kinds}
+    return [np.ndarray, np.dtype, multiarray._reconstruct, multiarray.scalar, *dtypes]
+
+
 def load_checkpoint(path: str, key: str | None) -> dict[str, Any]:
     """The checked loader state of the checkpoint file ``path``."""
     p = Path(path)
@@ -68,7 +86,9 @@ def load_checkpoint(path: str, key: str | None) -> dict[str, Any]:
         import torch
 
         try:
-            obj = torch.load(p, map_location="cpu", weights_only=True)
+            allow = getattr(torch.serialization, "safe_globals", None)  # torch >= 2.5
+            with allow(_numpy_globals()) if allow else contextlib.nullcontext():
+                obj = torch.load(p, map_location="cpu", weights_only=True)
         except Exception as exc:  # torch raises many kinds for a file it cannot read
             # not torch's text: it advises weights_only=False (arbitrary code execution)
             raise StateDictError(

@@ -243,3 +243,32 @@ def test_state_show_names_a_hand_edited_mixture_state(
     got = CliRunner().invoke(cli, ["state", "show", "--json", str(path)], catch_exceptions=False)
     assert got.exit_code == 1, got.output
     assert "rank 0 worker 0" in json.loads(got.output)["error"]
+
+
+class _Evil:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (print, ("code ran",))
+
+
+@pytest.mark.integration
+def test_state_show_reads_a_torch_checkpoint_holding_numpy_arrays(
+    docs: Manifest, tmp_path: Path
+) -> None:
+    """A trainer's checkpoint holds the numpy RNG state (a tuple with an array) beside the
+    loader's: `state show` refused the whole file ('not a torch checkpoint that loads with
+    weights_only=True'). Numbers load; an object array's items still run no code."""
+    import numpy as np
+    import torch
+
+    ld = WebLoader(pipeline(docs, "4"))
+    next(iter(ld))
+    path = tmp_path / "ckpt.pt"
+    extra = {"rng": np.random.get_state(), "x": np.float32(1.5), "ids": np.arange(3)}
+    torch.save({"data": ld.state_dict(), **extra}, path)
+    got = CliRunner().invoke(cli, ["state", "show", "--json", str(path)], catch_exceptions=False)
+    assert got.exit_code == 0, got.output
+    assert json.loads(got.output)["epoch"] == 0
+    objects = np.array([_Evil()], dtype=object)
+    torch.save({"data": ld.state_dict(), "objects": objects}, path)
+    got = CliRunner().invoke(cli, ["state", "show", "--json", str(path)], catch_exceptions=False)
+    assert got.exit_code == 1 and "code ran" not in got.output
