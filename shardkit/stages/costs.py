@@ -124,7 +124,10 @@ def fill_to_budget(costs: Sequence[float], budget: float) -> list[list[int]]:
         rest = [i for i in rest if costs[i] <= budget]
     bins: list[list[int]] = []
     if rest:
-        k = max(1, math.ceil(sum(costs[i] for i in rest) / budget - 1e-9))
+        total = sum(costs[i] for i in rest)
+        # in budgets (finite costs near 1e308 sum past a float: each in budgets first)
+        ratio = total / budget if total < math.inf else sum(costs[i] / budget for i in rest)
+        k = max(1, math.ceil(ratio - 1e-9))
         while True:
             bins = _spread(costs, rest, budget, k)
             if bins:

@@ -272,3 +272,11 @@ def test_state_show_reads_a_torch_checkpoint_holding_numpy_arrays(
     torch.save({"data": ld.state_dict(), "objects": objects}, path)
     got = CliRunner().invoke(cli, ["state", "show", "--json", str(path)], catch_exceptions=False)
     assert got.exit_code == 1 and "code ran" not in got.output
+
+
+def test_finite_costs_whose_sum_overflows_a_float_are_batched(docs: Manifest) -> None:
+    """Costs of 1e308 under a budget of 1.5e308 (each fits, two do not): an OverflowError
+    ('cannot convert float infinity to integer': the group's cost summed to inf)."""
+    ds = ShardDataset(docs, seed=3).batched(budget=1.5e308, cost=lambda s: 1e308, collate=list)
+    batches = list(ds)
+    assert [len(b) for b in batches] == [1] * 120
