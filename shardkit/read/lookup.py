@@ -130,7 +130,7 @@ class _LocalShard:
         buf: Any = spare
         if buf is None or len(buf) < hi - lo:
             # a fresh buffer costs a page fault per 4 KiB, more than the read: see _room
-            buf = np.empty(check.piece_size or hi - lo, dtype=np.uint8)
+            buf = np.empty(min(check.piece_size, check.size) or hi - lo, dtype=np.uint8)
         view = memoryview(buf)[: hi - lo]
         got = 0
         while got < hi - lo:
@@ -259,7 +259,7 @@ class Lookups:
             key = (ref.url, check.checksum, k)
             piece = self._pieces.get(key)
             if piece is None:
-                piece = load(k, self._room(check.piece_size, len(parts)))
+                piece = load(k, self._room(min(check.piece_size, check.size), len(parts)))
                 self._pieces[key] = piece
                 self._piece_bytes += len(piece)
             else:

@@ -39,13 +39,6 @@ def test_a_piece_size_past_the_shards_reads_every_sample(tmp_path: Path) -> None
     assert got == {f"k{i}": b for i, b in enumerate(blobs)}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=MemoryError,
-    reason="read/lookup.py _LocalShard.piece allocates np.empty(check.piece_size) for a "
-    "piece, not min(piece size, shard size): a set written with piece_size past its shard "
-    "size (2TB) is a MemoryError at the first lookup",
-)
 def test_lookups_with_a_piece_size_past_the_shards(tmp_path: Path) -> None:
     blobs = _set(tmp_path, "2TB")
     ds = IndexedShards(tmp_path)
