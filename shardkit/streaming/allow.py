@@ -248,9 +248,10 @@ def adapt_states(
     removed (their exposure summed into ``retired``)."""
     kinds = {c.kind for c in changes}
     retired: dict[str, dict[str, int]] = {k: dict(v) for k, v in (st.get("retired") or {}).items()}
-    for entry in st["ranks"]:
-        for ws in entry["workers"]:
-            adapt_state(ws, pipeline, changes, allowed, retired)
+    for r, entry in enumerate(st["ranks"]):
+        for w, ws in enumerate(entry["workers"]):
+            first = (int(entry.get("rank", r)), w) == (0, 0)
+            adapt_state(ws, pipeline, changes, allowed, retired, first=first)
     if retired:
         st["retired"] = retired
     if kinds & {"batch_size", "seq_len", "sources"}:
@@ -264,10 +265,13 @@ def adapt_state(
     changes: list[Change],
     allowed: Allowed,
     retired: dict[str, dict[str, int]],
+    *,
+    first: bool = True,
 ) -> None:
     """One pipeline state (a worker's, or a data set's) fitted to ``pipeline`` for the
     accepted ``changes``, in place; the exposure of the sources removed is added to
-    ``retired``."""
+    ``retired`` (a merge's totals, which every worker that gave nothing since holds, by
+    the ``first`` worker, rank 0's worker 0, only)."""
     kinds = {c.kind for c in changes}
     mix = next((s for s in _stages(pipeline) if isinstance(s, Mix)), None)
     best_fit = any(
@@ -286,7 +290,8 @@ def adapt_state(
         if "seq_len" in kinds and best_fit and sub.get("stage") == PackTokens.name:
             sub.update(skip=0, source=sub.pop("after", sub["source"]))
         if "sources" in kinds and mix is not None and sub.get("stage") == Mix.name:
-            _fit_mix(sub, mix, allowed.rename, retired)
+            counted = retired if first or not sub.get("shared") else {}
+            _fit_mix(sub, mix, allowed.rename, counted)
     if left_out:  # samples drawn from the old sources, never given: counted
         log.warning("load_state_dict: a sources change leaves out %d held samples", left_out)
         if budget is not None:

@@ -299,3 +299,17 @@ def test_dropped_samples_are_counted_when_the_batch_size_changes_too(
     legs = [("ab", "budget", 2, 5, set()), ("abc", "4", 2, None, change)]
     given, ld = run_mixed(sources, legs)
     assert sum(given.values()) + ld.stats()["dropped_samples"] == 130
+
+
+@pytest.mark.integration
+def test_a_removed_sources_exposure_after_a_load_saved_before_every_worker_gave_a_batch(
+    sources: dict[str, Manifest],
+) -> None:
+    """a and b on 2 workers -> 3 (one batch: workers 1 and 2 gave none, their mixture state
+    the merge's totals) -> b removed: the removed source's exposure kept in
+    stats()['sources'] summed the totals of every worker that had not started."""
+    change = {"sources", "weights"}
+    legs = [("ab", "4", 2, 2, set()), ("ab", "4", 3, 1, set()), ("a", "4", 2, None, change)]
+    given, ld = run_mixed(sources, legs)
+    exposure = {k: v["samples"] for k, v in ld.stats()["sources"].items()}
+    assert exposure == dict(given)
