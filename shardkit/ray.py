@@ -29,7 +29,13 @@ from ray.data import Datasink  # the optional extra: importing shardkit.ray need
 from shardkit.errors import ConfigError
 from shardkit.format.manifest.model import Manifest, creation_info
 from shardkit.write.build.join import JoinSpec, join_workers
-from shardkit.write.writer import DEFAULT_CHECKSUM, DEFAULT_PREFIX, ShardWriter, WriterKeywords
+from shardkit.write.writer import (
+    DEFAULT_CHECKSUM,
+    DEFAULT_PREFIX,
+    ShardWriter,
+    WriterKeywords,
+    WriterOptions,
+)
 from shardkit.write.writer.target import Lock, Target
 from shardkit.write.writer.where import open_target
 
@@ -57,6 +63,7 @@ class ShardDatasink(Datasink[dict[str, Any]]):  # type: ignore[misc, unused-igno
     """
 
     def __init__(self, out_dir: str | os.PathLike[str], **options: Unpack[WriterKeywords]) -> None:
+        WriterOptions().with_keywords(dict(options))  # a bad option here, not in every task
         self.target: Target = open_target(out_dir)
         self.out_dir = self.target.base
         self.options = options

@@ -8,17 +8,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardkit.errors import ConfigError
-from shardkit.format.checksum import new_hasher
 from shardkit.format.images import REENCODE_FORMATS, ImageOptions
 from shardkit.format.manifest.check import MAX_COUNT
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.buffer import DEFAULT_MAX_MEMBER
 from shardkit.format.tario.members import TAR_POLICIES
 from shardkit.units import parse_size
+from shardkit.values import as_int
 from shardkit.write.inputs.image_check import CHECK_IMAGES
 from shardkit.write.inputs.select import TreeOptions
 from shardkit.write.inputs.sources import DEFAULT_MAX_RECORD, ON_ERROR, FieldMap, Unit
-from shardkit.write.writer import COMPRESSIONS
+from shardkit.write.writer import WriterOptions
 from shardkit.write.writer.target import Target, build_info
 
 __all__ = ["BuildConfig", "BuildPlan", "BuildResult", "check_config", "manifest_name"]
@@ -182,19 +182,22 @@ def check_config(c: BuildConfig) -> None:
     """Refuse bad options with a :class:`ConfigError` saying which and why."""
     if not c.prefix or "/" in c.prefix or c.prefix.startswith(".") or "{" in c.prefix:
         raise ConfigError(f"bad shard prefix {c.prefix!r}")
-    if parse_size(c.maxsize) < 4096:
-        raise ConfigError(f"maxsize {c.maxsize!r} is too small (at least 4 KB)")
+    quality = c.image.quality if c.image is not None else WriterOptions.image_quality
+    # the options every worker's writer takes, checked as it checks them, before any output
+    WriterOptions(
+        prefix=c.prefix,
+        maxsize=c.maxsize,
+        maxcount=c.maxcount,
+        checksum=c.checksum,
+        compress=c.compress,
+        image_quality=quality,
+    )
     if parse_size(c.max_member) < 1:
         raise ConfigError(f"max_member must be at least 1 byte, got {c.max_member!r}")
     if parse_size(c.max_record) < 1:
         raise ConfigError(f"max_record must be at least 1 byte, got {c.max_record!r}")
-    if c.maxcount is not None and c.maxcount < 1:
-        raise ConfigError(f"maxcount must be at least 1, got {c.maxcount}")
-    new_hasher(c.checksum)
-    if c.compress not in COMPRESSIONS:
-        raise ConfigError(f"compress must be None, 'zstd' or 'gzip', got {c.compress!r}")
-    if c.workers is not None and c.workers < 1:
-        raise ConfigError(f"workers must be at least 1, got {c.workers}")
+    if c.workers is not None:
+        as_int(c.workers, "workers", low=1, floats=False)
     if c.part is not None and not (0 <= c.part[0] < c.part[1]):
         raise ConfigError(f"part must be I/N with 0 <= I < N, got {c.part[0]}/{c.part[1]}")
     if c.part is not None and c.part[1] > MAX_COUNT:
@@ -210,7 +213,5 @@ def check_config(c: BuildConfig) -> None:
     if c.image is not None:
         if c.image.reencode is not None and c.image.reencode not in REENCODE_FORMATS:
             raise ConfigError(f"reencode must be one of {', '.join(REENCODE_FORMATS)}")
-        if c.image.maxside is not None and c.image.maxside < 1:
-            raise ConfigError(f"resize wants a positive side, got {c.image.maxside}")
-        if not 1 <= c.image.quality <= 100:
-            raise ConfigError(f"image quality must be in 1..100, got {c.image.quality}")
+        if c.image.maxside is not None:
+            as_int(c.image.maxside, "image maxside", low=1, floats=False)
