@@ -12,8 +12,9 @@ a set of weights checks it here, once, where it arrives:
   integers (and, where asked, integral floats such as ``1e6``), never a bool, a string,
   NaN, inf or ``2.5`` (:class:`ConfigError`).
 - :func:`typed_fields`: a frozen dataclass of options (``IoConfig``'s): each field
-  annotated ``int``, ``float`` or ``bool`` holds one (``allow_pipe="false"`` is no
-  ``False``, ``max_attempts=2.5`` no count, ``read_timeout=nan`` no time).
+  annotated ``int``, ``float``, ``bool`` or ``str`` holds one (``allow_pipe="false"`` is
+  no ``False``, ``max_attempts=2.5`` no count, ``read_timeout=nan`` no time,
+  ``endpoint_url=123`` no url).
 - :func:`normalised`: weights as exact fractions of their sum (``[1e308, 1e308]`` is
   ``[0.5, 0.5]``), refusing NaN, inf, negatives, an all-zero set and a positive weight
   too small beside the others to be represented (it would be drawn never).
@@ -72,8 +73,9 @@ def as_int(value: Any, what: str, *, low: int | None = None, floats: bool = True
 
 def typed_fields(options: Any) -> None:
     """Check (and set, integers as ``int``) each field of the dataclass ``options``
-    annotated ``int``, ``float`` or ``bool`` (or ``... | None``): an integer (an integral
-    float taken), a real number other than NaN (inf taken), ``True`` or ``False``."""
+    annotated ``int``, ``float``, ``bool`` or ``str`` (or ``... | None``): an integer (an
+    integral float taken), a real number other than NaN (inf taken), ``True`` or ``False``,
+    text."""
     name = type(options).__name__
     for f in dataclasses.fields(options):
         kind, _, rest = str(f.type).partition(" | ")
@@ -90,6 +92,11 @@ def typed_fields(options: Any) -> None:
             raise ConfigError(f"{name}: {f.name} must be a number, got {value!r}")
         elif kind == "bool" and not isinstance(value, bool | np.bool_):
             raise ConfigError(f"{name}: {f.name} must be True or False, got {value!r}")
+        elif kind == "str" and not isinstance(value, str):  # endpoint_url=123, verify=True
+            text = "text or None" if rest == "None" else "text"
+            raise ConfigError(
+                f"{name}: {f.name} must be {text}, got {type(value).__name__} {value!r}"
+            )
 
 
 def normalised(weights: Sequence[Any], what: str) -> tuple[float, ...]:
