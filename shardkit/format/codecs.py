@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, BinaryIO
@@ -115,6 +116,13 @@ _NPY_MAGIC = b"\x93NUMPY"
 _NPY_PARSED = 4096  # distinct npy headers a decoder remembers
 
 
+# numpy parses an npy header with ast.literal_eval, and CPython 3.11's AST validation keeps
+# one recursion-depth counter per interpreter, not per thread (cpython gh-106905): two
+# threads parsing at once raised "SystemError: AST constructor recursion depth mismatch"
+# now and then under thread workers. One parse at a time; a parsed header is cached.
+_NPY_HEADER_LOCK = threading.Lock()
+
+
 class NpyDecoder:
     """npy bytes to an array over the same buffer (no copy), never unpickling objects;
     each distinct header is parsed once per decoder (numpy parses it with
@@ -130,7 +138,8 @@ class NpyDecoder:
         elif major == 2:
             start = 12 + int.from_bytes(data[8:12], "little")
         else:  # rarer versions: numpy's own reader (a copy), still without pickle
-            arr: np.ndarray = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+            with _NPY_HEADER_LOCK:
+                arr: np.ndarray = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
             return arr
         head = data[:start] if type(data) is bytes else bytes(data[:start])
         hit = self.headers.get(head)
@@ -152,7 +161,8 @@ class NpyDecoder:
             if major == 1
             else np.lib.format.read_array_header_2_0
         )
-        shape, fortran, dtype = read(f)
+        with _NPY_HEADER_LOCK:  # see _NPY_HEADER_LOCK
+            shape, fortran, dtype = read(f)
         if dtype.hasobject:
             raise ValueError("npy holds Python objects (pickle); refused")
         hit = (dtype, tuple(shape), bool(fortran), int(np.prod(shape, dtype=np.int64)), start)
