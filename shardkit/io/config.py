@@ -52,7 +52,7 @@ class CacheConfig:
     Args:
         cache_dir: the node-local cache directory (None: no cache, remote reads stream); a
             ``pathlib.Path`` is taken as its text.
-        cache_limit: bytes the cache may hold; None: no limit.
+        cache_limit: bytes the cache may hold; None: no limit. Only with ``cache_dir``.
         prefetch_depth: how many of the next shards of a plan are fetched ahead.
         prefetch_threads: background download threads per process.
         node_requests: concurrent remote requests per node for cache fills (0: no cap).
@@ -100,6 +100,12 @@ class CacheConfig:
         typed_fields(self)
         if self.cache_limit is not None and self.cache_limit < 0:
             raise ConfigError(f"cache_limit must be >= 0 bytes, got {self.cache_limit!r}")
+        if self.cache_limit is not None and self.cache_dir is None:  # it meant no cache
+            raise ConfigError(
+                f"CacheConfig: cache_limit={self.cache_limit!r} without cache_dir: give the "
+                "cache's folder too (CacheConfig(cache_dir='/nvme/shardkit', cache_limit=...)), "
+                "or no cache_limit for no cache"
+            )
         if not self.cache_wait > 0:
             raise ConfigError(f"cache_wait must be > 0, got {self.cache_wait!r}")
         for name in (

@@ -178,7 +178,8 @@ def test_parse_retry_after() -> None:
 
 
 def test_io_config_options() -> None:
-    cfg = IoConfig(cache=CacheConfig(cache_limit=10**9), range_size=8 << 20, read_timeout=5)
+    cache = CacheConfig(cache_dir="/nvme/c", cache_limit=10**9)
+    cfg = IoConfig(cache=cache, range_size=8 << 20, read_timeout=5)
     assert cfg.cache.cache_limit == 10**9 and cfg.range_size == 8 << 20 and cfg.read_timeout == 5
     with pytest.raises(ConfigError, match="no option rnage_size"):
         IoConfig(rnage_size=1)

@@ -5,12 +5,15 @@ ConfigError naming cache_dir (it meant no cache at all, with no word)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import shardkit as sk
 from shardkit.errors import ConfigError
 from shardkit.io import CacheConfig, IoConfig, ReaderLimits
+from shardkit.io.config import with_cache
 from shardkit.values import typed_fields
 
 TEXT: list[tuple[Any, str, Any]] = [
@@ -49,3 +52,18 @@ def test_typed_fields_checks_text_and_optional_text() -> None:
         typed_fields(Options(name=3))  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="Options: where must be text or None"):
         typed_fields(Options(where=1.5))  # type: ignore[arg-type]
+
+
+def test_a_cache_limit_without_a_cache_dir_is_refused(tmp_path: Path) -> None:
+    """``CacheConfig(cache_limit=X)`` alone read every shard uncached with no word, as the
+    readers' shortcut ``cache_limit=`` alone did before it was refused."""
+    with pytest.raises(ConfigError, match="without cache_dir"):
+        CacheConfig(cache_limit=10**9)
+    with pytest.raises(ConfigError, match="without cache_dir"):
+        IoConfig(cache=CacheConfig(cache_limit=0))
+    with pytest.raises(ConfigError, match="without cache_dir"):
+        sk.ShardDataset(str(tmp_path / "m.json"), cache_limit="1GB")
+    cache = CacheConfig(cache_dir=str(tmp_path / "c"), cache_limit=10**9)
+    assert (cache.cache_dir, cache.cache_limit) == (str(tmp_path / "c"), 10**9)
+    shortcut = with_cache(None, cache_dir=tmp_path / "c", cache_limit="1GB")
+    assert shortcut.cache.cache_limit == 10**9

@@ -90,7 +90,7 @@ def test_unknown_io_options_fail_when_the_data_set_is_made(make_shards: MakeShar
         ShardDataset(make_shards([2]), io=IoConfig(range_sise=10**6))
     with pytest.raises(ConfigError, match="IoConfig"):
         ShardDataset(make_shards([2]), io={"range_size": 1})  # type: ignore[arg-type]
-    cfg = IoConfig(range_size=10**6, cache=CacheConfig(cache_limit=2 * 10**9))
+    cfg = IoConfig(range_size=10**6, cache=CacheConfig(cache_dir="/tmp/y", cache_limit=2 * 10**9))
     with pytest.raises(ConfigError, match="not both"):
         ShardDataset(make_shards([2]), io=cfg, cache_dir="/tmp/x")
     ds = ShardDataset(make_shards([2]), io=IoConfig(range_size=10**6), cache_dir="c")
