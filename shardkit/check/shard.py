@@ -24,8 +24,8 @@ from shardkit.format.checksum import split_checksum
 from shardkit.format.compression import open_tar
 from shardkit.format.digest import Digest, HashingReader
 from shardkit.format.manifest.model import Manifest, ShardEntry
-from shardkit.format.tario.index import SampleIndex, parse_index, sample_signature, shard_binding
 from shardkit.format.tario.buffer import stream_size
+from shardkit.format.tario.index import SampleIndex, parse_index, sample_signature, shard_binding
 from shardkit.format.tario.reader import TarReader
 from shardkit.urls import check_within
 
