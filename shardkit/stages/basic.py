@@ -11,7 +11,14 @@ from shardkit.errors import ConfigError, DecodeError
 from shardkit.plan.world import Context
 from shardkit.stages.base import Cursor, Fruitless, Grid, Stage, Step, callable_name
 from shardkit.stages.collate import collate_numpy
-from shardkit.stages.regroup import left_after, merge_held, open_upstream, settled
+from shardkit.stages.regroup import (
+    dropped_in,
+    left_after,
+    merge_held,
+    open_upstream,
+    settled,
+    with_dropped,
+)
 from shardkit.values import as_int
 
 __all__ = ["Batched", "Map", "Select", "ToTuple"]
@@ -185,7 +192,7 @@ class Batched(Step):
     def merge(self, grid: Grid) -> dict[str, Any] | None:
         """The upstream's merge, with the items a replay's group held and had not given
         (after a batching change; given first: :func:`~shardkit.stages.regroup.merge_held`)."""
-        return merge_held(self._up(), grid)
+        return with_dropped(merge_held(self._up(), grid), dropped_in(grid))
 
     def left(self, ctx: Context, state: Mapping[str, Any] | None) -> int | None:
         return left_after(self._up(), ctx, state, self.name)

@@ -39,9 +39,10 @@ from shardkit.stages.base import Cursor, Grid, Stage, callable_name, check_int, 
 from shardkit.stages.collate import collate_numpy
 from shardkit.stages.costs import FieldCost, check_budget, cost_of, fill_to_budget
 from shardkit.stages.mix_draws import drawn_from
-from shardkit.stages.nominal import share
 from shardkit.stages.regroup import (
     bits,
+    dropped_in,
+    dropped_share,
     left_after,
     merge_held,
     open_upstream,
@@ -116,10 +117,7 @@ class BudgetBatched(Stage):
                 if st.get("held", True):  # the group re-read must be the one saved
                     cursor.expect = (st.get("size"), done)
                 if "dropped" in st:  # a load that left a group out (this worker's share)
-                    lost = check_int(st, self.name, "dropped")
-                    slot, slots = ctx.rank * ctx.workers + ctx.worker, ctx.world * ctx.workers
-                    lost = share(lost, slots, slot) if st.get("shared") else lost
-                    cursor.own["dropped_samples"] = float(lost)
+                    cursor.own["dropped_samples"] = float(dropped_share(st, ctx))
                 return cursor
         # none, the upstream's, or another batching's (a batching change): from there
         return _BudgetCursor(self, open_upstream(self._up(), ctx, state), 0)
@@ -131,15 +129,7 @@ class BudgetBatched(Stage):
         if source is None:
             return None
         out = self._fresh(source)
-        lost = 0
-        for r, row in enumerate(grid):
-            for w, st in enumerate(row):
-                if st is not None and "dropped" in st:
-                    n = check_int(st, self.name, "dropped")
-                    # a worker that gave nothing since a merge: its share of the merge's
-                    lost += (
-                        share(n, len(grid) * len(row), r * len(row) + w) if st.get("shared") else n
-                    )
+        lost = dropped_in(grid)
         if lost:  # left out by a load and not counted yet: shared out by the new workers
             out.update(dropped=lost, shared=True)
         return out

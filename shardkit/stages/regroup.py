@@ -16,6 +16,12 @@ items not yet given, then goes on with the re-planned rest of the epoch. Each it
 given once; none is left out. A mixture's exposure counts the groups' rest when it is given
 (the merge takes the exposure the workers had given, :meth:`MixCursor.credit` the rest).
 
+A load that leaves held samples out (a sources change) keeps their count (``dropped``) in a
+``"regroup"`` state of no group over the worker's state, which every batching reads
+(:func:`open_upstream`: counted in ``dropped_samples``) and saves again, so the count
+survives a batching change, later loads and elastic merges (:func:`dropped_in`,
+:func:`with_dropped`) to the epoch's end.
+
 The group's given items are a bit mask in hex (``done``): :func:`bits`, :func:`mask`,
 :func:`unmask`.
 """
@@ -32,6 +38,7 @@ from shardkit.plan.world import Context
 from shardkit.stages.base import Cursor, Grid, Stage, check_int, check_state, state_epoch
 from shardkit.stages.mix_draws import drawn_from
 from shardkit.stages.mixture import given_in, mix_state
+from shardkit.stages.nominal import share
 from shardkit.stages.source import sources_of
 
 __all__ = [
@@ -39,6 +46,8 @@ __all__ = [
     "HELD",
     "REGROUP",
     "bits",
+    "dropped_in",
+    "dropped_share",
     "held_groups",
     "held_rest",
     "left_after",
@@ -47,6 +56,7 @@ __all__ = [
     "open_upstream",
     "settled",
     "unmask",
+    "with_dropped",
 ]
 
 REGROUP = "regroup"
@@ -107,6 +117,36 @@ def held_groups(state: Mapping[str, Any] | None, at: list[int] | None) -> list[d
         else:
             state = state.get("source")
     return out
+
+
+def dropped_share(state: Mapping[str, Any], ctx: Context) -> int:
+    """The held samples a load left out (``dropped``) that a batching's ``state`` counts for
+    the worker ``ctx``: all, or its share where they are a merge's (``shared``)."""
+    lost = check_int(state, str(state.get("stage")), "dropped")
+    if not state.get("shared"):
+        return lost
+    return share(lost, ctx.world * ctx.workers, ctx.rank * ctx.workers + ctx.worker)
+
+
+def dropped_in(grid: Grid) -> int:
+    """The held samples loads left out that the batching states of ``grid`` count (each
+    worker that gave nothing since a merge its share of the merge's)."""
+    lost = 0
+    for r, row in enumerate(grid):
+        for w, st in enumerate(row):
+            if st is not None and "dropped" in st:
+                lost += dropped_share(st, Context(r, len(grid), w, len(row)))
+    return lost
+
+
+def with_dropped(state: dict[str, Any] | None, lost: int) -> dict[str, Any] | None:
+    """``state`` (a merge's) carrying ``lost`` held samples left out, shared out by the new
+    ranks and workers: in a batching's state of no group (``regroup``, size 0), which every
+    batching reads (:func:`open_upstream`)."""
+    if state is None or not lost:
+        return state
+    out = {"stage": REGROUP, "version": 1, "size": 0, "done": "", "source": state}
+    return {**out, "dropped": lost, "shared": True}
 
 
 def held_rest(state: Mapping[str, Any] | None, stage: str) -> int:
@@ -226,6 +266,9 @@ def open_upstream(up: Stage, ctx: Context, state: Mapping[str, Any] | None) -> C
     not yet given, then on."""
     if state is None or state.get("stage") not in BATCHINGS:
         return up.iterate(ctx, state)
+    if "dropped" in state:  # a load's count of held samples left out: kept, whatever batches
+        inner = {k: v for k, v in state.items() if k not in ("dropped", "shared")}
+        return _Dropped(open_upstream(up, ctx, inner), dropped_share(state, ctx))
     name = str(state.get("stage"))
     if name == HELD:
         groups = _check_groups(state)
@@ -290,6 +333,21 @@ class _Replay(Cursor):
                     got[1] += self.mix._tokens(self.group[i])
             out["given"] = [[k, *given[k]] for k in sorted(given)]
         return out
+
+
+class _Dropped(Cursor):
+    """Its upstream, counting ``lost`` held samples a load left out (``dropped_samples``),
+    kept in its state for the loads after (a batching of another kind or size reads it)."""
+
+    def __init__(self, up: Cursor, lost: int) -> None:
+        super().__init__(up)
+        self.lost = lost
+        self.own["dropped_samples"] = float(lost)
+        self.items = up
+
+    def state(self) -> dict[str, Any]:
+        out = {"stage": REGROUP, "version": 1, "size": 0, "done": ""}
+        return {**out, "source": self.upstream.state(), "dropped": self.lost}
 
 
 class _Held(Cursor):

@@ -33,7 +33,7 @@ from typing import Any
 from shardkit.errors import ConfigError, StateDictError
 from shardkit.stages import Stage
 from shardkit.stages.mixture import Mix, mix_state
-from shardkit.stages.regroup import held_rest
+from shardkit.stages.regroup import REGROUP, held_rest
 from shardkit.stages.tokens import PackTokens
 from shardkit.streaming.resume import check_fingerprint
 
@@ -281,21 +281,20 @@ def adapt_state(
     # or other than those saved): the batchings go on after their groups
     settle = "seq_len" in kinds or ("sources" in kinds and mix is not None)
     left_out = held_rest(ws, "load_state_dict") if settle and "sources" in kinds else 0
-    budget = None
     for sub in _walk(ws):
         if settle and sub.get("stage") in _GROUPS:
-            if budget is None and sub.get("stage") == "budget_batched":
-                budget = sub
             _settle(sub)
         if "seq_len" in kinds and best_fit and sub.get("stage") == PackTokens.name:
             sub.update(skip=0, source=sub.pop("after", sub["source"]))
         if "sources" in kinds and mix is not None and sub.get("stage") == Mix.name:
             counted = retired if first or not sub.get("shared") else {}
             _fit_mix(sub, mix, allowed.rename, counted)
-    if left_out:  # samples drawn from the old sources, never given: counted
+    if left_out and ws is not None:  # samples drawn from the old sources, never given
         log.warning("load_state_dict: a sources change leaves out %d held samples", left_out)
-        if budget is not None:
-            budget["dropped"] = left_out
+        # counted by whatever batching reads the state (another n or budget too)
+        carried = dict(ws)
+        ws.clear()
+        ws.update(stage=REGROUP, version=1, size=0, done="", source=carried, dropped=left_out)
 
 
 def _settle(sub: dict[str, Any]) -> None:

@@ -283,20 +283,17 @@ def test_finite_costs_whose_sum_overflows_a_float_are_batched(docs: Manifest) ->
 
 
 @pytest.mark.integration
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: with a batch-size change beside a sources change, the held samples the "
-    "sources change leaves out (logged: 'a sources change leaves out N held samples') are not "
-    "counted in stats()['dropped_samples']: adapt_state writes the count into the old budget "
-    "state, which the new batching (batched(n), or a budget of other parameters) never reads",
-)
+@pytest.mark.parametrize("later", [[], [(1, 1), (2, None)]])
 def test_dropped_samples_are_counted_when_the_batch_size_changes_too(
-    sources: dict[str, Manifest],
+    sources: dict[str, Manifest], later: list[tuple[int, int | None]]
 ) -> None:
     """a and b on 2 workers, 5 budget batches (each worker holds a group), then c added and
-    batched(4) on 2 workers to the end: 99 given, 0 dropped, for the 130 documents."""
+    batched(4) on 2 workers to the end: 99 given, 0 dropped, for the 130 documents. Also
+    when the batched(4) run saves after one batch and the rest runs on 1 worker, then 2
+    (its count survives the loads and an elastic merge)."""
     change = {"sources", "weights", "batch_size"}
-    legs = [("ab", "budget", 2, 5, set()), ("abc", "4", 2, None, change)]
+    legs = [("ab", "budget", 2, 5, set()), ("abc", "4", 2, 1 if later else None, change)]
+    legs += [("abc", "4", w, steps, set()) for w, steps in later]
     given, ld = run_mixed(sources, legs)
     assert sum(given.values()) + ld.stats()["dropped_samples"] == 130
 
