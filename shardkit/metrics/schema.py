@@ -10,7 +10,9 @@ dict with these keys, always all of them; counts are ``int``, rates and times ``
 ``filtered_samples``      samples a ``select`` refused
 ``dropped_samples``       samples of this rank's share of the epoch never delivered
                           because the epoch ended for every rank at once (another
-                          rank's data ended first): read ahead or never read
+                          rank's data ended first): read ahead or never read; on
+                          rank 0 also those an elastic resume's re-plan left out
+                          (what was left did not divide by the new world size)
 ``seconds``               wall time from ``iter()`` to the last batch (summed)
 ``first_batch_s``         time from ``iter()`` to the first batch (for the total:
                           the first iteration's, the cold start)

@@ -48,6 +48,7 @@ __all__ = [
     "epoch_sequence",
     "rank_length",
     "remaining_sequence",
+    "replan_dropped",
     "shard_order",
     "shuffle_window",
     "split",
@@ -378,12 +379,30 @@ def stream_lengths(
 ) -> list[int] | None:
     """How long each worker's stream is on every rank (None: endless), from the number of
     samples alone: ``O(ranks x workers)`` per generation, no shard order drawn."""
+    left = _left(total, cfg, world, history)
+    if left is None:
+        return None
+    return worker_lengths(rank_length(left, world, cfg.remainder), workers)
+
+
+def replan_dropped(
+    total: int, cfg: PlanConfig, world: int, history: Sequence[Generation] = ()
+) -> int:
+    """Samples an elastic resume's re-plan leaves out: what ``history`` left of the epoch
+    does not divide by the new ``world`` with ``remainder="drop"`` (0 for a fresh epoch,
+    whose remainder is never any rank's share, and for ``"pad"``)."""
+    left = _left(total, cfg, world, history) if history and cfg.remainder == "drop" else None
+    return 0 if left is None else left - rank_length(left, world, cfg.remainder) * world
+
+
+def _left(total: int, cfg: PlanConfig, world: int, history: Sequence[Generation]) -> int | None:
+    """The samples of the epoch that ``history`` left to the next generation (None:
+    endless)."""
     if cfg.resampled:
         if cfg.epoch_length is None:
             return None
         left = cfg.epoch_length * (history[0].world if history else world)
         for h in history:
             left -= h.consumed()
-        return worker_lengths(rank_length(max(left, 0), world, cfg.remainder), workers)
-    _, left = _cuts(total, cfg.remainder, history)
-    return worker_lengths(rank_length(left, world, cfg.remainder), workers)
+        return max(left, 0)
+    return _cuts(total, cfg.remainder, history)[1]

@@ -20,7 +20,13 @@ from shardkit.errors import StateDictError
 from shardkit.format.manifest.model import Manifest
 from shardkit.io.config import IoConfig
 from shardkit.per_process import PerProcess
-from shardkit.plan.assign import Generation, PlanConfig, shuffle_window, stream_lengths
+from shardkit.plan.assign import (
+    Generation,
+    PlanConfig,
+    replan_dropped,
+    shuffle_window,
+    stream_lengths,
+)
 from shardkit.plan.assign import worker_stream as plan_stream
 from shardkit.plan.order import Window
 from shardkit.plan.world import Context
@@ -163,6 +169,7 @@ class ShardSource(Stage):
         where = self.where(ctx)
         history: tuple[Generation, ...] = ()
         pos = 0
+        merged = False
         if state is not None:
             st = self._check_fit(state)
             if st["epoch"] != ctx.epoch:
@@ -171,7 +178,8 @@ class ShardSource(Stage):
                     f"{ctx.epoch}"
                 )
             history = self._history_of(st)
-            if st["world"] is None:  # an elastic merge: position 0 of this run's share
+            merged = st["world"] is None
+            if merged:  # an elastic merge: position 0 of this run's share
                 if st["position"] != 0:
                     raise StateDictError("shards: a merged state must be at position 0")
             else:
@@ -192,7 +200,12 @@ class ShardSource(Stage):
             "manifest": catalog.digest,
         }
         read = (catalog, self.opener(), self.policy, self.io.limits)
-        return SourceCursor(where, base, stream, window, pos, read)
+        cursor = SourceCursor(where, base, stream, window, pos, read)
+        if merged and where.rank == where.worker == 0:
+            # what the re-plan leaves out is no new rank's: counted once, by the first stream
+            dropped = replan_dropped(catalog.total, self.config, where.world, history)
+            cursor.counts["dropped_samples"] = dropped
+        return cursor
 
     # -- checks --------------------------------------------------------------------
     def _check_where(self, st: Mapping[str, Any], where: Context) -> None:
