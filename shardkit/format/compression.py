@@ -90,7 +90,11 @@ class _GzipStream(io.RawIOBase):
 
     zlib is driven directly with 1 MiB reads: Python's gzip module decompresses 8 KiB of
     input per call, and that loop, not zlib, was the cost of reading a .tar.gz shard.
+    Read to its end, it has checked every member's CRC-32 and length (``checked_at_end``:
+    the tar reader reads it on to its end).
     """
+
+    checked_at_end = True
 
     def __init__(self, f: BinaryIO) -> None:
         self._f = f

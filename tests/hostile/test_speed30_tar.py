@@ -2,7 +2,7 @@
 reader) and the one-sample parse of lookups: a shard cut at block boundaries (and a byte
 either side) through read_shard, ShardDataset and IndexedShards (verify off: the tar reader
 is the only check) is an error or every sample right; a compressed shard cut inside its
-integrity trailer is refused, as GNU tar refuses it (xfail: it is not)."""
+integrity trailer is refused, as GNU tar refuses it."""
 
 from __future__ import annotations
 
@@ -50,15 +50,6 @@ def test_a_cut_shard_is_an_error_or_every_sample_right(tmp_path: Path) -> None:
             assert sorted(bytes(s["bin"]) for s in got) == BLOBS, f"{name}, cut at {cut}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a .tar.gz / .tar.zst read without a manifest: the tar reader stops at the "
-    "end-of-archive blocks and never reads the compressed stream to its end, so a shard "
-    "cut inside its gzip trailer (its 8 bytes: the CRC-32 and length never checked) or its "
-    "zstd frame's content checksum (4 bytes) yields every sample with no error; with a "
-    "damaged byte as well the samples are wrong with no error (1-2 of 50 flips); GNU tar "
-    "refuses both (compression.py _GzipStream / zstd_reader, tario)",
-)
 @pytest.mark.parametrize(("compress", "trailer"), [("gzip", 8), ("zstd", 4)])
 def test_a_compressed_shard_cut_before_its_check_is_refused(
     tmp_path: Path, compress: str, trailer: int

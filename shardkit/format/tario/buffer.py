@@ -101,6 +101,20 @@ class Buffered:
         self.buf = b"".join(parts) if len(parts) != 1 else parts[0]
         return avail >= need
 
+    def finish(self) -> None:
+        """After the end-of-archive marker of a whole read: a decompressing stream is read
+        on to its end, so that its integrity check runs (gzip's CRC-32 and length, zstd's
+        content checksum, and that the compressed stream is whole), as GNU tar's
+        decompressor does. What follows the marker is passed over, as in a plain tar
+        (which is not read past it); errors name the offset in the tar where it began."""
+        if not getattr(self.f, "checked_at_end", False):
+            return
+        at = self.offset
+        self.base += len(self.buf)
+        self.buf, self.pos = b"", 0
+        while data := self._read(_DISCARD, at):
+            self.base += len(data)
+
     def truncated(self, what: str, n: int, at: int) -> ShardFormatError:
         return ShardFormatError(
             f"truncated: {what} needs {n} bytes, the data ends at byte {self.base + len(self.buf)}",

@@ -104,6 +104,7 @@ class MemberReader:
                 raise self._error("end-of-archive right after an extended header", first)
             if self.src.end is None:
                 self._after_zero_block(off)
+                self.src.finish()
             self.src.end_offset = off
             return None
         return hdr
