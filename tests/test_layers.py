@@ -114,6 +114,7 @@ ORDER: dict[str, list[list[str]]] = {
             "upkeep",
             "manifests",
             "download",
+            "verdict",
             "fill",
             "stream",
             "gate",

@@ -18,7 +18,8 @@ matched its checksum. The map is the only state, on disk, in the file it speaks 
 - a piece that does not match is fetched once more; twice is a :class:`ChecksumError`
   naming the shard and the piece, and no byte of it ever reaches a reader;
 - whoever finds every piece verified checks the whole shard against the manifest's
-  checksum, cuts the map off and publishes it (one process: the key's publish lock).
+  checksum, cuts the map off and publishes it (one process: the key's publish lock;
+  :class:`~shardkit.cache.verdict.ShardVerdict`).
 
 A manifest without pieces gives one piece, the whole shard, checked by its checksum: a
 reader then gets its first byte once the whole shard is verified.
@@ -37,25 +38,19 @@ from typing import Protocol
 from shardkit._types import ObjectRef
 from shardkit.activity import waiting
 from shardkit.cache.download import Fetcher, WriteError, download, download_run, write_at
-from shardkit.cache.layout import CacheKey, FillPieces, inode_of
-from shardkit.cache.locks import claim_byte, try_lock, unlock, wait_claim
-from shardkit.counters import Counters
+from shardkit.cache.layout import CacheKey, FillPieces
+from shardkit.cache.locks import claim_byte, unlock, wait_claim
+from shardkit.cache.verdict import ShardVerdict, VerdictHost
 from shardkit.errors import CacheError, ChecksumError, FetchError
-from shardkit.io.config import IoConfig
-from shardkit.io.verified import PieceCheck, file_digest
+from shardkit.io.verified import PieceCheck
 
 __all__ = ["FillHost", "ShardFill"]
 
 log = logging.getLogger(__name__)
-# the verdict on the whole shard, in the map's first byte (1 there: not checked yet)
-_UNCHECKED, _BAD, _GOOD = b"\1", b"\2", b"\3"
 
 
-class FillHost(Fetcher, Protocol):
+class FillHost(Fetcher, VerdictHost, Protocol):
     """What a fill needs from its opener: its fetch and store, counters and options."""
-
-    counters: Counters
-    cfg: IoConfig
 
 
 class ShardFill:
@@ -80,7 +75,9 @@ class ShardFill:
         self._threads = 0
         self._ending = False  # its last thread is out: no thread starts again
         self._failed: dict[int, ChecksumError] = {}
-        self._bad: ChecksumError | None = None  # the whole shard, found bad here
+        self.verdict = ShardVerdict(
+            host, self.check, self.key, self.layout, close=self._close, held_off=self._held_off
+        )
 
     # -- the map -------------------------------------------------------------------
     def ready(self, fd: int, k: int) -> bool:
@@ -100,27 +97,7 @@ class ShardFill:
             # as soon as its readers are done; the whole is checked by one of them, or here
             self.start(k)
             self.done.wait(self.host.cfg.cache.cache_wait)  # its own threads decide, lease closed
-            self.judge(fd)
-
-    def judge(self, fd: int) -> None:
-        """Return once the whole shard of the file ``fd`` (every piece verified) is known
-        to match its checksum; decided here if nobody is at it, else waited for (at most
-        ``cache_wait`` seconds); :class:`ChecksumError` if it does not match."""
-        t0 = time.monotonic()
-        wait = self.host.cfg.cache.cache_wait
-        at = self.key.size + self.layout.count
-        while True:
-            verdict = self._decide(fd)
-            if verdict in (b"", _GOOD):  # b"": cut to the shard's size, published
-                return
-            if verdict == _BAD:
-                raise self._bad or self.check.whole_error(None)
-            left = wait - (time.monotonic() - t0)
-            if left <= 0 or not self._held_off(fd, at, left, "the whole shard's check"):
-                raise CacheError(
-                    f"{self.url}: waited {time.monotonic() - t0:.0f} s for another fill to "
-                    f"check the whole shard (cache_wait={wait:g})"
-                )
+            self.verdict.judge(fd)
 
     def _wait_for(self, fd: int, k: int) -> None:
         if k in self._failed:  # corrupt twice in this fill: not fetched a third time
@@ -375,64 +352,6 @@ class ShardFill:
         assert fd is not None
         if b"\0" in os.pread(fd, self.layout.count, self.key.size):
             return  # not every piece: nothing to decide
-        if self._decide(fd, own=True) == _BAD:
-            self.error = self._bad or self.check.whole_error(None)
-
-    def _decide(self, fd: int, *, own: bool = False) -> bytes | None:
-        """The verdict on the whole shard of the file ``fd`` (every piece verified):
-        ``_GOOD``, ``_BAD``, or ``b""`` (cut: published); decided here if nobody has yet
-        (a good shard is published, a bad one given up); None while another thread or
-        process decides. ``own``: ``fd`` is this fill's lease, closed before a publish."""
-        claim = claim_byte(fd, self.key.size + self.layout.count)  # a lock past the map
-        if claim is None:
-            return None
-        try:
-            verdict = os.pread(claim, 1, self.key.size)
-            if verdict == _GOOD:  # decided meanwhile, maybe not published (lock busy, died)
-                self._publish(claim, own)
-            if verdict != _UNCHECKED:
-                return None if verdict == b"\0" else verdict
-            store, key = self.host.store, self.key
-            actual = key.digest
-            if self.layout.digests is not None:  # else the one piece was checked whole
-                actual = file_digest(claim, key.size, key.algo)
-            if actual != key.digest:
-                self.host.counters.add("checksum_failures")
-                write_at(claim, _BAD, key.size, store)
-                self._bad = self.check.whole_error(actual)
-                log.warning("%s: not cached: %s", self.url, self._bad)
-                if own:
-                    self._close()  # this fill's lease: only readers may keep the file a while
-                store.discard(key, self.layout)
-                return _BAD
-            write_at(claim, _GOOD, key.size, store)
-            self._publish(claim, own)
-            return _GOOD
-        finally:
-            unlock(claim)
-
-    def _publish(self, claim: int, own: bool) -> None:
-        """Cut the temp file (verdict good) to the shard and make it visible."""
-        store, key = self.host.store, self.key
-        lock = try_lock(store.lock_path(key))
-        if lock is None:  # another temp file of this shard is being published
-            return
-        try:
-            part = store.part_path(key, self.layout)
-            if os.path.exists(store.path(key)) or inode_of(part) != os.fstat(claim).st_ino:
-                return  # published, or given up, by someone else
-            try:
-                os.ftruncate(claim, key.size)
-                os.fsync(claim)
-            except OSError as exc:
-                raise WriteError(f"cache dir {store.root}: cannot publish: {exc}") from exc
-            if own:
-                self._close()  # before the publish: once visible, only its readers hold it
-            try:
-                if store.publish(key, self.layout):
-                    self.host.counters.add("cache_fills")
-            except OSError as exc:  # verified all the same: its readers go on reading it
-                self.host.counters.add("cache_errors")
-                log.warning("%s: cache dir %s: cannot publish: %s", self.url, store.root, exc)
-        finally:
-            unlock(lock)
+        bad = self.verdict.finish(fd)
+        if bad is not None:
+            self.error = bad
