@@ -24,7 +24,7 @@ import click
 
 from shardkit.errors import ConfigError, ShardkitError, StateDictError, redact
 from shardkit.stages.mixture import given_in, mix_state
-from shardkit.streaming.allow import diff_fingerprints
+from shardkit.streaming.allow import diff_fingerprints, exposure_of
 from shardkit.streaming.resume import STAGE, check_job_state
 
 __all__ = ["command"]
@@ -153,7 +153,7 @@ def summary(st: Mapping[str, Any]) -> dict[str, Any]:
                     "damaged"
                 ) from None
     for name, done in (st.get("retired") or {}).items():
-        sources[name] = {**entry(name), **done, "removed": True}
+        sources[name] = {**entry(name), **exposure_of(done), "removed": True}
     return {
         "epoch": st["epoch"],
         "complete": st["complete"],

@@ -27,6 +27,7 @@ from typing import Any, cast
 from shardkit.errors import ConfigError
 from shardkit.metrics import LoaderStats, counter_delta
 from shardkit.stages.mixture import find_mix
+from shardkit.streaming.allow import exposure_of
 from shardkit.streaming.arena import take_over
 from shardkit.streaming.dataset import ShardDataset
 from shardkit.streaming.place import Place
@@ -325,7 +326,7 @@ class WebLoader:
             retired = self._place.retired
             if retired and self._place.where.rank == 0:  # job totals: rank 0's
                 for name, done in retired.items():
-                    out["sources"][name] = {**done, "share": 0.0, "weight": 0.0}
+                    out["sources"][name] = {**exposure_of(done), "share": 0.0, "weight": 0.0}
                 total = sum(v["samples"] for v in out["sources"].values())
                 for v in out["sources"].values():
                     v["share"] = v["samples"] / total if total else 0.0

@@ -186,6 +186,23 @@ def _check_retired(retired: Any) -> None:
             raise StateDictError(f"{STAGE}: 'retired' source {name!r} must be a dict of counts")
         for key in ("samples", "tokens", "epochs"):
             check_int(done, f"{STAGE}: 'retired' source {name!r}", key)
+        _check_cursor(done.get("cursor"), name)
+
+
+def _check_cursor(grid: Any, name: str) -> None:
+    """A removed source's cursor: by rank and worker, none or ``{"epoch", "source"}``."""
+    if grid is None:
+        return
+    where = f"{STAGE}: 'retired' source {name!r}"
+    if not isinstance(grid, list) or not all(isinstance(row, list) for row in grid):
+        raise StateDictError(f"{where}: 'cursor' must be a list (ranks) of lists (workers)")
+    for row in grid:
+        for cur in row:
+            if cur is None:
+                continue
+            if not isinstance(cur, Mapping) or not isinstance(cur.get("source"), Mapping | None):
+                raise StateDictError(f"{where}: a 'cursor' entry must be {{epoch, source}}")
+            check_int(cur, where, "epoch")
 
 
 def fits_epoch(state: Mapping[str, Any], epoch: int) -> bool:

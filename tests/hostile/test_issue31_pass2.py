@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from shardkit import ShardDataset, WebLoader, mix
 from shardkit.cli import cli
+from shardkit.errors import StateDictError
 from shardkit.format.manifest.model import Manifest
 from tests.streaming.test_budget import lognormal_shards
 
@@ -313,15 +314,107 @@ def test_a_removed_sources_exposure_after_a_load_saved_before_every_worker_gave_
 
 
 @pytest.mark.integration
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect (or a rule to write down): a source removed and added back within the "
-    "epoch starts over (the job state keeps a removed source's exposure in 'retired', not "
-    "its cursor), so the documents it gave before its removal are given again",
-)
+@pytest.mark.parametrize("workers", [(1, 1, 1), (2, 3, 1)])
 def test_a_source_removed_and_added_back_gives_no_document_twice(
+    sources: dict[str, Manifest], workers: tuple[int, int, int]
+) -> None:
+    """a and b, then b removed (its cursor kept in the job state's 'retired'), then b
+    added back within the epoch, also on other worker counts: b goes on where it was (it
+    started over: the documents it gave before its removal were given again), and its
+    exposure is what it gave."""
+    change = {"sources", "weights"}
+    one, two, three = workers
+    ab, a = ("ab", "4"), ("a", "4")
+    legs = [(*ab, one, 5, set()), (*a, two, 3, change), (*ab, three, None, change)]
+    given, ld = run_mixed(sources, legs)  # asserts no document twice
+    assert sum(given.values()) + ld.stats()["dropped_samples"] == 100
+    exposure = {k: v["samples"] for k, v in ld.stats()["sources"].items()}
+    assert exposure == dict(given)
+    assert "retired" not in ld.state_dict()
+
+
+def removed_b(parts: dict[str, Manifest]) -> dict[str, Any]:
+    """A job state of a and b, 5 batches, then b removed and 3 batches of a."""
+    state: dict[str, Any] | None = None
+    for names, allow in [("ab", set()), ("a", {"sources", "weights"})]:
+        ld = WebLoader(mixed(parts, names, "4"), num_workers=0)
+        if state is not None:
+            ld.load_state_dict(state, allow=allow)
+        for n, _ in enumerate(ld, 1):
+            if n == (5 if names == "ab" else 3):
+                break
+        state = json.loads(json.dumps(ld.state_dict()))
+    assert state is not None
+    return state
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("how", ["other data", "old state"])
+def test_a_source_added_back_starts_afresh_where_its_cursor_does_not_fit(
+    sources: dict[str, Manifest], how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """b added back with other data behind its name (c's) starts afresh, and says so; a
+    state saved before removed sources kept their cursors loads as before (afresh)."""
+    state = removed_b(sources)
+    assert set(state["retired"]["b"]) >= {"cursor", "fingerprint", "samples"}
+    parts = dict(sources)
+    if how == "other data":
+        parts["b"] = sources["c"]
+    else:
+        state["retired"]["b"] = {
+            k: state["retired"]["b"][k] for k in ("samples", "tokens", "epochs")
+        }
+    before = state["retired"]["b"]["samples"]
+    ld = WebLoader(mixed(parts, "ab", "4"), num_workers=0)
+    with caplog.at_level("WARNING", logger="shardkit.streaming.allow"):
+        ld.load_state_dict(state, allow={"sources", "weights"})
+    assert ("added back with other data" in caplog.text) == (how == "other data")
+    keys = [
+        k
+        for batch in ld
+        for u, k in zip(batch["__url__"], batch["__key__"], strict=True)
+        if u.split("/")[-2] == ("c" if how == "other data" else "b")
+    ]
+    assert len(keys) == len(set(keys)) == (30 if how == "other data" else 40)
+    assert ld.stats()["sources"]["b"]["samples"] == before + len(keys)
+
+
+@pytest.mark.integration
+def test_a_source_added_back_in_a_later_epoch_gives_that_epoch_whole(
     sources: dict[str, Manifest],
 ) -> None:
-    change = {"sources", "weights"}
-    legs = [("ab", "4", 1, 5, set()), ("a", "4", 1, 3, change), ("ab", "4", 1, None, change)]
-    run_mixed(sources, legs)  # asserts no document twice
+    """b removed in epoch 0, a to the epoch's end, b added back in epoch 1: b's cursor is
+    of an epoch that ended, so b gives all its 40 documents in epoch 1, once each."""
+    ld = WebLoader(mixed(sources, "a", "4"), num_workers=0)
+    ld.load_state_dict(removed_b(sources), allow={"sources", "weights"})
+    assert sum(len(b["__key__"]) for b in ld) > 0
+    state = json.loads(json.dumps(ld.state_dict()))
+    later = WebLoader(mixed(sources, "ab", "4"), num_workers=0)
+    later.load_state_dict(state, allow={"sources", "weights"})
+    later.set_epoch(1)
+    got = [
+        k
+        for batch in later
+        for u, k in zip(batch["__url__"], batch["__key__"], strict=True)
+        if u.split("/")[-2] == "b"
+    ]
+    assert len(got) == len(set(got)) == 40
+
+
+@pytest.mark.integration
+def test_a_removed_sources_cursor_is_checked_and_not_shown(
+    sources: dict[str, Manifest], tmp_path: Path
+) -> None:
+    """state show gives a removed source's exposure, not its kept cursor; a hand-edited
+    cursor is refused by name."""
+    state = removed_b(sources)
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state))
+    got = CliRunner().invoke(cli, ["state", "show", "--json", str(path)], catch_exceptions=False)
+    assert got.exit_code == 0, got.output
+    shown = json.loads(got.output)["sources"]["b"]
+    assert shown["removed"] is True and "cursor" not in shown and "fingerprint" not in shown
+    state["retired"]["b"]["cursor"] = [["x"]]
+    ld = WebLoader(mixed(sources, "ab", "4"), num_workers=0)
+    with pytest.raises(StateDictError, match="'retired' source 'b': a 'cursor' entry"):
+        ld.load_state_dict(state, allow={"sources", "weights"})
