@@ -152,6 +152,7 @@ ORDER: dict[str, list[list[str]]] = {
     "shardkit.streaming": [
         [
             "resume",
+            "retired",
             "allow",
             "transfer",
             "slot_layout",

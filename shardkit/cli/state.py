@@ -24,8 +24,9 @@ import click
 
 from shardkit.errors import ConfigError, ShardkitError, StateDictError, redact
 from shardkit.stages.mixture import given_in, mix_state
-from shardkit.streaming.allow import diff_fingerprints, exposure_of
+from shardkit.streaming.allow import diff_fingerprints
 from shardkit.streaming.resume import STAGE, check_job_state
+from shardkit.streaming.retired import exposure_of
 
 __all__ = ["command"]
 

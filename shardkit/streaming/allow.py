@@ -13,9 +13,10 @@ asked by name (``allow=``), and refuses them otherwise naming the change and the
   state (``retired``) and in ``stats()["sources"]``, and its cursor in ``retired`` too: a
   later load that adds a source of that name back goes on from it (its workers' cursors
   merged as an elastic resume merges them), in its epoch, unless its data or pipeline
-  changed (its fingerprint part differs: afresh, logged) or that epoch ended. A group a budget batching holds goes
-  on after its end (its samples were drawn from the old sources): its samples not given
-  are left out, counted in ``stats()["dropped_samples"]``.
+  changed (its fingerprint part differs: afresh, logged) or that epoch ended (see
+  :mod:`shardkit.streaming.retired`). A group a budget batching holds goes on after its
+  end (its samples were drawn from the old sources): its samples not given are left out,
+  counted in ``stats()["dropped_samples"]``.
 - ``"seq_len"``: another ``pack_tokens`` length: the token stream goes on at the first
   token not yet given (greedy); best-fit packing goes on at the next group.
 - ``"weights"``: other mixture weights, schedule or source order (``reweight=True``, kept
@@ -28,8 +29,6 @@ World size and worker count never need one (a state is re-planned for them).
 
 from __future__ import annotations
 
-import copy
-import json
 import logging
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from shardkit.stages.mixture import Mix, mix_state
 from shardkit.stages.regroup import REGROUP, held_rest
 from shardkit.stages.tokens import PackTokens
 from shardkit.streaming.resume import check_fingerprint
+from shardkit.streaming.retired import added_back, fit_mix, saved_spec
 
 __all__ = [
     "ALLOW",
@@ -49,9 +49,7 @@ __all__ = [
     "adapt_state",
     "adapt_states",
     "diff_fingerprints",
-    "exposure_of",
     "replaying",
-    "retired_exposure",
 ]
 
 log = logging.getLogger(__name__)
@@ -257,7 +255,7 @@ def adapt_states(
     mix = next((s for s in _stages(pipeline) if isinstance(s, Mix)), None)
     back: dict[str, dict[str, Any]] = {}
     if "sources" in kinds and mix is not None:
-        back = _added_back(mix, retired, st, allowed.rename)
+        back = added_back(mix, retired, st, allowed.rename)
     kept: dict[str, list[list[Any]]] = {}  # a removed source's cursor, by rank and worker
     world, workers = int(st["world"]), int(st["num_workers"])
     for r, entry in enumerate(st["ranks"]):
@@ -278,7 +276,7 @@ def adapt_states(
                 grid = kept.setdefault(name, [[None] * workers for _ in range(world)])
                 grid[rank][w] = cur
     for name, grid in kept.items():  # restored when a load adds the source back
-        spec = _saved_spec(st["pipeline"], name, allowed.rename)
+        spec = saved_spec(st["pipeline"], name, allowed.rename)
         done = retired.setdefault(name, {"samples": 0, "tokens": 0, "epochs": 0})
         done.update(cursor=grid, fingerprint=spec)
     st.pop("retired", None)
@@ -304,7 +302,8 @@ def adapt_state(
     accepted ``changes``, in place; the exposure of the sources removed is added to
     ``retired`` (a merge's totals, which every worker that gave nothing since holds, by
     the ``first`` worker, rank 0's worker 0, only) and their cursors to ``cursors``; a
-    source added back starts from ``back`` (:func:`_added_back`), not afresh."""
+    source added back starts from ``back``
+    (:func:`~shardkit.streaming.retired.added_back`), not afresh."""
     kinds = {c.kind for c in changes}
     mix = next((s for s in _stages(pipeline) if isinstance(s, Mix)), None)
     best_fit = any(
@@ -321,7 +320,7 @@ def adapt_state(
             sub.update(skip=0, source=sub.pop("after", sub["source"]))
         if "sources" in kinds and mix is not None and sub.get("stage") == Mix.name:
             counted = retired if first or not sub.get("shared") else {}
-            _fit_mix(sub, mix, allowed.rename, counted, back or {}, first)
+            fit_mix(sub, mix, allowed.rename, counted, back or {}, first)
             if cursors is not None and not cursors:  # the worker's (outermost) mixture's
                 cursors.update(sub.pop("_removed", {}))
             sub.pop("_removed", None)
@@ -378,114 +377,7 @@ def _exposure_given(sub: Mapping[str, Any], after: Mapping[str, Any]) -> None:
     end["counts"] = counts
 
 
-def _fit_mix(
-    sub: dict[str, Any],
-    mix: Mix,
-    rename: Mapping[str, str],
-    retired: dict[str, dict[str, Any]],
-    back: Mapping[str, Mapping[str, Any]],
-    first: bool,
-) -> None:
-    """A mixture state fitted to ``mix``'s sources (in place); the cursors of the sources
-    removed in ``sub["_removed"]``; a source added back from ``back`` (its exposure, the job
-    totals, by the ``first`` worker)."""
-    names = [rename.get(n, n) for n in sub["names"]]
-    keyed = ("exhausted", "epochs", "counts", "sources")
-    old = {n: {k: sub[k][i] for k in keyed} for i, n in enumerate(names)}
-    removed = {}
-    for name, was in old.items():
-        if name not in mix.names:
-            done = retired.setdefault(name, {"samples": 0, "tokens": 0, "epochs": 0})
-            done["samples"] += int(was["counts"][0])
-            done["tokens"] += int(was["counts"][1])
-            done["epochs"] = max(done["epochs"], int(was["epochs"]))
-            removed[name] = {"epoch": int(was["epochs"]), "source": was["sources"]}
-    start = 0 if mix.stop == "never" else int(sub["epoch"])
-    for name in mix.names:
-        if name not in old:
-            again = back.get(name, {})
-            counts = again.get("counts", [0, 0]) if first else [0, 0]
-            epoch = again.get("epoch", start)
-            old[name] = {"exhausted": False, "epochs": epoch, "counts": list(counts)}
-            old[name]["sources"] = copy.deepcopy(again.get("source"))
-    for k in keyed:
-        sub[k] = [old[n][k] for n in mix.names]
-    sub["names"] = list(mix.names)
-    sub["_removed"] = removed
-
-
-def _saved_mix(pipeline: Any) -> Mapping[str, Any]:
-    """The mixture's entry of a saved pipeline fingerprint ({} if none)."""
-    for entry in pipeline if isinstance(pipeline, list) else ():
-        if isinstance(entry, Mapping) and entry.get("stage") == Mix.name:
-            return entry
-    return {}
-
-
-def _saved_names(pipeline: Any, rename: Mapping[str, str]) -> list[str]:
-    """The mixture's source names of a saved pipeline fingerprint, renamed."""
-    return [rename.get(n, n) for n in _saved_mix(pipeline).get("names") or ()]
-
-
-def _saved_spec(pipeline: Any, name: str, rename: Mapping[str, str]) -> Any:
-    """The fingerprint part of the mixture source ``name`` (renamed) in a saved pipeline
-    fingerprint (None: not found)."""
-    names, specs = _saved_names(pipeline, rename), _saved_mix(pipeline).get("sources") or []
-    return specs[names.index(name)] if name in names[: len(specs)] else None
-
-
-def _added_back(
-    mix: Mix, retired: dict[str, dict[str, Any]], st: Mapping[str, Any], rename: Mapping[str, str]
-) -> dict[str, dict[str, Any]]:
-    """Where each source of ``mix`` that a load had removed (its cursor kept in
-    ``retired``, taken out of it) and this one adds back goes on: ``{"epoch", "source",
-    "counts"}``, its cursors merged as an elastic resume merges them. It starts afresh (its
-    exposure kept) when its data or pipeline changed (logged), or its epoch has ended."""
-    saved = _saved_names(st["pipeline"], rename)
-    out: dict[str, dict[str, Any]] = {}
-    for k, name in enumerate(mix.names):
-        if name not in retired or name in saved:  # kept (an old state's 'retired' too)
-            continue
-        done = retired.pop(name)
-        counts = [int(done["samples"]), int(done["tokens"])]
-        out[name] = {"counts": counts}
-        grid = done.get("cursor")
-        if not isinstance(grid, list):  # a state saved before cursors were kept
-            continue
-        here = json.loads(json.dumps(mix.stages[k].spec()))
-        if done.get("fingerprint") != here:
-            log.warning(
-                "load_state_dict: mixture source %r is added back with other data or another "
-                "pipeline than when it was removed: it starts afresh (the documents it gave "
-                "before its removal may be given again)",
-                name,
-            )
-            continue
-        found = [c for row in grid for c in row if isinstance(c, Mapping)]
-        epoch = max((int(c["epoch"]) for c in found), default=None)
-        if epoch is None or (mix.stop != "never" and epoch != int(st["epoch"])):
-            continue  # its epoch ended while it was out: the new one starts afresh
-        subs = [
-            [c["source"] if isinstance(c, Mapping) and c["epoch"] == epoch else None for c in row]
-            for row in grid
-        ]
-        out[name].update(epoch=epoch, source=mix.stages[k].merge(subs))
-    return out
-
-
 def replaying(states: Any) -> bool:
     """Some worker state holds a group being replayed (after a batching change or an
     elastic resume)."""
     return any(sub.get("stage") in ("regroup", "held") for ws in states or () for sub in _walk(ws))
-
-
-def retired_exposure(st: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The sources a load removed, from a job state: each one's exposure (job totals:
-    ``samples``, ``tokens``, ``epochs``) and, where kept, its ``cursor`` (by rank and
-    worker) and ``fingerprint`` (:func:`exposure_of` takes the exposure alone)."""
-    return {k: copy.deepcopy(dict(v)) for k, v in (st.get("retired") or {}).items()}
-
-
-def exposure_of(done: Mapping[str, Any]) -> dict[str, int]:
-    """A removed source's exposure: ``samples``, ``tokens`` and ``epochs``."""
-    return {k: int(done[k]) for k in ("samples", "tokens", "epochs")}

@@ -27,11 +27,11 @@ from typing import Any, cast
 from shardkit.errors import ConfigError
 from shardkit.metrics import LoaderStats, counter_delta
 from shardkit.stages.mixture import find_mix
-from shardkit.streaming.allow import exposure_of
 from shardkit.streaming.arena import take_over
 from shardkit.streaming.dataset import ShardDataset
 from shardkit.streaming.place import Place
 from shardkit.streaming.resume import merge_rank_states
+from shardkit.streaming.retired import exposure_of
 from shardkit.streaming.stall import StallWatch
 from shardkit.streaming.sync import EpochEnd
 from shardkit.streaming.transfer import Mailbox

@@ -10,13 +10,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from shardkit.stages import Context
-from shardkit.streaming.allow import (
-    Allowed,
-    adapt_states,
-    diff_fingerprints,
-    replaying,
-    retired_exposure,
-)
+from shardkit.streaming.allow import Allowed, adapt_states, diff_fingerprints, replaying
 from shardkit.streaming.dataset import ShardDataset
 from shardkit.streaming.resume import (
     STAGE,
@@ -28,6 +22,7 @@ from shardkit.streaming.resume import (
     encode_job_state,
     resume_plan,
 )
+from shardkit.streaming.retired import retired_exposure
 
 __all__ = ["Place"]
 

@@ -366,7 +366,7 @@ def test_a_source_added_back_starts_afresh_where_its_cursor_does_not_fit(
         }
     before = state["retired"]["b"]["samples"]
     ld = WebLoader(mixed(parts, "ab", "4"), num_workers=0)
-    with caplog.at_level("WARNING", logger="shardkit.streaming.allow"):
+    with caplog.at_level("WARNING", logger="shardkit.streaming.retired"):
         ld.load_state_dict(state, allow={"sources", "weights"})
     assert ("added back with other data" in caplog.text) == (how == "other data")
     keys = [
