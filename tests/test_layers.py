@@ -43,7 +43,7 @@ ORDER: dict[str, list[list[str]]] = {
     ],
     "shardkit.urls": [["schemes", "objects", "resolve"]],
     "shardkit.format": [
-        ["checksum", "pieces", "digest", "images", "codecs", "compression", "layout"],
+        ["checksum", "pieces", "digest", "images", "codecs", "zstd", "compression", "layout"],
         ["manifest", "tario"],
     ],
     "shardkit.format.manifest": [

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Any, BinaryIO
 
 from shardkit.errors import ShardFormatError
-from shardkit.format.codecs import zstd_reader
+from shardkit.format.zstd import zstd_reader
 
 __all__ = ["COMPRESSED_SUFFIXES", "SHARD_SUFFIXES", "compressed_name", "open_tar", "sniff"]
 

@@ -22,10 +22,11 @@ import numpy as np
 
 from shardkit._types import Sample
 from shardkit.errors import ShardFormatError, WriterError
-from shardkit.format.codecs import encode_field, zstd_reader
+from shardkit.format.codecs import encode_field
 from shardkit.format.images import IMAGE_EXTS, reencode_image
 from shardkit.format.tario.reader import read_shard
 from shardkit.format.tario.writer import check_key
+from shardkit.format.zstd import zstd_reader
 from shardkit.write.inputs.image_check import image_problem
 from shardkit.write.inputs.sources import BadRecord, Located, SourceError, SourceOptions, Unit
 

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from shardkit.errors import ConfigError, WriterError
 from shardkit.format.checksum import new_hasher
-from shardkit.format.codecs import zstd_writer
 from shardkit.format.digest import Digest, HashingWriter
 from shardkit.format.layout import index_name as shard_index_name
 from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
@@ -33,6 +32,7 @@ from shardkit.format.tario.writer import (
     END_OF_ARCHIVE,
     check_key,
 )
+from shardkit.format.zstd import zstd_writer
 from shardkit.write.writer.members import encode_sample, gzip_writer
 from shardkit.write.writer.options import WriterKeywords, WriterOptions, shard_name
 from shardkit.write.writer.target import Lock, Target, store_failures
