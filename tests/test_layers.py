@@ -82,7 +82,9 @@ ORDER: dict[str, list[list[str]]] = {
     ],
     "shardkit.write.build": [["config", "workers", "join", "plan", "run", "merge"]],
     "shardkit.check": [["summary", "decoded", "report", "shard", "verify", "adopt"]],
-    "shardkit.plan": [["world", "order", "schedule", "ranges", "resampled", "assign"]],
+    "shardkit.plan": [
+        ["world", "order", "schedule", "ranges", "resampled", "generation", "assign"]
+    ],
     "shardkit.io": [
         [
             "retry",

@@ -47,7 +47,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from shardkit.plan.assign import Generation, PlanConfig, worker_stream
+from shardkit.plan.assign import PlanConfig, worker_stream
+from shardkit.plan.generation import Generation
 
 _OPEN = r"""
 import json, os, sys, time

@@ -20,14 +20,9 @@ from shardkit.errors import StateDictError
 from shardkit.format.manifest.model import Manifest
 from shardkit.io.config import IoConfig
 from shardkit.per_process import PerProcess
-from shardkit.plan.assign import (
-    Generation,
-    PlanConfig,
-    replan_dropped,
-    shuffle_window,
-    stream_lengths,
-)
+from shardkit.plan.assign import PlanConfig, replan_dropped, stream_lengths
 from shardkit.plan.assign import worker_stream as plan_stream
+from shardkit.plan.generation import Generation, shuffle_window
 from shardkit.plan.order import Window
 from shardkit.plan.world import Context
 from shardkit.read.catalog import Catalog, open_catalog

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shardkit.errors import StateDictError
-from shardkit.plan.assign import Generation, PlanConfig, epoch_sequence, split
+from shardkit.plan.assign import PlanConfig, epoch_sequence, split
+from shardkit.plan.generation import Generation
 from shardkit.plan.order import remaining_after
 from shardkit.plan.ranges import Ranges
 

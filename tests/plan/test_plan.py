@@ -9,7 +9,6 @@ import pytest
 
 from shardkit.errors import ConfigError, StateDictError
 from shardkit.plan.assign import (
-    Generation,
     PlanConfig,
     epoch_sequence,
     rank_length,
@@ -19,6 +18,7 @@ from shardkit.plan.assign import (
     worker_lengths,
     worker_stream,
 )
+from shardkit.plan.generation import Generation
 from shardkit.plan.order import iter_order
 from shardkit.plan.ranges import Ranges
 from shardkit.plan.resampled import ResampledStream

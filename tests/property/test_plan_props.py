@@ -8,13 +8,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardkit.plan.assign import (
-    Generation,
-    PlanConfig,
-    epoch_sequence,
-    shuffle_window,
-    worker_stream,
-)
+from shardkit.plan.assign import PlanConfig, epoch_sequence, worker_stream
+from shardkit.plan.generation import Generation, shuffle_window
 from shardkit.plan.order import Window, iter_order
 from shardkit.plan.ranges import Ranges
 from shardkit.plan.world import Context

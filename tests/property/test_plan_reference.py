@@ -9,13 +9,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shardkit.plan.assign import (
-    Generation,
     PlanConfig,
     remaining_sequence,
     split,
     stream_lengths,
     worker_stream,
 )
+from shardkit.plan.generation import Generation
 from shardkit.plan.order import Window, remaining_after, remaining_after_many
 from shardkit.plan.ranges import Ranges
 from shardkit.plan.world import Context
