@@ -20,6 +20,7 @@ from shardkit._types import ObjectRef
 from shardkit.cache.locks import locked
 from shardkit.counters import Counters
 from shardkit.errors import FetchError, ManifestError, ShardFormatError
+from shardkit.format.compression import open_tar
 from shardkit.format.layout import index_name, legacy_index_name
 from shardkit.format.manifest.compact import (
     Column,
@@ -134,8 +135,8 @@ def _probe(url: str, opener: Opener, tar_policy: str) -> ShardInfo:
         if len(head) == _HEAD.size and head[:8] in (INDEX_MAGIC, INDEX_MAGIC_V1):
             return ShardInfo(ObjectRef(url), int(_HEAD.unpack(head)[1]), index_url=index)
     log.info("%s has no sample index: counting its samples by reading it", url)
-    with opener.open(ObjectRef(url)) as f:
-        n = sum(1 for _ in iter_samples(f, url=url, policy=tar_policy))
+    with opener.open(ObjectRef(url)) as f, open_tar(f, url=url) as (tar, _):
+        n = sum(1 for _ in iter_samples(tar, url=url, policy=tar_policy))
     return ShardInfo(ObjectRef(url), n)
 
 
