@@ -284,6 +284,8 @@ class ShardSource(Stage):
                     raise StateDictError(
                         f"shards: key {key!r} differs between the worker states of one run"
                     )
+        if all(st["world"] is None for st in found):
+            return dict(first)  # no place of this run started: it consumed nothing, planned nothing
         world, workers = len(rows), len(rows[0])
         positions = []
         for r, row in enumerate(rows):
