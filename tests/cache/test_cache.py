@@ -124,10 +124,16 @@ def test_reader_gets_its_first_piece_while_the_shard_fills(
             assert cached_files(tmp_path / "cache") == []  # and is not visible yet
             assert len(list(samples)) == 39
         wait_published(tmp_path / "cache", remote.shards)
-    ranges = sorted(r.range or "" for r in srv.requests("/data-*"))
-    # the reader's piece alone, then the rest as two runs of pieces (piece_parallel=2), one
-    # ranged request each: every byte once
-    assert ranges == ["bytes=0-127999", "bytes=128000-767999", f"bytes=768000-{size - 1}"]
+    spans = sorted(
+        tuple(int(x) for x in (r.range or "").removeprefix("bytes=").split("-"))
+        for r in srv.requests("/data-*")
+    )
+    # the reader's piece alone at once; the rest in runs of pieces, one ranged request each
+    # (how the reader's next pieces and the fill threads' runs share them out is a race):
+    # every byte once, in fewer requests than pieces
+    assert spans[0] == (0, 127_999)
+    assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(spans))
+    assert spans[-1][1] == size - 1 and len(spans) < 11
 
 
 def test_a_corrupt_piece_is_fetched_again_and_never_served(
