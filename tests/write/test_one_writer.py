@@ -196,3 +196,32 @@ def test_a_writer_held_open_refuses_a_build_from_its_own_thread(tmp_path: Path) 
     assert m.total_samples == 1 and keys_of(read_samples(m)) == ["k"]
     # a build's own lock still lends itself to the build's writer: a build runs whole
     assert build([str(src)], tmp_path / "out2", progress=False).manifest.total_samples == 20
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_writer_dropped_unclosed_lets_its_output_go(tmp_path: Path) -> None:
+    """A ShardWriter garbage-collected while open (a function that raised mid-write, a
+    notebook cell run again) held its lock for the life of the process: its thread was
+    refused forever ('a ShardWriter this thread holds open: close it first'), with nothing
+    left to close. Its lock goes with it, as a killed process's does."""
+    import gc
+
+    out = tmp_path / "out"
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"x": 1}\n')
+
+    def write_and_fail() -> None:
+        w = sk.ShardWriter(out, maxcount=5)
+        w.write({"__key__": "k", "txt": "dropped"})
+        raise RuntimeError("a bug mid-write")
+
+    try:
+        write_and_fail()
+    except RuntimeError:
+        pass  # its traceback (and the writer in its frame) goes at the end of this block
+    gc.collect()
+    with sk.ShardWriter(out, overwrite=True) as w:
+        w.write({"__key__": "k", "txt": "again"})
+    build([str(src)], out, progress=False, overwrite=True)
+    assert assert_whole(out / "manifest.json").total_samples == 1
+    assert not hidden_leftovers(out)

@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import weakref
 from collections.abc import Iterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -33,6 +34,7 @@ from shardkit.format.tario.writer import (
     check_key,
 )
 from shardkit.format.zstd import zstd_writer
+from shardkit.write.writer.lock import OutputLock
 from shardkit.write.writer.members import encode_sample, gzip_writer
 from shardkit.write.writer.options import WriterKeywords, WriterOptions, shard_name
 from shardkit.write.writer.target import Lock, Target, store_failures
@@ -123,6 +125,11 @@ class ShardWriter:
             self._lock = self.output.lock(names, writer=True)
             if self._lock is not None:
                 self._lock.acquire()
+                if isinstance(self._lock, OutputLock):  # a store's release is requests
+                    # a writer dropped unclosed lets its folder's lock go as a killed
+                    # process's does (it lends itself to nothing: kept, its thread could
+                    # never write there again)
+                    weakref.finalize(self, self._lock.release)
             try:
                 self._start(start_index, resume, overwrite, part)
             except BaseException:
