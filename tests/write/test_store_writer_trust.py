@@ -72,20 +72,6 @@ def test_a_second_writer_of_a_prefix_is_refused_and_the_first_survives(store: St
     assert not [k for k in store.names() if ".lock-" in k]  # let go when it closed
 
 
-def test_a_writer_held_open_refuses_a_build_of_its_prefix_from_its_own_thread(
-    store: Store, tmp_path: Path
-) -> None:
-    """The lock objects were re-entrant per thread: a build run in the thread of an open
-    writer of the same prefix went in and the two mixed their shards; now refused."""
-    src = write_jsonl(tmp_path / "in.jsonl", ({"x": i} for i in range(10)))
-    with sk.ShardWriter(store.url("held/")) as w:
-        w.write({"__key__": "first", "txt": "mine"})
-        with pytest.raises(WriterError, match="holds open"):
-            sk.build([str(src)], store.url("held/"), progress=False)
-    assert _samples(store, "held") == 1
-    assert not [k for k in store.names() if ".lock-" in k]
-
-
 def test_a_missing_bucket_is_one_line_naming_it(store: Store) -> None:
     with pytest.raises(WriterError) as info:
         _write("s3://no-such-bucket-here/x/", 1)

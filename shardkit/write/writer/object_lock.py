@@ -39,25 +39,20 @@ LEASE = 600.0  # a lock not renewed for this long belongs to a build that is gon
 RENEW = 60.0
 
 
-# lock url -> the thread of this process holding it, and whether it lends itself there
-_HELD: dict[str, tuple[int, bool]] = {}
+_HELD: dict[str, int] = {}  # lock url -> the thread of this process holding it
 _GUARD = threading.Lock()
 
 
 class ObjectLock:
     """Lock objects ``keys`` in ``store`` for one build of ``where`` (module docstring).
 
-    A build's lock (``lends``) lends itself inside its thread: its own writer takes it
-    again, and the inner one takes and deletes nothing. A lone writer's lends itself to
-    nothing: a build or a second writer of that prefix is refused from its own thread as
-    from another thread or process.
+    Inside one thread it is re-entrant (a build holds it and its own writer takes it
+    again: the inner one takes and deletes nothing); another thread of the process is
+    refused as another process is.
     """
 
-    def __init__(
-        self, store: ObjectStore, keys: Sequence[str], where: str, *, lends: bool = True
-    ) -> None:
+    def __init__(self, store: ObjectStore, keys: Sequence[str], where: str) -> None:
         self.store = store
-        self.lends = lends
         self.keys = tuple(keys)
         self.where = where
         self._mine: list[str] = []  # the keys this lock took (not held already)
@@ -74,13 +69,7 @@ class ObjectLock:
         """Take every lock object or none; a WriterError naming the holder if held."""
         me = threading.get_ident()
         with _GUARD:
-            held = {k: _HELD.get(self.store.url(k)) for k in self.keys}
-        if any(h is not None and h[0] == me and not h[1] for h in held.values()):
-            raise WriterError(
-                f"{self.where} is being written by a ShardWriter this thread holds open: "
-                "close it first (one writer per output)"
-            )
-        todo = [k for k, h in held.items() if h is None or h[0] != me]
+            todo = [k for k in self.keys if _HELD.get(self.store.url(k)) != me]
         taken: list[str] = []
         stale: dict[tuple[Any, Any], list[str]] = {}  # holder taken over -> its lock objects
         try:
@@ -97,7 +86,7 @@ class ObjectLock:
             log.warning("%s: taking over the stale lock of pid %s on host %s (%s)",
                         self.where, pid, host, ", ".join(keys))  # fmt: skip
         with _GUARD:
-            _HELD.update((self.store.url(k), (me, self.lends)) for k in taken)
+            _HELD.update((self.store.url(k), me) for k in taken)
         self._mine = taken
         if not taken:
             return self

@@ -227,8 +227,8 @@ class ObjectTarget(Target):
 
     # -- lock ----------------------------------------------------------------------
     def lock(self, names: Sequence[str], *, writer: bool = False) -> Lock | None:
-        keys = [self.key(f".lock-{n}") for n in names]
-        return ObjectLock(self.store, keys, self.base, lends=not writer)
+        del writer  # a lone writer locks a prefix as a build does
+        return ObjectLock(self.store, [self.key(f".lock-{n}") for n in names], self.base)
 
     # -- a parallel build's work state ---------------------------------------------
     def work_name(self, stem: str) -> str:
