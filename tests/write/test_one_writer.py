@@ -3,6 +3,7 @@ ShardWriter never replaces a finished data set by accident."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -10,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -224,3 +226,24 @@ def test_a_writer_dropped_unclosed_lets_its_output_go(tmp_path: Path) -> None:
     build([str(src)], out, progress=False, overwrite=True)
     assert assert_whole(out / "manifest.json").total_samples == 1
     assert not hidden_leftovers(out)
+
+
+def test_a_killed_writer_not_yet_reaped_holds_nothing() -> None:
+    """A SIGKILLed build's workers are zombies for a moment (killed, not reaped): their
+    pids answer kill(pid, 0), so a --resume right after the kill took their lock objects
+    for a live build's and was refused (seen in a whole-suite run)."""
+    from shardkit.write.writer.lock import pid_alive
+
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    try:
+        deadline = time.monotonic() + 3
+        while pid_alive(child):  # exited, not reaped: a zombie
+            assert time.monotonic() < deadline, "a zombie counted as a running process"
+            time.sleep(0.01)
+        assert os.waitpid(child, os.WNOHANG)[0] == child  # it was still there, unreaped
+    finally:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(child, 0)
+    assert pid_alive(os.getpid())

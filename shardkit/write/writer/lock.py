@@ -30,14 +30,21 @@ __all__ = ["OutputLock", "pid_alive"]
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs (a live writer's temp file is not ours to delete)."""
+    """Whether process ``pid`` still runs (a live writer's temp file is not ours to delete).
+    A zombie (killed, not yet reaped: a SIGKILLed build's workers for a moment) runs no
+    more."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rpartition(b")")[2].split()[:1]
+    except OSError:  # no /proc (macOS), or gone since
+        return True
+    return state != [b"Z"]
 
 
 # real path -> (fd, holders, holding thread, whether it lends itself inside that thread)
