@@ -147,11 +147,22 @@ def test_a_corrupt_piece_is_fetched_again_and_never_served(
         remote, urls = entries(opener, srv)
         srv.add_fault("/data-*", "corrupt", at=3 * 128_000 + 77)  # once, in piece 3
         assert read_samples(remote, opener) == want
-        ranges = [r.range or "" for r in srv.requests("/data-*")]
-        assert ranges.count("bytes=384000-511999") == 1  # fetched again alone, once
-        ranges.remove("bytes=384000-511999")
-        # else runs of pieces (2 each, a quarter of the shard), one ranged request each
-        assert len(ranges) <= 7 and "bytes=0-127999" in ranges
+        spans = [
+            tuple(int(x) for x in (r.range or "").removeprefix("bytes=").split("-"))
+            for r in srv.requests("/data-*")
+        ]
+        # the request that met the fault (alone or a run), then piece 3 alone once more
+        has3 = [i for i, (lo, hi) in enumerate(spans) if lo <= 3 * 128_000 <= hi]
+        assert len(has3) == 2 and spans[has3[1]] == (384_000, 511_999), spans
+        # else the reader's pieces alone and runs of pieces, one ranged request each (how the
+        # reader and the fill threads share them out is a race): every piece fetched, in fewer
+        # requests than pieces; only the pieces after piece 3 in the run that met the fault
+        # (let go unkept when it failed) may come twice
+        npieces = -(-e.size // 128_000)
+        times = [sum(lo <= k * 128_000 <= hi for lo, hi in spans) for k in range(npieces)]
+        again = {k for k, n in enumerate(times) if n > 1} - {3}
+        assert min(times) == 1 and again <= set(range(4, spans[has3[0]][1] // 128_000 + 1))
+        assert (0, 127_999) in spans and len(spans) <= npieces, spans
         assert opener.stats()["checksum_failures"] == 1
         # twice corrupt: a ChecksumError naming the shard and the piece, not a byte of it read
         # (nor fetched a third time by a reader that waited for the thread that failed it)
