@@ -133,11 +133,12 @@ class ChecksumError(ShardError):
         url: str | None = None,
         expected: str | None = None,
         actual: str | None = None,
+        offset: int | None = None,
     ) -> None:
         detail = message
         if expected is not None or actual is not None:
             detail = f"{message} (expected {expected}, found {actual})"
-        super().__init__(detail, url=url)
+        super().__init__(detail, url=url, offset=offset)
         self.expected = expected
         self.actual = actual
 

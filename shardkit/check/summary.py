@@ -25,7 +25,7 @@ from shardkit.format.digest import Digest, HashingReader
 from shardkit.format.layout import index_name
 from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
 from shardkit.format.pieces import DEFAULT_PIECE_SIZE, Pieces
-from shardkit.format.tario.index import sample_signature, write_index
+from shardkit.format.tario.index import SampleDigester, sample_signature, write_index
 from shardkit.format.tario.reader import TarReader
 from shardkit.write.inputs.discover import discover
 
@@ -45,6 +45,9 @@ GOOD_SHARD_BYTES = (500_000_000, 2_000_000_000)
 """Shard sizes streaming wants: big enough to amortise a request, small enough to spread."""
 
 FieldStats = dict[str, dict[str, int]]
+# the largest sample a scan digests for the index (its bytes are held until its end is
+# known); a larger one is read as a stream by a lookup (lookup.DIRECT_MAX) in any case
+_HOLD = 64 << 20
 
 
 @dataclass
@@ -63,6 +66,7 @@ class ShardScan:
     first_keys: list[str] = field(default_factory=list)
     pieces: Pieces | None = None
     signatures: list[int] = field(default_factory=list)  # per sample, for the index
+    digests: list[int] | None = None  # per sample (None: one too large to hold), for the index
     skipped: dict[str, int] = field(default_factory=dict)  # members passed over, by kind
 
     @property
@@ -70,10 +74,15 @@ class ShardScan:
         return len(self.offsets)
 
     def index(self, algo: str) -> tuple[bytes, str]:
-        """The shard's sample index (the current, bound form: SKIDX002; readers warned on
-        the old one every epoch) and its checksum as ``algo:hex``."""
+        """The shard's sample index (the current form, SKIDX003, bound and with each
+        sample's digest; SKIDX002 where a sample was too large to digest in the scan) and
+        its checksum as ``algo:hex``."""
         data = write_index(
-            self.offsets, self.end, signatures=self.signatures, shard_checksum=self.checksum
+            self.offsets,
+            self.end,
+            signatures=self.signatures,
+            shard_checksum=self.checksum,
+            digests=self.digests,
         )
         h = new_hasher(algo)
         h.update(data)
@@ -86,13 +95,86 @@ class ShardScan:
         )
 
 
-def _scan_tar(f: BinaryIO, url: str, size: int | None, nkeys: int, policy: str) -> tuple[Any, ...]:
-    reader = TarReader(f, url=url, size=size, keep_data=False, policy=policy)  # sizes only
+class _Digests:
+    """A stream over a tar (from its first byte) that digests each sample's bytes
+    ``[off[i], off[i+1])`` (:func:`~shardkit.format.tario.index.sample_digest`) as the scan
+    finds where samples start (:meth:`start`): the bytes read since the last start are
+    held until the next is known, so a sample larger than ``hold`` bytes stops the digests
+    (:attr:`digests` None; its index is then written without them) and memory stays
+    bounded."""
+
+    def __init__(self, f: BinaryIO, hold: int = _HOLD) -> None:
+        self.f = f
+        self.hold = hold
+        self.held: list[bytes] = []
+        self.held_at = 0  # the tar offset of held[0][0]
+        self.held_size = 0
+        self.open: int | None = None  # where the sample being held began
+        self.digests: list[int] | None = []
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        if self.digests is not None and data:
+            self.held.append(data)
+            self.held_size += len(data)
+            if self.held_size > self.hold:
+                self.digests = None  # a sample too large to hold: no digests
+                self.held = []
+        if self.digests is None:
+            self.held_at += len(data)
+            self.held_size = 0
+        return data
+
+    def seekable(self) -> bool:
+        return False  # every byte goes through read()
+
+    @property
+    def checked_at_end(self) -> bool:
+        """Whether the stream below checks itself at its end (a decompressor: the tar
+        reader reads it to its end, :meth:`~shardkit.format.tario.buffer.Buffered.finish`)."""
+        return bool(getattr(self.f, "checked_at_end", False))
+
+    def start(self, at: int) -> None:
+        """A sample (or, at the end, the end-of-archive marker) starts at byte ``at``."""
+        if self.digests is None:
+            return
+        head = self._take(at)
+        if self.open is not None:
+            h = SampleDigester()
+            for part in head:
+                h.update(part)
+            self.digests.append(h.digest())
+        self.open = at
+
+    def _take(self, at: int) -> list[memoryview]:
+        """The held bytes before ``at`` (dropped from what is held)."""
+        out: list[memoryview] = []
+        while self.held and self.held_at < at:
+            part = self.held[0]
+            if self.held_at + len(part) <= at:
+                out.append(memoryview(part))
+                self.held.pop(0)
+                self.held_at += len(part)
+                self.held_size -= len(part)
+            else:
+                cut = at - self.held_at
+                out.append(memoryview(part)[:cut])
+                self.held[0] = part[cut:]
+                self.held_at, self.held_size = at, self.held_size - cut
+        return out
+
+
+def _scan_tar(
+    f: BinaryIO, url: str, size: int | None, nkeys: int, policy: str
+) -> tuple[tuple[Any, ...], list[int] | None]:
+    tee = _Digests(f)
+    reader = TarReader(tee, url=url, size=size, keep_data=False, policy=policy)  # type: ignore[arg-type]
     offsets: list[int] = []
     stats: FieldStats = {}
     keys: list[str] = []
     sigs: list[int] = []
     for offset, sample in reader.samples():
+        tee.start(offset)
         offsets.append(offset)
         key = str(sample.pop("__key__"))
         if len(keys) < nkeys:
@@ -103,8 +185,9 @@ def _scan_tar(f: BinaryIO, url: str, size: int | None, nkeys: int, policy: str) 
             st["count"] += 1
             st["bytes"] += data
     end = reader.end_offset if reader.end_offset is not None else reader.offset
+    tee.start(end)
     skipped = {k: n for k, n in reader.skipped.items() if k != "directory"}
-    return offsets, end, stats, keys, sigs, skipped
+    return (offsets, end, stats, keys, sigs, skipped), tee.digests
 
 
 def scan_shard(
@@ -153,14 +236,15 @@ def scan_stream(
     ``size`` is its size when known."""
     src = HashingReader(raw, Digest(algo, piece_size, progress))
     with open_tar(src, url=name) as (tar, kind):  # type: ignore[arg-type]
-        found = _scan_tar(tar, name, size if kind is None else None, nkeys, tar_policy)
+        found, digests = _scan_tar(tar, name, size if kind is None else None, nkeys, tar_policy)
     src.drain()
     offsets, end, stats, keys, sigs, skipped = found
     checksum = src.digest.checksum()
     found_pieces = src.digest.pieces.result() if src.digest.pieces is not None else None
     return ShardScan(
-        name, src.digest.size, checksum, offsets, end, stats, keys, found_pieces, sigs, skipped
-    )
+        name, src.digest.size, checksum, offsets, end, stats, keys, found_pieces, sigs,
+        digests, skipped,
+    )  # fmt: skip
 
 
 def add_fields(acc: FieldStats, more: FieldStats) -> None:

@@ -28,7 +28,7 @@ from shardkit.cache import CacheStore, CachingOpener, upkeep
 from shardkit.cache.folder import refuse_foreign
 from shardkit.errors import CacheError
 from shardkit.format.manifest.model import Manifest
-from shardkit.format.tario.index import INDEX_MAGIC
+from shardkit.format.tario.index import INDEX_MAGIC, INDEX_MAGICS
 from shardkit.io import CacheConfig, IoConfig, load_manifest
 from shardkit.plan.assign import PlanConfig, worker_stream
 from shardkit.plan.ranges import Ranges
@@ -99,7 +99,7 @@ def _kinds(store: CacheStore) -> dict[str, int]:
                 head = f.read(len(INDEX_MAGIC))
         except FileNotFoundError:
             continue  # evicted meanwhile
-        if head == INDEX_MAGIC:
+        if head in INDEX_MAGICS:
             out["indexes"] += 1
             out["index_bytes"] += s.size
         else:

@@ -31,7 +31,7 @@ from shardkit.format.manifest.compact import (
     load_compact,
 )
 from shardkit.format.manifest.model import Manifest, incomplete_reason
-from shardkit.format.tario.index import INDEX_MAGIC, INDEX_MAGIC_V1
+from shardkit.format.tario.index import INDEX_MAGICS
 from shardkit.format.tario.reader import iter_samples
 from shardkit.io import Opener, load_manifest
 from shardkit.io.config import IoConfig
@@ -132,7 +132,7 @@ def _probe(url: str, opener: Opener, tar_policy: str) -> ShardInfo:
             head = opener.read(index, start=0, end=_HEAD.size)
         except FetchError:
             continue
-        if len(head) == _HEAD.size and head[:8] in (INDEX_MAGIC, INDEX_MAGIC_V1):
+        if len(head) == _HEAD.size and head[:8] in INDEX_MAGICS:
             return ShardInfo(ObjectRef(url), int(_HEAD.unpack(head)[1]), index_url=index)
     log.info("%s has no sample index: counting its samples by reading it", url)
     with opener.open(ObjectRef(url)) as f, open_tar(f, url=url) as (tar, _):
@@ -278,10 +278,14 @@ class Catalog:
         last = idx.signature(opener, info, hi - 1) if end is not None else None
         return ByteRange(start, end, 0, first, last)
 
-    def sample_span(self, opener: Opener, shard: int, j: int) -> tuple[int, int, int | None]:
+    def sample_span(
+        self, opener: Opener, shard: int, j: int
+    ) -> tuple[int, int, int | None, int | None]:
         """Where sample ``j`` of a shard with a sample index lies, ``(start, end)`` (the
-        last one ends where the index says the archive does), and the signature the sample
-        found there must have (None for a version 1 index)."""
+        last one ends where the index says the archive does), the signature the sample
+        found there must have (None for a version 1 index), and the digest its bytes must
+        have (None where the index has none the manifest vouches for:
+        :meth:`~shardkit.read.indexes.IndexReader.digest`)."""
         info = self.shards[shard]
         assert info.index_url is not None
         self.check_within(info, info.index_url)
@@ -292,7 +296,18 @@ class Catalog:
                 f"sample index gives sample {j} the byte range {start}..{end}",
                 url=info.index_url,
             )
-        return start, end, idx.signature(opener, info, j)
+        return start, end, idx.signature(opener, info, j), idx.digest(opener, info, j)
+
+    def sample_spans(
+        self, opener: Opener, shard: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """A shard's per-sample ``(offsets, sizes, digests)`` from an index the manifest
+        vouches for, or None (:meth:`~shardkit.read.indexes.IndexReader.spans`)."""
+        info = self.shards[shard]
+        if info.index_url is None:
+            return None
+        self.check_within(info, info.index_url)
+        return self._index_reader.spans(opener, info)
 
 
 def _reopen(

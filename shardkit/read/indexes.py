@@ -1,13 +1,17 @@
 """Sample indexes as a reader uses them: offsets to seek to, and what proves a seek landed.
 
-An index is believed only as far as it is checked. A version 2 index is bound to its shard
-(the blake2b of the shard's checksum, compared with the manifest's) and gives each sample's
-signature (key and field names), which the read at that offset compares with the sample
-it finds (:mod:`shardkit.read.stream`). A version 1 index has neither: it is read, with a
-warning once per index, and the read can only check its sample counts.
+An index is believed only as far as it is checked. A version 2 or 3 index is bound to its
+shard (the blake2b of the shard's checksum, compared with the manifest's) and gives each
+sample's signature (key and field names), which the read at that offset compares with the
+sample it finds (:mod:`shardkit.read.stream`). A version 1 index has neither: it is read,
+with a warning once per index, and the read can only check its sample counts.
 
 With ``index_checksum`` in the manifest the whole index is read once per process through
-the (caching) opener; without, each lookup is a small ranged read.
+the (caching) opener and checked against it; without, each lookup is a small ranged read.
+A version 3 index also gives each sample's digest (of its bytes): those are used (to
+verify one sample without its piece: :meth:`IndexReader.digest`, :meth:`IndexReader.spans`)
+only from an index the manifest vouches for by its ``index_checksum``, so that they are as
+good as the manifest; from an index read by ranged reads they are not used at all.
 """
 
 from __future__ import annotations
@@ -16,15 +20,17 @@ import logging
 import struct
 from typing import Protocol
 
+import numpy as np
+
 from shardkit._types import ObjectRef, Opener
 from shardkit.errors import ChecksumError, ShardFormatError
 from shardkit.format.compression import compressed_name
 from shardkit.format.tario.index import (
-    INDEX_MAGIC,
-    INDEX_MAGIC_V1,
     SampleIndex,
     index_entry_range,
     index_header_size,
+    index_size,
+    index_version,
     parse_index,
     shard_binding,
     signature_range,
@@ -84,6 +90,30 @@ class IndexReader:
             )
         return value
 
+    def digest(self, opener: Opener, info: _Shard, i: int) -> int | None:
+        """Sample ``i``'s digest (of its bytes ``[offset(i), offset(i + 1))``), or None
+        where there is none to trust: an index the manifest gives no ``index_checksum``
+        for, or one written before version 3."""
+        if info.index_checksum is None:
+            return None
+        digests = self._index(opener, info).digests
+        return None if digests is None else int(digests[i])
+
+    def spans(
+        self, opener: Opener, info: _Shard
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """A shard's per-sample ``(offsets, sizes, digests)`` (three arrays of ``nsamples``;
+        :meth:`~shardkit.format.tario.index.SampleIndex.sample_spans`), from an index the
+        manifest vouches for (``index_checksum``, checked here, and bound to the shard), or
+        None where there are none to trust (no ``index_checksum``, or an index before
+        version 3): then verify by the shard's pieces or checksum. Sample ``i`` is the
+        bytes ``[offsets[i], offsets[i] + sizes[i])`` of the (decompressed) tar and
+        :func:`~shardkit.format.tario.index.sample_digest` of them must be ``digests[i]``
+        (:func:`~shardkit.format.tario.index.check_sample` raises naming shard and sample)."""
+        if info.index_checksum is None:
+            return None
+        return self._index(opener, info).sample_spans()
+
     def signature(self, opener: Opener, info: _Shard, i: int) -> int | None:
         """Sample ``i``'s signature (key and fields), or None for a version 1 index."""
         if info.index_checksum is not None:
@@ -102,12 +132,14 @@ class IndexReader:
         if idx is not None:
             return idx
         n = info.nsamples
-        v2 = index_header_size(2) + 16 * n + 8
-        v1 = index_header_size(1) + 8 * (n + 1)
-        try:  # the size the cache stores it under: version 2, or an older version 1
-            data = self._fetch(opener, url, v2, info.index_checksum)
-        except ChecksumError:
-            data = self._fetch(opener, url, v1, info.index_checksum)
+        data = b""
+        for version in (3, 2, 1):  # the size the cache stores it under: the newest first
+            try:
+                data = self._fetch(opener, url, index_size(version, n), info.index_checksum)
+                break
+            except ChecksumError:
+                if version == 1:
+                    raise
         idx = parse_index(data, url=url)
         _check_count(url, len(idx.offsets) - 1, n)
         _check_binding(url, info, idx.shard)
@@ -128,15 +160,14 @@ class IndexReader:
         if head is not None:
             return head
         data = opener.read(url, start=0, end=index_header_size(2))
-        magic = data[:8]
-        if magic not in (INDEX_MAGIC, INDEX_MAGIC_V1) or len(data) < 16:
+        version = index_version(data[:8])
+        if version is None or len(data) < 16:
             raise ShardFormatError("not a shardkit sample index", url=url, offset=0)
-        version = 2 if magic == INDEX_MAGIC else 1
         if len(data) < index_header_size(version):
             raise ShardFormatError("sample index is truncated", url=url, offset=len(data))
         n = int(_U64.unpack_from(data, 8)[0])
         _check_count(url, n, info.nsamples)
-        _check_binding(url, info, data[16:48] if version == 2 else None)
+        _check_binding(url, info, data[16:48] if version >= 2 else None)
         head = self._heads[url] = _Head(version, n)
         return head
 
@@ -164,7 +195,7 @@ _warned: set[str] = set()
 
 
 def _check_binding(url: str, info: _Shard, binding: bytes | None) -> None:
-    """A version 2 index must be the one written for this shard (its checksum)."""
+    """A version 2 or 3 index must be the one written for this shard (its checksum)."""
     if binding is None:
         if url not in _warned:
             _warned.add(url)

@@ -209,7 +209,7 @@ class Lookups:
             scheme = url_scheme(url)
             if info.index_url is None or compressed_name(url) or scheme == "pipe":
                 return read_sample(self.catalog, self.opener, shard, j, counts, limits=self.limits)
-            start, end, signature = self.catalog.sample_span(self.opener, shard, j)
+            start, end, signature, _ = self.catalog.sample_span(self.opener, shard, j)
             if end - start > self.direct_max:
                 return read_sample(self.catalog, self.opener, shard, j, counts, limits=self.limits)
             if scheme == "file":

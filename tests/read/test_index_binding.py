@@ -113,7 +113,7 @@ def test_offset_inside_a_sample_is_refused(tmp_path: Path, with_checksum: bool) 
 def test_index_signatures_are_the_samples_key_and_fields(tmp_path: Path) -> None:
     manifest, m = _set(tmp_path)
     idx = parse_index((manifest.parent / str(m.shards[1].index)).read_bytes())
-    assert idx.version == 2 and idx.signatures is not None
+    assert idx.version == 3 and idx.signatures is not None
     want = [sample_signature(f"sample-{i:08d}", ["json", "tokens.npy"]) for i in range(6, 12)]
     assert idx.signatures.tolist() == want
     assert index_entry_range(0, version=2)[0] == 48

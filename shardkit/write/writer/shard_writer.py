@@ -28,7 +28,7 @@ from shardkit.format.checksum import new_hasher
 from shardkit.format.digest import Digest, HashingWriter
 from shardkit.format.layout import index_name as shard_index_name
 from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
-from shardkit.format.tario.index import sample_signature, write_index
+from shardkit.format.tario.index import SampleDigester, sample_signature, write_index
 from shardkit.format.tario.writer import (
     END_OF_ARCHIVE,
     check_key,
@@ -172,6 +172,7 @@ class ShardWriter:
         self._offset = 0  # uncompressed bytes written to the current shard
         self._offsets: list[int] = []
         self._sigs: list[int] = []  # each sample's index signature (key and fields)
+        self._digests: list[int] = []  # each sample's digest (its bytes) for the index
         self._keys: set[str] = set()
         self._closed = False
         self._good_fields: set[str] = set()  # field names already checked
@@ -208,6 +209,7 @@ class ShardWriter:
         self._keys.add(str(key))
         self._offsets.append(self._offset)
         self._sigs.append(sample_signature(str(key), sizes))
+        self._digests.append(_digest(pieces))
         self._offset += size
         self._pending.extend(pieces)
         self._pending_size += size
@@ -300,6 +302,7 @@ class ShardWriter:
         self._offset = 0
         self._offsets = []
         self._sigs = []
+        self._digests = []
         self._keys = set()
         self._shard_fields = {}
 
@@ -324,7 +327,11 @@ class ShardWriter:
         index_name = shard_index_name(name)
         checksum = self._hashing.digest.checksum()
         index_bytes = write_index(
-            self._offsets, self._offset, signatures=self._sigs, shard_checksum=checksum
+            self._offsets,
+            self._offset,
+            signatures=self._sigs,
+            shard_checksum=checksum,
+            digests=self._digests,
         )
         index_hash = new_hasher(self.algo)
         index_hash.update(index_bytes)
@@ -386,6 +393,14 @@ class ShardWriter:
         self.next_index += len(found.manifest.shards)
         if found.journalled:
             self._write_manifest()
+
+
+def _digest(pieces: list[bytes | bytearray | memoryview]) -> int:
+    """A sample's digest for the index: of its tar bytes (headers, data, padding)."""
+    h = SampleDigester()
+    for piece in pieces:
+        h.update(piece)
+    return h.digest()
 
 
 def _coalesced(pieces: list[bytes | bytearray | memoryview]) -> list[bytes | memoryview]:
