@@ -128,12 +128,13 @@ def test_reader_gets_its_first_piece_while_the_shard_fills(
         tuple(int(x) for x in (r.range or "").removeprefix("bytes=").split("-"))
         for r in srv.requests("/data-*")
     )
-    # the reader's piece alone at once; the rest in runs of pieces, one ranged request each
-    # (how the reader's next pieces and the fill threads' runs share them out is a race):
-    # every byte once, in fewer requests than pieces
+    # the reader's piece alone at once, then every byte once. How many requests is a race:
+    # the reader takes its next piece alone whenever it gets there before a fill thread's
+    # run (a thread starting late on a busy machine leaves it all of them); that a fill
+    # thread asks for runs is test_cache_runs.py's, with one thread and no reader
     assert spans[0] == (0, 127_999)
     assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(spans))
-    assert spans[-1][1] == size - 1 and len(spans) < 11
+    assert spans[-1][1] == size - 1
 
 
 def test_a_corrupt_piece_is_fetched_again_and_never_served(
@@ -155,14 +156,16 @@ def test_a_corrupt_piece_is_fetched_again_and_never_served(
         has3 = [i for i, (lo, hi) in enumerate(spans) if lo <= 3 * 128_000 <= hi]
         assert len(has3) == 2 and spans[has3[1]] == (384_000, 511_999), spans
         # else the reader's pieces alone and runs of pieces, one ranged request each (how the
-        # reader and the fill threads share them out is a race): every piece fetched, in fewer
-        # requests than pieces; only the pieces after piece 3 in the run that met the fault
-        # (let go unkept when it failed) may come twice
+        # reader and the fill threads share them out is a race, and so is how many requests:
+        # a fill thread starting late leaves the reader every piece alone): every piece
+        # fetched, none more than twice; only the pieces after piece 3 in the run that met
+        # the fault (let go unkept when it failed) may come twice
         npieces = -(-e.size // 128_000)
         times = [sum(lo <= k * 128_000 <= hi for lo, hi in spans) for k in range(npieces)]
         again = {k for k, n in enumerate(times) if n > 1} - {3}
-        assert min(times) == 1 and again <= set(range(4, spans[has3[0]][1] // 128_000 + 1))
-        assert (0, 127_999) in spans and len(spans) <= npieces, spans
+        assert min(times) == 1 and max(times) == 2, spans
+        assert again <= set(range(4, spans[has3[0]][1] // 128_000 + 1)), spans
+        assert (0, 127_999) in spans, spans
         assert opener.stats()["checksum_failures"] == 1
         # twice corrupt: a ChecksumError naming the shard and the piece, not a byte of it read
         # (nor fetched a third time by a reader that waited for the thread that failed it)
