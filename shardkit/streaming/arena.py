@@ -81,7 +81,8 @@ class Lanes:
 
     def __init__(self, workers: int) -> None:
         self.workers = max(workers, 1)
-        self.ctl = torch.zeros((self.workers, SLOTS, 2), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        words = self.workers * SLOTS * 2  # zero-filled, as the Mailbox's buffer
+        self.ctl = shared_bytes(words * 8).view(torch.int64).reshape(self.workers, SLOTS, 2)
         self.token = _random63()
         _LANES[self.token] = self
         weakref.finalize(self, _forget, self.token)

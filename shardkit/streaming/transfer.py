@@ -57,7 +57,9 @@ class Mailbox:
     """JSON from the loader to its workers through a shared uint8 tensor."""
 
     def __init__(self, capacity: int = _MAILBOX) -> None:
-        self.buf = torch.zeros(capacity + 8, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
+        # made in shared memory, zero-filled by the system: torch.zeros then share_memory_()
+        # filled it (starting torch's thread pool) and copied it, 15-30 ms of the first batch
+        self.buf = shared_bytes(capacity + 8)
 
     def write(self, obj: Mapping[str, Any]) -> None:
         data = json.dumps(obj, separators=(",", ":")).encode()
@@ -159,10 +161,11 @@ def bytes_offsets(x: list[Any]) -> list[int] | None:
 
 
 def shared_bytes(n: int) -> torch.Tensor:
-    """A uint8 tensor made in shared memory (``share_memory_()`` would allocate, then copy)."""
+    """A uint8 tensor of zeros made in shared memory (a new shared file reads as zeros;
+    ``share_memory_()`` would allocate, then copy)."""
     new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
     if new_shared is None:  # pragma: no cover - older or newer torch
-        fallback: torch.Tensor = torch.empty(n, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
+        fallback: torch.Tensor = torch.zeros(n, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
         return fallback
     out: torch.Tensor = torch.empty(0, dtype=torch.uint8).set_(new_shared(n))
     return out
