@@ -4,10 +4,7 @@ with workers (ranks reading parts of shards, so by index seeks) and verify --dee
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -23,6 +20,7 @@ from shardkit.format.tario.index import (
 )
 from shardkit.io import load_manifest
 from tests.helpers.data import make_shards
+from tests.helpers.indexes import put_index
 
 pytestmark = pytest.mark.integration
 
@@ -44,19 +42,6 @@ def _set(tmp_path: Path) -> tuple[Path, Manifest]:
     return tmp_path / "set" / "manifest.json", m
 
 
-def _rewrite(manifest: Path, i: int, index: bytes, *, with_checksum: bool) -> None:
-    """Put ``index`` in place of shard ``i``'s index, and make the manifest vouch for it
-    (``index_checksum``) or drop the checksum (ranged reads of the index)."""
-    doc: dict[str, Any] = json.loads(manifest.read_text())
-    entry = doc["shards"][i]
-    (manifest.parent / entry["index"]).write_bytes(index)
-    if with_checksum:
-        entry["index_checksum"] = "sha256:" + hashlib.sha256(index).hexdigest()
-    else:
-        del entry["index_checksum"]
-    manifest.write_text(json.dumps(doc))
-
-
 @pytest.mark.timeout(120)
 def test_good_indexes_read_every_sample_once(tmp_path: Path) -> None:
     manifest, _ = _set(tmp_path)
@@ -71,7 +56,7 @@ def test_index_of_another_shard_is_refused(tmp_path: Path, with_checksum: bool) 
     other = (manifest.parent / str(m.shards[1].index)).read_bytes()
     mine = (manifest.parent / str(m.shards[0].index)).read_bytes()
     assert parse_index(other).offsets.tolist() == parse_index(mine).offsets.tolist()
-    _rewrite(manifest, 0, other, with_checksum=with_checksum)  # same offsets, other shard
+    put_index(manifest, 0, other, with_checksum=with_checksum)  # same offsets, other shard
     with pytest.raises(ShardFormatError, match="belongs to another shard"):
         _read_every_rank(manifest)
     report = verify(load_manifest(str(manifest)), level="deep", opener=make_opener())
@@ -100,7 +85,7 @@ def _forged(m: Manifest, base: Path, i: int, shift_to: str) -> bytes:
 def test_offset_inside_a_sample_is_refused(tmp_path: Path, with_checksum: bool) -> None:
     manifest, m = _set(tmp_path)
     forged = _forged(m, manifest.parent, 0, "tokens.npy")
-    _rewrite(manifest, 0, forged, with_checksum=with_checksum)
+    put_index(manifest, 0, forged, with_checksum=with_checksum)
     with pytest.raises(ShardFormatError, match=r"sends sample|hold more samples") as info:
         _read_every_rank(manifest)
     assert m.shards[0].url in str(info.value)
@@ -128,7 +113,7 @@ def test_a_version_1_index_still_reads(
     manifest, m = _set(tmp_path)
     for i in (0, 1):
         offsets = parse_index((manifest.parent / str(m.shards[i].index)).read_bytes()).offsets
-        _rewrite(
+        put_index(
             manifest, i, write_index(offsets[:-1].tolist(), int(offsets[-1])),
             with_checksum=with_checksum,
         )  # fmt: skip

@@ -24,6 +24,7 @@ from shardkit.io.remote import UncachedOpener
 from shardkit.read.catalog import open_catalog
 from shardkit.read.lookup import Lookups
 from shardkit.read.piece_opener import piece_verified
+from tests.helpers.indexes import as_version
 from tests.helpers.readback import read_samples
 from tests.helpers.servers import RangeServer
 
@@ -108,8 +109,11 @@ def test_threads_of_one_process_take_turns_at_the_kept_files_and_pieces(
 def test_a_checked_piece_is_read_once_and_a_damaged_piece_is_never_a_sample(
     make_shards: MakeShards,
 ) -> None:
+    """With an index without per-sample digests (version 2: tests/read/test_sample_digests.py
+    has those), a lookup checks the pieces holding its sample."""
     m = make_shards([24], tokens=2000, piece_size=PIECE)  # ~8 KB samples: 2 a piece
     base = Path(str(m.base))
+    as_version(base / "manifest.json", 2)
     offsets = read_index((base / index_name(m.shards[0].url)).read_bytes())
     first = next(j for j in range(23) if offsets[j + 1] <= PIECE)  # a sample in piece 0
     far = next(j for j in range(24) if offsets[j] >= 4 * PIECE)  # one well past it
