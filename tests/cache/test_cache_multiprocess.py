@@ -280,11 +280,15 @@ def test_two_processes_at_different_offsets_of_one_shard_both_stream_at_once(
     assert set(pieces_in([r.range or "" for r in reqs])) == set(range(11))
 
     # the second reader's own piece was fetched at once, not after the pieces before it:
-    # alone, or in a run of pieces (73e17f8) that another fill had begun with them
+    # alone, or in a run of pieces (73e17f8) that another fill had begun with them. Alone,
+    # its request may reach the server a moment after a run the other process claimed just
+    # after it (the pieces before it, up to it): the order of two requests sent within
+    # milliseconds is a race, so "at once" is within half a piece's time on a connection
+    # (0.26 s; a piece fetched after the ones before it comes a whole piece's time later)
     def first_holding(k: int) -> float:
         return min(r.start for r in reqs if k in pieces_in([r.range or ""]))
 
-    assert first_holding(first) <= first_holding(first - 2)
+    assert first_holding(first) <= first_holding(first - 2) + PIECE / 250_000 / 2
     assert sum(o["stats"].get("pieces_fetched", 0) for o in outs) == 11
 
 
