@@ -11,19 +11,21 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Generator, Iterator, Sequence
 from time import perf_counter
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
-from shardkit._types import Sample
+from shardkit._types import ObjectRef, Sample
 from shardkit.activity import at, left
-from shardkit.errors import ShardFormatError
+from shardkit.errors import ChecksumError, ShardFormatError
 from shardkit.format.compression import compressed_name
 from shardkit.format.tario.index import sample_signature
 from shardkit.format.tario.reader import TarReader, open_range
 from shardkit.io import Opener
 from shardkit.io.config import ReaderLimits
+from shardkit.io.verified import SampleVerified
 from shardkit.read.catalog import ByteRange, Catalog, ShardInfo
 from shardkit.read.policy import DATA_ERRORS, count_error, report
 from shardkit.units import plural
+from shardkit.urls import url_scheme
 
 __all__ = ["check_no_more", "check_signature", "read_stream"]
 
@@ -140,40 +142,108 @@ def _read_range(
 ) -> Iterator[Sample]:
     shard, lo, hi = row
     info = catalog.shards[shard]
-    where = catalog.byte_range(opener, shard, lo, hi)
-    start, end = where.start, where.end
     ref = info.ref
     packed = compressed_name(ref.url)
     catalog.check_within(info, ref.url)
+    checked = _sample_digests(catalog, opener, row, limits)
+    opened: list[SampleVerified] = []
+    if checked is not None:  # each sample checked as it is read (no piece buffer)
+        bounds, digests = checked
+        whole = hi == info.nsamples  # read on through the end-of-archive marker
+        where = ByteRange(bounds[0], None if whole else bounds[-1], 0)
 
-    def open_at(pos: int) -> Any:
-        return _Counting(opener.open(ref, pos, None if packed else end), counts)
+        def open_at(pos: int) -> Any:
+            f = opener.open(ObjectRef(ref.url, ref.size), pos)  # checked here
+            opened.append(
+                SampleVerified(
+                    f, url=ref.url, bounds=bounds, digests=digests, first=lo,
+                    stop=ref.size if whole else None, size=ref.size,
+                )
+            )  # fmt: skip
+            return _Counting(cast(BinaryIO, opened[-1]), counts)
+
+    else:
+        where = catalog.byte_range(opener, shard, lo, hi)
+
+        def open_at(pos: int) -> Any:
+            return _Counting(opener.open(ref, pos, None if packed else where.end), counts)
 
     # offsets are in the decompressed tar: a compressed shard is read from its start
-    with open_range(open_at, url=info.ref.url, start=start, packed=packed) as (tar, kind):
+    with open_range(open_at, url=ref.url, start=where.start, packed=packed) as (tar, kind):
         if kind is not None and not packed:
             raise ShardFormatError(
                 f"the shard is {kind}-compressed, but its name does not say so: "
                 "name it .tar.zst / .tar.gz (its index offsets are in the tar)",
-                url=info.ref.url,
+                url=ref.url,
                 offset=0,
             )
-        size = info.ref.size if kind is None else None
+        size = ref.size if kind is None else None
         reader = TarReader(
-            tar, url=info.ref.url, start=start, end=end, size=size,
+            tar, url=ref.url, start=where.start, end=where.end, size=size,
             max_member=limits.max_member, policy=limits.tar_policy,
         )  # fmt: skip
         told = [0]
         offset = lambda: reader.offset  # noqa: E731 - the same callable goes to left()
-        at(info.ref.url, offset)  # where a stall report finds this reader, until left
+        at(ref.url, offset)  # where a stall report finds this reader, until left
+        gate = _Gate(opened[0], bounds) if opened else None
         try:
-            for sample in _take(reader.samples(), info, where, lo, hi):
+            for sample in _take(reader.samples(), info, where, lo, hi, gate):
                 if reader.skipped:  # rare: a member passed over (counted before the sample)
                     _count_skipped(reader, counts, told)
                 yield sample
+        except ShardFormatError:
+            if gate is not None:  # bytes that do not parse: a damaged sample, if it is one
+                gate.stream.settle()
+            raise
         finally:
             left(offset)
             _count_skipped(reader, counts, told)
+
+
+def _sample_digests(
+    catalog: Catalog, opener: Opener, row: tuple[int, int, int], limits: ReaderLimits
+) -> tuple[list[int], list[int]] | None:
+    """``(bounds, digests)`` of samples ``lo..hi`` (where each starts, then where the last
+    ends; each one's digest) when they are to be checked one by one: a verified read of a
+    local plain tar whose manifest vouches for each sample's digest (a version 3 index
+    with its ``index_checksum``); else None (the opener checks pieces)."""
+    shard, lo, hi = row
+    ref = catalog.shards[shard].ref
+    if (
+        limits.verify != "on"
+        or not ref.verifiable
+        or url_scheme(ref.url) != "file"
+        or compressed_name(ref.url)
+    ):
+        return None
+    spans = catalog.sample_spans(opener, shard)
+    if spans is None:
+        return None
+    offsets, sizes, digests = spans
+    bounds = offsets[lo:hi].tolist()
+    bounds.append(int(offsets[hi - 1] + sizes[hi - 1]))
+    return bounds, digests[lo:hi].tolist()
+
+
+class _Gate:
+    """What a sample must show before it is handed out on a read checked sample by sample:
+    it starts where the index says, and every byte up to the next one's start was checked
+    (:class:`~shardkit.io.verified.SampleVerified`)."""
+
+    def __init__(self, stream: SampleVerified, bounds: list[int]) -> None:
+        self.stream = stream
+        self.bounds = bounds
+
+    def check(self, got: int, offset: int, url: str, key: object) -> None:
+        bounds = self.bounds
+        if offset != bounds[got] or self.stream.verified_to < bounds[got + 1]:
+            raise ChecksumError(
+                f"sample {key!r} at byte {offset} is not the one its index checked "
+                f"(bytes {bounds[got]}..{bounds[got + 1]}, checked up to "
+                f"{self.stream.verified_to}): not read",
+                url=url,
+                offset=offset,
+            )
 
 
 def _count_skipped(reader: TarReader, counts: dict[str, float], told: list[int]) -> None:
@@ -186,23 +256,31 @@ def _count_skipped(reader: TarReader, counts: dict[str, float], told: list[int])
 
 
 def _take(
-    samples: Iterator[tuple[int, Sample]], info: ShardInfo, where: ByteRange, lo: int, hi: int
+    samples: Iterator[tuple[int, Sample]],
+    info: ShardInfo,
+    where: ByteRange,
+    lo: int,
+    hi: int,
+    gate: _Gate | None = None,
 ) -> Iterator[Sample]:
     """Drop ``where.skip`` samples, then yield samples ``lo..hi`` (tagged ``__url__``).
 
     A seek must prove it landed where the index says: the first and last samples have the
     signatures the index gives them (key and field names: a range cut at a field boundary
     fails too), and a range that holds more samples than asked is refused. None of this
-    costs more than a hash of a few names per range.
+    costs more than a hash of a few names per range. With a ``gate`` (a read checked
+    sample by sample) each sample must also pass it before it is handed out.
     """
     url = info.ref.url
     want = hi - lo
     skip = where.skip
     got = 0
-    for _, sample in samples:
+    for offset, sample in samples:
         if skip:
             skip -= 1
             continue
+        if gate is not None:
+            gate.check(got, offset, url, sample["__key__"])
         if got == 0 and where.first is not None:
             check_signature(sample, where.first, info, lo)
         if got == want - 1 and where.last is not None:

@@ -4,7 +4,9 @@ One flipped byte in a shard whose manifest has a checksum, read with ``handler="
 ``ShardDataset`` in one process, ``WebLoader`` with two worker processes, a cache dir with
 ``cache_verify="open"`` and ``shardkit bench`` all raise a :class:`ChecksumError` naming the
 shard (and the piece, where the manifest has pieces), with pieces and without; no sample
-of the bad piece (or of a bad shard without pieces) is handed out first. ``verify="off"``
+of the bad piece (or of a bad shard without pieces) is handed out first. With each
+sample's digest (a version 3 index the manifest vouches for) a local read checks sample by
+sample: the error names the sample, and the samples before it come out. ``verify="off"``
 reads the same bytes unchecked.
 """
 
@@ -19,10 +21,12 @@ import pytest
 
 from shardkit import ChecksumError, ShardDataset, WebLoader
 from shardkit._types import ObjectRef
+from shardkit.format.manifest.compact import compact_path
 from shardkit.format.manifest.model import Manifest
 from shardkit.io import CacheConfig, ReaderLimits
 from shardkit.io.config import IoConfig
 from shardkit.io.local import open_local
+from tests.helpers.indexes import as_version
 from tests.helpers.readback import shardkit
 
 MakeShards = Callable[..., Manifest]
@@ -44,17 +48,22 @@ def _flip(manifest: Manifest, shard: int, at: int) -> tuple[Path, str]:
     return path, str(manifest.shards[shard].url)
 
 
-@pytest.fixture(params=["pieces", "no-pieces"])
+@pytest.fixture(params=["pieces", "no-pieces", "samples"])
 def corrupt(request: pytest.FixtureRequest, make_shards: MakeShards) -> tuple[Path, str, str]:
-    """A manifest of three shards whose second has one byte flipped in its third piece;
-    the path of the manifest, the bad shard's name and what the error must name."""
-    kwargs = WITH_PIECES if request.param == "pieces" else WITHOUT_PIECES
+    """A manifest of three shards whose second has one byte flipped in its third piece
+    (in its sample 3); the path of the manifest, the bad shard's name and what the error
+    must name. Without "samples" the indexes are version 2 (no digests: pieces checked)."""
+    kwargs = WITHOUT_PIECES if request.param == "no-pieces" else WITH_PIECES
     m = make_shards([20, 40, 20], tokens=128, **kwargs)
-    assert (m.shards[1].pieces is not None) == (request.param == "pieces")
+    assert (m.shards[1].pieces is not None) == (request.param != "no-pieces")
+    manifest = Path(m.base or "") / "manifest.json"
+    if request.param != "samples":
+        as_version(manifest, 2)
+        Path(compact_path(str(manifest))).unlink()  # built from the manifest before
     at = 2 * PIECE
     _, name = _flip(m, 1, at)
-    what = "piece 2" if request.param == "pieces" else "checksum differs"
-    return Path(m.base or "") / "manifest.json", name, what
+    what = {"pieces": "piece 2", "no-pieces": "checksum differs", "samples": "sample 3 "}
+    return manifest, name, what[request.param]
 
 
 def _keys_before_error(it: Any) -> list[str]:
@@ -74,9 +83,15 @@ def test_dataset_in_one_process(corrupt: tuple[Path, str, str]) -> None:
     keys = _keys_before_error(ds)
     assert name in keys[-1] and what in keys[-1], keys[-1]
     # the first shard (20 samples) is whole; of the bad one, nothing from its bad piece on
-    # (4 KiB pieces hold 3 samples of 128 tokens; no samples at all without pieces)
+    # (4 KiB pieces hold 3 samples of 128 tokens; no samples at all without pieces), or
+    # checked one by one, nothing from the bad sample on (of those before it, the ones
+    # the reader had passed before it read the bad one's last byte)
     assert keys[:20] == [f"sample-{i:08d}" for i in range(20)]
-    assert len(keys) - 1 - 20 < 8 if "piece" in what else len(keys) - 1 == 20
+    if "sample" in what:
+        assert keys[20:-1] == [f"sample-{i:08d}" for i in range(20, len(keys) - 1)]
+        assert len(keys) - 1 - 20 <= 3
+    else:
+        assert len(keys) - 1 - 20 < 8 if "piece" in what else len(keys) - 1 == 20
 
 
 @pytest.mark.timeout(90)
