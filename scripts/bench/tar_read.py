@@ -12,14 +12,16 @@ read), on offsets found before the clock starts. CPU seconds, medians of interle
 repetitions; warm page cache.
 
 Verified reads (issue 30): ``shardkit.ShardDataset`` over the shards' manifest, verified
-(the default: each 16 MiB piece read into a reused buffer and checked before any of it is
-handed out, then copied out by the tar reader) and with ``verify="off"``; and "hold", the
-other way to hand out only verified bytes, tried here and not built: ``TarReader`` reading
-the file straight into each member's own ``bytes`` (as ``read_shard`` does), every read
-hashed as it passes, each sample held until the piece holding its last byte is whole and
-hashed (``--hold-pieces``: piece sizes to try). Its cost is the memory a piece of held
-samples takes: past the CPU's L2 every byte is copied into cold memory, which the
-allocator also trims and faults in again.
+(the default: the manifest vouches for each sample's digest through its version 3 sample
+index, so each sample is hashed in place as the tar reader reads it and handed out once it
+matches), verified by pieces (the same shards, their manifest without ``index_checksum``:
+each 16 MiB piece read into a reused buffer and checked before any of it is handed out,
+then copied out by the tar reader; what a set written before index version 3 gets) and
+with ``verify="off"``; and "hold" (``--hold-pieces``: piece sizes to try; none by
+default), a way tried and not built: each sample held until the piece holding its last
+byte is whole and hashed. Its cost is the memory a piece of held samples takes: past the
+CPU's L2 every byte is copied into cold memory, which the allocator also trims and faults
+in again.
 
     .venv/bin/python scripts/bench/tar_read.py --size 200MB --repeats 5
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 import collections
 import glob
 import io
+import json
 import os
 import statistics
 import sys
@@ -67,6 +70,19 @@ def _write_shardkit(ds: Any, out: str, shard_size: int) -> list[str]:
         for s in ds.samples:
             w.write(s)
     return sorted(glob.glob(os.path.join(out, "*.tar")))
+
+
+def _without_index_checksums(manifest: str) -> str:
+    """A copy of ``manifest`` beside it whose shards' indexes are not vouched for (no
+    ``index_checksum``): its verified reads check pieces, as before index version 3."""
+    with open(manifest) as f:
+        doc = json.load(f)
+    for entry in doc["shards"]:
+        entry.pop("index_checksum", None)
+    out = os.path.join(os.path.dirname(manifest), "manifest-pieces.json")
+    with open(out, "w") as f:
+        json.dump(doc, f)
+    return out
 
 
 def _read_dataset(manifest: str, verify: str) -> Callable[[], dict[str, int]]:
@@ -220,7 +236,7 @@ def _member_reads(paths: list[str]) -> Callable[[], dict[str, int]]:
 def main() -> None:
     p = base_parser(__doc__ or "")
     p.set_defaults(size="200MB", repeats=5, shard_size="64MB")
-    p.add_argument("--hold-pieces", default="16MiB,1MiB", help="piece sizes of the hold way")
+    p.add_argument("--hold-pieces", default="", help="piece sizes of the hold way (16MiB,1MiB)")
     args = p.parse_args()
     parse_common(args)
     texts: list[str] = []
@@ -233,6 +249,7 @@ def main() -> None:
         pax = _write_tarfile(ds, os.path.join(work, "pax"), parse_size(args.shard_size))
         settle(own + pax)
         manifest = os.path.join(work, "sk", "manifest.json")
+        by_pieces = _without_index_checksums(manifest)
         held = [
             (f"hold, {size >> 20} MiB pieces (shardkit tars)", _read_held(own, size))
             for size in (parse_size(x) for x in args.hold_pieces.split(",") if x)
@@ -240,6 +257,7 @@ def main() -> None:
         contenders = [
             ("read_shard (shardkit tars)", _read_shardkit(own)),
             ("ShardDataset verified (shardkit tars)", _read_dataset(manifest, "on")),
+            ("ShardDataset verified by pieces", _read_dataset(by_pieces, "on")),
             ("ShardDataset verify=off (shardkit tars)", _read_dataset(manifest, "off")),
             *held,
             ("read_shard (tarfile pax tars)", _read_shardkit(pax)),
