@@ -4,8 +4,11 @@ Every contender looks up the same seeded random sample numbers, one at a time, i
 process (what a map-style Dataset under a RandomSampler does per worker):
 
 - local: ``shardkit.IndexedShards`` over the shardkit shards (a search over the shard
-  starts, the sample index, the pieces holding the sample read whole and checked, its
-  signature checked; ``verify off``: one pread of the sample, as the peers read), mosaic
+  starts, the sample index, one pread of the sample and its bytes checked against their
+  digest in the index (version 3), its signature checked; ``verify off``: the same without
+  the digest, as the peers read; ``v2 index``: the same shards with indexes as shardkit
+  wrote them before per-sample digests, so the pieces holding the sample are read whole and
+  checked, as every lookup was checked before), mosaic
   ``StreamingDataset(local=...)[i]`` over MDS shards, litdata ``StreamingDataset(dir)[i]``
   over its chunks, each written from the same samples; the raw limit is ``os.pread`` of the
   sample's bytes (offsets from shardkit's index, opened files kept: no parse, no check).
@@ -50,6 +53,32 @@ def write_shardkit(ds: Dataset, out: str, shard_bytes: int, piece_size: int) -> 
             w.write(s)
 
 
+def older_indexes(root: str, out: str) -> str:
+    """A copy of the shardkit set at ``root`` (its shards linked) with version 2 sample
+    indexes, as shardkit wrote them before per-sample digests; its manifest's path."""
+    import hashlib
+    import json
+
+    from shardkit.format.tario.index import parse_index, write_index
+
+    with open(os.path.join(root, "manifest.json")) as f:
+        doc = json.load(f)
+    for e in doc["shards"]:
+        os.link(os.path.join(root, e["url"]), os.path.join(out, e["url"]))
+        with open(os.path.join(root, e["index"]), "rb") as f:
+            idx = parse_index(f.read())
+        assert idx.signatures is not None
+        offsets, sigs = idx.offsets.tolist(), idx.signatures.tolist()
+        data = write_index(offsets[:-1], offsets[-1], signatures=sigs, shard_checksum=e["checksum"])
+        os.makedirs(os.path.dirname(os.path.join(out, e["index"])), exist_ok=True)
+        with open(os.path.join(out, e["index"]), "wb") as f:
+            f.write(data)
+        e["index_checksum"] = "sha256:" + hashlib.sha256(data).hexdigest()
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(doc, f)
+    return os.path.join(out, "manifest.json")
+
+
 def raw_lookup(root: str) -> Any:
     """``pread`` of each sample's bytes, from shardkit's index (the floor under any reader)."""
     import numpy as np
@@ -92,15 +121,19 @@ def contenders_local(root: str, ids: list[int]) -> list[tuple[str, Any]]:
     manifest = os.path.join(root, "shardkit", "manifest.json")
     sk_ds = shardkit.IndexedShards(manifest)
     sk_off = shardkit.IndexedShards(manifest, io=IoConfig(limits=ReaderLimits(verify="off")))
+    v2 = older_indexes(os.path.join(root, "shardkit"), fresh_dir(os.path.join(root, "v2")))
+    sk_v2 = shardkit.IndexedShards(v2)
     mds = mosaic.StreamingDataset(local=os.path.join(root, "mosaic"), shuffle=False, batch_size=1)
     lit = LitDataset(os.path.join(root, "litdata"))
     raw = raw_lookup(os.path.join(root, "shardkit"))
-    for get in (sk_ds.__getitem__, sk_off.__getitem__, mds.__getitem__, lit.__getitem__, raw):
+    gets = (sk_ds.__getitem__, sk_off.__getitem__, sk_v2.__getitem__, mds.__getitem__)
+    for get in (*gets, lit.__getitem__, raw):
         get(ids[0])  # open what each opens once (files, indexes), outside the timing
     return [
         ("raw pread", lambda: lookups(raw, ids)),
         ("shardkit IndexedShards", lambda: lookups(sk_ds.__getitem__, ids)),
         ("shardkit IndexedShards, verify off", lambda: lookups(sk_off.__getitem__, ids)),
+        ("shardkit IndexedShards, v2 index", lambda: lookups(sk_v2.__getitem__, ids)),
         ("mosaic StreamingDataset", lambda: lookups(mds.__getitem__, ids)),
         ("litdata StreamingDataset", lambda: lookups(lit.__getitem__, ids)),
     ]
