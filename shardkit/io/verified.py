@@ -406,8 +406,9 @@ class SampleVerified(io.RawIOBase):
     zeros, so no member can come from bytes no digest covers.
 
     The stream steps back (``seek``), as the tar reader does before it reads a large
-    member into its own object, but only over what it read last (up to 1 MiB): the bytes
-    read again must be the ones hashed the first time, else :class:`ChecksumError`.
+    member into its own object, but only over what it read last (up to 1 MiB, less once
+    the reader says it will not step back so far: :meth:`forget_before`): the bytes read
+    again must be the ones hashed the first time, else :class:`ChecksumError`.
 
     Args:
         f: a binary stream of the shard, positioned at ``bounds[0]``, that seeks to
@@ -509,15 +510,29 @@ class SampleVerified(io.RawIOBase):
     def readall(self) -> bytes:
         return self.read(-1)
 
+    def forget_before(self, pos: int) -> None:
+        """The reader will not step back before ``pos``: what was read before it need not
+        be kept (kept, it holds memory the next reads would reuse warm)."""
+        kept = self._kept
+        while kept and kept[0][0] + len(kept[0][1]) <= pos:
+            self._kept_size -= len(kept.popleft()[1])
+
     def _hash(self, data: bytes, at: int) -> None:
         """Hash ``data[at:]`` (the bytes from :attr:`_hashed` on), checking each sample it
         completes; past the last sample the bytes must be zeros."""
+        a = self._hashed
+        stop = a + len(data) - at
+        k = self._k
+        if k < len(self._digests) and stop < self._bounds[k + 1]:
+            h = self._h  # inside one sample (a large member read into its own object)
+            if h is None:
+                h = self._h = SampleDigester()
+            h.update(memoryview(data)[at:] if at else data)
+            self._hashed = stop
+            return
         view = memoryview(data)
         bounds = self._bounds
         last = len(self._digests)
-        k = self._k
-        a = self._hashed
-        stop = a + len(data) - at
         while a < stop:
             if k == last:
                 if data.count(0, at) != len(data) - at:

@@ -42,6 +42,9 @@ class _Counting:
     def __init__(self, f: BinaryIO, counts: dict[str, float]) -> None:
         self.f = f
         self.counts = counts
+        forget = getattr(f, "forget_before", None)
+        if forget is not None:  # the tar reader tells the stream below (SampleVerified)
+            self.forget_before = forget
 
     def read(self, n: int = -1) -> bytes:
         t = perf_counter()

@@ -65,6 +65,9 @@ class Buffered:
         self._unbuffered_end = -1  # where the last member read unbuffered ended
         self.member_offset = start  # where the last member (with its pax headers) began
         self.end_offset: int | None = None  # the end-of-archive marker (or ``end``), once met
+        # told that nothing before an offset is read again (a stream that keeps its last
+        # reads to check a step back: io.verified.SampleVerified)
+        self._forget: Callable[[int], None] | None = getattr(f, "forget_before", None)
 
     @property
     def offset(self) -> int:
@@ -91,6 +94,8 @@ class Buffered:
         parts = [self.buf[self.pos :]] if avail else []
         self.base += self.pos
         self.pos = 0
+        if self._forget is not None:
+            self._forget(self.base)
         chunk, self._chunk = self._chunk, min(self._chunk * 2, _CHUNK)
         while avail < need:
             data = self._read(max(need, chunk) - avail, self.base + avail)
@@ -169,6 +174,8 @@ class Buffered:
             data += more
         self._unbuffered_end = self.base
         self._chunk = gap if BLOCK <= gap <= _SHORT_GAP else _AFTER_UNBUFFERED
+        if self._forget is not None:
+            self._forget(self.base)
         return data
 
     def _take_large(self, n: int, what: str, at: int) -> bytes:
