@@ -289,14 +289,13 @@ class Catalog:
         info = self.shards[shard]
         assert info.index_url is not None
         self.check_within(info, info.index_url)
-        idx = self._index_reader
-        start, end = idx.offset(opener, info, j), idx.offset(opener, info, j + 1)
+        start, end, signature, digest = self._index_reader.span(opener, info, j)
         if end <= start:
             raise ShardFormatError(
                 f"sample index gives sample {j} the byte range {start}..{end}",
                 url=info.index_url,
             )
-        return start, end, idx.signature(opener, info, j), idx.digest(opener, info, j)
+        return start, end, signature, digest
 
     def sample_spans(
         self, opener: Opener, shard: int

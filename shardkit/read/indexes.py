@@ -73,22 +73,26 @@ class IndexReader:
 
     def offset(self, opener: Opener, info: _Shard, i: int) -> int:
         """The byte offset where sample ``i`` starts (``i == nsamples``: the end)."""
-        url = _url(info)
         if info.index_checksum is not None:
-            value = int(self._index(opener, info).offsets[i])
-            at = index_entry_range(i, self._index(opener, info).version)[0]
-        else:
-            head = self._head(opener, info)
-            at = index_entry_range(i, head.version)[0]
-            value = int(_U64.unpack(self._read(opener, url, at, 8))[0])
-        size = info.ref.size
-        if size is not None and value > size and not compressed_name(info.ref.url):
-            raise ShardFormatError(
-                f"sample index points at byte {value}, past the shard's {size} bytes",
-                url=url,
-                offset=at,
-            )
-        return value
+            idx = self._index(opener, info)
+            return _within(info, int(idx.offsets[i]), i, idx.version)
+        head = self._head(opener, info)
+        at = index_entry_range(i, head.version)[0]
+        value = int(_U64.unpack(self._read(opener, _url(info), at, 8))[0])
+        return _within(info, value, i, head.version)
+
+    def span(self, opener: Opener, info: _Shard, i: int) -> tuple[int, int, int | None, int | None]:
+        """Sample ``i``'s ``(start, end, signature, digest)``: :meth:`offset` of ``i`` and
+        ``i + 1``, :meth:`signature` and :meth:`digest`, from one look at the index."""
+        if info.index_checksum is None:
+            lo, hi = self.offset(opener, info, i), self.offset(opener, info, i + 1)
+            return lo, hi, self.signature(opener, info, i), None
+        idx = self._index(opener, info)
+        offsets = idx.offsets  # increasing (parse_index): the end is the one to check
+        end = _within(info, int(offsets[i + 1]), i + 1, idx.version)
+        sig = None if idx.signatures is None else int(idx.signatures[i])
+        digest = None if idx.digests is None else int(idx.digests[i])
+        return int(offsets[i]), end, sig, digest
 
     def digest(self, opener: Opener, info: _Shard, i: int) -> int | None:
         """Sample ``i``'s digest (of its bytes ``[offset(i), offset(i + 1))``), or None
@@ -182,6 +186,18 @@ class IndexReader:
 def _url(info: _Shard) -> str:
     assert info.index_url is not None
     return info.index_url
+
+
+def _within(info: _Shard, value: int, i: int, version: int) -> int:
+    """``value`` (offset ``i`` of the index), unless it points past the shard's end."""
+    size = info.ref.size
+    if size is not None and value > size and not compressed_name(info.ref.url):
+        raise ShardFormatError(
+            f"sample index points at byte {value}, past the shard's {size} bytes",
+            url=_url(info),
+            offset=index_entry_range(i, version)[0],
+        )
+    return value
 
 
 def _check_count(url: str, n: int, nsamples: int) -> None:
