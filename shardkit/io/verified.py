@@ -34,7 +34,7 @@ import io
 import logging
 import os
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from time import perf_counter
 from typing import BinaryIO
 
@@ -388,6 +388,7 @@ def _close(chunks: object) -> None:
 
 _KEEP_READS = 1 << 20  # bytes of recent reads kept for a step back (the reader's buffer is less)
 _TELL_EVERY = 16 << 20  # bytes hashed between two additions to VERIFY_TIME
+_SETTLE_MAX = 64 << 20  # the most of a sample read on to name its damage
 
 
 class SampleVerified(io.RawIOBase):
@@ -427,8 +428,8 @@ class SampleVerified(io.RawIOBase):
         f: BinaryIO,
         *,
         url: str,
-        bounds: list[int],
-        digests: list[int],
+        bounds: Sequence[int],
+        digests: Sequence[int],
         first: int = 0,
         stop: int | None = None,
         size: int | None = None,
@@ -562,10 +563,13 @@ class SampleVerified(io.RawIOBase):
     def settle(self) -> None:
         """Read and check the rest of the sample being read: the error a damaged sample
         is, where the reader met its damage (a header that does not parse) before its end;
-        nothing when it matches (the reader's own error then stands)."""
+        nothing when it matches, or when more than 64 MiB of it are left (the reader's own
+        error then stands: a legitimately refused member is not read to its end)."""
         if self._k >= len(self._digests):
             return
         end = self._bounds[self._k + 1]
+        if end - self._hashed > _SETTLE_MAX:
+            return
         self.seek(self._hashed)
         while self._hashed < end:
             if not self.read(min(end - self._hashed, _CHUNK)):

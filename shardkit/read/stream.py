@@ -8,6 +8,8 @@ shards come next (``prefetch``), and the bytes it hands out are counted.
 
 from __future__ import annotations
 
+import logging
+from array import array
 from collections import deque
 from collections.abc import Generator, Iterator, Sequence
 from time import perf_counter
@@ -15,7 +17,7 @@ from typing import Any, BinaryIO, cast
 
 from shardkit._types import ObjectRef, Sample
 from shardkit.activity import at, left
-from shardkit.errors import ChecksumError, ShardFormatError
+from shardkit.errors import ChecksumError, FetchError, ShardError, ShardFormatError
 from shardkit.format.compression import compressed_name
 from shardkit.format.tario.index import sample_signature
 from shardkit.format.tario.reader import TarReader, open_range
@@ -28,6 +30,8 @@ from shardkit.units import plural
 from shardkit.urls import url_scheme
 
 __all__ = ["check_no_more", "check_signature", "read_stream"]
+
+log = logging.getLogger(__name__)
 
 RangeRow = tuple[int, int, int, int]
 _LOOKAHEAD = 8
@@ -205,13 +209,16 @@ def _read_range(
 
 def _sample_digests(
     catalog: Catalog, opener: Opener, row: tuple[int, int, int], limits: ReaderLimits
-) -> tuple[list[int], list[int]] | None:
+) -> tuple[array[int], array[int]] | None:
     """``(bounds, digests)`` of samples ``lo..hi`` (where each starts, then where the last
     ends; each one's digest) when they are to be checked one by one: a verified read of a
     local plain tar whose manifest vouches for each sample's digest (a version 3 index
-    with its ``index_checksum``); else None (the opener checks pieces)."""
+    with its ``index_checksum``); else None (the opener checks pieces). An index that
+    cannot be read is warned about once and the read checks pieces (a whole shard needs
+    no index; a part of it then meets the same error finding its offsets)."""
     shard, lo, hi = row
-    ref = catalog.shards[shard].ref
+    info = catalog.shards[shard]
+    ref = info.ref
     if (
         limits.verify != "on"
         or not ref.verifiable
@@ -219,13 +226,22 @@ def _sample_digests(
         or compressed_name(ref.url)
     ):
         return None
-    spans = catalog.sample_spans(opener, shard)
+    try:
+        spans = catalog.sample_spans(opener, shard)
+    except (ShardError, FetchError) as exc:
+        if info.index_url not in _unread:
+            _unread.add(info.index_url)
+            log.warning("%s; its samples are checked by the shard's pieces", exc)
+        return None
     if spans is None:
         return None
     offsets, sizes, digests = spans
-    bounds = offsets[lo:hi].tolist()
+    bounds = array("q", offsets[lo:hi].astype("<i8").tobytes())
     bounds.append(int(offsets[hi - 1] + sizes[hi - 1]))
-    return bounds, digests[lo:hi].tolist()
+    return bounds, array("Q", digests[lo:hi].astype("<u8").tobytes())
+
+
+_unread: set[str | None] = set()  # indexes warned about (read by pieces instead)
 
 
 class _Gate:
@@ -233,7 +249,7 @@ class _Gate:
     it starts where the index says, and every byte up to the next one's start was checked
     (:class:`~shardkit.io.verified.SampleVerified`)."""
 
-    def __init__(self, stream: SampleVerified, bounds: list[int]) -> None:
+    def __init__(self, stream: SampleVerified, bounds: array[int]) -> None:
         self.stream = stream
         self.bounds = bounds
 

@@ -144,3 +144,17 @@ def test_a_step_back_goes_no_further_than_what_was_read(tmp_path: Path) -> None:
         with pytest.raises(OSError, match="steps back"):
             s.seek(1200)  # ahead of what was hashed
         assert s.read() == data[1124:4096] and s.verified_to == 4096
+
+
+def test_an_index_that_cannot_be_read_leaves_a_whole_read_to_the_pieces(
+    make_shards: MakeShards, caplog: pytest.LogCaptureFixture
+) -> None:
+    manifest, shard, offsets = _set(make_shards, 64)
+    (shard.parent / index_name(shard.name)).unlink()
+    good = list(read_shard(shard))
+    got = list(ShardDataset(str(manifest), shardshuffle=False))
+    assert [s["__key__"] for s in got] == [s["__key__"] for s in good]
+    assert "checked by the shard's pieces" in caplog.text
+    _flip(shard, offsets[6] + 1536 + 100)
+    with pytest.raises(ChecksumError, match="piece 0"):
+        list(ShardDataset(str(manifest), shardshuffle=False))
