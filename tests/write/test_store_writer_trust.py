@@ -67,7 +67,7 @@ def test_a_second_writer_of_a_prefix_is_refused_and_the_first_survives(store: St
         t.start()
         t.join()
     assert len(refused) == 1 and isinstance(refused[0], WriterError)
-    assert "another build writes here" in str(refused[0])
+    assert "another thread of this process" in str(refused[0])
     assert _samples(store, "two") == 1
     assert not [k for k in store.names() if ".lock-" in k]  # let go when it closed
 

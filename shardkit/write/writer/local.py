@@ -211,8 +211,8 @@ class LocalTarget(Target):
         atomic_write(out, chunks())
 
     # -- lock ----------------------------------------------------------------------
-    def lock(self, names: Sequence[str], *, writer: bool = False) -> OutputLock:
-        return OutputLock(self.out_dir, names, lends=not writer)
+    def lock(self, names: Sequence[str], *, owner: object | None = None) -> OutputLock:
+        return OutputLock(self.out_dir, names, via=self, owner=owner)
 
     # -- a parallel build's work state ---------------------------------------------
     def work_name(self, stem: str) -> str:

@@ -9,10 +9,14 @@ across hosts where the shared filesystem passes ``flock`` on (NFSv4, Lustre, GPF
 The file is removed as the lock is let go (a locker checks that the file it locked is
 still the one on disk), so a finished output holds no lock file.
 
-A build's lock lends itself inside its thread: the build holds it and its own writer takes
-it again. A lone writer's lends itself to nothing: a build, or a second writer, into an
+Inside a process a lock is held by an object, not by a thread (:class:`Holder`, the rule
+the object-store lock follows too). A build's lock is held by the target it was taken
+through and lends itself to the writer the build opens on that same target. A lone writer's
+is held by the writer and lends itself to nothing: a build, or a second writer, into an
 output that a :class:`~shardkit.write.writer.ShardWriter` holds open is refused, from its
-own thread as from another thread or process. A forked child does not inherit it.
+own thread as from another thread or process. A writer dropped unclosed (collected after a
+raise mid-write) lets its lock go, as a killed process's goes. A forked child does not
+inherit it.
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ import fcntl
 import os
 import socket
 import threading
+import weakref
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from shardkit.errors import WriterError
 
-__all__ = ["OutputLock", "pid_alive"]
+__all__ = ["Holder", "OutputLock", "pid_alive"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -47,9 +53,44 @@ def pid_alive(pid: int) -> bool:
     return state != [b"Z"]
 
 
-# real path -> (fd, holders, holding thread, whether it lends itself inside that thread)
-_HELD: dict[str, tuple[int, int, int, bool]] = {}
-_GUARD = threading.Lock()
+@dataclass(eq=False)
+class Holder:
+    """Who holds an output's lock in this process: a lone writer (``owner``), or a build,
+    held by the target ``via`` which it lends itself to (the build's own writer opens on that
+    target). Weak references: a holder collected unclosed holds nothing."""
+
+    via: weakref.ref[object]
+    owner: weakref.ref[object] | None = None
+    thread: int = field(default_factory=threading.get_ident)
+
+    @classmethod
+    def of(cls, via: object, owner: object | None) -> Holder:
+        return cls(weakref.ref(via), None if owner is None else weakref.ref(owner))
+
+    def alive(self) -> bool:
+        return (self.owner or self.via)() is not None
+
+    def lends_to(self, via: object) -> bool:
+        """Whether a lock taken through ``via`` is this build's own writer's."""
+        return self.owner is None and self.via() is via
+
+    def refuse(self, what: str) -> WriterError:
+        """The error for another lock of what this live holder holds."""
+        kind = "build" if self.owner is None else "ShardWriter"
+        if self.thread == threading.get_ident():
+            return WriterError(
+                f"{what} is being written by a {kind} this thread holds open: close it first "
+                "(one writer per output)"
+            )
+        return WriterError(
+            f"{what} is being written by another thread of this process (pid {os.getpid()}, "
+            f"a {kind}): one writer per output; close it or wait for it to end"
+        )
+
+
+# real path -> (fd, times taken, holder)
+_HELD: dict[str, tuple[int, int, Holder]] = {}
+_GUARD = threading.RLock()  # a writer collected while held lets its lock go (finalizer)
 _HOOKED: list[bool] = []
 
 
@@ -98,23 +139,17 @@ def _same_file(fd: int, path: str) -> bool:
     return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
 
-def _acquire(path: str, what: str, lends: bool) -> None:
+def _acquire(path: str, what: str, holder: Holder) -> Holder:
+    """Lock ``path`` for ``holder``; the holder it is held by (another one: lent)."""
     with _GUARD:
         held = _HELD.get(path)
-        me = threading.get_ident()
-        if held is not None and held[2] == me and held[3]:
-            _HELD[path] = (held[0], held[1] + 1, me, held[3])
-            return
-        if held is not None and held[2] == me:
-            raise WriterError(
-                f"{what} is being written by a ShardWriter this thread holds open: close it "
-                "first (one writer per output)"
-            )
-        if held is not None:
-            raise WriterError(
-                f"{what} is being written by another thread of this process "
-                f"(pid {os.getpid()}): one writer per output"
-            )
+        if held is not None and held[2].alive():
+            if not held[2].lends_to(holder.via()):
+                raise held[2].refuse(what)
+            _HELD[path] = (held[0], held[1] + 1, held[2])
+            return held[2]
+        if held is not None:  # its holder was collected unclosed (its finalizer is behind)
+            _drop(path)
         if not _HOOKED:
             os.register_at_fork(after_in_child=_forget_in_child)
             _HOOKED.append(True)
@@ -125,44 +160,56 @@ def _acquire(path: str, what: str, lends: bool) -> None:
             os.close(fd)  # its holder removed it as it let go: lock the one there now
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
-        _HELD[path] = (fd, 1, me, lends)
+        _HELD[path] = (fd, 1, holder)
+        return holder
 
 
-def _release(path: str) -> None:
+def _release(path: str, holder: Holder) -> None:
+    """Let ``path`` go once for ``holder`` (nothing if another holds it now)."""
     with _GUARD:
-        fd, count, thread, lends = _HELD[path]
-        if count > 1:
-            _HELD[path] = (fd, count - 1, thread, lends)
+        held = _HELD.get(path)
+        if held is None or held[2] is not holder:
             return
-        del _HELD[path]
-        # removed while still held (a later locker checks it locked the file on disk),
-        # so an output is left without lock files
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        os.close(fd)  # the only description of this open: its flock goes with it
+        if held[1] > 1:
+            _HELD[path] = (held[0], held[1] - 1, holder)
+            return
+        _drop(path)
+
+
+def _drop(path: str) -> None:
+    fd = _HELD.pop(path)[0]
+    # removed while still held (a later locker checks it locked the file on disk), so an
+    # output is left without lock files
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    os.close(fd)  # the only description of this open: its flock goes with it
 
 
 class OutputLock:
     """The locks of one output: ``names`` (a manifest name, a shard prefix) in ``out_dir``.
 
     ``acquire()`` takes them all or none, without waiting; ``release()`` lets them go.
-    Also a context manager. ``lends``: a build's lock, which its own writer, in its thread,
-    takes again; a lone writer's lends itself to nothing.
+    Also a context manager. Taken through the target ``via``; ``owner``: the lone writer
+    holding it, which lends it to nothing and lets it go when collected unclosed; without
+    one, a build's lock, which the build's own writer (opened on ``via``) takes again.
     """
 
-    def __init__(self, out_dir: str, names: Iterable[str], *, lends: bool = True) -> None:
+    def __init__(
+        self, out_dir: str, names: Iterable[str], *, via: object, owner: object | None = None
+    ) -> None:
         self.out_dir = out_dir
-        self.lends = lends
         self.paths = sorted({os.path.join(out_dir, f".lock-{n}") for n in names})
-        self._taken: list[str] = []
+        self._holder = Holder.of(via, owner)
+        self._taken: list[tuple[str, Holder]] = []
+        if owner is not None:  # dropped unclosed, it goes as a killed process's does
+            weakref.finalize(owner, self.release)
 
     def acquire(self) -> OutputLock:
         os.makedirs(self.out_dir, exist_ok=True)
         try:
             for path in self.paths:
                 real = os.path.realpath(path)
-                _acquire(real, self.out_dir, self.lends)
-                self._taken.append(real)
+                self._taken.append((real, _acquire(real, self.out_dir, self._holder)))
         except BaseException:
             self.release()
             raise
@@ -170,7 +217,7 @@ class OutputLock:
 
     def release(self) -> None:
         while self._taken:
-            _release(self._taken.pop())
+            _release(*self._taken.pop())
 
     def __enter__(self) -> OutputLock:
         return self.acquire()

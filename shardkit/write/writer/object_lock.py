@@ -11,7 +11,15 @@ finds them and stops with a :class:`WriterError` naming the holder.
 A lock outlives a build that was killed, so a lock is stale, and is taken over, when it
 names a pid on this host that no longer runs (a killed build resumed on the same machine)
 or when it was not renewed for :data:`LEASE` seconds (by the holder's clock: hosts whose
-clocks are minutes apart shorten or lengthen that). Two builds taking over one stale lock
+clocks are minutes apart shorten or lengthen that).
+
+Inside a process the lock is held by an object, as a local folder's is
+(:class:`~shardkit.write.writer.lock.Holder`): a build's by its target, lent to the writer
+the build opens on it; a lone writer's by the writer, lent to nothing, so a build or a second
+writer of its prefix is refused from its own thread too. A writer dropped unclosed (collected
+after a raise mid-write) stops renewing at once and makes no request (the store may be gone):
+a new lock in this process takes its lock objects over at once, another process once they
+were not renewed for :data:`LEASE` seconds. Two builds taking over one stale lock
 at the same instant can both succeed (deleting a stale lock is not conditional here); a
 build paused past the lease can renew a lock another build has taken over.
 """
@@ -24,12 +32,13 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 from shardkit.errors import WriterError
 from shardkit.io.store_base import ObjectStore
-from shardkit.write.writer.lock import pid_alive
+from shardkit.write.writer.lock import Holder, pid_alive
 
 __all__ = ["LEASE", "RENEW", "ObjectLock"]
 
@@ -39,26 +48,39 @@ LEASE = 600.0  # a lock not renewed for this long belongs to a build that is gon
 RENEW = 60.0
 
 
-_HELD: dict[str, int] = {}  # lock url -> the thread of this process holding it
-_GUARD = threading.Lock()
+_HELD: dict[str, Holder] = {}  # lock url -> who holds it in this process
+_GUARD = threading.RLock()  # a refused reservation lets go of what it reserved under it
 
 
 class ObjectLock:
     """Lock objects ``keys`` in ``store`` for one build of ``where`` (module docstring).
 
-    Inside one thread it is re-entrant (a build holds it and its own writer takes it
-    again: the inner one takes and deletes nothing); another thread of the process is
-    refused as another process is.
+    Taken through the target ``via``. ``owner``: the lone writer holding it (lent to
+    nothing; collected unclosed, it stops renewing and this process takes it over);
+    without one, a build's lock, which the build's own writer (opened on ``via``) takes
+    again, taking and deleting nothing.
     """
 
-    def __init__(self, store: ObjectStore, keys: Sequence[str], where: str) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        keys: Sequence[str],
+        where: str,
+        *,
+        via: object,
+        owner: object | None = None,
+    ) -> None:
         self.store = store
         self.keys = tuple(keys)
         self.where = where
+        self._held_by = Holder.of(via, owner)
         self._mine: list[str] = []  # the keys this lock took (not held already)
         self.started = time.time()
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
+        # the renewer holds this lock, never its owner: a writer dropped unclosed is
+        # collected, and its lock objects are renewed no more
+        weakref.finalize(owner if owner is not None else via, self._stop.set)
 
     def _body(self) -> bytes:
         doc = {"pid": os.getpid(), "host": socket.gethostname()}
@@ -67,26 +89,23 @@ class ObjectLock:
 
     def acquire(self) -> ObjectLock:
         """Take every lock object or none; a WriterError naming the holder if held."""
-        me = threading.get_ident()
-        with _GUARD:
-            todo = [k for k in self.keys if _HELD.get(self.store.url(k)) != me]
+        todo, dropped = self._reserve()
         taken: list[str] = []
         stale: dict[tuple[Any, Any], list[str]] = {}  # holder taken over -> its lock objects
         try:
             for key in todo:
-                holder = self._take(key)
+                holder = self._take(key, key in dropped)
                 taken.append(key)
                 if holder is not None:
                     stale.setdefault((holder.get("pid"), holder.get("host")), []).append(key)
         except BaseException:
             for key in taken:
                 self.store.delete(key)
+            self._forget(todo)
             raise
         for (pid, host), keys in stale.items():  # one line per lock, not per object
             log.warning("%s: taking over the stale lock of pid %s on host %s (%s)",
                         self.where, pid, host, ", ".join(keys))  # fmt: skip
-        with _GUARD:
-            _HELD.update((self.store.url(k), me) for k in taken)
         self._mine = taken
         if not taken:
             return self
@@ -94,8 +113,36 @@ class ObjectLock:
         self._renewer.start()
         return self
 
-    def _take(self, key: str) -> dict[str, Any] | None:
-        """Create lock object ``key``; the stale holder it took over from, if any."""
+    def _reserve(self) -> tuple[list[str], set[str]]:
+        """The keys to take (those this process holds for a lock lending itself to ours
+        are not), each reserved for this lock, and those of them a holder of this process
+        dropped unclosed; a WriterError if a live one of this process holds any."""
+        todo: list[str] = []
+        dropped: set[str] = set()
+        with _GUARD:
+            for key in self.keys:
+                held = _HELD.get(self.store.url(key))
+                if held is not None and held.alive():
+                    if held.lends_to(self._held_by.via()):
+                        continue
+                    self._forget(todo)
+                    raise held.refuse(self.where)
+                if held is not None:
+                    dropped.add(key)
+                _HELD[self.store.url(key)] = self._held_by
+                todo.append(key)
+        return todo, dropped
+
+    def _forget(self, keys: Sequence[str]) -> None:
+        """This process holds ``keys`` for this lock no more (another may hold them now)."""
+        with _GUARD:
+            for key in keys:
+                if _HELD.get(self.store.url(key)) is self._held_by:
+                    del _HELD[self.store.url(key)]
+
+    def _take(self, key: str, dropped: bool) -> dict[str, Any] | None:
+        """Create lock object ``key``; the stale holder it took over from, if any.
+        ``dropped``: a holder of this process was collected holding it."""
         took_over = None
         for _ in range(3):
             if self.store.create(key, self._body()):
@@ -103,7 +150,7 @@ class ObjectLock:
             holder = self._holder(key)
             if holder is None:
                 continue  # let go between our put and our read: try again
-            if not self._stale(holder):
+            if not (dropped and self._ours(holder)) and not self._stale(holder):
                 raise WriterError(
                     f"{self.where}: another build writes here (pid {holder.get('pid')} on host "
                     f"{holder.get('host')}, lock {self.store.url(key)}); wait for it, or "
@@ -123,12 +170,20 @@ class ObjectLock:
             doc = None
         return doc if isinstance(doc, dict) else {}
 
+    @staticmethod
+    def _ours(holder: dict[str, Any]) -> bool:
+        return holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname()
+
     def _stale(self, holder: dict[str, Any]) -> bool:
-        pid = holder.get("pid")
-        if holder.get("host") == socket.gethostname() and isinstance(pid, int):
-            return not pid_alive(pid)
         renewed = holder.get("renewed")
-        return not isinstance(renewed, (int, float)) or time.time() - renewed > LEASE
+        if not isinstance(renewed, (int, float)) or time.time() - renewed > LEASE:
+            return True  # its holder is gone, or dropped its writer unclosed
+        pid = holder.get("pid")
+        return (
+            holder.get("host") == socket.gethostname()
+            and isinstance(pid, int)
+            and (not pid_alive(pid))
+        )
 
     def _renew(self) -> None:
         while not self._stop.wait(RENEW):
@@ -145,9 +200,7 @@ class ObjectLock:
             self._renewer.join()
             self._renewer = None
         mine, self._mine = self._mine, []
-        with _GUARD:
-            for key in mine:
-                _HELD.pop(self.store.url(key), None)
+        self._forget(mine)
         for key in mine:
             self.store.delete(key)
 

@@ -226,9 +226,9 @@ class ObjectTarget(Target):
             up.abort()
 
     # -- lock ----------------------------------------------------------------------
-    def lock(self, names: Sequence[str], *, writer: bool = False) -> Lock | None:
-        del writer  # a lone writer locks a prefix as a build does
-        return ObjectLock(self.store, [self.key(f".lock-{n}") for n in names], self.base)
+    def lock(self, names: Sequence[str], *, owner: object | None = None) -> Lock | None:
+        keys = [self.key(f".lock-{n}") for n in names]
+        return ObjectLock(self.store, keys, self.base, via=self, owner=owner)
 
     # -- a parallel build's work state ---------------------------------------------
     def work_name(self, stem: str) -> str:

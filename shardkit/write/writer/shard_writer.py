@@ -18,7 +18,6 @@ import contextlib
 import json
 import logging
 import os
-import weakref
 from collections.abc import Iterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -34,7 +33,6 @@ from shardkit.format.tario.writer import (
     check_key,
 )
 from shardkit.format.zstd import zstd_writer
-from shardkit.write.writer.lock import OutputLock
 from shardkit.write.writer.members import encode_sample, gzip_writer
 from shardkit.write.writer.options import WriterKeywords, WriterOptions, shard_name
 from shardkit.write.writer.target import Lock, Target, store_failures
@@ -77,9 +75,11 @@ class ShardWriter:
     when whole, the manifest goes last and ``resume=True`` goes on from what is verifiably
     there (:mod:`shardkit.write.writer.objects`). Any other ``scheme://`` is an error.
 
-    One writer per local output: the writer locks its manifest name and shard prefix in
-    ``out_dir`` (:mod:`shardkit.write.writer.lock`) until it is closed; a second writer (or
-    build) there is a :class:`WriterError` naming the holder's pid and host.
+    One writer per output: the writer locks its manifest name and shard prefix in
+    ``out_dir`` (:mod:`shardkit.write.writer.lock`, in a store
+    :mod:`shardkit.write.writer.object_lock`) until it is closed; a second writer (or build)
+    there, from any thread or process, is a :class:`WriterError` naming the holder. The
+    lock is this writer's: one dropped unclosed (collected) lets it go.
     """
 
     def __init__(
@@ -122,14 +122,10 @@ class ShardWriter:
         self._lock: Lock | None = None
         # a store's refusal (no bucket, no credentials) is one line naming the url
         with store_failures(self.output.base):
-            self._lock = self.output.lock(names, writer=True)
+            # held by this writer, not its thread: dropped unclosed, it lets the output go
+            self._lock = self.output.lock(names, owner=self)
             if self._lock is not None:
                 self._lock.acquire()
-                if isinstance(self._lock, OutputLock):  # a store's release is requests
-                    # a writer dropped unclosed lets its folder's lock go as a killed
-                    # process's does (it lends itself to nothing: kept, its thread could
-                    # never write there again)
-                    weakref.finalize(self, self._lock.release)
             try:
                 self._start(start_index, resume, overwrite, part)
             except BaseException:

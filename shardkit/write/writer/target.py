@@ -288,9 +288,11 @@ class Target(ABC):
 
     # -- lock ----------------------------------------------------------------------
     @abstractmethod
-    def lock(self, names: Sequence[str], *, writer: bool = False) -> Lock | None:
-        """The lock of ``names`` (a manifest name, a shard prefix) here; ``writer``: the
-        lock a lone writer takes (None where it takes none)."""
+    def lock(self, names: Sequence[str], *, owner: object | None = None) -> Lock | None:
+        """The lock of ``names`` (a manifest name, a shard prefix) here (None where none is
+        taken). ``owner``: the lone writer holding it, which lends it to nothing and lets it
+        go when collected unclosed; without one, a build's, held by this target and lent to
+        the writer the build opens on it."""
 
     # -- a parallel build's work state ---------------------------------------------
     @abstractmethod
