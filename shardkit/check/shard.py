@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, BinaryIO
 from shardkit._types import ObjectRef
 from shardkit.check.decoded import bad_fields
 from shardkit.check.report import Problem
+from shardkit.check.summary import DigestingReader
 from shardkit.errors import FetchError, ShardFormatError, ShardkitError
 from shardkit.format.checksum import split_checksum
 from shardkit.format.compression import open_tar
@@ -127,9 +128,10 @@ def _check_deep(
         tee = HashingReader(f, _digest(algo, how.progress, entry))
         offsets: list[tuple[int, int]] = []
         end: int | None = None
+        digests: list[int] | None = None
         try:
             with open_tar(tee, url=entry.url) as (tar, kind):  # type: ignore[arg-type]
-                offsets, end = _scan(tar, entry.url, size if kind is None else None, how)
+                offsets, end, digests = _scan(tar, entry.url, size if kind is None else None, how)
         except ShardFormatError as exc:
             if isinstance(exc.__cause__, OSError):  # the bytes could not be read at all
                 raise exc.__cause__ from exc
@@ -138,7 +140,7 @@ def _check_deep(
         tee.drain(buf)
     problems.extend(_check_pieces(entry, tee))
     if not problems:
-        problems.extend(_check_samples(manifest, entry, opener, offsets, end))
+        problems.extend(_check_samples(manifest, entry, opener, offsets, end, digests))
     return tee.digest.size, tee.digest.checksum(), problems
 
 
@@ -154,17 +156,22 @@ def _check_decoded(entry: ShardEntry, url: str, opener: Opener, how: _How) -> li
 
 def _scan(
     f: BinaryIO, url: str, size: int | None, how: _How
-) -> tuple[list[tuple[int, int]], int | None]:
-    """Read every sample of a tar stream: each one's ``(offset, signature)``, and the end
-    (members the tar policy skips are noted in ``how.skipped``)."""
-    reader = TarReader(f, url=url, size=size, keep_data=False, policy=how.tar_policy)
-    found = [
-        (off, sample_signature(str(s["__key__"]), [k for k in s if k != "__key__"]))
-        for off, s in reader.samples()
-    ]
+) -> tuple[list[tuple[int, int]], int | None, list[int] | None]:
+    """Read every sample of a tar stream: each one's ``(offset, signature)``, the end and
+    each sample's digest (None where one was too large to hold); members the tar policy
+    skips are noted in ``how.skipped``."""
+    tee = DigestingReader(f)
+    reader = TarReader(tee, url=url, size=size, keep_data=False, policy=how.tar_policy)  # type: ignore[arg-type]
+    found = []
+    for off, s in reader.samples():
+        tee.start(off)
+        found.append((off, sample_signature(str(s["__key__"]), [k for k in s if k != "__key__"])))
+    end = reader.end_offset
+    if end is not None:
+        tee.start(end)
     if reader.skipped_members:
         how.skipped[url] = {k: n for k, n in reader.skipped.items() if k != "directory"}
-    return found, reader.end_offset
+    return found, end, tee.digests if end is not None else None
 
 
 def _check_samples(
@@ -173,8 +180,10 @@ def _check_samples(
     opener: Opener,
     found: Sequence[tuple[int, int]],
     end: int | None,
+    digests: Sequence[int] | None = None,
 ) -> list[Problem]:
-    """Sample count and sample index against what the parse found."""
+    """Sample count and sample index against what the parse found (and each sample's
+    ``digests``, where the scan made them)."""
     offsets = [off for off, _ in found]
     out: list[Problem] = []
     if len(offsets) != entry.nsamples:
@@ -208,12 +217,16 @@ def _check_samples(
             what = "the end offset" if i == len(offsets) else f"the offset of sample {i}"
             out.append(Problem(entry.url, "index", f"sample index: {what} differs", want, got))
             return out
-    bound = _check_bound(entry, parsed, [sig for _, sig in found])
+    bound = _check_bound(entry, parsed, [sig for _, sig in found], digests)
     return out + ([bound] if bound is not None else [])
 
 
-def _check_bound(entry: ShardEntry, index: SampleIndex, sigs: Sequence[int]) -> Problem | None:
-    """A version 2 index: written for this shard, each sample's key and fields as found."""
+def _check_bound(
+    entry: ShardEntry, index: SampleIndex, sigs: Sequence[int], digests: Sequence[int] | None
+) -> Problem | None:
+    """A version 2 or 3 index: written for this shard, each sample's key and fields as
+    found, and (version 3) each sample's digest that of its bytes (``digests``, None where
+    the scan could not hold a sample to digest it)."""
     if index.shard is None or index.signatures is None:
         return None
     if index.shard != shard_binding(entry.checksum):
@@ -222,6 +235,13 @@ def _check_bound(entry: ShardEntry, index: SampleIndex, sigs: Sequence[int]) -> 
         if want != got:
             return Problem(
                 entry.url, "index", f"sample index: the key or fields of sample {i} differ"
+            )
+    if index.digests is None or digests is None:
+        return None
+    for i, (want, got) in enumerate(zip(digests, index.digests.tolist(), strict=True)):
+        if want != got:
+            return Problem(
+                entry.url, "index", f"sample index: the digest of sample {i} differs from its bytes"
             )
     return None
 

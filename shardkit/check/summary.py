@@ -31,6 +31,7 @@ from shardkit.write.inputs.discover import discover
 
 __all__ = [
     "GOOD_SHARD_BYTES",
+    "DigestingReader",
     "ShardScan",
     "add_fields",
     "first_keys",
@@ -95,7 +96,7 @@ class ShardScan:
         )
 
 
-class _Digests:
+class DigestingReader:
     """A stream over a tar (from its first byte) that digests each sample's bytes
     ``[off[i], off[i+1])`` (:func:`~shardkit.format.tario.index.sample_digest`) as the scan
     finds where samples start (:meth:`start`): the bytes read since the last start are
@@ -167,7 +168,7 @@ class _Digests:
 def _scan_tar(
     f: BinaryIO, url: str, size: int | None, nkeys: int, policy: str
 ) -> tuple[tuple[Any, ...], list[int] | None]:
-    tee = _Digests(f)
+    tee = DigestingReader(f)
     reader = TarReader(tee, url=url, size=size, keep_data=False, policy=policy)  # type: ignore[arg-type]
     offsets: list[int] = []
     stats: FieldStats = {}

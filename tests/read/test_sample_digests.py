@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from shardkit.cache import opener_for
+from shardkit.cache import make_opener, opener_for
 from shardkit.check.summary import manifest_from_shards
+from shardkit.check.verify import verify
 from shardkit.errors import ChecksumError
 from shardkit.format.layout import index_name
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.index import parse_index, sample_digest
+from shardkit.io import load_manifest
 from shardkit.io.config import IoConfig
 from shardkit.read.catalog import open_catalog
 from shardkit.read.lookup import Lookups
@@ -175,3 +177,18 @@ def test_from_shards_writes_the_digests_of_the_samples_bytes(
     assert lookups.sample(0, 1, dict(COUNTS))["__key__"] == "d/s1"
     with pytest.raises(ChecksumError, match="sample 2"):
         lookups.sample(0, 2, dict(COUNTS))
+
+
+def test_verify_deep_checks_each_digest_against_the_samples_bytes(
+    make_shards: MakeShards,
+) -> None:
+    manifest, m, _ = _set(make_shards, 3)
+    assert verify(load_manifest(str(manifest)), level="deep", opener=make_opener()).ok
+    path = Path(str(m.base)) / index_name(m.shards[0].url)
+    data = bytearray(path.read_bytes())
+    data[-8 * (8 - 2)] ^= 1  # sample 2's digest, the index vouched for as it is now
+    put_index(manifest, 0, bytes(data), with_checksum=True)
+    report = verify(load_manifest(str(manifest)), level="deep", opener=make_opener())
+    assert [(p.kind, p.message) for p in report.problems] == [
+        ("index", "sample index: the digest of sample 2 differs from its bytes")
+    ]
