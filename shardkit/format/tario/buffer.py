@@ -145,7 +145,7 @@ class Buffered:
             self._seeks = self.size is not None and seekable is not None and bool(seekable())
         return self._seeks
 
-    def _take_unbuffered(self, n: int, what: str, at: int) -> bytes:
+    def _take_unbuffered(self, n: int, what: str | None, at: int, name: str = "") -> bytes:
         """``n`` bytes read into their own object: the kernel copies them once, where
         joining the buffer with the rest would copy them twice more.
 
@@ -169,7 +169,7 @@ class Buffered:
         while len(data) < n:  # a short read: rare for a file (a signal), or its end
             more = self._read(n - len(data), self.base)
             if not more:
-                raise self.truncated(what, n, at)
+                raise self.truncated(what or f"member {name!r}", n, at)
             self.base += len(more)
             data += more
         self._unbuffered_end = self.base
@@ -230,6 +230,22 @@ class Buffered:
     def member_data(self, size: int, at: int, name: str, *, keep: bool = True) -> bytes:
         """A member's ``size`` data bytes and its padding, checked against the data's size
         and (when kept) ``max_member``; errors name the member's header at ``at``."""
+        if (
+            keep
+            and _UNBUFFERED <= size <= self.max_member
+            and size <= _PIECE
+            and self.size is not None
+            and self.base + self.pos + size <= self.size
+            and len(self.buf) - self.pos < size
+            and self._can_seek()
+        ):  # the common large member, as take() reads it, in fewer steps
+            data = self._take_unbuffered(size, None, at, name)
+            pad = (-size) % BLOCK
+            if pad:
+                if not self.fill(pad):
+                    raise self.truncated(f"the padding of member {name!r}", pad, at)
+                self.pos += pad
+            return data
         self.check_claim(size, at, name)
         what = f"member {name!r}"
         if not keep:
