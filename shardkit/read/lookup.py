@@ -28,6 +28,8 @@ What the fast path cannot read (a compressed shard, one without a sample index, 
 
 from __future__ import annotations
 
+import array
+import bisect
 import os
 import threading
 import weakref
@@ -64,20 +66,23 @@ class Locator:
     """Global sample numbers to ``(shard, sample in shard)``, from the shards' counts."""
 
     def __init__(self, counts: np.ndarray) -> None:
-        self.starts = np.zeros(len(counts) + 1, dtype=np.int64)
-        np.cumsum(counts, out=self.starts[1:])
-        self.total = int(self.starts[-1])
+        starts = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=starts[1:])
+        # bisect over an array of C ints: ~0.4 us a lookup, numpy's searchsorted of one
+        # Python int ~2-6 us (its conversions)
+        self.starts = array.array("q", starts.tobytes())
+        self.total = int(starts[-1])
 
     def locate(self, i: int) -> tuple[int, int]:
         """The shard holding global sample ``i`` (``0 <= i < total``) and its place there."""
         if not 0 <= i < self.total:
             raise IndexError(f"sample {i} is out of range: the data set has {self.total}")
-        shard = int(np.searchsorted(self.starts, i, side="right")) - 1
-        return shard, i - int(self.starts[shard])
+        shard = bisect.bisect_right(self.starts, i) - 1
+        return shard, i - self.starts[shard]
 
     def start(self, shard: int) -> int:
         """The global number of a shard's first sample."""
-        return int(self.starts[shard])
+        return self.starts[shard]
 
 
 def read_sample(
