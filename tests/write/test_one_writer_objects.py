@@ -76,7 +76,9 @@ def test_a_writer_held_open_refuses_a_second_writer_and_a_build_from_its_thread(
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_a_writer_dropped_unclosed_lets_the_next_writer_go_on_at_once(clean: Store) -> None:
+def test_a_writer_dropped_unclosed_lets_the_next_writer_go_on_at_once(
+    clean: Store, caplog: pytest.LogCaptureFixture
+) -> None:
     """A writer lost to a raise mid-write left its lock objects renewed by a heartbeat that
     held on for the life of the process; now its heartbeat stops when it is collected and
     the retry in this thread takes its lock over at once, resumes and lets go at close."""
@@ -101,6 +103,7 @@ def test_a_writer_dropped_unclosed_lets_the_next_writer_go_on_at_once(clean: Sto
         for i in range(2, 6):
             again.write(_sample(i))
     assert time.monotonic() - t0 < 5  # at once, not after a lease
+    assert "taking over the stale lock of a writer of this process dropped" in caplog.text
     assert _keys(clean, "drop") == [f"k{i:03d}" for i in range(6)]
     assert not _locks(clean)
 

@@ -104,8 +104,11 @@ class ObjectLock:
             self._forget(todo)
             raise
         for (pid, host), keys in stale.items():  # one line per lock, not per object
-            log.warning("%s: taking over the stale lock of pid %s on host %s (%s)",
-                        self.where, pid, host, ", ".join(keys))  # fmt: skip
+            whose = f"pid {pid} on host {host}"
+            if self._ours({"pid": pid, "host": host}):
+                whose = "a writer of this process dropped unclosed"
+            log.warning("%s: taking over the stale lock of %s (%s)", self.where, whose,
+                        ", ".join(keys))  # fmt: skip
         self._mine = taken
         if not taken:
             return self
