@@ -20,7 +20,10 @@
 - ``transfer``: CPU microseconds a batch of 32 LLM documents costs to cross from a worker
   process, worker side and training side, in one process; ``--against`` too;
 - ``floor``: CPU microseconds torch's DataLoader itself costs an item with 2 kept worker
-  processes (a tiny item), the training process's and the workers'.
+  processes (a tiny item), the training process's and the workers';
+- ``first``: the first batch of 2 kept worker processes on the LLM documents, from the
+  loader's making, and the next epoch's first batch; litdata's beside it (``--against``
+  too: e.g. a checkout without ``workers._primed``).
 
 ``llm`` also prints what 2 worker processes can give at most on 2 idle cores from the CPU
 each mode spends a sample (2 x 0 workers' / all the processes'): 3 processes on 2 cores
@@ -91,7 +94,21 @@ def _same(x: Any) -> Any:
     return x
 
 
-def child_llm_litdata(work: str, tensors: bool) -> dict[str, float]:
+def _litdata_llm(work: str) -> str:
+    """The LLM documents in litdata's format (16 MB chunks), written once; the folder."""
+    out = os.path.join(work, "llm-litdata")
+    if not os.path.exists(os.path.join(out, "index.json")):
+        from litdata.streaming.writer import BinaryWriter
+
+        w = BinaryWriter(out, chunk_bytes=16_000_000)
+        for i, (key, record, tokens) in enumerate(llm_docs()):
+            w[i] = {"__key__": key, "json": record, "tokens.npy": tokens}
+        w.done()
+        w.merge()
+    return out
+
+
+def child_llm_litdata(work: str, tensors: bool, first_only: bool = False) -> dict[str, float]:
     """litdata (the bench venv's) on the same LLM documents in its own format (16 MB chunks,
     written once here): 2 kept worker processes, batches of 32 laid out as shardkit's (a
     json column dict, a list of token arrays: with ``tensors`` torch tensors, the types
@@ -102,16 +119,7 @@ def child_llm_litdata(work: str, tensors: bool) -> dict[str, float]:
     from litdata import StreamingDataLoader, StreamingDataset
     from torch.utils.data import default_collate
 
-    out = os.path.join(work, "llm-litdata")
-    if not os.path.exists(os.path.join(out, "index.json")):
-        from litdata.streaming.writer import BinaryWriter
-
-        w = BinaryWriter(out, chunk_bytes=16_000_000)
-        for i, (key, record, tokens) in enumerate(llm_docs()):
-            w[i] = {"__key__": key, "json": record, "tokens.npy": tokens}
-        w.done()
-        w.merge()
-
+    out = _litdata_llm(work)
     tokens = torch.from_numpy if tensors else _same
 
     def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -126,7 +134,36 @@ def child_llm_litdata(work: str, tensors: bool) -> dict[str, float]:
     loader = StreamingDataLoader(
         ds, batch_size=32, num_workers=2, collate_fn=collate, persistent_workers=True
     )
+    if first_only:  # the first batch, then the next epoch's (no rates)
+        return _firsts(loader, t)
     return _first_and_rate(loader, t)
+
+
+def _firsts(loader: Any, t: float) -> dict[str, float]:
+    """Seconds from ``t`` (the loader's making) to its first batch, and from the next
+    epoch's ``iter()`` to its first batch (kept workers)."""
+    it = iter(loader)
+    next(it)
+    out = {"first_batch_s": time.perf_counter() - t}
+    for _batch in it:
+        pass
+    t = time.perf_counter()
+    it = iter(loader)
+    next(it)
+    out["next_epoch_first_s"] = time.perf_counter() - t
+    for _batch in it:
+        pass
+    return out
+
+
+def child_first(manifest: str) -> dict[str, float]:
+    """2 kept worker processes on the LLM documents: the first batch from the WebLoader's
+    making (the data set made before, as litdata's), and the next epoch's first batch."""
+    import shardkit
+
+    ds = shardkit.ShardDataset(manifest).decode().batched(32)
+    t = time.perf_counter()
+    return _firsts(shardkit.WebLoader(ds, num_workers=2), t)
 
 
 # -- what a child runs -------------------------------------------------------------------
@@ -327,6 +364,7 @@ def child_floor() -> dict[str, float]:
 
 
 CHILDREN = {
+    "first": child_first,
     "floor": child_floor,
     "llm_litdata": child_llm_litdata,
     "llm": child_llm,
@@ -401,7 +439,7 @@ def main() -> None:
     p.add_argument("--work", default="/tmp/shardkit-loader-probe")
     p.add_argument("--against", nargs="*", default=[], help="other checkouts (stages, reads, rate)")
     a = p.parse_args()
-    if set(a.probes) - {"llm", "transfer", "floor"}:
+    if set(a.probes) - {"llm", "transfer", "floor", "first"}:
         small, medium = make_data(a.work, "small"), make_data(a.work, "medium")
     print(f"load average before: {os.getloadavg()}")
     trees = [ROOT] + [os.path.abspath(t) for t in a.against]
@@ -422,6 +460,13 @@ def main() -> None:
         specs = [(tree, ("transfer", make_llm(a.work))) for tree in trees]
         for tree, med in _interleaved(specs, a.runs):
             print(f"transfer, LLM documents, CPU us a batch of 32, {tree}:", med)
+    if "first" in a.probes:
+        specs = [(tree, ("first", make_llm(a.work))) for tree in trees]
+        if os.path.exists(PEER_PYTHON):  # litdata's 2 kept workers, numpy batches
+            specs.append((ROOT, ("llm_litdata", a.work, False, True)))
+        for (tree, (kind, *_)), (_, med) in zip(specs, _interleaved(specs, a.runs), strict=True):
+            who = "litdata" if kind == "llm_litdata" else tree
+            print(f"first, LLM documents, 2 kept workers, s, {who}:", med)
     if "floor" in a.probes:
         for _, med in _interleaved([(ROOT, ("floor",))], a.runs):
             print("floor, torch DataLoader, 2 kept workers, CPU us an item:", med)
