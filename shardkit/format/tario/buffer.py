@@ -145,7 +145,7 @@ class Buffered:
             self._seeks = self.size is not None and seekable is not None and bool(seekable())
         return self._seeks
 
-    def _take_unbuffered(self, n: int, what: str | None, at: int, name: str = "") -> bytes:
+    def _take_unbuffered(self, n: int, what: str, at: int) -> bytes:
         """``n`` bytes read into their own object: the kernel copies them once, where
         joining the buffer with the rest would copy them twice more.
 
@@ -169,7 +169,7 @@ class Buffered:
         while len(data) < n:  # a short read: rare for a file (a signal), or its end
             more = self._read(n - len(data), self.base)
             if not more:
-                raise self.truncated(what or f"member {name!r}", n, at)
+                raise self.truncated(what, n, at)
             self.base += len(more)
             data += more
         self._unbuffered_end = self.base
@@ -239,7 +239,7 @@ class Buffered:
             and len(self.buf) - self.pos < size
             and self._can_seek()
         ):  # the common large member, as take() reads it, in fewer steps
-            data = self._take_unbuffered(size, None, at, name)
+            data = self._take_unbuffered(size, f"member {name!r}", at)
             pad = (-size) % BLOCK
             if pad:
                 if not self.fill(pad):
