@@ -457,8 +457,9 @@ class SampleVerified(io.RawIOBase):
         self._hashed = bounds[0]  # the first byte not hashed yet
         self.verified_to = bounds[0]
         self._stop = bounds[-1] if stop is None else stop
-        self._kept: deque[tuple[int, bytes]] = deque()  # recent reads, for a step back
-        self._kept_size = 0
+        # recent reads (start, end, bytes), for a step back
+        self._kept: deque[tuple[int, int, bytes]] = deque()
+        self._last = len(digests)
         self._verify_s = 0.0  # seconds spent hashing, not yet added to VERIFY_TIME
         self._told_at = bounds[0] + _TELL_EVERY
 
@@ -498,14 +499,14 @@ class SampleVerified(io.RawIOBase):
             self._same(pos, data)
         if stop > hashed:
             t = perf_counter()
-            self._hash(data, hashed - pos)
+            self._hash(data, hashed - pos, stop)
             self._verify_s += perf_counter() - t
             if stop >= self._told_at:  # now and then: the shared counter takes a lock
                 self._tell()
-        self._kept.append((pos, data))
-        self._kept_size += len(data)
-        if self._kept_size - len(self._kept[0][1]) >= _KEEP_READS:
-            self._kept_size -= len(self._kept.popleft()[1])
+        kept = self._kept
+        kept.append((pos, stop, data))
+        while kept[0][1] <= stop - _KEEP_READS:
+            kept.popleft()
         return data
 
     def readall(self) -> bytes:
@@ -515,16 +516,15 @@ class SampleVerified(io.RawIOBase):
         """The reader will not step back before ``pos``: what was read before it need not
         be kept (kept, it holds memory the next reads would reuse warm)."""
         kept = self._kept
-        while kept and kept[0][0] + len(kept[0][1]) <= pos:
-            self._kept_size -= len(kept.popleft()[1])
+        while kept and kept[0][1] <= pos:
+            kept.popleft()
 
-    def _hash(self, data: bytes, at: int) -> None:
-        """Hash ``data[at:]`` (the bytes from :attr:`_hashed` on), checking each sample it
-        completes; past the last sample the bytes must be zeros."""
+    def _hash(self, data: bytes, at: int, stop: int) -> None:
+        """Hash ``data[at:]`` (the bytes from :attr:`_hashed` on, up to ``stop``),
+        checking each sample it completes; past the last sample the bytes must be zeros."""
         a = self._hashed
-        stop = a + len(data) - at
         k = self._k
-        if k < len(self._digests) and stop < self._bounds[k + 1]:
+        if k < self._last and stop < self._bounds[k + 1]:
             h = self._h  # inside one sample (a large member read into its own object)
             if h is None:
                 h = self._h = SampleDigester()
@@ -533,7 +533,7 @@ class SampleVerified(io.RawIOBase):
             return
         view = memoryview(data)
         bounds = self._bounds
-        last = len(self._digests)
+        last = self._last
         while a < stop:
             if k == last:
                 if data.count(0, at) != len(data) - at:
@@ -565,7 +565,7 @@ class SampleVerified(io.RawIOBase):
         is, where the reader met its damage (a header that does not parse) before its end;
         nothing when it matches, or when more than 64 MiB of it are left (the reader's own
         error then stands: a legitimately refused member is not read to its end)."""
-        if self._k >= len(self._digests):
+        if self._k >= self._last:
             return
         end = self._bounds[self._k + 1]
         if end - self._hashed > _SETTLE_MAX:
@@ -597,8 +597,8 @@ class SampleVerified(io.RawIOBase):
     def _same(self, pos: int, data: bytes) -> None:
         """Bytes read again after a step back must be the ones hashed the first time."""
         stop = min(pos + len(data), self._hashed)
-        for at, old in self._kept:
-            lo, hi = max(pos, at), min(stop, at + len(old))
+        for at, end, old in self._kept:
+            lo, hi = max(pos, at), min(stop, end)
             if lo < hi and data[lo - pos : hi - pos] != old[lo - at : hi - at]:
                 k = bisect.bisect_right(self._bounds, lo) - 1
                 raise ChecksumError(
