@@ -253,16 +253,16 @@ class _Gate:
         self.stream = stream
         self.bounds = bounds
 
-    def check(self, got: int, offset: int, url: str, key: object) -> None:
+    def error(self, got: int, offset: int, url: str, key: object) -> ChecksumError:
+        """The error for the range's sample ``got`` found at ``offset`` that did not pass."""
         bounds = self.bounds
-        if offset != bounds[got] or self.stream.verified_to < bounds[got + 1]:
-            raise ChecksumError(
-                f"sample {key!r} at byte {offset} is not the one its index checked "
-                f"(bytes {bounds[got]}..{bounds[got + 1]}, checked up to "
-                f"{self.stream.verified_to}): not read",
-                url=url,
-                offset=offset,
-            )
+        return ChecksumError(
+            f"sample {key!r} at byte {offset} is not the one its index checked "
+            f"(bytes {bounds[got]}..{bounds[got + 1]}, checked up to "
+            f"{self.stream.verified_to}): not read",
+            url=url,
+            offset=offset,
+        )
 
 
 def _count_skipped(reader: TarReader, counts: dict[str, float], told: list[int]) -> None:
@@ -298,8 +298,10 @@ def _take(
         if skip:
             skip -= 1
             continue
-        if gate is not None:
-            gate.check(got, offset, url, sample["__key__"])
+        if gate is not None and (
+            offset != gate.bounds[got] or gate.stream.verified_to < gate.bounds[got + 1]
+        ):
+            raise gate.error(got, offset, url, sample["__key__"])
         if got == 0 and where.first is not None:
             check_signature(sample, where.first, info, lo)
         if got == want - 1 and where.last is not None:

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from xxhash import xxh3_64
 
 from shardkit import ChecksumError, ShardDataset, read_shard
 from shardkit.cache import opener_for
 from shardkit.format.layout import index_name
 from shardkit.format.manifest.model import Manifest
-from shardkit.format.tario.index import parse_index, sample_digest
+from shardkit.format.tario.index import SampleDigester, parse_index, sample_digest
 from shardkit.format.tario.writer import member_header
 from shardkit.io.config import IoConfig
 from shardkit.io.verified import SampleVerified
@@ -158,3 +159,14 @@ def test_an_index_that_cannot_be_read_leaves_a_whole_read_to_the_pieces(
     _flip(shard, offsets[6] + 1536 + 100)
     with pytest.raises(ChecksumError, match="piece 0"):
         list(ShardDataset(str(manifest), shardshuffle=False))
+
+
+def test_the_hash_fed_in_parts_is_the_sample_digest() -> None:
+    # SampleVerified feeds xxhash's own object (not index.SampleDigester) as reads arrive
+    data = os.urandom(70_001)
+    h = xxh3_64()
+    for a in range(0, len(data), 4096):
+        h.update(data[a : a + 4096])
+    whole = SampleDigester()
+    whole.update(data)
+    assert h.intdigest() == sample_digest(data) == whole.digest()

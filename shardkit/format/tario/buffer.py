@@ -65,8 +65,9 @@ class Buffered:
         self._unbuffered_end = -1  # where the last member read unbuffered ended
         self.member_offset = start  # where the last member (with its pax headers) began
         self.end_offset: int | None = None  # the end-of-archive marker (or ``end``), once met
-        # told that nothing before an offset is read again (a stream that keeps its last
-        # reads to check a step back: io.verified.SampleVerified)
+        # told, after a member read into its own object, that nothing before its end is
+        # read again (a stream that keeps its last reads to check a step back keeps no
+        # member: io.verified.SampleVerified)
         self._forget: Callable[[int], None] | None = getattr(f, "forget_before", None)
 
     @property
@@ -94,8 +95,6 @@ class Buffered:
         parts = [self.buf[self.pos :]] if avail else []
         self.base += self.pos
         self.pos = 0
-        if self._forget is not None:
-            self._forget(self.base)
         chunk, self._chunk = self._chunk, min(self._chunk * 2, _CHUNK)
         while avail < need:
             data = self._read(max(need, chunk) - avail, self.base + avail)
