@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,25 @@ pytestmark = pytest.mark.integration
 
 def _start(*args: str | os.PathLike[str]) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "shardkit", *map(str, args)]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with _sigint_not_ignored():
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@contextlib.contextmanager
+def _sigint_not_ignored() -> Iterator[None]:
+    """A child started in here gets SIGINT at its default, as a build run from a terminal
+    does. A shell without job control ignores SIGINT in a job it runs in the background
+    (`bash -c 'pytest ... & wait'`); pytest and the build inherit that and rightly keep it:
+    the test's SIGINT was lost and the build waited on its FIFO for 60 s (as on CI). A
+    signal the parent handles is reset to its default by exec."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def test_a_second_build_into_one_output_fails_at_once_naming_the_first(tmp_path: Path) -> None:
