@@ -18,8 +18,9 @@ Inside a process the lock is held by an object, as a local folder's is
 the build opens on it; a lone writer's by the writer, lent to nothing, so a build or a second
 writer of its prefix is refused from its own thread too. A writer dropped unclosed (collected
 after a raise mid-write) stops renewing at once and makes no request (the store may be gone):
-a new lock in this process takes its lock objects over at once, another process once they
-were not renewed for :data:`LEASE` seconds. Two builds taking over one stale lock
+a new lock in this process takes its lock objects over at once (once a renewal already
+under way has ended: landing later, it would put them back), another process once they were
+not renewed for :data:`LEASE` seconds. Two builds taking over one stale lock
 at the same instant can both succeed (deleting a stale lock is not conditional here); a
 build paused past the lease can renew a lock another build has taken over.
 """
@@ -48,7 +49,7 @@ LEASE = 600.0  # a lock not renewed for this long belongs to a build that is gon
 RENEW = 60.0
 
 
-_HELD: dict[str, Holder] = {}  # lock url -> who holds it in this process
+_HELD: dict[str, ObjectLock] = {}  # lock url -> the lock of this process holding it
 _GUARD = threading.RLock()  # a refused reservation lets go of what it reserved under it
 
 
@@ -90,6 +91,8 @@ class ObjectLock:
     def acquire(self) -> ObjectLock:
         """Take every lock object or none; a WriterError naming the holder if held."""
         todo, dropped = self._reserve()
+        for old in {id(lock): lock for lock in dropped.values()}.values():
+            old._halt()  # a renewal of the dropped lock under way lands before ours
         taken: list[str] = []
         stale: dict[tuple[Any, Any], list[str]] = {}  # holder taken over -> its lock objects
         try:
@@ -116,23 +119,24 @@ class ObjectLock:
         self._renewer.start()
         return self
 
-    def _reserve(self) -> tuple[list[str], set[str]]:
+    def _reserve(self) -> tuple[list[str], dict[str, ObjectLock]]:
         """The keys to take (those this process holds for a lock lending itself to ours
         are not), each reserved for this lock, and those of them a holder of this process
-        dropped unclosed; a WriterError if a live one of this process holds any."""
+        dropped unclosed (with its lock); a WriterError if a live one of this process holds
+        any."""
         todo: list[str] = []
-        dropped: set[str] = set()
+        dropped: dict[str, ObjectLock] = {}
         with _GUARD:
             for key in self.keys:
                 held = _HELD.get(self.store.url(key))
-                if held is not None and held.alive():
-                    if held.lends_to(self._held_by.via()):
+                if held is not None and held._held_by.alive():
+                    if held._held_by.lends_to(self._held_by.via()):
                         continue
                     self._forget(todo)
-                    raise held.refuse(self.where)
+                    raise held._held_by.refuse(self.where)
                 if held is not None:
-                    dropped.add(key)
-                _HELD[self.store.url(key)] = self._held_by
+                    dropped[key] = held
+                _HELD[self.store.url(key)] = self
                 todo.append(key)
         return todo, dropped
 
@@ -140,7 +144,7 @@ class ObjectLock:
         """This process holds ``keys`` for this lock no more (another may hold them now)."""
         with _GUARD:
             for key in keys:
-                if _HELD.get(self.store.url(key)) is self._held_by:
+                if _HELD.get(self.store.url(key)) is self:
                     del _HELD[self.store.url(key)]
 
     def _take(self, key: str, dropped: bool) -> dict[str, Any] | None:
@@ -191,17 +195,25 @@ class ObjectLock:
     def _renew(self) -> None:
         while not self._stop.wait(RENEW):
             for key in self._mine:
+                if self._stop.is_set():
+                    break
                 try:
                     self.store.put(key, self._body())
                 except Exception as exc:  # noqa: BLE001 - the next renewal tries again
                     log.warning("%s: could not renew the lock %s: %r", self.where, key, exc)
 
+    def _halt(self) -> None:
+        """Stop renewing and wait for a renewal under way: its put must not land after
+        the lock objects were deleted or taken over."""
+        self._stop.set()
+        renewer = self._renewer
+        if renewer is not None and renewer is not threading.current_thread():
+            renewer.join()
+
     def release(self) -> None:
         """Stop renewing and delete the lock objects."""
-        self._stop.set()
-        if self._renewer is not None:
-            self._renewer.join()
-            self._renewer = None
+        self._halt()
+        self._renewer = None
         mine, self._mine = self._mine, []
         self._forget(mine)
         for key in mine:

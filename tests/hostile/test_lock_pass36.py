@@ -1,0 +1,82 @@
+"""Hostile pass on the writer lock held by the writer, not its thread (711492c, 32112e7):
+object-store lock objects (moto on 127.0.0.1) taken over from a writer
+dropped unclosed. Each test failed on the code before its fix."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import shardkit as sk
+from shardkit.write.writer import object_lock
+from tests.helpers.stores import Store, moto_store
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[Store]:
+    with moto_store() as s:
+        yield s
+
+
+def _sample(i: int) -> dict[str, object]:
+    return {"__key__": f"k{i:03d}", "txt": f"sample {i}"}
+
+
+def _locks(store: Store, prefix: str) -> list[str]:
+    return [k for k in store.names() if k.startswith(prefix + "/.lock-")]
+
+
+def _renewers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "shardkit-lock"]
+
+
+@pytest.mark.timeout(30)
+def test_a_renewal_in_flight_when_its_writer_is_dropped_leaves_no_lock_behind(
+    s3: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dropped writer's heartbeat was only told to stop: a renewal already on its way (a
+    slow store, a retry) put the lock object back after the writer that took it over had
+    closed and deleted it, so the prefix stayed locked by this very process ('another build
+    writes here (pid <ours>)') for the lease. Taking over now waits for that renewal to end."""
+    monkeypatch.setattr(object_lock, "RENEW", 0.05)
+    url = s3.url("inflight/")
+    entered, go = threading.Event(), threading.Event()
+
+    def write_and_drop() -> None:
+        w = sk.ShardWriter(url)
+        w.write(_sample(0))
+        store: Any = w.output.store  # type: ignore[attr-defined]
+        real = store.put
+
+        def slow_put(key: str, data: bytes) -> str:  # the store answers this one late
+            entered.set()
+            go.wait(3)
+            return str(real(key, data))
+
+        store.put = slow_put
+        assert entered.wait(3)  # the heartbeat is inside a renewal now
+        raise RuntimeError("a bug mid-write")
+
+    with pytest.raises(RuntimeError):
+        write_and_drop()
+    gc.collect()
+    timer = threading.Timer(1.0, go.set)  # the slow answer comes in the end
+    timer.start()
+    try:
+        with sk.ShardWriter(url, resume=True) as again:
+            again.write(_sample(1))
+        go.set()  # (before the fix the taker had closed by now: the late put lands after)
+        for t in _renewers():
+            t.join(timeout=5)
+    finally:
+        go.set()
+        timer.cancel()
+    assert not _locks(s3, "inflight")
+    sk.ShardWriter(url, resume=True).close()  # not refused by a lock of our own
+    assert not _locks(s3, "inflight")
