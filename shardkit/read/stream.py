@@ -192,7 +192,7 @@ def _read_range(
         told = [0]
         offset = lambda: reader.offset  # noqa: E731 - the same callable goes to left()
         at(ref.url, offset)  # where a stall report finds this reader, until left
-        gate = _Gate(opened[0], bounds) if opened else None
+        gate = _Gate(opened[0], bounds, reader.src) if opened else None
         try:
             for sample in _take(reader.samples(), info, where, lo, hi, gate):
                 if reader.skipped:  # rare: a member passed over (counted before the sample)
@@ -247,11 +247,16 @@ _unread: set[str | None] = set()  # indexes warned about (read by pieces instead
 class _Gate:
     """What a sample must show before it is handed out on a read checked sample by sample:
     it starts where the index says, and every byte up to the next one's start was checked
-    (:class:`~shardkit.io.verified.SampleVerified`)."""
+    (:class:`~shardkit.io.verified.SampleVerified`), the bytes its members came from too:
+    the reader hands a sample out once it has read the next sample's first member, whose
+    start (``src.member_offset``) is where the sample's bytes end; a member the reader took
+    into it from past its end in the index (a header there changed to its key) is bytes of
+    the next sample, not checked yet."""
 
-    def __init__(self, stream: SampleVerified, bounds: array[int]) -> None:
+    def __init__(self, stream: SampleVerified, bounds: array[int], src: Any) -> None:
         self.stream = stream
         self.bounds = bounds
+        self.src = src
 
     def error(self, got: int, offset: int, url: str, key: object) -> ChecksumError:
         """The error for the range's sample ``got`` found at ``offset`` that did not pass."""
@@ -299,7 +304,9 @@ def _take(
             skip -= 1
             continue
         if gate is not None and (
-            offset != gate.bounds[got] or gate.stream.verified_to < gate.bounds[got + 1]
+            offset != gate.bounds[got]
+            or gate.stream.verified_to < gate.bounds[got + 1]
+            or gate.stream.verified_to < gate.src.member_offset
         ):
             raise gate.error(got, offset, url, sample["__key__"])
         if got == 0 and where.first is not None:

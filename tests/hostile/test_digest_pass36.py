@@ -1,0 +1,55 @@
+"""Hostile pass 36 on sample index version 3 (per-sample digests) and the reads that trust
+it: a verified read never hands out a byte its digest did not check."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import shardkit as sk
+from shardkit import ChecksumError
+from shardkit.format.layout import index_name
+from shardkit.format.tario.index import parse_index
+
+
+def _write(out: Path, samples: list[dict[str, object]]) -> tuple[Path, Path, list[int]]:
+    """One shard of ``samples``: the manifest, the shard's path, the index's offsets."""
+    with sk.ShardWriter(str(out)) as w:
+        for s in samples:
+            w.write(s)
+    url = json.loads((out / "manifest.json").read_text())["shards"][0]["url"]
+    index = parse_index((out / index_name(url)).read_bytes())
+    assert index.version == 3
+    return out / "manifest.json", out / url, [int(o) for o in index.offsets]
+
+
+def _rename(shard: Path, at: int, old: bytes, new: bytes) -> None:
+    """Change the name of the member whose header is at ``at`` (same length), its header's
+    checksum made right again: a header that parses, with the shard's size unchanged."""
+    data = bytearray(shard.read_bytes())
+    assert data[at : at + len(old)] == old
+    data[at : at + len(new)] = new
+    data[at + 148 : at + 156] = b" " * 8
+    data[at + 148 : at + 156] = b"%06o\0 " % sum(data[at : at + 512])
+    shard.write_bytes(bytes(data))
+
+
+def test_a_member_taken_from_the_next_samples_bytes_is_not_handed_out(tmp_path: Path) -> None:
+    # sample 1's first header renamed to sample 0's key: the reader joins that member to
+    # sample 0 and hands sample 0 out once it meets s1.b, before sample 1's bytes (3 MiB,
+    # past the reader's buffer) are whole and checked: its member came from unchecked bytes
+    manifest, shard, offsets = _write(
+        tmp_path / "set",
+        [
+            {"__key__": "s0", "txt": b"zero"},
+            {"__key__": "s1", "a": b"SECRET", "b": b"bb", "c": bytes(3 << 20)},
+            {"__key__": "s2", "txt": b"two"},
+        ],
+    )
+    _rename(shard, offsets[1], b"s1.a", b"s0.a")
+    got: list[dict[str, object]] = []
+    with pytest.raises(ChecksumError) as info:
+        got.extend(sk.ShardDataset(str(manifest), shardshuffle=False))
+    assert got == [] and info.value.url == str(shard)
