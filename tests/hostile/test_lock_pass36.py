@@ -1,10 +1,11 @@
 """Hostile pass on the writer lock held by the writer, not its thread (711492c, 32112e7):
 object-store lock objects (moto on 127.0.0.1) taken over from a writer
-dropped unclosed. Each test failed on the code before its fix."""
+dropped unclosed, inherited by a forked child. Each test failed on the code before its fix."""
 
 from __future__ import annotations
 
 import gc
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 import shardkit as sk
+from shardkit.errors import WriterError
 from shardkit.write.writer import object_lock
 from tests.helpers.stores import Store, moto_store
 
@@ -80,3 +82,34 @@ def test_a_renewal_in_flight_when_its_writer_is_dropped_leaves_no_lock_behind(
     assert not _locks(s3, "inflight")
     sk.ShardWriter(url, resume=True).close()  # not refused by a lock of our own
     assert not _locks(s3, "inflight")
+
+
+@pytest.mark.timeout(30)
+def test_a_forked_child_is_refused_by_its_parents_lock_as_another_process(s3: Store) -> None:
+    """A child forked while its parent held a writer open inherited the registry of this
+    process's lock objects: it was refused as 'a ShardWriter this thread holds open: close
+    it first', the parent's writer, which the child must not close (that deletes the
+    parent's lock objects and writes a manifest over its shards). As a folder's lock, the
+    object lock is not inherited: the child is refused by the parent's lock objects, named."""
+    url = s3.url("forked/")
+    with sk.ShardWriter(url) as w:
+        w.write(_sample(0))
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through the pipe
+            try:
+                sk.ShardWriter(url).close()
+                said = "let in"
+            except WriterError as exc:
+                said = str(exc)
+            except BaseException as exc:  # noqa: BLE001 - reported, the child ends at once
+                said = repr(exc)
+            os.write(write, said.encode())
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as f:
+            said = f.read().decode()
+        os.waitpid(pid, 0)
+        assert f"pid {os.getpid()} on host" in said, said
+        w.write(_sample(1))
+    assert not _locks(s3, "forked")

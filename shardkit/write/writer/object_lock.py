@@ -16,7 +16,8 @@ clocks are minutes apart shorten or lengthen that).
 Inside a process the lock is held by an object, as a local folder's is
 (:class:`~shardkit.write.writer.lock.Holder`): a build's by its target, lent to the writer
 the build opens on it; a lone writer's by the writer, lent to nothing, so a build or a second
-writer of its prefix is refused from its own thread too. A writer dropped unclosed (collected
+writer of its prefix is refused from its own thread too; a forked child inherits none (the
+parent refuses it as another process). A writer dropped unclosed (collected
 after a raise mid-write) stops renewing at once and makes no request (the store may be gone):
 a new lock in this process takes its lock objects over at once (once a renewal already
 under way has ended: landing later, it would put them back), another process once they were
@@ -51,6 +52,15 @@ RENEW = 60.0
 
 _HELD: dict[str, ObjectLock] = {}  # lock url -> the lock of this process holding it
 _GUARD = threading.RLock()  # a refused reservation lets go of what it reserved under it
+_HOOKED: list[bool] = []
+
+
+def _forget_in_child() -> None:
+    """A forked child holds none of its parent's locks: their lock objects name the
+    parent, which refuses the child as another process."""
+    global _GUARD
+    _GUARD = threading.RLock()  # another thread of the parent may have held it at the fork
+    _HELD.clear()
 
 
 class ObjectLock:
@@ -127,6 +137,9 @@ class ObjectLock:
         todo: list[str] = []
         dropped: dict[str, ObjectLock] = {}
         with _GUARD:
+            if not _HOOKED:
+                os.register_at_fork(after_in_child=_forget_in_child)
+                _HOOKED.append(True)
             for key in self.keys:
                 held = _HELD.get(self.store.url(key))
                 if held is not None and held._held_by.alive():
