@@ -29,6 +29,7 @@ from typing import Any, overload
 
 import numpy as np
 import torch
+from numpy.lib.stride_tricks import as_strided
 
 from shardkit.errors import StateDictError, TransferError
 
@@ -119,14 +120,28 @@ def _c_layout(x: np.ndarray) -> bool:
 
 def c_order(x: np.ndarray) -> np.ndarray:
     """``x`` itself when laid out in C order, else a C-ordered copy (0-d stays 0-d)."""
-    return x if _c_layout(x) else np.array(x, order="C")
+    return x if _c_layout(x) else _c_copy(x)
+
+
+def _c_copy(x: np.ndarray) -> np.ndarray:
+    """A C-ordered, writeable copy of ``x``. numpy leaves an empty array's strides 0 (astype,
+    copies); C order's are what a worker process's pickle gives it, so every mode does."""
+    return _empty_c(x) if x.size == 0 else np.array(x, order="C")
+
+
+def _empty_c(x: np.ndarray) -> np.ndarray:
+    """An empty array of ``x``'s shape and dtype with C order's strides, as pickle rebuilds
+    one (writeable: no bytes to share)."""
+    strides = _c_strides(x.shape, x.itemsize)
+    out: np.ndarray = as_strided(np.empty(x.shape, x.dtype), strides=strides)
+    return out
 
 
 def _tensor(x: np.ndarray) -> torch.Tensor:
     """A tensorable array as a C-contiguous tensor: its memory when it can be, else a copy
     (torch cannot hold negative strides, and must not write into a read-only array)."""
     if not (x.flags.writeable and _c_layout(x)):
-        x = np.array(x, order="C")
+        x = _c_copy(x)
     return torch.from_numpy(x)
 
 

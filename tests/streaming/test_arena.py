@@ -4,6 +4,7 @@ and a slot is never written while a batch handed out still reads it."""
 from __future__ import annotations
 
 import gc
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -234,3 +235,62 @@ def test_a_workers_small_first_batch_crosses_the_pipe_as_a_slot_would_give_it() 
     assert isinstance(big.pack(huge), Parcel)
     with_tensor = WorkerArena(Lanes(1), 0)
     assert isinstance(with_tensor.pack(_batch(3)), Parcel)
+
+
+def test_control_blocks_start_as_zeros_in_shared_memory() -> None:
+    """The workers' control block and the mailbox are made in shared memory without a fill
+    (a fresh shared segment is zeros): every slot starts unreleased and unknown."""
+    from shardkit.streaming.transfer import Mailbox
+
+    for _ in range(3):  # memory the allocator handed out before, dirtied
+        torch.full((1 << 16,), 7, dtype=torch.int64).sum()
+        lanes, box = Lanes(3), Mailbox()
+        assert lanes.ctl.is_shared() and box.buf.is_shared()
+        assert lanes.ctl.shape == (3, SLOTS, 2) and lanes.ctl.dtype == torch.int64
+        assert not lanes.ctl.any() and not box.buf.any()
+    box.write({"epoch": 3})
+    assert box.read() == {"epoch": 3}
+
+
+def _layout(x: Any) -> Any:
+    if type(x) is list:
+        return [_layout(v) for v in x]
+    strides = x.stride() if type(x) is torch.Tensor else x.strides
+    return type(x), x.dtype, tuple(x.shape), strides
+
+
+def _crossed(a: WorkerArena, tree: Any, pin: bool) -> tuple[type, Any]:
+    """``tree`` as a worker process sends it (pickled) and the training process opens it
+    (the DataLoader's pin thread, pinning where it can, or the loader)."""
+    opened = pickle.loads(pickle.dumps(a.crossing(tree))).load()
+    return type(opened), opened.pin_memory() if pin else take_over(opened)[0]
+
+
+@pytest.mark.parametrize("pin", [False, True])
+def test_empty_arrays_and_runs_of_rows_cross_as_every_mode_gives_them(pin: bool) -> None:
+    """A worker process hands out what threads and 0 workers do (types, dtypes, shapes,
+    strides, values) for empty arrays, which numpy leaves with strides of 0 (astype, copies)
+    where pickle rebuilds C order's, and for a list of arrays of rows split from its slot."""
+    rng = np.random.default_rng(5)
+    empty = rng.standard_normal((0, 3)).astype(np.float32)  # strides (0, 0)
+    frozen = empty.copy()
+    frozen.flags.writeable = False
+    rows = [rng.standard_normal((n, 3)).astype(np.float32) for n in (90, 0, 41, 130)]
+    tree = {
+        "empty": empty,
+        "frozen": frozen,
+        "big_endian": empty.astype(">f4"),
+        "objects": np.zeros((0, 2), object).astype(object),
+        "one_d": np.zeros(0, np.int64).astype(np.int64),
+        "rows": rows,
+        "pad": np.zeros(600, np.int32),
+    }
+    a = WorkerArena(Lanes(1), 0)
+    for kind in (InlineBatch, Parcel):  # the first batch crosses the pipe whole, then slots
+        crossed, got = _crossed(a, tree, pin)
+        assert crossed is kind
+        want = deliver(tree)
+        for k in tree:
+            assert _layout(got[k]) == _layout(want[k]), k
+        for g, w in zip(got["rows"], want["rows"], strict=True):
+            assert torch.equal(g, w)
