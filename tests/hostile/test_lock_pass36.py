@@ -8,6 +8,7 @@ import gc
 import os
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -113,3 +114,30 @@ def test_a_forked_child_is_refused_by_its_parents_lock_as_another_process(s3: St
         assert f"pid {os.getpid()} on host" in said, said
         w.write(_sample(1))
     assert not _locks(s3, "forked")
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_the_next_writer_of_a_folder_removes_the_shard_a_dropped_writer_left_half_written(
+    tmp_path: Path,
+) -> None:
+    """A writer dropped unclosed (a raise mid-write) left its open shard's temp file; the
+    next writer of this process, let in at once, kept it (a temp file of a pid that runs was
+    taken for a live writer's), so each retry in a notebook left up to a shard's size of
+    hidden bytes for the life of the process. Under the prefix's lock no live writer of this
+    process writes there: the next writer removes them."""
+    out = tmp_path / "out"
+
+    def write_and_fail() -> None:
+        w = sk.ShardWriter(str(out), maxcount=2)
+        for i in range(3):  # one shard whole, the next one open
+            w.write(_sample(i))
+        raise RuntimeError("a bug mid-write")
+
+    with pytest.raises(RuntimeError):
+        write_and_fail()
+    gc.collect()
+    assert [p.name for p in out.glob(".data-*.tmp-*")]  # the open shard's bytes
+    with sk.ShardWriter(str(out), overwrite=True) as again:
+        again.write(_sample(9))
+    assert not [p.name for p in out.glob(".data-*.tmp-*")]
+    assert sorted(p.name for p in out.glob("data-*")) == ["data-000000.tar"]

@@ -35,6 +35,12 @@ def _shard_pattern(prefix: str) -> re.Pattern[str]:
     return re.compile(rf"^{re.escape(prefix)}-\d{{6,}}\.tar(?:\.zst|\.gz)?(?:\.idx)?$")
 
 
+def _writing(pid: int) -> bool:
+    """Whether a shard's temp file of ``pid`` may be a live writer's, to one that holds the
+    prefix's lock: not this process's (a writer of it dropped unclosed left it)."""
+    return pid != os.getpid() and pid_alive(pid)
+
+
 class LocalTarget(Target):
     """A local folder (module docstring)."""
 
@@ -69,7 +75,7 @@ class LocalTarget(Target):
         ours = re.compile(rf"^\.tmp-\w+-{stem}\.(?:json|json\.cols|csv)$")
         for name in os.listdir(self.out_dir):
             m = mine.match(name)
-            if (m is not None and not pid_alive(int(m.group(1)))) or ours.match(name):
+            if (m is not None and not _writing(int(m.group(1)))) or ours.match(name):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(self.out_dir, name))
 
