@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import shardkit as sk
-from shardkit.errors import WriterError
+from shardkit.errors import ConfigError, WriterError
 from shardkit.write.writer import object_lock
 from tests.helpers.stores import Store, moto_store
 
@@ -141,3 +141,17 @@ def test_the_next_writer_of_a_folder_removes_the_shard_a_dropped_writer_left_hal
         again.write(_sample(9))
     assert not [p.name for p in out.glob(".data-*.tmp-*")]
     assert sorted(p.name for p in out.glob("data-*")) == ["data-000000.tar"]
+
+
+def test_a_manifest_named_by_a_path_is_refused_not_locked_beside_another_folders(
+    s3: Store, tmp_path: Path
+) -> None:
+    """ShardWriter(s3://b/p, manifest='sub/manifest.json') locked '.lock-sub/manifest.json'
+    under p and wrote p/sub/manifest.json, where a writer of s3://b/p/sub locks
+    '.lock-manifest.json' under p/sub: both were let in and wrote one manifest. In a folder
+    the same name was a bare FileNotFoundError. A manifest is a name, refused as a path."""
+    for out in (s3.url("named/"), str(tmp_path / "out")):
+        for name in ("sub/manifest.json", "../manifest.json", ".."):
+            with pytest.raises(ConfigError, match="is a file name in the output, not a path"):
+                sk.ShardWriter(out, manifest=name)
+    assert not _locks(s3, "named")

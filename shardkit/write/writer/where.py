@@ -27,6 +27,14 @@ def open_target(
     if isinstance(out, Target):
         return out
     text = os.fspath(out)
+    if manifest in ("", ".", "..") or "/" in manifest or os.sep in manifest:
+        # its lock, journal and shards would lie in another folder than the manifest, where
+        # a writer of that folder takes other locks: both were let in, one manifest
+        raise ConfigError(
+            f"manifest {manifest!r} is a file name in the output, not a path: name the folder "
+            f"in the output ({redact(text)!r}) and the manifest alone "
+            f"(manifest={os.path.basename(manifest) or 'manifest.json'!r})"
+        )
     if is_object_url(text):
         parse_url(text)  # the one url parser: #, ?, .., //, credentials refused before any I/O
         return ObjectTarget(str(text), manifest, endpoint_url)
