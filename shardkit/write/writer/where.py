@@ -11,6 +11,7 @@ from shardkit.io.store_base import is_object_url
 from shardkit.urls import parse_url
 from shardkit.write.writer.local import LocalTarget
 from shardkit.write.writer.objects import ObjectTarget
+from shardkit.write.writer.options import shard_suffix
 from shardkit.write.writer.target import Target
 
 __all__ = ["open_target"]
@@ -34,6 +35,12 @@ def open_target(
             f"manifest {manifest!r} is a file name in the output, not a path: name the folder "
             f"in the output ({redact(text)!r}) and the manifest alone "
             f"(manifest={os.path.basename(manifest) or 'manifest.json'!r})"
+        )
+    if manifest.endswith(tuple(shard_suffix(c) for c in (None, "zstd", "gzip"))):
+        # a lock covers a manifest's name and a shard prefix, not each shard's name: a
+        # writer of another prefix here was let in and its manifest replaced that shard
+        raise ConfigError(
+            f"manifest {manifest!r} is named as a shard is: name it *.json (manifest.json)"
         )
     if is_object_url(text):
         parse_url(text)  # the one url parser: #, ?, .., //, credentials refused before any I/O
