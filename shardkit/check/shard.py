@@ -21,7 +21,7 @@ from shardkit.check.decoded import bad_fields
 from shardkit.check.report import Problem
 from shardkit.check.summary import DigestingReader
 from shardkit.errors import FetchError, ShardFormatError, ShardkitError
-from shardkit.format.checksum import split_checksum
+from shardkit.format.checksum import new_hasher, split_checksum
 from shardkit.format.compression import open_tar
 from shardkit.format.digest import Digest, HashingReader
 from shardkit.format.manifest.model import Manifest, ShardEntry
@@ -195,7 +195,8 @@ def _check_samples(
     try:
         index_url = manifest.resolve(entry.index)
         check_within(index_url, manifest.base)
-        parsed = parse_index(opener.read(index_url), url=entry.index)
+        data = opener.read(index_url)
+        parsed = parse_index(data, url=entry.index)
         index = parsed.offsets
     except (ShardkitError, OSError) as exc:
         out.append(Problem(entry.url, "index", f"sample index {entry.index}: {exc}"))
@@ -218,7 +219,31 @@ def _check_samples(
             out.append(Problem(entry.url, "index", f"sample index: {what} differs", want, got))
             return out
     bound = _check_bound(entry, parsed, [sig for _, sig in found], digests)
+    if bound is None:  # right for the shard, but readers refuse it (a lookup) or pass it over
+        bound = _check_vouched(entry, data)
     return out + ([bound] if bound is not None else [])
+
+
+def _check_vouched(entry: ShardEntry, data: bytes) -> Problem | None:
+    """The index's bytes ``data`` against the manifest's ``index_checksum`` (readers trust
+    an index, its offsets and digests, only where it matches: a lookup refuses one that
+    does not)."""
+    if entry.index_checksum is None:
+        return None
+    algo, want = split_checksum(entry.index_checksum)
+    h = new_hasher(algo)
+    h.update(data)
+    got = h.hexdigest()
+    if got == want:
+        return None
+    return Problem(
+        entry.url,
+        "index",
+        f"sample index {entry.index} differs from the manifest's index_checksum (lookups "
+        "refuse it): rewrite it with `shardkit manifest from-shards`",
+        entry.index_checksum,
+        f"{algo}:{got}",
+    )
 
 
 def _check_bound(

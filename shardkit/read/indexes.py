@@ -141,9 +141,14 @@ class IndexReader:
             try:
                 data = self._fetch(opener, url, index_size(version, n), info.index_checksum)
                 break
-            except ChecksumError:
-                if version == 1:
-                    raise
+            except ChecksumError as exc:
+                if version == 1:  # the last size tried says nothing: name what is wrong
+                    raise ChecksumError(
+                        f"sample index is not the one the manifest vouches for (index_checksum "
+                        f"{info.index_checksum}, an index of {n} samples): it was replaced or "
+                        "damaged; rewrite it with `shardkit manifest from-shards`",
+                        url=url,
+                    ) from exc
         idx = parse_index(data, url=url)
         _check_count(url, len(idx.offsets) - 1, n)
         _check_binding(url, info, idx.shard)

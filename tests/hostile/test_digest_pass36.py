@@ -7,11 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 import shardkit as sk
 from shardkit import ChecksumError
+from shardkit.cli import cli
 from shardkit.format.layout import index_name
 from shardkit.format.tario.index import parse_index
+from tests.helpers.indexes import older_index
 
 
 def _write(out: Path, samples: list[dict[str, object]]) -> tuple[Path, Path, list[int]]:
@@ -53,3 +56,19 @@ def test_a_member_taken_from_the_next_samples_bytes_is_not_handed_out(tmp_path: 
     with pytest.raises(ChecksumError) as info:
         got.extend(sk.ShardDataset(str(manifest), shardshuffle=False))
     assert got == [] and info.value.url == str(shard)
+
+
+def test_verify_deep_names_an_index_the_manifest_does_not_vouch_for(tmp_path: Path) -> None:
+    # the set's index put back as a version 2 one (as an older shardkit wrote it), the
+    # manifest's index_checksum still the version 3 one's: every lookup refuses it, and the
+    # deep check said OK
+    manifest, _, _ = _write(tmp_path / "set", [{"__key__": f"s{i}", "txt": b"v"} for i in range(3)])
+    entry = json.loads(manifest.read_text())["shards"][0]
+    index = manifest.parent / entry["index"]
+    index.write_bytes(older_index(index.read_bytes(), 2, entry["checksum"]))
+    with pytest.raises(ChecksumError, match="not the one the manifest vouches for") as info:
+        sk.IndexedShards(str(manifest))[1]
+    assert info.value.url == str(index) and entry["index_checksum"] in str(info.value)
+    result = CliRunner().invoke(cli, ["verify", "--deep", str(manifest)])
+    assert result.exit_code == 1, result.output
+    assert "differs from the manifest's index_checksum" in result.output
