@@ -391,6 +391,7 @@ def _close(chunks: object) -> None:
 _KEEP_READS = 1 << 20  # bytes of recent reads kept for a step back (the reader's buffer is less)
 _TELL_EVERY = 16 << 20  # bytes hashed between two additions to VERIFY_TIME
 _SETTLE_MAX = 64 << 20  # the most of a sample read on to name its damage
+_MARKER = 1024  # the end-of-archive marker: two zero blocks
 
 
 class SampleVerified(io.RawIOBase):
@@ -404,9 +405,10 @@ class SampleVerified(io.RawIOBase):
     tar reader reads the next header, or stops at the range's end) hands out checked
     bytes only: :attr:`verified_to` says how far they go. A sample that does not match is
     a :class:`ChecksumError` naming the shard, the sample and its offset, raised by the
-    read that completed it (or by :meth:`settle`). Reads stop at ``stop``; what lies
-    between ``bounds[-1]`` and it (the end-of-archive marker of a whole read) must be
-    zeros, so no member can come from bytes no digest covers.
+    read that completed it (or by :meth:`settle`). Reads stop at ``stop``; the two blocks
+    after ``bounds[-1]`` (the end-of-archive marker the reader parses on a whole read)
+    must be zeros, so no member can come from bytes no digest covers; what follows them
+    is read by no one as a member (tar readers stop at the marker), so it may be anything.
 
     The stream steps back (``seek``), as the tar reader does before it reads a large
     member into its own object, but only over what it read last (up to 1 MiB, less once
@@ -539,8 +541,9 @@ class SampleVerified(io.RawIOBase):
         bounds = self._bounds
         last = self._last
         while a < stop:
-            if k == last:
-                if data.count(0, at) != len(data) - at:
+            if k == last:  # the end-of-archive marker the reader parses: zeros
+                n = min(bounds[last] + _MARKER - a, len(data) - at)
+                if n > 0 and data.count(0, at, at + n) != n:
                     raise self._not_zeros(bounds[last])
                 break
             nxt = bounds[k + 1]
@@ -592,7 +595,7 @@ class SampleVerified(io.RawIOBase):
 
     def _not_zeros(self, at: int) -> ChecksumError:
         return ChecksumError(
-            "the bytes after the last sample are not the end-of-archive marker's zeros: "
+            "the two blocks after the last sample are not the end-of-archive marker's zeros: "
             "the shard is damaged; not read",
             url=self.url,
             offset=at,

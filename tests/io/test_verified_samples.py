@@ -6,7 +6,9 @@ shard, the sample and its offset, and no member can come from past the last samp
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -18,13 +20,15 @@ from xxhash import xxh3_64
 from shardkit import ChecksumError, ShardDataset, read_shard
 from shardkit.cache import opener_for
 from shardkit.format.layout import index_name
+from shardkit.format.manifest.compact import compact_path
 from shardkit.format.manifest.model import Manifest
-from shardkit.format.tario.index import SampleDigester, parse_index, sample_digest
+from shardkit.format.tario.index import SampleDigester, parse_index, sample_digest, write_index
 from shardkit.format.tario.writer import member_header
 from shardkit.io.config import IoConfig
 from shardkit.io.verified import SampleVerified
 from shardkit.read.catalog import open_catalog
 from shardkit.read.stream import read_stream
+from tests.helpers.indexes import put_index
 
 MakeShards = Callable[..., Manifest]
 
@@ -170,3 +174,31 @@ def test_the_hash_fed_in_parts_is_the_sample_digest() -> None:
     whole = SampleDigester()
     whole.update(data)
     assert h.intdigest() == sample_digest(data) == whole.digest()
+
+
+def test_what_follows_the_end_of_archive_marker_is_not_a_member(
+    make_shards: MakeShards, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a tar may go on after its marker (a tool's record padding, appended bytes): no
+    # reader takes it for members, and a verified read gives every sample as read_shard
+    manifest, shard, _ = _set(make_shards, 64)
+    with open(shard, "ab") as f:
+        f.write(b"junk after the marker".ljust(4096, b"\1"))
+    checksum = "sha256:" + hashlib.sha256(shard.read_bytes()).hexdigest()
+    doc = json.loads(manifest.read_text())
+    entry = doc["shards"][0]
+    doc["total_bytes"] += shard.stat().st_size - entry["size"]
+    entry.update(size=shard.stat().st_size, checksum=checksum)
+    entry.pop("pieces", None)
+    manifest.write_text(json.dumps(doc))
+    idx = parse_index((shard.parent / index_name(shard.name)).read_bytes())
+    assert idx.signatures is not None and idx.digests is not None
+    index = write_index(
+        idx.offsets[:-1].tolist(), int(idx.offsets[-1]), signatures=idx.signatures.tolist(),
+        shard_checksum=checksum, digests=idx.digests.tolist(),
+    )  # fmt: skip
+    put_index(manifest, 0, index)  # bound to the shard as it is now
+    Path(compact_path(str(manifest))).unlink(missing_ok=True)
+    got = list(ShardDataset(str(manifest), shardshuffle=False))
+    assert [s["__key__"] for s in got] == [s["__key__"] for s in read_shard(shard)]
+    assert "checked by the shard's pieces" not in caplog.text  # read by its samples
