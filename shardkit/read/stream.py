@@ -262,7 +262,8 @@ class _Gate:
         """The error for the range's sample ``got`` found at ``offset`` that did not pass."""
         bounds = self.bounds
         return ChecksumError(
-            f"sample {key!r} at byte {offset} is not the one its index checked "
+            f"sample {key!r} at byte {offset} (its members up to byte "
+            f"{max(self.src.member_offset, offset)}) is not the one its index checked "
             f"(bytes {bounds[got]}..{bounds[got + 1]}, checked up to "
             f"{self.stream.verified_to}): not read",
             url=url,

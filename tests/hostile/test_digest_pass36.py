@@ -55,7 +55,8 @@ def test_a_member_taken_from_the_next_samples_bytes_is_not_handed_out(tmp_path: 
     got: list[dict[str, object]] = []
     with pytest.raises(ChecksumError) as info:
         got.extend(sk.ShardDataset(str(manifest), shardshuffle=False))
-    assert got == [] and info.value.url == str(shard)
+    assert got == [] and info.value.url == str(shard) and info.value.offset == 0
+    assert f"'s0' at byte 0 (its members up to byte {offsets[1] + 1024})" in str(info.value)
 
 
 def test_verify_deep_names_an_index_the_manifest_does_not_vouch_for(tmp_path: Path) -> None:
