@@ -162,11 +162,15 @@ def test_a_manifest_named_as_a_shard_is_refused_not_written_over_another_writers
 ) -> None:
     """A lock covers a manifest's name and a shard prefix, not each shard's name: beside a
     writer of prefix 'data', a writer of prefix 'x' with manifest='data-000000.tar' was let
-    in and its manifest replaced the other's first shard (verify: not a tar header)."""
+    in and its manifest replaced the other's first shard (verify: not a tar header). A
+    manifest is a .json name."""
     with sk.ShardWriter(tmp_path, prefix="data") as w:
         w.write(_sample(0))
         for name in ("data-000000.tar", "data-000000.tar.zst", "data-000000.tar.gz"):
-            with pytest.raises(ConfigError, match="is named as a shard is"):
+            with pytest.raises(ConfigError, match=r"name it \*\.json"):
                 sk.ShardWriter(tmp_path, prefix="x", manifest=name)
         w.write(_sample(1))
     assert (tmp_path / "data-000000.tar").read_bytes()[257:262] == b"ustar"
+    for name in ("m.csv", "m"):  # its own CSV went over it; a reader took 'm' for a shard
+        with pytest.raises(ConfigError, match=r"name it \*\.json"):
+            sk.ShardWriter(tmp_path / "other", manifest=name)

@@ -117,6 +117,10 @@ class ShardWriter:
         self.piece_size = opts.piece_bytes
         self.image_quality = opts.image_quality
         self.output = open_target(out_dir, manifest, endpoint_url=endpoint_url)
+        if not isinstance(out_dir, Target) and not manifest.endswith(".json"):
+            # its CSV ({stem}.csv) was written over it ('m.csv'), and a reader takes a
+            # manifest by its .json name ('m' was read as a shard)
+            raise ConfigError(f"manifest {manifest!r} is not a .json name: name it *.json")
         self.manifest_path = self.output.manifest_path
         names = (self.output.manifest_name, f"{self.prefix}-shards")
         self._lock: Lock | None = None
