@@ -174,3 +174,27 @@ def test_a_manifest_named_as_a_shard_is_refused_not_written_over_another_writers
     for name in ("m.csv", "m"):  # its own CSV went over it; a reader took 'm' for a shard
         with pytest.raises(ConfigError, match=r"name it \*\.json"):
             sk.ShardWriter(tmp_path / "other", manifest=name)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_writer_an_exception_still_holds_is_named_so_the_refusal_says_how_to_go_on(
+    tmp_path: Path,
+) -> None:
+    """A writer that raised mid-write lives on in a traceback its caller keeps (a notebook
+    keeps the last one): the next writer there was told 'close it first', of a writer the
+    user has no name for. The refusal says what holds it."""
+
+    def write_and_fail() -> None:
+        w = sk.ShardWriter(tmp_path)
+        w.write(_sample(0))
+        raise RuntimeError("a bug mid-write")
+
+    try:
+        write_and_fail()
+    except RuntimeError as exc:
+        kept = exc  # what sys.last_value keeps in a notebook
+    with pytest.raises(WriterError, match="let go of an exception raised while it wrote"):
+        sk.ShardWriter(tmp_path)
+    del kept
+    gc.collect()
+    sk.ShardWriter(tmp_path, resume=True).close()  # let go: the next writer goes on

@@ -78,9 +78,12 @@ class Holder:
         """The error for another lock of what this live holder holds."""
         kind = "build" if self.owner is None else "ShardWriter"
         if self.thread == threading.get_ident():
+            # a writer that raised mid-write lives on in the traceback a caller (a notebook)
+            # keeps: nothing else would name how to let it go
+            kept = "" if self.owner is None else "; or let go of an exception raised while it wrote"
             return WriterError(
                 f"{what} is being written by a {kind} this thread holds open: close it first "
-                "(one writer per output)"
+                f"(one writer per output{kept}: its traceback holds the writer)"
             )
         return WriterError(
             f"{what} is being written by another thread of this process (pid {os.getpid()}, "
