@@ -25,8 +25,14 @@ from shardkit.format.checksum import new_hasher, split_checksum
 from shardkit.format.compression import open_tar
 from shardkit.format.digest import Digest, HashingReader
 from shardkit.format.manifest.model import Manifest, ShardEntry
-from shardkit.format.tario.buffer import stream_size
-from shardkit.format.tario.index import SampleIndex, parse_index, sample_signature, shard_binding
+from shardkit.format.tario.buffer import skip_bytes, stream_size
+from shardkit.format.tario.index import (
+    SampleDigester,
+    SampleIndex,
+    parse_index,
+    sample_signature,
+    shard_binding,
+)
 from shardkit.format.tario.reader import TarReader
 from shardkit.urls import check_within
 
@@ -140,7 +146,7 @@ def _check_deep(
         tee.drain(buf)
     problems.extend(_check_pieces(entry, tee))
     if not problems:
-        problems.extend(_check_samples(manifest, entry, opener, offsets, end, digests))
+        problems.extend(_check_samples(manifest, entry, (opener, url), offsets, end, digests))
     return tee.digest.size, tee.digest.checksum(), problems
 
 
@@ -177,13 +183,15 @@ def _scan(
 def _check_samples(
     manifest: Manifest,
     entry: ShardEntry,
-    opener: Opener,
+    source: tuple[Opener, str],
     found: Sequence[tuple[int, int]],
     end: int | None,
     digests: Sequence[int] | None = None,
 ) -> list[Problem]:
     """Sample count and sample index against what the parse found (and each sample's
-    ``digests``, where the scan made them)."""
+    ``digests``, where the scan made them; else read again by the index's offsets). The
+    shard is read from ``source`` (the opener, its url)."""
+    opener = source[0]
     offsets = [off for off, _ in found]
     out: list[Problem] = []
     if len(offsets) != entry.nsamples:
@@ -219,6 +227,8 @@ def _check_samples(
             out.append(Problem(entry.url, "index", f"sample index: {what} differs", want, got))
             return out
     bound = _check_bound(entry, parsed, [sig for _, sig in found], digests)
+    if bound is None and digests is None and parsed.digests is not None:
+        bound = _check_digests_by_offsets(entry, source, parsed)
     if bound is None:  # right for the shard, but readers refuse it (a lookup) or pass it over
         bound = _check_vouched(entry, data)
     return out + ([bound] if bound is not None else [])
@@ -246,6 +256,38 @@ def _check_vouched(entry: ShardEntry, data: bytes) -> Problem | None:
     )
 
 
+def _check_digests_by_offsets(
+    entry: ShardEntry, source: tuple[Opener, str], index: SampleIndex
+) -> Problem | None:
+    """Each sample's digest in ``index`` against its bytes, read again and hashed as they
+    pass by the index's offsets (the scan holds no sample over 64 MiB to digest it)."""
+    assert index.digests is not None
+    opener, url = source
+    bounds = index.offsets.tolist()
+    with opener.open(ObjectRef(url)) as f, open_tar(f, url=entry.url) as (tar, _):
+        if skip_bytes(tar, bounds[0]) < bounds[0]:
+            return None  # the shard ends early: the scan said so
+        pos, k, h = bounds[0], 0, SampleDigester()
+        while k < len(bounds) - 1:
+            data = tar.read(min(CHUNK, bounds[-1] - pos))
+            if not data:
+                return None  # the shard ends early: the scan said so
+            view, at = memoryview(data), 0
+            while at < len(data):
+                take = min(len(data) - at, bounds[k + 1] - pos)
+                h.update(view[at : at + take])
+                at, pos = at + take, pos + take
+                if pos == bounds[k + 1]:
+                    if h.digest() != int(index.digests[k]):
+                        return _digest_differs(entry.url, k)
+                    k, h = k + 1, SampleDigester()
+    return None
+
+
+def _digest_differs(url: str, i: int) -> Problem:
+    return Problem(url, "index", f"sample index: the digest of sample {i} differs from its bytes")
+
+
 def _check_bound(
     entry: ShardEntry, index: SampleIndex, sigs: Sequence[int], digests: Sequence[int] | None
 ) -> Problem | None:
@@ -265,9 +307,7 @@ def _check_bound(
         return None
     for i, (want, got) in enumerate(zip(digests, index.digests.tolist(), strict=True)):
         if want != got:
-            return Problem(
-                entry.url, "index", f"sample index: the digest of sample {i} differs from its bytes"
-            )
+            return _digest_differs(entry.url, i)
     return None
 
 

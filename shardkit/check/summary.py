@@ -104,9 +104,9 @@ class DigestingReader:
     (:attr:`digests` None; its index is then written without them) and memory stays
     bounded."""
 
-    def __init__(self, f: BinaryIO, hold: int = _HOLD) -> None:
+    def __init__(self, f: BinaryIO, hold: int | None = None) -> None:
         self.f = f
-        self.hold = hold
+        self.hold = _HOLD if hold is None else hold
         self.held: list[bytes] = []
         self.held_at = 0  # the tar offset of held[0][0]
         self.held_size = 0

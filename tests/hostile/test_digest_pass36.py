@@ -73,3 +73,34 @@ def test_verify_deep_names_an_index_the_manifest_does_not_vouch_for(tmp_path: Pa
     result = CliRunner().invoke(cli, ["verify", "--deep", str(manifest)])
     assert result.exit_code == 1, result.output
     assert "differs from the manifest's index_checksum" in result.output
+
+
+def test_verify_deep_checks_the_digests_of_samples_too_large_to_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the scan holds a sample up to 64 MiB to digest it (4 KiB here); a larger one left
+    # every digest of the index unchecked: a wrong one the manifest vouched for passed
+    import hashlib
+
+    import shardkit.check.summary
+
+    monkeypatch.setattr(shardkit.check.summary, "_HOLD", 4096)
+    manifest, _, _ = _write(
+        tmp_path / "set",
+        [{"__key__": f"s{i}", "bin": bytes([i]) * (3000 + 3000 * (i == 1))} for i in range(4)],
+    )
+    assert _verify_deep(manifest) == (0, "")
+    doc = json.loads(manifest.read_text())
+    index_path = manifest.parent / doc["shards"][0]["index"]
+    index = bytearray(index_path.read_bytes())
+    index[-8] ^= 1  # the digest of sample 3 (after the large one)
+    index_path.write_bytes(bytes(index))
+    doc["shards"][0]["index_checksum"] = "sha256:" + hashlib.sha256(index).hexdigest()
+    manifest.write_text(json.dumps(doc))
+    code, problems = _verify_deep(manifest)
+    assert code == 1 and "the digest of sample 3 differs from its bytes" in problems
+
+
+def _verify_deep(manifest: Path) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["verify", "--deep", str(manifest)])
+    return result.exit_code, result.output if result.exit_code else ""
