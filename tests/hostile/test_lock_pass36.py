@@ -16,6 +16,7 @@ import pytest
 import shardkit as sk
 from shardkit.errors import ConfigError, WriterError
 from shardkit.write.writer import object_lock
+from tests.helpers.servers import moto_process
 from tests.helpers.stores import Store, moto_store
 
 pytestmark = pytest.mark.integration
@@ -198,3 +199,20 @@ def test_a_writer_an_exception_still_holds_is_named_so_the_refusal_says_how_to_g
     del kept
     gc.collect()
     sk.ShardWriter(tmp_path, resume=True).close()  # let go: the next writer goes on
+
+
+def test_a_bucket_of_the_same_name_in_another_store_is_another_output(s3: Store) -> None:
+    """The registry of this process's lock objects was keyed by url text, which names no
+    endpoint: a writer into s3://b/p of another store (a mirror, another S3 service) was
+    refused as 'a ShardWriter this thread holds open' by the writer of s3://b/p here."""
+    import boto3
+
+    with moto_process() as other:
+        boto3.client("s3", endpoint_url=other).create_bucket(Bucket=s3.bucket)
+        url = s3.url("mirror/")
+        with sk.ShardWriter(url) as here, sk.ShardWriter(url, endpoint_url=other) as there:
+            with pytest.raises(WriterError, match="holds open"):
+                sk.ShardWriter(url)  # the same store is still one output
+            here.write(_sample(0))
+            there.write(_sample(1))
+    assert not _locks(s3, "mirror")

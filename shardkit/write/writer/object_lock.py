@@ -50,7 +50,8 @@ LEASE = 600.0  # a lock not renewed for this long belongs to a build that is gon
 RENEW = 60.0
 
 
-_HELD: dict[str, ObjectLock] = {}  # lock url -> the lock of this process holding it
+# a lock object named in full (endpoint, bucket, key) -> the lock of this process holding it
+_HELD: dict[str, ObjectLock] = {}
 _GUARD = threading.RLock()  # a refused reservation lets go of what it reserved under it
 _HOOKED: list[bool] = []
 
@@ -141,7 +142,7 @@ class ObjectLock:
                 os.register_at_fork(after_in_child=_forget_in_child)
                 _HOOKED.append(True)
             for key in self.keys:
-                held = _HELD.get(self.store.url(key))
+                held = _HELD.get(self._held_name(key))
                 if held is not None and held._held_by.alive():
                     if held._held_by.lends_to(self._held_by.via()):
                         continue
@@ -149,16 +150,21 @@ class ObjectLock:
                     raise held._held_by.refuse(self.where)
                 if held is not None:
                     dropped[key] = held
-                _HELD[self.store.url(key)] = self
+                _HELD[self._held_name(key)] = self
                 todo.append(key)
         return todo, dropped
+
+    def _held_name(self, key: str) -> str:
+        """Lock object ``key`` in full: another store's bucket of the same name (another
+        endpoint) is another object, its url text alone the same."""
+        return self.store.location() + key
 
     def _forget(self, keys: Sequence[str]) -> None:
         """This process holds ``keys`` for this lock no more (another may hold them now)."""
         with _GUARD:
             for key in keys:
-                if _HELD.get(self.store.url(key)) is self:
-                    del _HELD[self.store.url(key)]
+                if _HELD.get(self._held_name(key)) is self:
+                    del _HELD[self._held_name(key)]
 
     def _take(self, key: str, dropped: bool) -> dict[str, Any] | None:
         """Create lock object ``key``; the stale holder it took over from, if any.
