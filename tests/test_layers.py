@@ -129,6 +129,7 @@ ORDER: dict[str, list[list[str]]] = {
             "policy",
             "indexes",
             "remote_compact",
+            "shards",
             "catalog",
             "stream",
             "piece_opener",

@@ -7,7 +7,8 @@ into samples through the io opener, under the bad-data policy. Stages build on i
 
 from __future__ import annotations
 
-from shardkit.read.catalog import Catalog, ShardInfo, load_catalog
+from shardkit.read.catalog import Catalog
+from shardkit.read.shards import ShardInfo, load_catalog
 from shardkit.read.stream import read_stream
 
 __all__ = ["Catalog", "ShardInfo", "load_catalog", "read_stream"]

@@ -44,7 +44,7 @@ _KEEP = 64  # whole indexes kept per process: those of recent shards only
 
 
 class _Shard(Protocol):
-    """What a lookup needs of a shard (a :class:`~shardkit.read.catalog.ShardInfo`)."""
+    """What a lookup needs of a shard (a :class:`~shardkit.read.shards.ShardInfo`)."""
 
     @property
     def ref(self) -> ObjectRef: ...

@@ -47,8 +47,9 @@ from shardkit.format.tario.reader import TarReader
 from shardkit.io.config import ReaderLimits
 from shardkit.io.local import computed_pieces
 from shardkit.io.verified import PieceCheck
-from shardkit.read.catalog import Catalog, ShardInfo
+from shardkit.read.catalog import Catalog
 from shardkit.read.piece_opener import PieceVerified
+from shardkit.read.shards import ShardInfo
 from shardkit.read.stream import check_no_more, check_signature, read_stream
 from shardkit.urls import local_path, url_scheme
 

@@ -24,8 +24,9 @@ from shardkit.format.tario.reader import TarReader, open_range
 from shardkit.io import Opener
 from shardkit.io.config import ReaderLimits
 from shardkit.io.verified import SampleVerified
-from shardkit.read.catalog import ByteRange, Catalog, ShardInfo
+from shardkit.read.catalog import ByteRange, Catalog
 from shardkit.read.policy import DATA_ERRORS, count_error, report
+from shardkit.read.shards import ShardInfo
 from shardkit.units import plural
 from shardkit.urls import url_scheme
 

@@ -24,7 +24,8 @@ from shardkit.format.manifest.compact_file import PRELUDE
 from shardkit.format.manifest.compact_pieces import BLOCK_ROWS
 from shardkit.format.manifest.model import Manifest, ShardEntry
 from shardkit.format.pieces import Pieces
-from shardkit.read.catalog import Catalog, CompactShards, load_catalog, open_catalog
+from shardkit.read.catalog import Catalog, open_catalog
+from shardkit.read.shards import CompactShards, load_catalog
 from shardkit.write.writer import ShardWriter
 from tests.helpers.strategies import manifests
 

@@ -16,8 +16,9 @@ from shardkit.errors import ManifestError
 from shardkit.format.manifest.model import Manifest
 from shardkit.io import CacheConfig
 from shardkit.io.config import IoConfig
-from shardkit.read.catalog import Catalog, CompactShards, load_catalog, open_catalog
+from shardkit.read.catalog import Catalog, open_catalog
 from shardkit.read.remote_compact import form_dir
+from shardkit.read.shards import CompactShards, load_catalog
 from tests.helpers.servers import RangeServer
 from tests.helpers.strategies import manifests
 

@@ -29,7 +29,7 @@ from shardkit.format.layout import (
 )
 from shardkit.format.manifest.compact import save_manifest
 from shardkit.format.manifest.model import Manifest
-from shardkit.read.catalog import load_catalog
+from shardkit.read.shards import load_catalog
 from tests.helpers.data import make_samples, make_shards
 from tests.helpers.readback import read_samples, shardkit
 
