@@ -102,6 +102,7 @@ ORDER: dict[str, list[list[str]]] = {
             "store_az",
             "stores",
             "verified",
+            "verified_samples",
             "local",
             "remote",
         ]

@@ -23,7 +23,7 @@ from shardkit.format.tario.index import sample_signature
 from shardkit.format.tario.reader import TarReader, open_range
 from shardkit.io import Opener
 from shardkit.io.config import ReaderLimits
-from shardkit.io.verified import SampleVerified
+from shardkit.io.verified_samples import SampleVerified
 from shardkit.read.catalog import ByteRange, Catalog
 from shardkit.read.policy import DATA_ERRORS, count_error, report
 from shardkit.read.shards import ShardInfo
@@ -248,7 +248,7 @@ _unread: set[str | None] = set()  # indexes warned about (read by pieces instead
 class _Gate:
     """What a sample must show before it is handed out on a read checked sample by sample:
     it starts where the index says, and every byte up to the next one's start was checked
-    (:class:`~shardkit.io.verified.SampleVerified`), the bytes its members came from too:
+    (:class:`~shardkit.io.verified_samples.SampleVerified`), the bytes its members came from too:
     the reader hands a sample out once it has read the next sample's first member, whose
     start (``src.member_offset``) is where the sample's bytes end; a member the reader took
     into it from past its end in the index (a header there changed to its key) is bytes of

@@ -25,7 +25,7 @@ from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.index import SampleDigester, parse_index, sample_digest, write_index
 from shardkit.format.tario.writer import member_header
 from shardkit.io.config import IoConfig
-from shardkit.io.verified import SampleVerified
+from shardkit.io.verified_samples import SampleVerified
 from shardkit.read.catalog import open_catalog
 from shardkit.read.stream import read_stream
 from tests.helpers.indexes import put_index

@@ -67,7 +67,7 @@ class Buffered:
         self.end_offset: int | None = None  # the end-of-archive marker (or ``end``), once met
         # told, after a member read into its own object, that nothing before its end is
         # read again (a stream that keeps its last reads to check a step back keeps no
-        # member: io.verified.SampleVerified)
+        # member: io.verified_samples.SampleVerified)
         self._forget: Callable[[int], None] | None = getattr(f, "forget_before", None)
 
     @property
