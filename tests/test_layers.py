@@ -134,6 +134,7 @@ ORDER: dict[str, list[list[str]]] = {
             "catalog",
             "stream",
             "piece_opener",
+            "sample_parse",
             "lookup",
             "keys",
         ]

@@ -3,7 +3,8 @@
 Sample ``i`` (in manifest order) lives in the shard whose cumulative count passes ``i``: a
 binary search over the shard starts (in memory, no I/O), then the shard's sample index
 gives the byte range of that one sample (two offsets and its signature). A
-:class:`Lookups` (one per process) reads those bytes and parses the one sample from them:
+:class:`Lookups` (one per process) reads those bytes and parses the one sample from them
+(:mod:`shardkit.read.sample_parse`):
 
 - a local shard stays open (a bounded number per process, least recently used closed
   first). Where its sample index (version 3, vouched for by the manifest's
@@ -34,23 +35,21 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from shardkit._types import ObjectRef, Opener, Sample
 from shardkit.errors import ChecksumError, FetchError, ShardFormatError
-from shardkit.format.compression import compressed_name, sniff
-from shardkit.format.tario.headers import BLOCK, plain_member
+from shardkit.format.compression import compressed_name
 from shardkit.format.tario.index import check_sample
-from shardkit.format.tario.reader import TarReader
 from shardkit.io.config import ReaderLimits
 from shardkit.io.local import computed_pieces
 from shardkit.io.verified import PieceCheck
 from shardkit.read.catalog import Catalog
 from shardkit.read.piece_opener import PieceVerified
-from shardkit.read.shards import ShardInfo
-from shardkit.read.stream import check_no_more, check_signature, read_stream
+from shardkit.read.sample_parse import parse_sample
+from shardkit.read.stream import read_stream
 from shardkit.urls import local_path, url_scheme
 
 __all__ = ["Locator", "Lookups", "read_sample"]
@@ -251,7 +250,8 @@ class Lookups:
             if digest is not None:  # before a byte of it is used
                 check_sample(data, digest, url=url, sample=j, offset=start)
             counts["bytes"] += len(data)
-        return self._parse(data, info, start, end, signature, j, counts)  # data is its own
+        # data is its own
+        return parse_sample(data, info, start, end, signature, j, counts, limits=self.limits)
 
     # -- the bytes ---------------------------------------------------------------------
     def _local(self, ref: ObjectRef, start: int, end: int, own_digest: bool) -> bytes:
@@ -314,70 +314,6 @@ class Lookups:
             spare = piece.obj if isinstance(piece.obj, np.ndarray) else None
         return spare
 
-    # -- the sample --------------------------------------------------------------------
-    def _parse(
-        self,
-        data: bytes,
-        info: ShardInfo,
-        start: int,
-        end: int,
-        signature: int | None,
-        j: int,
-        counts: dict[str, float],
-    ) -> Sample:
-        """The one sample ``data`` (bytes ``[start, end)`` of the shard) holds."""
-        url = info.ref.url
-        if start == 0:
-            kind = sniff(data[:8])
-            if kind is not None:
-                raise ShardFormatError(
-                    f"the shard is {kind}-compressed, but its name does not say so: "
-                    "name it .tar.zst / .tar.gz (its index offsets are in the tar)",
-                    url=url,
-                    offset=0,
-                )
-        sample = _plain_sample(data, self.limits.max_member)
-        if sample is None:  # anything else, or any doubt: the tar reader decides
-            sample = self._read_tar(data, info, (start, end), signature, j, counts)
-        elif signature is not None:
-            check_signature(sample, signature, info, j)
-        sample["__url__"] = url
-        return sample
-
-    def _read_tar(
-        self,
-        data: bytes,
-        info: ShardInfo,
-        span: tuple[int, int],
-        signature: int | None,
-        j: int,
-        counts: dict[str, float],
-    ) -> Sample:
-        """The one sample ``data`` (bytes ``span`` of the shard) holds, parsed by the tar
-        reader (which names the error), its signature checked."""
-        start, end = span
-        url = info.ref.url
-        lim = self.limits
-        reader = TarReader(
-            cast(BinaryIO, _Held(data)), url=url, start=start, end=end, size=info.ref.size,
-            max_member=lim.max_member, policy=lim.tar_policy,
-        )  # fmt: skip
-        samples = reader.samples()
-        found = next(samples, None)
-        if found is None:
-            raise ShardFormatError(
-                f"the sample index gives sample {j} the bytes {start}..{end}, which hold no "
-                "sample: the index is wrong; rewrite it with `shardkit manifest from-shards`",
-                url=url,
-                offset=start,
-            )
-        if signature is not None:  # first: where the index sends a lookup names it best
-            check_signature(found[1], signature, info, j)
-        check_no_more(samples, f"sample {j} by the index holds", url)
-        if reader.skipped_members:
-            counts["skipped_members"] = counts.get("skipped_members", 0) + reader.skipped_members
-        return found[1]
-
     def close(self) -> None:
         """Close the files kept open and drop the pieces kept (it can be used again)."""
         with self._lock:
@@ -388,38 +324,6 @@ class Lookups:
     def stats(self) -> dict[str, int]:
         """Files kept open and bytes of checked pieces kept now."""
         return {"open_shards": len(self._open), "piece_bytes": self._piece_bytes}
-
-
-def _plain_sample(data: bytes, max_member: int) -> Sample | None:
-    """The sample ``data`` holds when it is the common case the tar reader's own fast path
-    takes (:meth:`~shardkit.format.tario.reader.TarReader.samples`): plain ustar regular
-    files with plain names (:func:`~shardkit.format.tario.headers.plain_member`), each
-    within ``max_member``, one key, each field once, ending where ``data`` ends; else None
-    (the tar reader parses it and names what is wrong). No reader to set up: ~10 us less
-    a lookup."""
-    sample: Sample = {}
-    key = None
-    p, n = 0, len(data)
-    while p < n:
-        if n - p < BLOCK:
-            return None
-        plain = plain_member(data, p)
-        if plain is None:
-            return None
-        name, size = plain
-        stop = p + BLOCK + size
-        slash = name.rfind("/")
-        dot = name.find(".", slash + 1)
-        if size > max_member or stop + (-size) % BLOCK > n or dot <= slash + 1:
-            return None
-        field = name[dot + 1 :]
-        if key is None:
-            key = sample["__key__"] = name[:dot]
-        elif name[:dot] != key or field in sample:
-            return None
-        sample[field] = data[p + BLOCK : stop]
-        p = stop + (-size) % BLOCK
-    return sample if key is not None else None
 
 
 def _of_sample(exc: ChecksumError, url: str, j: int, start: int, end: int) -> ChecksumError:
@@ -435,27 +339,6 @@ def _of_sample(exc: ChecksumError, url: str, j: int, start: int, end: int) -> Ch
 def _close_all(files: OrderedDict[str, _LocalShard]) -> None:
     while files:
         files.popitem()[1].close()
-
-
-class _Held:
-    """A read-only stream over bytes in memory that hands them out without a copy where it
-    can (the tar reader slices its fields from them)."""
-
-    def __init__(self, data: bytes) -> None:
-        self._data = data
-        self._pos = 0
-
-    def read(self, n: int = -1) -> bytes:
-        pos, data = self._pos, self._data
-        if pos == 0 and (n < 0 or n >= len(data)):
-            self._pos = len(data)
-            return data
-        stop = len(data) if n < 0 else min(len(data), pos + n)
-        self._pos = stop
-        return data[pos:stop]
-
-    def seekable(self) -> bool:
-        return False
 
 
 def _read_exactly(f: BinaryIO, n: int, url: str, at: int) -> bytes:

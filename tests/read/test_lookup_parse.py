@@ -1,5 +1,5 @@
 """A lookup parses its one sample without setting up the tar reader where the sample is the
-plain case (lookup._plain_sample); whatever that takes, the tar reader reads the same way,
+plain case (sample_parse._plain_sample); whatever that takes, the tar reader reads the same way,
 and whatever it is in doubt about goes to the tar reader (which names the error)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from shardkit.errors import ShardkitError
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.index import parse_index
 from shardkit.format.tario.reader import TarReader
-from shardkit.read.lookup import _Held, _plain_sample
+from shardkit.read.sample_parse import _Held, _plain_sample
 
 MakeShards = Callable[..., Manifest]
 
