@@ -81,7 +81,7 @@ ORDER: dict[str, list[list[str]]] = {
         ]
     ],
     "shardkit.write.build": [["config", "workers", "join", "plan", "run", "merge"]],
-    "shardkit.check": [["summary", "decoded", "report", "shard", "verify", "adopt"]],
+    "shardkit.check": [["scan", "summary", "decoded", "report", "shard", "verify", "adopt"]],
     "shardkit.plan": [
         ["world", "order", "schedule", "ranges", "resampled", "generation", "assign"]
     ],

@@ -25,7 +25,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from urllib.parse import urlsplit
 
 from shardkit._types import ObjectRef, Opener
-from shardkit.check.summary import FieldStats, add_fields, scan_stream
+from shardkit.check.scan import FieldStats, add_fields, scan_stream
 from shardkit.errors import ConfigError
 from shardkit.format.layout import index_name
 from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, BinaryIO
 from shardkit._types import ObjectRef
 from shardkit.check.decoded import bad_fields
 from shardkit.check.report import Problem
-from shardkit.check.summary import DigestingReader
+from shardkit.check.scan import DigestingReader
 from shardkit.errors import FetchError, ShardFormatError, ShardkitError
 from shardkit.format.checksum import new_hasher, split_checksum
 from shardkit.format.compression import open_tar

@@ -9,7 +9,8 @@ import click
 
 from shardkit._types import ObjectRef
 from shardkit.cache import make_opener
-from shardkit.check.summary import first_keys, scan_shard, summarize_manifest, summarize_shard
+from shardkit.check.scan import scan_shard
+from shardkit.check.summary import first_keys, summarize_manifest, summarize_shard
 from shardkit.cli.build import tar_policy_option
 from shardkit.errors import redact
 from shardkit.format.compression import SHARD_SUFFIXES

@@ -82,9 +82,9 @@ def test_verify_deep_checks_the_digests_of_samples_too_large_to_hold(
     # every digest of the index unchecked: a wrong one the manifest vouched for passed
     import hashlib
 
-    import shardkit.check.summary
+    import shardkit.check.scan
 
-    monkeypatch.setattr(shardkit.check.summary, "_HOLD", 4096)
+    monkeypatch.setattr(shardkit.check.scan, "_HOLD", 4096)
     manifest, _, _ = _write(
         tmp_path / "set",
         [{"__key__": f"s{i}", "bin": bytes([i]) * (3000 + 3000 * (i == 1))} for i in range(4)],

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardkit import ShardDataset, ShardkitError, read_shard
-from shardkit.check.summary import scan_shard
+from shardkit.check.scan import scan_shard
 from shardkit.format.manifest.model import Manifest
 from shardkit.format.tario.reader import TarReader
 from tests.helpers.data import make_shards

@@ -13,7 +13,8 @@ import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardkit.check.summary import manifest_from_shards, scan_shard, summarize_manifest
+from shardkit.check.scan import scan_shard
+from shardkit.check.summary import manifest_from_shards, summarize_manifest
 from shardkit.errors import ConfigError, ManifestError
 from shardkit.format.codecs import decode_field
 from shardkit.format.manifest.model import Manifest
