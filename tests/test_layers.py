@@ -72,6 +72,7 @@ ORDER: dict[str, list[list[str]]] = {
             "lock",
             "options",
             "members",
+            "shard_bytes",
             "target",
             "local",
             "object_lock",

@@ -80,7 +80,7 @@ def test_a_shard_appears_only_whole(clean: Store) -> None:
     w = sk.ShardWriter(store.url("cut"), maxsize="2MB")
     for s in samples(20):  # about 800 KB: the first shard is still being written
         w.write(s)
-    assert w._file is not None
+    assert w._shard is not None
     assert not [k for k in store.names() if k.endswith(".tar")]
     w.abort()  # as a `with` block that raises
     assert not [k for k in store.names() if k.endswith(".tar")]

@@ -20,21 +20,19 @@ import logging
 import os
 from collections.abc import Iterator, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 from shardkit.errors import ConfigError, WriterError
 from shardkit.format.checksum import new_hasher
-from shardkit.format.digest import Digest, HashingWriter
 from shardkit.format.layout import index_name as shard_index_name
 from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
-from shardkit.format.tario.index import SampleDigester, sample_signature, write_index
 from shardkit.format.tario.writer import (
     END_OF_ARCHIVE,
     check_key,
 )
-from shardkit.format.zstd import zstd_writer
-from shardkit.write.writer.members import encode_sample, gzip_writer
+from shardkit.write.writer.members import encode_sample
 from shardkit.write.writer.options import WriterKeywords, WriterOptions, shard_name
+from shardkit.write.writer.shard_bytes import ShardBytes
 from shardkit.write.writer.target import Lock, Target, store_failures
 from shardkit.write.writer.where import open_target
 
@@ -44,10 +42,6 @@ if TYPE_CHECKING:
 __all__ = ["ShardWriter"]
 
 log = logging.getLogger(__name__)
-_FLUSH = 4 << 20
-# a piece of a member (header, data, padding) this large goes out as it is; runs of smaller
-# ones are joined (one copy of small bytes, where a syscall and a hash call each would cost more)
-_JOIN_BELOW = 64 << 10
 
 
 class ShardWriter:
@@ -163,17 +157,7 @@ class ShardWriter:
             self._load_existing()
         else:  # what another run journalled here is not this build's
             self.output.forget_journal()
-        self._file: BinaryIO | None = None
-        self._shard_fields: dict[str, dict[str, int]] = {}  # stats of the open shard
-        self._sink: Any = None
-        self._hashing: HashingWriter | None = None
-        self._pending: list[bytes | bytearray | memoryview] = []
-        self._pending_size = 0
-        self._offset = 0  # uncompressed bytes written to the current shard
-        self._offsets: list[int] = []
-        self._sigs: list[int] = []  # each sample's index signature (key and fields)
-        self._digests: list[int] = []  # each sample's digest (its bytes) for the index
-        self._keys: set[str] = set()
+        self._shard: ShardBytes | None = None  # the shard being written
         self._closed = False
         self._good_fields: set[str] = set()  # field names already checked
 
@@ -195,36 +179,27 @@ class ShardWriter:
             raise WriterError("write() on a closed ShardWriter")
         key = check_key(sample.get("__key__"))  # type: ignore[arg-type]
         pieces, size, sizes = encode_sample(str(key), sample, self._good_fields, self.image_quality)
-        if self._file is not None and (
-            self._offset + size + len(END_OF_ARCHIVE) > self.maxsize
-            or (self.maxcount is not None and len(self._offsets) >= self.maxcount)
+        if self._shard is not None and (
+            self._shard.offset + size + len(END_OF_ARCHIVE) > self.maxsize
+            or (self.maxcount is not None and len(self._shard.offsets) >= self.maxcount)
         ):
             with self._disk():
                 self._finish_shard()
-        if self._file is not None and key in self._keys:
+        if self._shard is not None and key in self._shard.keys:
             raise WriterError(f"sample key {key!r} appears twice in shard {self._shard_name()}")
-        if self._file is None:
+        if self._shard is None:
             with self._disk():
                 self._open_shard()
-        self._keys.add(str(key))
-        self._offsets.append(self._offset)
-        self._sigs.append(sample_signature(str(key), sizes))
-        self._digests.append(_digest(pieces))
-        self._offset += size
-        self._pending.extend(pieces)
-        self._pending_size += size
-        stats = self._shard_fields  # joins manifest.fields when the shard is whole
-        for field, nbytes in sizes.items():
-            st = stats.setdefault(field, {"count": 0, "bytes": 0})
-            st["count"] += 1
-            st["bytes"] += nbytes
-        if self._pending_size >= _FLUSH:
+        shard = self._shard
+        assert shard is not None
+        shard.add(str(key), pieces, size, sizes)
+        if shard.due:
             with self._disk():
-                self._flush()
+                shard.flush()
 
     def next_shard(self) -> None:
         """Finish the shard being written now (if any); the next sample starts a new one."""
-        if self._file is not None:
+        if self._shard is not None:
             with self._disk():
                 self._finish_shard()
 
@@ -232,7 +207,7 @@ class ShardWriter:
         """Finish the open shard and write the final manifest; return it."""
         if not self._closed:
             with self._disk():
-                if self._file is not None:
+                if self._shard is not None:
                     self._finish_shard()
                 self._write_manifest()
             self._closed = True
@@ -256,11 +231,9 @@ class ShardWriter:
     def abort(self) -> None:
         """Drop the shard being written (its temp file or upload) and keep the finished ones."""
         try:
-            self.output.drop(self._file)
+            self.output.drop(self._shard.file if self._shard is not None else None)
         finally:
-            self._file = None
-        self._pending = []
-        self._pending_size = 0
+            self._shard = None  # its pending bytes with it
         if not self._closed:
             self._closed = True
             try:
@@ -291,69 +264,40 @@ class ShardWriter:
         return shard_name(self.prefix, self.next_index, self.compress)
 
     def _open_shard(self) -> None:
-        self._file = self.output.open_shard(self._shard_name())
-        self._hashing = HashingWriter(self._file, Digest(self.algo, self.piece_size))
-        if self.compress == "zstd":
-            self._sink = zstd_writer(self._hashing)  # type: ignore[arg-type]
-        elif self.compress == "gzip":
-            self._sink = gzip_writer(self._hashing)
-        else:
-            self._sink = self._hashing
-        self._offset = 0
-        self._offsets = []
-        self._sigs = []
-        self._digests = []
-        self._keys = set()
-        self._shard_fields = {}
-
-    def _flush(self) -> None:
-        if self._pending:
-            parts = _coalesced(self._pending)
-            if self._sink is self._hashing:  # a plain tar: hashed and written, never joined
-                self._hashing.write_parts(parts)
-            else:
-                for part in parts:
-                    self._sink.write(part)
-            self._pending = []
-            self._pending_size = 0
+        self._shard = ShardBytes(
+            self.output.open_shard(self._shard_name()),
+            algo=self.algo,
+            piece_size=self.piece_size,
+            compress=self.compress,
+        )
 
     def _finish_shard(self) -> None:
-        assert self._file is not None and self._hashing is not None
-        self._pending.append(END_OF_ARCHIVE)
-        self._flush()
-        if self.compress:
-            self._sink.close()
+        shard = self._shard
+        assert shard is not None
+        checksum, index_bytes = shard.finish()
         name = self._shard_name()
         index_name = shard_index_name(name)
-        checksum = self._hashing.digest.checksum()
-        index_bytes = write_index(
-            self._offsets,
-            self._offset,
-            signatures=self._sigs,
-            shard_checksum=checksum,
-            digests=self._digests,
-        )
         index_hash = new_hasher(self.algo)
         index_hash.update(index_bytes)
-        sink, self._file = self._file, None
+        sink, self._shard = shard.file, None
         self.output.publish(sink, name, index_name, index_bytes)
+        digest = shard.hashing.digest
         entry = ShardEntry(
             url=name,
-            size=self._hashing.digest.size,
-            nsamples=len(self._offsets),
+            size=digest.size,
+            nsamples=len(shard.offsets),
             checksum=checksum,
             index=index_name,
             index_checksum=f"{self.algo}:{index_hash.hexdigest()}",
-            pieces=self._hashing.digest.pieces.result() if self._hashing.digest.pieces else None,
+            pieces=digest.pieces.result() if digest.pieces else None,
         )
-        line = {"shard": entry.to_dict(), "fields": self._shard_fields}
+        line = {"shard": entry.to_dict(), "fields": shard.fields}
         self._journal_or_undo(name, json.dumps(line, separators=(",", ":")).encode() + b"\n")
         self.manifest.shards.append(entry)
-        for field, st in self._shard_fields.items():
+        for field, st in shard.fields.items():
             acc = self.manifest.fields.setdefault(field, {"count": 0, "bytes": 0})
             acc["count"] += st["count"]
             acc["bytes"] += st["bytes"]
-        self._shard_fields = {}
         self.next_index += 1
         if len(self.manifest.shards) >= 2 * self._folded:
             self._write_manifest()
@@ -393,29 +337,3 @@ class ShardWriter:
         self.next_index += len(found.manifest.shards)
         if found.journalled:
             self._write_manifest()
-
-
-def _digest(pieces: list[bytes | bytearray | memoryview]) -> int:
-    """A sample's digest for the index: of its tar bytes (headers, data, padding)."""
-    h = SampleDigester()
-    for piece in pieces:
-        h.update(piece)
-    return h.digest()
-
-
-def _coalesced(pieces: list[bytes | bytearray | memoryview]) -> list[bytes | memoryview]:
-    """``pieces`` with each run of small ones joined; large ones as they are (no copy)."""
-    out: list[bytes | memoryview] = []
-    run: list[bytes | bytearray | memoryview] = []
-    for piece in pieces:
-        view = memoryview(piece).cast("B") if not isinstance(piece, bytes) else piece
-        if len(view) < _JOIN_BELOW:
-            run.append(view)
-            continue
-        if run:
-            out.append(b"".join(run))
-            run = []
-        out.append(view)
-    if run:
-        out.append(b"".join(run))
-    return out
