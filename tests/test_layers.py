@@ -296,3 +296,17 @@ def test_no_module_exports_a_neighbours_names() -> None:
             f"{path.relative_to(root)}: {n} (from {imported[n]})" for n in listed if n in imported
         ]
     assert not found, "re-exported: " + "; ".join(found)
+
+
+MAX_LINES = 400  # STYLE.md: a module past ~400 lines is split along a concept
+
+
+def test_no_module_is_over_400_lines() -> None:
+    """A module is one concept: one that grows past 400 lines is split along a concept (a
+    move, its callers updated), never trimmed or cut in half."""
+    long = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        n = len(path.read_text(encoding="utf-8").splitlines())
+        if n > MAX_LINES:
+            long[str(path.relative_to(ROOT.parent))] = n
+    assert not long, f"modules over {MAX_LINES} lines (split them by concept): {long}"
