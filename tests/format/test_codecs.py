@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from shardkit import DecodeError, WriterError
-from shardkit.format.codecs import decode_field, encode_field, extension
+from shardkit.format.codecs import NpyDecoder, decode_field, encode_field, extension
 
 
 @pytest.mark.parametrize(
@@ -51,6 +51,61 @@ def test_npy_roundtrip(arr: np.ndarray) -> None:
     v2 = io.BytesIO()
     np.lib.format.write_array(v2, arr, version=(2, 0))
     np.testing.assert_array_equal(decode_field("k", "npy", memoryview(v2.getvalue())), arr)
+
+
+def _npy(head: bytes, payload: bytes = b"") -> bytes:
+    head += b" " * (-(10 + len(head) + 1) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(head).to_bytes(2, "little") + head + payload
+
+
+def test_npy_headers_read_by_match_are_numpys_reading() -> None:
+    """The headers numpy writes for plain dtypes are read by a match, not literal_eval:
+    the same dtype, shape, order and count as numpy's own parse, every version, order and
+    rank; what the match does not take (another spacing, key order, structured, datetime,
+    object dtypes) is numpy's to parse or refuse, as before."""
+    arrays = [
+        np.zeros(shape, dtype=dt, order=order)
+        for dt in ("<i4", ">i2", "|u1", "<f8", "<c8", "|b1", "|S3", "<U2", "|V4", "<M8[ns]")
+        for shape in ((), (0,), (7,), (0, 3), (2, 3), (2, 1, 4))
+        for order in ("C", "F")
+    ] + [np.zeros(2, dtype=[("a", "<i4"), ("b", "<f8")])]
+    for arr in arrays:
+        for version in ((1, 0), (2, 0)):
+            buf = io.BytesIO()
+            np.lib.format.write_array(buf, arr, version=version)
+            data = buf.getvalue()
+            start = len(data) - arr.nbytes
+            dec = NpyDecoder()
+            out = dec(data)
+            assert out.dtype == arr.dtype and out.shape == arr.shape, (arr.dtype, arr.shape)
+            np.testing.assert_array_equal(out, arr)
+            head = data[:start]
+            assert dec.headers[head] == dec._parse_any(head, version[0], start)
+    pad = b"\0" * 8
+    for head in (  # near misses of the match: numpy decides
+        b"{'descr': '<i4', 'shape': (2,), 'fortran_order': False, }",
+        b"{'descr':'<i4', 'fortran_order': False, 'shape': (2,), }",
+        b"{'descr': '|O', 'fortran_order': False, 'shape': (1,), }",
+        b"{'descr': '<i4', 'fortran_order': 0, 'shape': (2,), }",
+    ):
+        try:
+            want: Any = NpyDecoder()._parse_any(_npy(head), 1, len(_npy(head)))
+        except Exception as e:  # noqa: BLE001 - the refusal is what is compared
+            want = type(e)
+        try:
+            got: Any = decode_field("k", "npy", _npy(head, pad))
+        except DecodeError as e:
+            got = type(e.__cause__)
+        if isinstance(want, tuple):
+            assert got.dtype == want[0] and got.shape == want[1], head
+        else:
+            assert got is want or got is ValueError, (head, got, want)
+
+
+def test_an_npy_claiming_a_huge_shape_is_a_decode_error() -> None:
+    data = _npy(b"{'descr': '<i8', 'fortran_order': False, 'shape': (1000000000000000000, 10), }")
+    with pytest.raises(DecodeError, match="k"):
+        decode_field("k", "npy", data + b"\0" * 64)
 
 
 def test_npy_version_3_header_is_read() -> None:
