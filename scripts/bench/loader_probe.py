@@ -37,6 +37,7 @@ Every measurement runs in a fresh child process; the figures are medians of ``--
 from __future__ import annotations
 
 import argparse
+import compileall
 import itertools
 import json
 import os
@@ -439,6 +440,12 @@ def main() -> None:
     p.add_argument("--work", default="/tmp/shardkit-loader-probe")
     p.add_argument("--against", nargs="*", default=[], help="other checkouts (stages, reads, rate)")
     a = p.parse_args()
+    for tree in [ROOT, *a.against]:
+        # every checkout's modules byte-compiled first, as an installed package's are (pip
+        # compiles the peers' at install): a first batch measured in an environment with
+        # PYTHONDONTWRITEBYTECODE=1 (this machine's) otherwise pays compiling the loader's
+        # modules from source, ~20 ms, and the peers do not
+        compileall.compile_dir(os.path.join(tree, "shardkit"), quiet=1)
     if set(a.probes) - {"llm", "transfer", "floor", "first"}:
         small, medium = make_data(a.work, "small"), make_data(a.work, "medium")
     print(f"load average before: {os.getloadavg()}")
