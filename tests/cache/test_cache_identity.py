@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -133,9 +134,18 @@ def test_a_206_longer_than_asked_never_overwrites_verified_pieces(
         assert opener.drain(30)
         with opener.open(ObjectRef(url, e.size, e.checksum, e.pieces)) as f:
             assert f.read() == source
-        longs = [r for r in srv.requests("/" + e.url) if r.range == f"bytes=0-{PIECE - 1}"]
-        longs = [r for r in longs if r.sent > PIECE]
-        assert len(longs) == 1  # the over-long answer was sent, only the part asked kept
+        # the over-long answer was sent, only the part asked kept (the server logs what it
+        # sent once its write returns, which may be after the reader took the part it asked)
+        deadline = time.monotonic() + 10
+        while True:
+            asked = [r for r in srv.requests("/" + e.url) if r.range == f"bytes=0-{PIECE - 1}"]
+            longs = [r for r in asked if r.sent > PIECE]
+            if longs or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        assert len(asked) == 1 and len(longs) == 1, [
+            (r.range, r.sent) for r in srv.requests("/" + e.url)
+        ]
     with open(store.path(CacheKey.of(e.checksum, e.size)), "rb") as f:
         assert f.read() == source  # published, whole and right
     assert opener.stats().get("checksum_failures", 0) == 0
