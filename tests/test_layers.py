@@ -82,7 +82,9 @@ ORDER: dict[str, list[list[str]]] = {
         ]
     ],
     "shardkit.write.build": [["config", "workers", "join", "plan", "run", "merge"]],
-    "shardkit.check": [["scan", "summary", "decoded", "report", "shard", "verify", "adopt"]],
+    "shardkit.check": [
+        ["scan", "summary", "decoded", "report", "index_file", "shard", "verify", "adopt"]
+    ],
     "shardkit.plan": [
         ["world", "order", "schedule", "ranges", "resampled", "generation", "assign"]
     ],
@@ -161,6 +163,7 @@ ORDER: dict[str, list[list[str]]] = {
             "retired",
             "allow",
             "transfer",
+            "device",
             "slot_layout",
             "arena",
             "sync",

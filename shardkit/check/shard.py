@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from shardkit._types import ObjectRef
 from shardkit.check.decoded import bad_fields
+from shardkit.check.index_file import check_vouched
 from shardkit.check.report import Problem
 from shardkit.check.scan import DigestingReader
 from shardkit.errors import FetchError, ShardFormatError, ShardkitError
-from shardkit.format.checksum import new_hasher, split_checksum
+from shardkit.format.checksum import split_checksum
 from shardkit.format.compression import open_tar
 from shardkit.format.digest import Digest, HashingReader
 from shardkit.format.manifest.model import Manifest, ShardEntry
@@ -230,30 +231,8 @@ def _check_samples(
     if bound is None and digests is None and parsed.digests is not None:
         bound = _check_digests_by_offsets(entry, source, parsed)
     if bound is None:  # right for the shard, but readers refuse it (a lookup) or pass it over
-        bound = _check_vouched(entry, data)
+        bound = check_vouched(entry, data)
     return out + ([bound] if bound is not None else [])
-
-
-def _check_vouched(entry: ShardEntry, data: bytes) -> Problem | None:
-    """The index's bytes ``data`` against the manifest's ``index_checksum`` (readers trust
-    an index, its offsets and digests, only where it matches: a lookup refuses one that
-    does not)."""
-    if entry.index_checksum is None:
-        return None
-    algo, want = split_checksum(entry.index_checksum)
-    h = new_hasher(algo)
-    h.update(data)
-    got = h.hexdigest()
-    if got == want:
-        return None
-    return Problem(
-        entry.url,
-        "index",
-        f"sample index {entry.index} differs from the manifest's index_checksum (lookups "
-        "refuse it): rewrite it with `shardkit manifest from-shards`",
-        entry.index_checksum,
-        f"{algo}:{got}",
-    )
 
 
 def _check_digests_by_offsets(
