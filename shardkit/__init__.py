@@ -32,6 +32,7 @@ from shardkit.write.writer import ShardWriter
 
 if typing.TYPE_CHECKING:
     from shardkit.streaming.dataset import ShardDataset
+    from shardkit.streaming.device import to_device
     from shardkit.streaming.indexed import IndexedShards
     from shardkit.streaming.loader import WebLoader
     from shardkit.streaming.mixing import mix
@@ -42,6 +43,7 @@ _LAZY = {
     "ShardDataset": "shardkit.streaming.dataset",
     "WebLoader": "shardkit.streaming.loader",
     "end_process_group": "shardkit.streaming.sync",
+    "to_device": "shardkit.streaming.device",
     "mix": "shardkit.streaming.mixing",
 }
 
@@ -81,5 +83,6 @@ __all__ = [
     "end_process_group",
     "mix",
     "read_shard",
+    "to_device",
     "verify",
 ]

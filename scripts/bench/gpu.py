@@ -7,16 +7,23 @@ For two profiles, ``image`` (a 224x224x3 uint8 array, 150,528 bytes, and a class
 - ``raw pinned``: a pinned host tensor of a batch's bytes copied with
   ``.to("cuda", non_blocking=True)``, once per batch of an epoch, then synchronize: the limit;
 - ``raw pageable``: the same from unpinned memory, for contrast;
-- ``loader``: the loader's epoch alone (pinned batches, nothing moved);
-- ``loader->cuda``: the same with every tensor of every batch moved with
-  ``.to("cuda", non_blocking=True)`` and ``torch.cuda.synchronize()`` at the end.
+
+and for each worker count of ``--workers`` (0: the work in the training process):
+
+- ``loader wN``: the loader's epoch alone (pinned batches, nothing moved);
+- ``->cuda each wN``: the same with every tensor of every batch moved with
+  ``.to("cuda", non_blocking=True)`` and ``torch.cuda.synchronize()`` at the end;
+- ``->cuda to_device wN``: the same moved with ``shardkit.to_device(batch, "cuda")``: one
+  copy per buffer the batch's tensors share (a batch of 32 token arrays is one buffer),
+  checked equal to the per-tensor move on the warm-up epoch's first batches.
 
 Reported: samples/s, GB/s into the device and its share of ``raw pinned``, and how many of
 the batches' tensors (and bytes) came out pinned. Runs are interleaved, medians of
 ``--repeats``; the loader's worker processes are kept across epochs (a first epoch warms
 them, untimed). Without a CUDA device the script still builds small shards and runs the
-loader once with ``pin_memory=False`` (so it is tested anywhere), prints one line saying
-there is no device, writes ``--out`` and exits 0.
+loader once per worker count with ``pin_memory=False`` and ``to_device(batch, "cpu",
+copy=True)`` (so it is tested anywhere), prints one line saying there is no device, writes
+``--out`` and exits 0.
 
     python scripts/bench/gpu.py --out gpu.json
 """
@@ -93,8 +100,9 @@ def loader(manifest: str, workers: int, pin: bool) -> shardkit.WebLoader:
     return shardkit.WebLoader(ds, num_workers=workers, pin_memory=pin)
 
 
-def epoch(ld: shardkit.WebLoader, device: str | None) -> dict[str, int]:
-    """One epoch; with ``device`` every tensor is moved there without blocking."""
+def epoch(ld: shardkit.WebLoader, device: str | None, move: str = "each") -> dict[str, int]:
+    """One epoch; with ``device`` every tensor is moved there without blocking, ``move``
+    ``"each"`` tensor by itself or by ``"to_device"``."""
     n = nbytes = count = pinned = pinned_bytes = batches = 0
     for batch in ld:
         batches += 1
@@ -105,12 +113,30 @@ def epoch(ld: shardkit.WebLoader, device: str | None) -> dict[str, int]:
             if t.is_pinned():
                 pinned += 1
                 pinned_bytes += t.nbytes
-            if device is not None:
+            if device is not None and move == "each":
                 t.to(device, non_blocking=True)
+        if device is not None and move == "to_device":
+            shardkit.to_device(batch, device)
     if device is not None:
         torch.cuda.synchronize()
     names = ("samples", "bytes", "batches", "tensors", "pinned", "pinned_bytes")
     return dict(zip(names, (n, nbytes, batches, count, pinned, pinned_bytes), strict=True))
+
+
+def same_moves(ld: shardkit.WebLoader, device: str, batches: int = 8) -> int:
+    """The first ``batches`` batches moved by ``to_device`` and tensor by tensor compared:
+    how many tensors were compared (a difference ends the run)."""
+    checked = 0
+    for i, batch in enumerate(ld):
+        if i == batches:
+            break
+        one = list(tensors(shardkit.to_device(batch, device, copy=device == "cpu")))
+        each = [t.to(device) for t in tensors(batch)]
+        for a, b in zip(one, each, strict=True):
+            if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b):
+                raise SystemExit(f"to_device differs from .to on batch {i}: {a} vs {b}")
+            checked += 1
+    return checked
 
 
 def copies(nbytes: int, times: int, pin: bool) -> Callable[[], dict[str, int]]:
@@ -129,15 +155,21 @@ def copies(nbytes: int, times: int, pin: bool) -> Callable[[], dict[str, int]]:
 
 
 def profile_run(manifest: str, args: argparse.Namespace) -> tuple[dict[str, Any], list[list[str]]]:
-    ld = loader(manifest, args.workers, pin=True)
-    warm = epoch(ld, "cuda")  # starts the workers, warms the pinned and device allocators
-    per_batch = warm["bytes"] // warm["batches"]
-    contenders = [
-        ("raw pinned", copies(per_batch, warm["batches"], pin=True)),
-        ("raw pageable", copies(per_batch, warm["batches"], pin=False)),
-        ("loader", lambda: epoch(ld, None)),
-        ("loader->cuda", lambda: epoch(ld, "cuda")),
+    loaders = {w: loader(manifest, w, pin=True) for w in args.workers}
+    checked = {w: same_moves(ld, "cuda") for w, ld in loaders.items()}
+    warm = {w: epoch(ld, "cuda") for w, ld in loaders.items()}  # workers, pinned blocks
+    first = warm[args.workers[0]]
+    per_batch = first["bytes"] // first["batches"]
+    contenders: list[tuple[str, Callable[[], dict[str, int]]]] = [
+        ("raw pinned", copies(per_batch, first["batches"], pin=True)),
+        ("raw pageable", copies(per_batch, first["batches"], pin=False)),
     ]
+    for w, ld in loaders.items():
+        contenders += [
+            (f"loader w{w}", lambda ld=ld: epoch(ld, None)),
+            (f"->cuda each w{w}", lambda ld=ld: epoch(ld, "cuda")),
+            (f"->cuda to_device w{w}", lambda ld=ld: epoch(ld, "cuda", "to_device")),
+        ]
     series = interleave(args.repeats, contenders, before=lambda: None)
     raw = series["raw pinned"]
     raw_gbs = raw.extra["bytes"][-1] / raw.median / 1e9
@@ -164,23 +196,34 @@ def profile_run(manifest: str, args: argparse.Namespace) -> tuple[dict[str, Any]
         rows.append([name, fmt(med, ".3f"), fmt(sps), fmt(gbs, ".2f"), pct, pinned])
     info = {
         "batch_bytes": per_batch,
-        "batches": warm["batches"],
-        "samples": warm["samples"],
-        "tensors_per_batch": warm["tensors"] / warm["batches"],
+        "batches": first["batches"],
+        "samples": first["samples"],
+        "tensors_per_batch": first["tensors"] / first["batches"],
+        "to_device_checked_tensors": checked,
         "contenders": records,
     }
     return info, rows
 
 
 def no_device(manifests: dict[str, tuple[str, int]], args: argparse.Namespace) -> dict[str, Any]:
-    """The CPU side alone: one epoch of each profile's loader, nothing pinned."""
+    """The CPU side alone: one epoch of each profile's loader per worker count, nothing
+    pinned, every batch also copied by ``to_device`` to the CPU and compared."""
     out: dict[str, Any] = {}
     for profile, (manifest, n) in manifests.items():
-        t = time.perf_counter()
-        got = epoch(loader(manifest, args.workers, pin=False), None)
-        if got["samples"] != n or got["tensors"] == 0 or got["pinned"]:
-            raise SystemExit(f"{profile}: {got} from {n} samples: the loader's CPU side is wrong")
-        out[profile] = {**got, "seconds": time.perf_counter() - t}
+        for w in args.workers:
+            t = time.perf_counter()
+            ld = loader(manifest, w, pin=False)
+            got = epoch(ld, None)
+            if got["samples"] != n or got["tensors"] == 0 or got["pinned"]:
+                raise SystemExit(
+                    f"{profile}: {got} from {n} samples: the loader's CPU side is wrong"
+                )
+            checked = same_moves(ld, "cpu")
+            out[f"{profile} w{w}"] = {
+                **got,
+                "to_device_checked": checked,
+                "seconds": time.perf_counter() - t,
+            }
     return out
 
 
@@ -193,25 +236,34 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="gpu.json", help="the JSON result file")
     p.add_argument("--work", default="bench-out/data/gpu", help="scratch directory for shards")
-    p.add_argument("--size", default="256MB", help="payload bytes per profile (with CUDA)")
+    p.add_argument(
+        "--size",
+        default="",
+        help="payload bytes per profile with CUDA (default: image 1GB, llm 256MB)",
+    )
     p.add_argument("--repeats", type=int, default=5, help="repetitions (medians reported)")
-    p.add_argument("--workers", type=int, default=2, help="loader worker processes")
+    p.add_argument("--workers", default="0,2", help="comma list of loader worker processes")
     p.add_argument("--profiles", default="image,llm", help="comma list: image,llm")
     args = p.parse_args()
     cuda = torch.cuda.is_available()
-    size = parse_size(args.size) if cuda else 4_000_000  # no device: a check
+    args.workers = [int(w) for w in args.workers.split(",")]
+    sizes = {"image": 1_000_000_000, "llm": 256_000_000}
+    if args.size:
+        sizes = dict.fromkeys(sizes, parse_size(args.size))
+    if not cuda:  # no device: a check
+        sizes = dict.fromkeys(sizes, 4_000_000)
     profiles = [x.strip() for x in args.profiles.split(",") if x.strip()]
     if not profiles or set(profiles) - {"image", "llm"} or args.repeats < 1:
         raise SystemExit("--profiles takes image,llm and --repeats at least 1")
     os.makedirs(args.work, exist_ok=True)
-    manifests = {pr: build(args.work, pr, size) for pr in profiles}
+    manifests = {pr: build(args.work, pr, sizes[pr]) for pr in profiles}
     result: dict[str, Any] = {
         "benchmark": "gpu",
         "env": environment(),
         "batch": BATCH,
         "workers": args.workers,
         "repeats": args.repeats,
-        "payload_bytes_per_profile": size,
+        "payload_bytes": {pr: sizes[pr] for pr in profiles},
     }
     if not cuda:
         result.update(device=None, cpu_side=no_device(manifests, args))
@@ -237,7 +289,7 @@ def main() -> None:
     load = statistics.mean(os.getloadavg())
     print("\n".join(texts))
     print(
-        f"({result['device']}; medians of {args.repeats}; {args.workers} workers; "
+        f"({result['device']}; medians of {args.repeats}; workers {args.workers}; "
         f"load {load:.1f} on {os.cpu_count()} CPUs; JSON: {args.out})"
     )
 
