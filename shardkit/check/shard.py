@@ -1,7 +1,8 @@
 """Check one shard of a manifest: :func:`verify_shard` at a level of
 :data:`shardkit.check.verify.LEVELS`.
 
-``quick``: it exists and has its size; ``checksum``: size and checksum of every byte;
+``quick``: it exists and has its size; ``checksum``: size and checksum of every byte, and
+its sample index file (:func:`~shardkit.check.index_file.check_index_file`);
 ``deep``: also parse it with the tar reader (its sample count, its ``.idx`` sample index,
 hostile or broken members), reading through a tee that hashes what passes, so parsing
 costs no second read; ``decode``: also decode its fields. The shard is read through the
@@ -11,6 +12,7 @@ wrong, and the expected and found values.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from shardkit._types import ObjectRef
 from shardkit.check.decoded import bad_fields
-from shardkit.check.index_file import check_vouched
+from shardkit.check.index_file import check_index_file, check_vouched, read_index_file
 from shardkit.check.report import Problem
 from shardkit.check.scan import DigestingReader
 from shardkit.errors import FetchError, ShardFormatError, ShardkitError
@@ -204,7 +206,7 @@ def _check_samples(
     try:
         index_url = manifest.resolve(entry.index)
         check_within(index_url, manifest.base)
-        data = opener.read(index_url)
+        data = read_index_file(opener, index_url, entry.nsamples)
         parsed = parse_index(data, url=entry.index)
         index = parsed.offsets
     except (ShardkitError, OSError) as exc:
@@ -320,12 +322,11 @@ def verify_shard(
     (shard url -> kind -> count) when given.
     """
     how = _How(progress, tar_policy, {} if skipped is None else skipped)
+    if within is None:  # a symbolic link may not lead out of the base
+        within = functools.partial(check_within, base=manifest.base)
     try:
         url = manifest.resolve(entry.url)
-        if within is None:
-            check_within(url, manifest.base)  # a symbolic link may not lead out of the base
-        else:
-            within(url)
+        within(url)
     except ShardkitError as exc:
         return [Problem(entry.url, "url", str(exc))]
     problems: list[Problem] = []
@@ -339,6 +340,8 @@ def verify_shard(
                 problems = _check_decoded(entry, url, opener, how)
         else:
             size, checksum, problems = _check_bytes(entry, url, opener, progress)
+            bad_index = check_index_file(manifest, entry, opener, within)
+            problems += [bad_index] if bad_index is not None else []
     except (OSError, ShardkitError) as exc:  # FetchError, or a CacheError of the io below
         return [_open_problem(entry.url, exc)]
     head: list[Problem] = []

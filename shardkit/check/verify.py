@@ -1,11 +1,13 @@
 """Check that a manifest's shards are what it promises.
 
 Three levels: ``quick`` (each shard exists and has its size), ``checksum`` (the default:
-size and checksum of every byte) and ``deep`` (also parse every shard with the tar
-reader: its sample count, its ``.idx`` sample index, hostile or broken members). Shards
-are read through the io seam (an :class:`~shardkit._types.Opener`), so the same check
-runs on local files and remote urls. Every shard is read once: in ``deep`` mode the tar
-reader reads through a tee that hashes what passes, so parsing costs no second read.
+size and checksum of every byte, and each shard's sample index file: there, the one the
+manifest's ``index_checksum`` vouches for, of the shard's count) and ``deep`` (also parse
+every shard with the tar reader: its sample count, its ``.idx`` sample index, hostile or
+broken members). Shards are read through the io seam (an
+:class:`~shardkit._types.Opener`), so the same check runs on local files and remote urls.
+Every shard is read once: in ``deep`` mode the tar reader reads through a tee that hashes
+what passes, so parsing costs no second read.
 
 Each problem names the shard, what is wrong, and the expected and found values; one
 shard's check is :func:`shardkit.check.shard.verify_shard`.
@@ -91,8 +93,9 @@ def verify(
     Args:
         manifest: a manifest's path or url, or a loaded manifest (its ``base`` resolves
             relative urls).
-        level: ``quick``, ``checksum`` (default), ``deep`` or ``decode`` (``deep`` and
-            every image, npy, json and text field decoded: :mod:`shardkit.check.decoded`).
+        level: ``quick``, ``checksum`` (default; also each sample index file), ``deep`` or
+            ``decode`` (``deep`` and every image, npy, json and text field decoded:
+            :mod:`shardkit.check.decoded`).
         jobs: shards checked at once (threads: hashing releases the GIL).
         opener: where bytes come from (default: local files and remote urls read directly,
             no cache; :func:`shardkit.cache.make_opener` for one).

@@ -85,11 +85,11 @@ def command(
     as_json: bool,
     progress: bool | None,
 ) -> None:
-    """Check the shards MANIFEST lists: existence and size (--quick), checksums (default),
-    or a full parse of every shard (--deep). Exit 0 when all is good, 1 when problems were
-    found (an unreadable manifest is one), 2 on a usage error. With --tar-policy lenient a
-    deep parse skips links, devices, FIFOs and unknown member types, each shard's count
-    warned (and in --json's skipped_members).
+    """Check the shards MANIFEST lists: existence and size (--quick), checksums and sample
+    index files (default), or a full parse of every shard (--deep). Exit 0 when all is
+    good, 1 when problems were found (an unreadable manifest is one), 2 on a usage error.
+    With --tar-policy lenient a deep parse skips links, devices, FIFOs and unknown member
+    types, each shard's count warned (and in --json's skipped_members).
     """
     ctx = click.get_current_context()
     opener = make_opener()
