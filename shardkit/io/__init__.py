@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 
 from shardkit._types import Opener
-from shardkit.errors import FetchError, ManifestError
+from shardkit.errors import ConfigError, FetchError, ManifestError, redact
 from shardkit.format.manifest.model import Manifest
 from shardkit.io.config import CacheConfig, IoConfig, ReaderLimits
 from shardkit.io.local import open_local
@@ -43,14 +43,50 @@ MANIFEST_NAME = "manifest.json"  # what a folder, local or remote, is read as
 _FOLDER_SCHEMES = (*HTTP_SCHEMES, *OBJECT_SCHEMES)
 
 
+def _refuse_a_folder_with_a_suffix(source: str, scheme: str) -> None:
+    """A folder given with a ``?query`` or ``#fragment`` (``http://h/data/?x=1``,
+    ``file:///d/#a``, a local ``/d/#a`` that does not exist where ``/d/`` does) is a
+    :class:`ConfigError` naming the folder: a folder is read as its ``manifest.json``, which
+    the suffix would not reach. So is any ``file://`` url with one (reading the file would
+    drop it: another name than the one given)."""
+    cuts = [i for i, c in enumerate(source) if c in "?#"]
+    if not cuts:
+        return
+    head = source[: cuts[0]]
+    if scheme == "file" and head.startswith("file://"):
+        folder = os.path.isdir(local_path(head))
+    elif scheme == "file":  # a local name may hold '?' or '#': only a folder before them
+        heads = [source[:i] for i in cuts] if not os.path.exists(source) else []
+        head = next((h for h in heads if os.path.isdir(h)), head)
+        folder = os.path.isdir(head) and bool(heads)
+    else:  # a remote object's url is the url parser's to take or refuse
+        folder = scheme in _FOLDER_SCHEMES and head.endswith("/")
+        if folder:
+            parse_url(head)  # what it refuses (credentials, '..') it names first
+    tail = source[len(head) :]
+    if folder:
+        why = (
+            f"a folder is read as its {MANIFEST_NAME}, which {tail[0]!r} would not reach; "
+            f"give the folder alone ({head!r}) or its manifest's own url"
+        )
+    elif head.startswith("file://"):
+        why = "a file:// url has no query or fragment; percent-encode '?' as %3F, '#' as %23"
+    else:
+        return
+    raise ConfigError(redact(f"refusing {source!r}: {tail!r} follows {head!r}: {why}"))
+
+
 def manifest_source(source: str) -> str:
     """``source`` as a manifest: a folder is the ``manifest.json`` in it. A local folder
     (the ``-o`` a build was given) without one is a :class:`ManifestError` naming that
     file; a remote folder (an ``http(s)://``, ``s3://``, ``gs://`` or ``az://`` url ending
     in ``/``) is checked as every url is (a :class:`ConfigError` for what the url parser
     refuses) and its ``manifest.json`` is read when the manifest is (:func:`load_manifest`
-    names the url tried where there is none). Anything else is returned as given."""
+    names the url tried where there is none). A folder followed by a ``?query`` or
+    ``#fragment``, and a ``file://`` url with one, is a :class:`ConfigError` naming what
+    to give instead. Anything else is returned as given."""
     scheme = url_scheme(source)
+    _refuse_a_folder_with_a_suffix(source, scheme)
     # a prefix is a folder here (the rest is refused as ever); a query is never one
     if scheme in _FOLDER_SCHEMES and source.endswith("/") and not parse_url(source).query:
         return source + MANIFEST_NAME
