@@ -1,15 +1,15 @@
-"""A batch moved to a device with one copy per shared buffer, not one per tensor.
+"""A batch moved to a device with one copy per list of arrays, not one per tensor.
 
-A batch from :class:`~shardkit.streaming.loader.WebLoader` holds many tensors that are
-views of a few buffers: a batch of 32 variable-length token arrays is one buffer split into
-32 views (pinned, with ``pin_memory=True``). ``tensor.to("cuda", non_blocking=True)`` on
-each view pays one host-to-device copy each, and a copy's fixed cost (~10 us on an H200
-here) is what a batch of small arrays is made of: on LLM documents the training process
-spent more on 34 copies a batch than on receiving the batch. :func:`to_device` copies each
-buffer once and makes the same views (dtype, shape, strides, offset) of the device copy.
+A batch from :class:`~shardkit.streaming.loader.WebLoader` holds lists of tensors that are
+consecutive views of one buffer: a batch of 32 variable-length token arrays crosses from a
+worker as one buffer split into 32 views (pinned, with ``pin_memory=True``).
+``tensor.to("cuda", non_blocking=True)`` on each view pays a copy's fixed cost (a few us of
+Python and driver work each) 32 times, where the bytes of a batch of documents take a few
+us in all. :func:`to_device` copies such a list's buffer once and splits it on the device
+(one call in C), so the training loop gets the same list of tensors there.
 
-A buffer is copied whole only where its views cover at least half of it, so a small view
-of a large tensor still moves alone; tensors on no shared buffer move as ``.to`` moves them.
+A list whose tensors are not one run of a buffer (made one by one, other dtypes or
+trailing shapes, strided, needing grad) moves tensor by tensor, as ``.to`` moves it.
 """
 
 from __future__ import annotations
@@ -26,67 +26,50 @@ __all__ = ["to_device"]
 def to_device(
     batch: Any, device: str | torch.device, non_blocking: bool = True, copy: bool = False
 ) -> Any:
-    """``batch`` (dicts, lists and tuples of tensors and other values) with every tensor on
-    ``device``: each buffer that several tensors view copied once (``non_blocking`` from
-    pinned memory), the views made again on the copy; other values as they are.
+    """``batch`` (dicts, lists and tuples, exactly those types) with every tensor on
+    ``device`` (``non_blocking`` from pinned memory): a list of consecutive views of one
+    buffer in one copy, split there; other tensors each by ``.to``; other values as they are.
 
     ``copy``: copy even tensors already on ``device`` (as ``Tensor.to(copy=True)``)."""
     dev = torch.device(device)
-    found: list[torch.Tensor] = []
 
-    def collect(x: Any) -> Any:
+    def leaf(x: Any) -> Any:
         if type(x) is list:
-            return WALK
+            moved = _run_moved(x, dev, non_blocking, copy)
+            return WALK if moved is None else moved
         if isinstance(x, torch.Tensor):
-            found.append(x)
+            return x.to(dev, non_blocking=non_blocking, copy=copy)
         return x
 
-    walk(batch, collect)
-    moved = _moved(found, dev, non_blocking, copy)
-
-    def place(x: Any) -> Any:
-        if type(x) is list:
-            return WALK
-        if isinstance(x, torch.Tensor):
-            return moved[id(x)]
-        return x
-
-    return walk(batch, place)
+    return walk(batch, leaf)
 
 
-def _moved(
-    tensors: list[torch.Tensor], dev: torch.device, non_blocking: bool, copy: bool
-) -> dict[int, torch.Tensor]:
-    """Each tensor's counterpart on ``dev``, by ``id``."""
-    groups: dict[tuple[torch.device, int], list[torch.Tensor]] = {}
-    for t in tensors:
-        if t.device == dev and not copy:
-            continue
-        key = (t.device, t.untyped_storage().data_ptr())
-        groups.setdefault(key, []).append(t)
-    out = {id(t): t for t in tensors}
-    for group in groups.values():
-        storage = group[0].untyped_storage()
-        views = {id(t): t for t in group}.values()  # one tensor twice in a batch: once
-        covered = sum(t.nbytes for t in views)
-        if len(views) < 2 or 2 * covered < storage.nbytes() or _odd(group):
-            for t in views:
-                out[id(t)] = t.to(dev, non_blocking=non_blocking, copy=copy)
-            continue
-        whole = torch.empty(0, dtype=torch.uint8, device=group[0].device).set_(storage)
-        there = whole.to(dev, non_blocking=non_blocking, copy=True).untyped_storage()
-        for t in views:
-            view = torch.empty(0, dtype=t.dtype, device=dev)
-            out[id(t)] = view.set_(there, t.storage_offset(), t.size(), t.stride())
-    return out
-
-
-def _odd(group: list[torch.Tensor]) -> bool:
-    """Tensors :meth:`torch.Tensor.set_` cannot remake as they are (autograd, subclasses,
-    conjugate or negative views, quantized): these move one by one."""
-    for t in group:
-        if type(t) is not torch.Tensor or t.requires_grad or t.is_quantized:
-            return True
-        if t.is_conj() or t.is_neg() or t.layout is not torch.strided:
-            return True
-    return False
+def _run_moved(
+    x: list[Any], dev: torch.device, non_blocking: bool, copy: bool
+) -> list[torch.Tensor] | None:
+    """The list ``x`` on ``dev`` where it is what ``split_with_sizes`` of one contiguous
+    run of a buffer makes (one dtype and trailing shape, each tensor starting where the one
+    before ends), in one copy; else None."""
+    first = x[0]
+    if type(first) is not torch.Tensor or first.dim() == 0 or len(x) < 2:
+        return None
+    if first.device == dev and not copy:
+        return None
+    dtype, nd, tail, at = first.dtype, first.dim(), first.shape[1:], first.data_ptr()
+    rows = []
+    for t in x:
+        if type(t) is not torch.Tensor or t.dtype is not dtype:
+            return None
+        if t.data_ptr() != at and t.numel():  # an empty view's pointer may be anything
+            return None
+        shape = t.shape
+        if len(shape) != nd or shape[1:] != tail or not t.is_contiguous() or t.requires_grad:
+            return None
+        rows.append(shape[0])
+        at += t.nbytes
+    storage, start = first.untyped_storage(), first.storage_offset() * first.element_size()
+    if start + (at - first.data_ptr()) > storage.nbytes() or first.is_conj() or first.is_neg():
+        return None  # tensors of other buffers that happen to follow it in memory
+    run = torch.empty(0, dtype=dtype, device=first.device)
+    run.set_(storage, first.storage_offset(), (sum(rows), *tail))
+    return list(run.to(dev, non_blocking=non_blocking, copy=True).split_with_sizes(rows))

@@ -76,51 +76,57 @@ def test_a_worker_batch_of_token_views_moves_as_one_copy(tmp_path: Path) -> None
     assert seen == 64 and shared >= 4  # 8 batches, the first of each worker whole
 
 
-def test_views_of_every_layout_keep_dtype_shape_strides_and_offset() -> None:
-    """Views of one buffer at offsets, transposed, strided, of another dtype (a bf16 and an
-    int32 view of the same bytes), a tuple and a nested dict: all equal after the move,
-    one buffer in all; other values (strings, numbers, None, PackedBytes) are the same objects."""
+def test_a_list_of_consecutive_views_moves_as_one_run_split_there() -> None:
+    """A list that is what split_with_sizes makes (1-D token arrays; 2-D rows of one
+    trailing shape, at an offset into the buffer): one new buffer each, the same values,
+    dtypes, shapes and strides; strings, numbers, None and PackedBytes stay the objects."""
     base = torch.arange(4096, dtype=torch.float32)
-    grid = base[1024:].view(48, 64)
     packed = PackedBytes([b"ab", b"c"], [0, 2, 3])
     batch = {
-        "a": base[:100],
-        "t": grid.t(),
-        "s": grid[::3, 5:9],
-        "halves": base[2000:2100].view(torch.bfloat16),
-        "ints": (base[100:1024].view(torch.int32), base[3000:]),
+        "tokens": list(base[:1000].split_with_sizes([300, 1, 0, 699])),
+        "rows": (list(base[1024:].view(-1, 64).split_with_sizes([10, 38])),),
         "meta": {"k": ["x", "y"], "n": 3, "none": None, "bytes": packed},
     }
     moved = to_device(batch, "cpu", copy=True)
     _same(moved, batch)
-    got = _tensors(moved)
-    assert len(_storages(got)) == 1
-    assert got[0].untyped_storage().nbytes() == base.untyped_storage().nbytes()
-    assert _storages(got).isdisjoint(_storages(_tensors(batch)))
+    assert len(_storages(moved["tokens"])) == 1 == len(_storages(moved["rows"][0]))
+    assert moved["tokens"][0].untyped_storage().nbytes() == 4000  # the run, not the buffer
+    assert _storages(_tensors(moved)).isdisjoint(_storages(_tensors(batch)))
 
 
-def test_a_small_view_of_a_big_buffer_moves_alone() -> None:
-    """Two views covering under half of a 4 MB buffer: each copied on its own (the copy is
-    as big as the view), not the buffer whole; a tensor on its own buffer likewise."""
-    big = torch.zeros(1 << 20, dtype=torch.float32)
-    batch = [big[:10], big[500:700], torch.ones(5)]
-    moved = to_device(batch, "cpu", copy=True)
-    _same(moved, batch)
-    assert [t.untyped_storage().nbytes() for t in moved] == [40, 800, 20]
+def test_lists_that_are_not_one_run_move_tensor_by_tensor() -> None:
+    """A gap, another order, another dtype, a strided view, a tensor that needs grad,
+    tensors made one by one, a list with other values: the same values as .to gives,
+    each tensor its own copy (a run's copy would take the gap's bytes along or mix them)."""
+    base = torch.arange(1000, dtype=torch.float32)
+    grad = torch.arange(6.0).requires_grad_()
+    lists = {
+        "gap": [base[:10], base[11:20]],
+        "order": [base[10:20], base[:10]],
+        "dtype": [base[:10], base[10:20].view(torch.int32)],
+        "strided": [base[:10], base[10:30:2]],
+        "grad": [grad[:3], grad[3:]],
+        "apart": [torch.ones(3), torch.zeros(4)],
+        "mixed": [base[:10], "x", base[10:20]],
+    }
+    moved = to_device(lists, "cpu", copy=True)
+    each = {
+        k: [x.to("cpu", copy=True) if isinstance(x, torch.Tensor) else x for x in v]
+        for k, v in lists.items()
+    }
+    _same(moved, each)
+    for name, got in moved.items():
+        ts = _tensors(got)
+        assert len(_storages(ts)) == len(ts), name
+        assert [t.untyped_storage().nbytes() for t in ts] == [t.nbytes for t in ts], name
+    assert moved["grad"][0].requires_grad
 
 
 def test_without_copy_tensors_already_there_are_the_same_objects() -> None:
-    """Like Tensor.to: a tensor already on the device is handed back as it is; a tensor that
-    needs grad or a Parameter moves as .to moves it (set_ cannot remake those)."""
+    """Like Tensor.to: a tensor, or a run of views, already on the device is handed back as
+    it is (the list rebuilt, its tensors the same objects)."""
     base = torch.arange(100, dtype=torch.float32)
-    batch = {"a": base[:50], "b": base[50:]}
+    batch = {"a": base[:50], "run": [base[:50], base[50:]]}
     moved = to_device(batch, "cpu")
-    assert moved["a"] is batch["a"] and moved["b"] is batch["b"]
-    p = torch.nn.Parameter(torch.ones(3))
-    grad = torch.arange(6.0).requires_grad_()
-    got = to_device([p, grad[:3], grad[3:]], "cpu", copy=True)
-    assert got[1].requires_grad and torch.equal(got[2], torch.tensor([3.0, 4.0, 5.0]))
-    assert (
-        torch.equal(got[0], p)
-        and got[0].untyped_storage().data_ptr() != p.untyped_storage().data_ptr()
-    )
+    assert moved["a"] is batch["a"]
+    assert all(g is w for g, w in zip(moved["run"], batch["run"], strict=True))
