@@ -71,5 +71,9 @@ def _run_moved(
     if start + (at - first.data_ptr()) > storage.nbytes() or first.is_conj() or first.is_neg():
         return None  # tensors of other buffers that happen to follow it in memory
     run = torch.empty(0, dtype=dtype, device=first.device)
-    run.set_(storage, first.storage_offset(), (sum(rows), *tail))
+    size, stride, step = (sum(rows), *tail), [], 1
+    for n in reversed(size):  # C order
+        stride.insert(0, step)
+        step *= max(n, 1)
+    run.set_(storage, first.storage_offset(), size, stride)
     return list(run.to(dev, non_blocking=non_blocking, copy=True).split_with_sizes(rows))
