@@ -71,7 +71,8 @@ def _run_moved(
     if start + (at - first.data_ptr()) > storage.nbytes() or first.is_conj() or first.is_neg():
         return None  # tensors of other buffers that happen to follow it in memory
     run = torch.empty(0, dtype=dtype, device=first.device)
-    size, stride, step = (sum(rows), *tail), [], 1
+    size, step = (sum(rows), *tail), 1
+    stride: list[int] = []
     for n in reversed(size):  # C order
         stride.insert(0, step)
         step *= max(n, 1)
