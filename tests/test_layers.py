@@ -166,6 +166,7 @@ ORDER: dict[str, list[list[str]]] = {
             "device",
             "slot_layout",
             "arena",
+            "bundles",
             "sync",
             "frameworks",
             "recipe",

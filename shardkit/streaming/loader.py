@@ -26,8 +26,10 @@ from typing import Any, cast
 
 from shardkit.errors import ConfigError
 from shardkit.metrics import LoaderStats, counter_delta
+from shardkit.read.shards import CompactShards
 from shardkit.stages.mixture import find_mix
-from shardkit.streaming.arena import take_over
+from shardkit.stages.source import ShardSource
+from shardkit.streaming.bundles import Unbundled, bundle_cap
 from shardkit.streaming.dataset import ShardDataset
 from shardkit.streaming.place import Place
 from shardkit.streaming.resume import merge_rank_states
@@ -42,6 +44,14 @@ __all__ = ["WebLoader"]
 
 log = logging.getLogger(__name__)
 _END = object()
+
+
+def source_bytes(source: ShardSource) -> int:
+    """The bytes of a source's shards the manifest gives (0 where it gives none)."""
+    shards = source.catalog().shards
+    if isinstance(shards, CompactShards):
+        return int(shards.compact.sizes.sum())
+    return sum(s.ref.size or 0 for s in shards)
 
 
 class WebLoader:
@@ -103,8 +113,8 @@ class WebLoader:
         self._place = Place(dataset, self._logical, self._fingerprint)
         self._job_skips: dict[str, int] | None = None
         self._stats = LoaderStats()
-        self._opened: dict[int, float] = {}
         self._stall = StallWatch(stall_warn, stall_stacks)
+        self._item_size: float | None = None  # see _item_bytes
 
     # -- epochs and length ---------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -163,14 +173,16 @@ class WebLoader:
         if box is None:  # the loaded state had ended this epoch: nothing is left
             self._stats.stop()
             return iter(())
+        bundling = self.worker_mode == "process" and self.num_workers > 0
+        if bundling:  # how many batches a worker process's bundle may hold this epoch
+            box = {**box, "bundle": bundle_cap(self._item_bytes())}
         self._mailbox.write(box)
         if self.worker_mode == "thread":  # the workers share this process's io counters
             self._io_base = self.dataset.io_stats()
         synced = self._job() and (self._sync is True or not self._lockstep())
-        self._opened = {}  # seconds spent taking over each worker's batches
         self._stall.prepare()  # before worker processes start: they report to it
         it = iter(self._loader)
-        gen = self._iterate(it, synced)
+        gen = self._iterate(it, Unbundled(it, self.num_workers) if bundling else it, synced)
         self._stall.begin(self._place.where.rank, it, gen)
         close_at_exit(gen)
         return gen
@@ -188,15 +200,19 @@ class WebLoader:
             return False
         return self.dataset.lengths(self._logical) is not None
 
-    def _iterate(self, it: Iterator[Any], synced: bool) -> Generator[Any, None, None]:
+    def _iterate(
+        self, it: Iterator[Any], batches: Iterator[Any], synced: bool
+    ) -> Generator[Any, None, None]:
+        """The epoch's batches (``batches``: ``it``'s, unbundled where worker processes
+        bundle them), delivered; ``it`` (the DataLoader's iterator) stopped on an error."""
         stats = self._stats
         try:
             if synced:
-                yield from self._voted(it)
+                yield from self._voted(batches)
                 return
             while True:
                 t = time.perf_counter()
-                got = next(it, _END)
+                got = next(batches, _END)
                 if got is _END:
                     self._place.complete = True
                     return
@@ -250,13 +266,20 @@ class WebLoader:
             io = counter_delta(self.dataset.io_stats(), self._io_base)
             self._stats.record(wait, w, meta["c"], io, io_worker=-1)
             return batch
-        counts = meta["c"]
-        if self.num_workers:
-            batch, took = take_over(batch)
-            self._opened[w] = self._opened.get(w, 0.0) + took
-            counts["transfer_s"] = counts.get("transfer_s", 0.0) + self._opened[w]
-        self._stats.record(wait, w, counts, meta["io"])
+        self._stats.record(wait, w, meta["c"], meta["io"])
         return batch
+
+    def _item_bytes(self) -> float | None:
+        """About how many bytes of shards one item of this rank reads (the manifest's
+        bytes over the items of every rank), None when not known up front."""
+        if self._item_size is None:
+            size = sum(source_bytes(s) for s in self.dataset.sources)
+            lengths = self.dataset.lengths(self._logical)
+            items = None if lengths is None else sum(lengths) * self._place.where.world
+            if self.batch_size is not None and items is not None:
+                items = -(-items // self.batch_size)
+            self._item_size = size / items if size and items else -1.0
+        return None if self._item_size < 0 else self._item_size
 
     # -- state ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 from shardkit.errors import ConfigError, FetchError
 from shardkit.streaming.arena import Lanes
 from shardkit.streaming.transfer import deliver
-from shardkit.streaming.workers import Collate, WorkerSide, exit_is_an_error
+from shardkit.streaming.workers import Batching, Collate, Packer, WorkerSide, exit_is_an_error
 
 __all__ = ["WORKER_MODES", "ThreadWorkers", "close_at_exit", "make_workers", "stop_workers"]
 
@@ -59,15 +59,16 @@ def make_workers(
             raise ConfigError(f"WebLoader: {key}= is not supported (the plan orders samples)")
     if mode == "thread":
         return ThreadWorkers(side, workers, batch_size, collate_fn, drop_last, options)
-    if workers > 0:  # fresh processes each epoch re-fault every page they touch
-        options = {"persistent_workers": True, **options}
+    collate = Collate(collate_fn, batch_size is not None)
+    if workers == 0:
+        return DataLoader(
+            side, batch_size=batch_size, collate_fn=collate, drop_last=drop_last, **options
+        )
+    # worker processes batch and bundle their batches themselves (shardkit.streaming.bundles)
+    side.batching = Batching(batch_size, drop_last, collate.collated)
+    options = {"persistent_workers": True, **options}  # fresh ones re-fault every page
     return DataLoader(
-        side,
-        batch_size=batch_size,
-        num_workers=workers,
-        collate_fn=Collate(collate_fn, batch_size is not None, Lanes(workers) if workers else None),
-        drop_last=drop_last,
-        **options,
+        side, batch_size=None, num_workers=workers, collate_fn=Packer(Lanes(workers)), **options
     )
 
 
@@ -141,8 +142,7 @@ class ThreadWorkers:
         self.side = side
         self.workers = max(int(workers), 1)
         self.batch_size = batch_size
-        self.collate = Collate(collate_fn, batch_size is not None)
-        self.drop_last = drop_last
+        self.batching = Batching(batch_size, drop_last, Collate(collate_fn, batch_size is not None))
         self.ahead = max(int(options.get("prefetch_factor") or 2), 1)
         self.timeout = float(options.get("timeout") or 0)
         self.pin = bool(options.get("pin_memory")) and torch.cuda.is_available()
@@ -215,7 +215,7 @@ class ThreadWorkers:
                 with exit_is_an_error(f"worker_init_fn of thread worker {w}"):
                     self.init_fn(w)
             items = self.side.stream(w, self.workers, own_io=False)
-            for batch in self._batches(items):
+            for batch in self.batching.batches(items):
                 if not put(batch):
                     return
             put(_Ended())
@@ -225,17 +225,3 @@ class ThreadWorkers:
             close = getattr(items, "close", None)
             if close is not None:
                 close()  # the epoch's end runs in the thread that read it
-
-    def _batches(self, items: Iterator[Any]) -> Iterator[Any]:
-        if self.batch_size is None:
-            for item in items:
-                yield self.collate(item)
-            return
-        batch: list[Any] = []
-        for item in items:
-            batch.append(item)
-            if len(batch) == self.batch_size:
-                yield self.collate(batch)
-                batch = []
-        if batch and not self.drop_last:
-            yield self.collate(batch)

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from time import perf_counter
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.random  # here, once: else each worker process imports it as it starts
@@ -26,10 +26,11 @@ from shardkit.plan.order import stream_seed
 from shardkit.stages import Context
 from shardkit.stages.epoch import Epoch
 from shardkit.streaming.arena import Lanes, WorkerArena
+from shardkit.streaming.bundles import Packed, bundles
 from shardkit.streaming.dataset import ShardDataset
-from shardkit.streaming.transfer import Mailbox, deliver
+from shardkit.streaming.transfer import Mailbox, Pickled, deliver
 
-__all__ = ["Collate", "WorkerSide", "exit_is_an_error"]
+__all__ = ["Batching", "Collate", "Packer", "WorkerSide", "exit_is_an_error"]
 
 _END = object()
 
@@ -64,23 +65,36 @@ class WorkerSide(IterableDataset[Any]):
         self.dataset = dataset
         self.mailbox = mailbox
         self.every = every
+        self.batching: Batching | None = None  # worker processes batch and bundle here
 
-    def __iter__(self) -> Iterator[tuple[Any, dict[str, Any] | None]]:
+    def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         if info is None:
             return self.stream(0, 1)
-        return _primed(self.stream(info.id, info.num_workers, seed_rngs=True))
+        box = self.mailbox.read()
+        items = self.stream(info.id, info.num_workers, seed_rngs=True, box=box)
+        if self.batching is not None:
+            batches = self.batching.batches(items)
+            return _primed(bundles(batches, int(box.get("bundle", 1)), info.id))
+        return _primed(items)
 
     def stream(
-        self, phys: int, n: int, *, seed_rngs: bool = False, own_io: bool = True
+        self,
+        phys: int,
+        n: int,
+        *,
+        seed_rngs: bool = False,
+        own_io: bool = True,
+        box: dict[str, Any] | None = None,
     ) -> Iterator[tuple[Any, dict[str, Any] | None]]:
         """The items worker ``phys`` of ``n`` yields, each with its meta (or None).
 
         ``seed_rngs``: seed user code's global RNGs (a worker process's own; never in the
         training process). ``own_io``: the worker has the process's I/O counters to itself
         (a worker process); thread workers share them, so the loader counts I/O instead.
+        ``box``: the mailbox as read (else read here).
         """
-        box = self.mailbox.read()
+        box = self.mailbox.read() if box is None else box
         logical = (int(box["rotation"]) + phys) % n
         ctx = Context(int(box["rank"]), int(box["world"]), logical, n, int(box["epoch"]))
         ds = self.dataset
@@ -169,39 +183,74 @@ def _count_side(key: str, seconds: float) -> None:
 
 
 class Collate:
-    """Collate where the batch is made and keep the batch's meta (the last item's).
+    """Collate where the batch is made and keep the batch's meta (the last item's); the
+    batch is delivered there (:func:`~shardkit.streaming.transfer.deliver`: threads, 0
+    workers). Worker processes collate with :meth:`collated` and pack with :class:`Packer`."""
 
-    ``lanes``: the loader's worker processes' control block; in a worker process the batch
-    then goes into the worker's shared-memory arena (:mod:`shardkit.streaming.arena`).
-    Without it (threads, or no workers) the batch is delivered where it is made
-    (:func:`~shardkit.streaming.transfer.deliver`)."""
-
-    def __init__(
-        self, fn: Callable[[list[Any]], Any] | None, batched: bool, lanes: Lanes | None = None
-    ) -> None:
+    def __init__(self, fn: Callable[[list[Any]], Any] | None, batched: bool) -> None:
         self.fn = fn or default_collate
         self.batched = batched
+
+    def collated(self, items: Any) -> tuple[Any, Any]:
+        """The batch of ``items`` (or the item itself when not ``batched``) and its meta."""
+        if not self.batched:
+            return cast(tuple[Any, Any], items)
+        t = perf_counter()
+        with exit_is_an_error("collate_fn"):
+            batch, meta = self.fn([x[0] for x in items]), items[-1][1]
+        _count_side("collate_s", perf_counter() - t)
+        return batch, meta
+
+    def __call__(self, items: Any) -> tuple[Any, Any]:
+        batch, meta = self.collated(items)
+        return deliver(batch), meta
+
+
+class Batching:
+    """How a worker turns items into batches: ``batch_size`` items a batch (None: an item
+    is a batch), the last partial one dropped with ``drop_last``, collated by ``collate``."""
+
+    def __init__(self, batch_size: int | None, drop_last: bool, collate: Callable[[Any], Any]):
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.collate = collate
+
+    def batches(self, items: Iterator[Any]) -> Iterator[Any]:
+        """The batches of ``items``, each as ``collate`` makes it."""
+        if self.batch_size is None:
+            for item in items:
+                yield self.collate(item)
+            return
+        batch: list[Any] = []
+        for item in items:
+            batch.append(item)
+            if len(batch) == self.batch_size:
+                yield self.collate(batch)
+                batch = []
+        if batch and not self.drop_last:
+            yield self.collate(batch)
+
+
+class Packer:
+    """A worker process's bundles packed into its shared-memory arena
+    (:mod:`shardkit.streaming.arena`) and pickled as they cross its queue: the DataLoader's
+    ``collate_fn`` there. ``lanes``: the loader's worker processes' control block."""
+
+    def __init__(self, lanes: Lanes) -> None:
         self.lanes = lanes
         self._arena: PerProcess[WorkerArena | None] = PerProcess(self._make_arena)
 
     def _make_arena(self) -> WorkerArena | None:
         info = get_worker_info()
-        if self.lanes is None or info is None:
-            return None
-        return WorkerArena(self.lanes, info.id)
+        return None if info is None else WorkerArena(self.lanes, info.id)
 
-    def __call__(self, items: Any) -> tuple[Any, Any]:
-        t = perf_counter()
-        if self.batched:
-            with exit_is_an_error("collate_fn"):
-                batch, meta = self.fn([x[0] for x in items]), items[-1][1]
-            _count_side("collate_s", perf_counter() - t)
-        else:
-            batch, meta = items
+    def __call__(self, bundle: Any) -> Pickled:
+        """``bundle`` (a :class:`~shardkit.streaming.bundles.Bundle`) as it crosses."""
         arena = self._arena.get()
         if arena is None:
-            return deliver(batch), meta
+            raise TransferError("a bundle is packed only in a worker process")
         t = perf_counter()
-        parcel = arena.crossing(batch)
+        body = arena.pack(tuple(bundle.batches))
+        out = Pickled(Packed(body, bundle.metas, bundle.worker), arena.worker, plain=arena.plain)
         _count_side("transfer_s", perf_counter() - t)
-        return parcel, meta
+        return out

@@ -1,0 +1,176 @@
+"""Bundles: several of a worker process's batches crossing to the training process as one
+DataLoader item.
+
+Every DataLoader item costs the training process a fixed price whatever it holds (a queue
+round-trip and its poll, two unpickles, a parcel opened, torch's per-item profiler hooks):
+on LLM documents (32 small token arrays a batch) that price was as much as the batch's
+data. So a worker process groups its batches into bundles: ``k`` batches packed into one
+parcel (one slot, one pickle), each with its own meta (its worker's cursor after it), and
+the training process opens a bundle once and hands its batches out one at a time.
+
+``k`` follows one schedule in every worker: 1 for an epoch's first item (the first batch is
+no later), then 2, 4, ... up to a cap the training process sets for the epoch (through the
+mailbox, from the data set's bytes per item: see :func:`bundle_cap`), so a worker's
+``j``-th item holds the same batches of its stream in every worker. That is what lets
+:class:`Unbundled` hand the batches out in the order of thread workers (round-robin over
+the workers still going, a batch at a time), from the DataLoader's order (round-robin a
+bundle at a time), holding at most one bundle per worker: a worker ended when the item
+after its bundle is another worker's (its next one would have come first) or the
+DataLoader ends. State and resume are per batch as before, mid-bundle too.
+
+A worker's error while it makes a bundle's batch ends the bundle there: the batches made
+before it cross, and the error is raised at the worker's next item, so the training loop
+gets every batch before it, then the error, as with threads.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any
+
+from shardkit.streaming.arena import Parcel, open_parcel
+from shardkit.streaming.transfer import InlineBatch, Pickled, can_pin, deliver
+
+__all__ = ["BUNDLE_BYTES", "BUNDLE_MAX", "Bundle", "Packed", "Unbundled", "bundle_cap", "bundles"]
+
+BUNDLE_MAX = 16  # batches a bundle holds at most
+BUNDLE_BYTES = 4 << 20  # a bundle's estimated bytes at most (its slot; memory held per item)
+_END = object()
+
+Meta = dict[str, Any]
+
+
+def bundle_cap(item_bytes: float | None) -> int:
+    """The most batches a bundle holds when an item is about ``item_bytes`` (None: not
+    known, 2)."""
+    if item_bytes is None:
+        return 2
+    return max(1, min(BUNDLE_MAX, int(BUNDLE_BYTES // max(item_bytes, 1.0))))
+
+
+@dataclass
+class Bundle:
+    """A worker's bundle before packing: its batches, each one's meta, the worker's id."""
+
+    batches: list[Any]
+    metas: list[Meta | None]
+    worker: int
+
+
+def bundles(batches: Iterator[tuple[Any, Meta | None]], cap: int, worker: int) -> Iterator[Bundle]:
+    """``batches`` grouped as the schedule says (1, 2, 4, ... up to ``cap``); an error
+    making a batch ends its bundle, and is raised when the next bundle is asked for."""
+    k = 1
+    while True:
+        got: list[Any] = []
+        metas: list[Meta | None] = []
+        error: Exception | None = None
+        try:
+            for batch, meta in batches:
+                got.append(batch)
+                metas.append(meta)
+                if len(got) == k:
+                    break
+        except Exception as exc:  # noqa: BLE001 - raised after the batches before it
+            error = exc
+        if got:
+            yield Bundle(got, metas, worker)
+        if error is not None:
+            raise error
+        if len(got) < k:
+            return
+        k = min(2 * k, cap)
+
+
+@dataclass
+class Packed:
+    """A bundle as it crosses: ``body`` is its batches (a tuple) packed by the worker's
+    arena (a :class:`Parcel`, an :class:`InlineBatch`, or the tuple itself)."""
+
+    body: Any
+    metas: list[Meta | None]
+    worker: int
+
+    def open(self, pin: bool = False) -> list[Any]:
+        """The batches as the training loop gets them (pinned copies with ``pin``)."""
+        body = self.body
+        if type(body) is Parcel:
+            return list(open_parcel(body, pin=True) if pin else open_parcel(body))
+        if type(body) is InlineBatch:
+            return list(body.open(pin and can_pin()))
+        return list(deliver(body, pin and can_pin()))
+
+    def pin_memory(self, device: Any = None) -> Opened:
+        """Called by the DataLoader's pin thread: opened, pinned, the slot released."""
+        return Opened(self.open(pin=True), self.metas, self.worker)
+
+
+@dataclass
+class Opened:
+    """A bundle opened by the pin thread."""
+
+    batches: list[Any]
+    metas: list[Meta | None]
+    worker: int
+
+
+class Unbundled:
+    """The batches of a DataLoader over bundling worker processes, one at a time, in thread
+    workers' order, each as ``(batch, meta)`` (see the module docstring); the training
+    process's seconds opening a worker's bundles are added to its meta's ``transfer_s``."""
+
+    def __init__(self, items: Iterator[Any], workers: int) -> None:
+        self.items = items
+        self.queues: list[deque[tuple[Any, Meta | None]]] = [deque() for _ in range(workers)]
+        self.going = list(range(workers))
+        self.turn = 0
+        self.ended = False
+        self.opened = [0.0] * workers
+
+    def __iter__(self) -> Unbundled:
+        return self
+
+    def __next__(self) -> tuple[Any, Meta | None]:
+        going = self.going
+        while going:
+            i = self.turn % len(going)
+            w = going[i]
+            q = self.queues[w]
+            if not q and not self._pull(w):
+                del going[i]  # the next worker takes this turn
+                continue
+            self.turn = i + 1
+            return q.popleft()
+        raise StopIteration
+
+    def _pull(self, w: int) -> bool:
+        """Items until worker ``w``'s next bundle is in: False when it has ended."""
+        if self.ended:
+            return False
+        got = next(self.items, _END)
+        if got is _END:
+            self.ended = True
+            return False
+        opened, took = _opened(got)
+        who = opened.worker
+        self.opened[who] += took
+        spent = self.opened[who]
+        for meta in opened.metas:
+            if meta is not None:
+                c = meta["c"]
+                c["transfer_s"] = c.get("transfer_s", 0.0) + spent
+        self.queues[who].extend(zip(opened.batches, opened.metas, strict=True))
+        return who == w  # another worker's bundle first: w's stream has ended
+
+
+def _opened(item: Any) -> tuple[Opened, float]:
+    """A DataLoader item opened (the pin thread's already is) and the seconds that took."""
+    if type(item) is Opened:
+        return item, 0.0
+    t = perf_counter()
+    packed: Packed = item.load() if type(item) is Pickled else item
+    out = Opened(packed.open(), packed.metas, packed.worker)
+    return out, perf_counter() - t
