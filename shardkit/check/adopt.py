@@ -25,10 +25,16 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from urllib.parse import urlsplit
 
 from shardkit._types import ObjectRef, Opener
-from shardkit.check.scan import FieldStats, add_fields, scan_stream
+from shardkit.check.scan import scan_stream
 from shardkit.errors import ConfigError
 from shardkit.format.layout import index_name
-from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
+from shardkit.format.manifest.model import (
+    FieldStats,
+    Manifest,
+    ShardEntry,
+    add_fields,
+    creation_info,
+)
 from shardkit.format.pieces import DEFAULT_PIECE_SIZE
 from shardkit.urls import REMOTE_PREFIXES, expand_braces
 from shardkit.write.writer.where import open_target

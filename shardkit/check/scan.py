@@ -18,14 +18,13 @@ from shardkit.errors import ShardFormatError
 from shardkit.format.checksum import new_hasher
 from shardkit.format.compression import open_tar
 from shardkit.format.digest import Digest, HashingReader
-from shardkit.format.manifest.model import ShardEntry
+from shardkit.format.manifest.model import FieldStats, ShardEntry
 from shardkit.format.pieces import Pieces
 from shardkit.format.tario.index import SampleDigester, sample_signature, write_index
 from shardkit.format.tario.reader import TarReader
 
-__all__ = ["DigestingReader", "ShardScan", "add_fields", "scan_shard", "scan_stream"]
+__all__ = ["DigestingReader", "ShardScan", "scan_shard", "scan_stream"]
 
-FieldStats = dict[str, dict[str, int]]
 # the largest sample a scan digests for the index (its bytes are held until its end is
 # known); a larger one is read as a stream by a lookup (lookup.DIRECT_MAX) in any case
 _HOLD = 64 << 20
@@ -226,10 +225,3 @@ def scan_stream(
         name, src.digest.size, checksum, offsets, end, stats, keys, found_pieces, sigs,
         digests, skipped,
     )  # fmt: skip
-
-
-def add_fields(acc: FieldStats, more: FieldStats) -> None:
-    for name, st in more.items():
-        a = acc.setdefault(name, {"count": 0, "bytes": 0})
-        a["count"] += st["count"]
-        a["bytes"] += st["bytes"]

@@ -14,12 +14,18 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO
 
-from shardkit.check.scan import FieldStats, ShardScan, add_fields, scan_shard
+from shardkit.check.scan import ShardScan, scan_shard
 from shardkit.durable import atomic_write
 from shardkit.errors import ConfigError, ShardFormatError
 from shardkit.format.compression import open_tar
 from shardkit.format.layout import index_name
-from shardkit.format.manifest.model import Manifest, ShardEntry, creation_info
+from shardkit.format.manifest.model import (
+    FieldStats,
+    Manifest,
+    ShardEntry,
+    add_fields,
+    creation_info,
+)
 from shardkit.format.pieces import DEFAULT_PIECE_SIZE
 from shardkit.format.tario.reader import TarReader
 from shardkit.write.inputs.discover import discover

@@ -36,7 +36,17 @@ from shardkit.format.manifest.check import (
 from shardkit.format.pieces import Pieces
 from shardkit.urls import dirname, is_absolute, join, resolve_url
 
-__all__ = ["Manifest", "ShardEntry", "creation_info", "incomplete_reason"]
+__all__ = [
+    "FieldStats",
+    "Manifest",
+    "ShardEntry",
+    "add_fields",
+    "creation_info",
+    "incomplete_reason",
+]
+
+FieldStats = dict[str, dict[str, int]]
+"""Per field name, ``{"count": samples having it, "bytes": total bytes}``."""
 
 
 @dataclass(frozen=True)
@@ -330,3 +340,11 @@ def creation_info(**extra: Any) -> dict[str, Any]:
     }
     info.update(extra)
     return info
+
+
+def add_fields(acc: FieldStats, more: FieldStats) -> None:
+    """Add one manifest's (or shard's) field stats ``more`` into ``acc``."""
+    for name, st in more.items():
+        a = acc.setdefault(name, {"count": 0, "bytes": 0})
+        a["count"] += st["count"]
+        a["bytes"] += st["bytes"]

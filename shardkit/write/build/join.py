@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardkit.errors import WriterError
-from shardkit.format.manifest.model import Manifest, ShardEntry
+from shardkit.format.manifest.model import Manifest, ShardEntry, add_fields
 from shardkit.write.writer.options import shard_name
-from shardkit.write.writer.target import Target, add_fields, build_info, errors_name
+from shardkit.write.writer.target import Target, build_info, errors_name
 
 __all__ = ["JoinSpec", "join_workers"]
 

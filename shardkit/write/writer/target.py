@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple, Protocol
 
 from shardkit.errors import ConfigError, ManifestError, ShardkitError, WriterError
-from shardkit.format.manifest.model import Manifest, ShardEntry
+from shardkit.format.manifest.model import Manifest, ShardEntry, add_fields
 
 if TYPE_CHECKING:
     from shardkit.write.inputs.sources import BadRecord
@@ -39,7 +39,6 @@ __all__ = [
     "Moves",
     "Resumable",
     "Target",
-    "add_fields",
     "build_info",
     "errors_name",
     "store_failures",
@@ -70,14 +69,6 @@ def build_info(m: Manifest | None) -> dict[str, Any]:
     """The ``created.build`` block a build leaves in its manifest (config, complete)."""
     info = m.created.get("build") if m is not None else None
     return info if isinstance(info, dict) else {}
-
-
-def add_fields(acc: dict[str, dict[str, int]], more: dict[str, dict[str, int]]) -> None:
-    """Add one manifest's (or shard's) field stats into ``acc``."""
-    for name, st in more.items():
-        a = acc.setdefault(name, {"count": 0, "bytes": 0})
-        a["count"] += st["count"]
-        a["bytes"] += st["bytes"]
 
 
 def errors_name(manifest: str) -> str:
