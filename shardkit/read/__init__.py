@@ -1,7 +1,7 @@
 """Reading: the shard catalog (shards, counts, sample indexes) and plan ranges → samples.
 
 A layer between the plan and io: :mod:`.catalog` knows which shards there are and where
-sample *i* of a shard starts; :mod:`.ranges` turns a stream of ``(shard, lo, hi)`` ranges
+sample *i* of a shard starts; :mod:`.stream` turns a stream of ``(shard, lo, hi)`` ranges
 into samples through the io opener, under the bad-data policy. Stages build on it.
 """
 
