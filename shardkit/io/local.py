@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -253,6 +254,25 @@ def _give_back(buf: np.ndarray[Any, Any]) -> None:
             _spare.append(buf)
 
 
+_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
+
+
+def _open_file(url: str, path: str) -> int:
+    """A descriptor of the regular file at ``path``; anything else (a FIFO, whose open or
+    read would wait for a writer forever, a device, a directory) is a :class:`FetchError`."""
+    try:  # O_NONBLOCK: opening a FIFO does not wait for a writer (no effect on a file)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise FetchError(f"cannot open: {exc.strerror}", url=url) from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        what = _KINDS.get(stat.S_IFMT(mode), "a device")
+        raise FetchError(f"cannot open: it is {what}, not a regular file", url=url)
+    os.set_blocking(fd, True)
+    return fd
+
+
 def open_local(ref: ObjectRef, start: int = 0, end: int | None = None) -> BinaryIO:
     """Open ``[start, end)`` of a local file (``ref.url``: a path or ``file://`` url) as a
     binary stream.
@@ -264,10 +284,7 @@ def open_local(ref: ObjectRef, start: int = 0, end: int | None = None) -> Binary
     path = local_path(url)
     if ref.size is not None and ref.checksum is not None:
         return _open_verified(url, path, start, end, ref.size, ref.checksum, ref.pieces)
-    try:
-        f = open(path, "rb", buffering=0)  # noqa: SIM115 - returned to the caller
-    except OSError as exc:
-        raise FetchError(f"cannot open: {exc.strerror}", url=url) from exc
+    f = open(_open_file(url, path), "rb", buffering=0)  # noqa: SIM115 - returned to the caller
     if start:
         f.seek(start)
     if end is None:
@@ -284,10 +301,7 @@ def _open_verified(
     checksum: str,
     pieces: PieceChecksums | None,
 ) -> BinaryIO:
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise FetchError(f"cannot open: {exc.strerror}", url=url) from exc
+    fd = _open_file(url, path)
     try:
         have = os.fstat(fd).st_size
         if have != size:

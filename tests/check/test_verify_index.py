@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +18,7 @@ from click.testing import CliRunner
 
 import shardkit as sk
 from shardkit import Manifest
+from shardkit.check.report import VerifyReport
 from shardkit.cli import cli
 from shardkit.format.layout import index_name
 from shardkit.format.tario.index import index_size
@@ -195,3 +197,32 @@ def test_a_huge_index_is_refused_unread(shards: Path) -> None:
                 (p,) = _index_problems(report)
                 assert f"larger than an index of 4 samples can be ({limit} bytes)" in p["message"]
         assert 0 < server.bytes_sent(f"*{INDEX}") <= 4 * (limit + 1)
+
+
+def _verify_in_time(manifest: Path, level: str, unblock: Path) -> VerifyReport:
+    """``sk.verify`` in a thread: a read that waits on a FIFO fails the test in 5 s (its
+    writer end is then opened, so the thread ends) instead of hanging it."""
+    out: list[VerifyReport] = []
+    worker = threading.Thread(target=lambda: out.append(sk.verify(manifest, level=level)))
+    worker.start()
+    worker.join(5)
+    if worker.is_alive():
+        os.close(os.open(unblock, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(5)
+        pytest.fail(f"verify waited on the FIFO {unblock}")
+    return out[0]
+
+
+def test_a_fifo_is_a_problem_not_a_hang(shards: Path) -> None:
+    """A FIFO where an index (or a shard) should be: its open would wait for a writer."""
+    index = shards.parent / INDEX
+    index.unlink()
+    os.mkfifo(index)
+    (p,) = _verify_in_time(shards, "checksum", index).problems
+    assert (p.url, p.kind) == (SHARD, "index") and "a FIFO, not a regular file" in p.message
+    shard = shards.parent / "data-000001.tar"
+    shard.unlink()
+    os.mkfifo(shard)
+    problems = _verify_in_time(shards, "quick", shard).problems
+    assert [(p.url, p.kind) for p in problems] == [("data-000001.tar", "unreadable")]
+    assert "a FIFO, not a regular file" in problems[0].message
