@@ -48,6 +48,7 @@ PUBLIC: dict[str, list[str]] = {
         "end_process_group",
         "mix",
         "read_shard",
+        "to_device",
         "verify",
     ],
     "shardkit.io": [
