@@ -49,9 +49,9 @@ class SampleVerified(io.RawIOBase):
     is read by no one as a member (tar readers stop at the marker), so it may be anything.
 
     The stream steps back (``seek``), as the tar reader does before it reads a large
-    member into its own object, but only over what it read last (up to 1 MiB, less once
-    the reader says it will not step back so far: :meth:`forget_before`): the bytes read
-    again must be the ones hashed the first time, else :class:`ChecksumError`.
+    member into its own object, but only over what it read last (up to 1 MiB, none once
+    the reader has read through :meth:`read_once`): the bytes read again must be the ones
+    hashed the first time, else :class:`ChecksumError`.
 
     Args:
         f: a binary stream of the shard, positioned at ``bounds[0]``, that seeks to
@@ -63,6 +63,9 @@ class SampleVerified(io.RawIOBase):
         stop: where reads stop (``bounds[-1]`` when None).
         size: the shard's size in the manifest: a file of another size is a
             :class:`ChecksumError` (closing ``f``).
+        counts: the read's counters: each read adds the bytes it hands out (``"bytes"``;
+            a seek what it steps over) and the seconds it took, the hash included
+            (``"read_s"``), as a counting wrapper would, without another call a read.
     """
 
     def __init__(
@@ -75,6 +78,7 @@ class SampleVerified(io.RawIOBase):
         first: int = 0,
         stop: int | None = None,
         size: int | None = None,
+        counts: dict[str, float] | None = None,
     ) -> None:
         if len(bounds) != len(digests) + 1:
             raise ValueError("bounds are the samples' starts and the last one's end")
@@ -106,6 +110,9 @@ class SampleVerified(io.RawIOBase):
         self._last = len(digests)
         self._verify_s = 0.0  # seconds spent hashing, not yet added to VERIFY_TIME
         self._told_at = bounds[0] + _TELL_EVERY
+        self._counts: dict[str, float] = {} if counts is None else counts
+        self._counts.setdefault("bytes", 0.0)
+        self._counts.setdefault("read_s", 0.0)
 
     def readable(self) -> bool:
         return True
@@ -126,55 +133,74 @@ class SampleVerified(io.RawIOBase):
                 f"seek to {target}: a verified sample stream steps back over its last reads "
                 f"only ({lowest}..{self._hashed})"
             )
+        self._counts["bytes"] += abs(target - self._pos)
         self._pos = self._f.seek(target)
         return self._pos
 
     def read(self, size: int | None = -1) -> bytes:
+        data = self._take(size)
+        if data:  # kept for a step back over it
+            kept = self._kept
+            stop = self._pos
+            kept.append((stop - len(data), stop, data))
+            while kept[0][1] <= stop - _KEEP_READS:
+                kept.popleft()
+        return data
+
+    def read_once(self, n: int) -> bytes:
+        """Read as :meth:`read` does, for a reader that will never step back over these
+        bytes or any before them (the tar reader's read of a large member into its own
+        object): nothing read so far is kept, these bytes neither (kept, they would hold
+        memory the next reads would reuse warm)."""
+        data = self._take(n)  # bytes read again after a step back checked first
+        self._kept.clear()
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def _take(self, size: int | None) -> bytes:
+        """Up to ``size`` bytes (all up to the stop when None or negative), hashed and
+        counted; a sample they complete is checked."""
         pos = self._pos
         left = self._stop - pos
         n = left if size is None or size < 0 or size > left else size
         if n <= 0:
             return b""
+        t0 = perf_counter()
         data = self._f.read(n)
+        t1 = perf_counter()
         stop = pos + len(data)
         self._pos = stop
         hashed = self._hashed
         if pos < hashed:
             self._same(pos, data)
         if stop > hashed:
-            t = perf_counter()
-            self._hash(data, hashed - pos, stop)
-            self._verify_s += perf_counter() - t
+            k = self._k
+            if k < self._last and stop < self._bounds[k + 1]:
+                # inside one sample (a large member read into its own object): no check yet
+                h = self._h
+                if h is None:
+                    h = self._h = xxh3_64()
+                h.update(memoryview(data)[hashed - pos :] if hashed > pos else data)
+                self._hashed = stop
+            else:
+                self._hash(data, hashed - pos, stop)
             if stop >= self._told_at:  # now and then: the shared counter takes a lock
                 self._tell()
-        kept = self._kept
-        kept.append((pos, stop, data))
-        while kept[0][1] <= stop - _KEEP_READS:
-            kept.popleft()
+        t2 = perf_counter()
+        self._verify_s += t2 - t1
+        counts = self._counts
+        counts["bytes"] += len(data)
+        counts["read_s"] += t2 - t0
         return data
 
-    def readall(self) -> bytes:
-        return self.read(-1)
-
-    def forget_before(self, pos: int) -> None:
-        """The reader will not step back before ``pos``: what was read before it need not
-        be kept (kept, it holds memory the next reads would reuse warm)."""
-        kept = self._kept
-        while kept and kept[0][1] <= pos:
-            kept.popleft()
-
     def _hash(self, data: bytes, at: int, stop: int) -> None:
-        """Hash ``data[at:]`` (the bytes from :attr:`_hashed` on, up to ``stop``),
-        checking each sample it completes; past the last sample the bytes must be zeros."""
+        """Hash ``data[at:]`` (the bytes from :attr:`_hashed` on, up to ``stop``, which
+        completes a sample or goes past the last), checking each sample it completes; past
+        the last sample the bytes must be zeros."""
         a = self._hashed
         k = self._k
-        if k < self._last and stop < self._bounds[k + 1]:
-            h = self._h  # inside one sample (a large member read into its own object)
-            if h is None:
-                h = self._h = xxh3_64()
-            h.update(memoryview(data)[at:] if at else data)
-            self._hashed = stop
-            return
         view = memoryview(data)
         bounds = self._bounds
         last = self._last

@@ -13,7 +13,7 @@ from array import array
 from collections import deque
 from collections.abc import Generator, Iterator, Sequence
 from time import perf_counter
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO
 
 from shardkit._types import ObjectRef, Sample
 from shardkit.activity import at, left
@@ -47,9 +47,6 @@ class _Counting:
     def __init__(self, f: BinaryIO, counts: dict[str, float]) -> None:
         self.f = f
         self.counts = counts
-        forget = getattr(f, "forget_before", None)
-        if forget is not None:  # the tar reader tells the stream below (SampleVerified)
-            self.forget_before = forget
 
     def read(self, n: int = -1) -> bytes:
         t = perf_counter()
@@ -165,10 +162,10 @@ def _read_range(
             opened.append(
                 SampleVerified(
                     f, url=ref.url, bounds=bounds, digests=digests, first=lo,
-                    stop=ref.size if whole else None, size=ref.size,
+                    stop=ref.size if whole else None, size=ref.size, counts=counts,
                 )
             )  # fmt: skip
-            return _Counting(cast(BinaryIO, opened[-1]), counts)
+            return opened[-1]  # it counts its reads itself: no wrapper's call a read
 
     else:
         where = catalog.byte_range(opener, shard, lo, hi)

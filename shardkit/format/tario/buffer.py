@@ -65,21 +65,22 @@ class Buffered:
         self._unbuffered_end = -1  # where the last member read unbuffered ended
         self.member_offset = start  # where the last member (with its pax headers) began
         self.end_offset: int | None = None  # the end-of-archive marker (or ``end``), once met
-        # told, after a member read into its own object, that nothing before its end is
-        # read again (a stream that keeps its last reads to check a step back keeps no
-        # member: io.verified_samples.SampleVerified)
-        self._forget: Callable[[int], None] | None = getattr(f, "forget_before", None)
+        # a member read into its own object is read through ``read_once`` where the
+        # stream has one: nothing up to its end is read again (a stream that keeps its
+        # last reads to check a step back keeps no member: io.verified_samples.SampleVerified)
+        self._read_once: Callable[[int], bytes] = getattr(f, "read_once", f.read)
 
     @property
     def offset(self) -> int:
         """The absolute offset of the next unread byte."""
         return self.base + self.pos
 
-    def _read(self, n: int, at: int) -> bytes:
+    def _read(self, n: int, at: int, *, once: bool = False) -> bytes:
+        """Up to ``n`` bytes; ``once``: none of them, nor any before, is read again."""
         if self.size is None:
             n = min(n, _CHUNK)  # never trust a claim to size a read
         try:
-            return self.f.read(n)
+            return self._read_once(n) if once else self.f.read(n)
         except ShardFormatError as exc:  # a decoding stream below (zstd) found bad data
             raise ShardFormatError(str(exc), url=self.url, offset=at) from exc
         except ShardkitError:
@@ -163,18 +164,16 @@ class Buffered:
         self.base += self.pos
         gap = self.base - self._unbuffered_end
         self.buf, self.pos = b"", 0
-        data = self._read(n, self.base)
+        data = self._read(n, self.base, once=True)
         self.base += len(data)
         while len(data) < n:  # a short read: rare for a file (a signal), or its end
-            more = self._read(n - len(data), self.base)
+            more = self._read(n - len(data), self.base, once=True)
             if not more:
                 raise self.truncated(what, n, at)
             self.base += len(more)
             data += more
         self._unbuffered_end = self.base
         self._chunk = gap if BLOCK <= gap <= _SHORT_GAP else _AFTER_UNBUFFERED
-        if self._forget is not None:
-            self._forget(self.base)
         return data
 
     def _take_large(self, n: int, what: str, at: int) -> bytes:
