@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import io
 import os
-import stat
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ from typing import Any, BinaryIO, cast
 import numpy as np
 
 from shardkit._types import ObjectRef, PieceChecksums
+from shardkit.durable import open_regular
 from shardkit.errors import ChecksumError, FetchError
 from shardkit.format.checksum import split_checksum
 from shardkit.format.digest import Digest
@@ -254,23 +254,13 @@ def _give_back(buf: np.ndarray[Any, Any]) -> None:
             _spare.append(buf)
 
 
-_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
-
-
 def _open_file(url: str, path: str) -> int:
-    """A descriptor of the regular file at ``path``; anything else (a FIFO, whose open or
-    read would wait for a writer forever, a device, a directory) is a :class:`FetchError`."""
-    try:  # O_NONBLOCK: opening a FIFO does not wait for a writer (no effect on a file)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    """A descriptor of the regular file at ``path`` (:func:`open_regular`); anything else,
+    or a failed open, is a :class:`FetchError`."""
+    try:
+        return open_regular(path)
     except OSError as exc:
         raise FetchError(f"cannot open: {exc.strerror}", url=url) from exc
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        what = _KINDS.get(stat.S_IFMT(mode), "a device")
-        raise FetchError(f"cannot open: it is {what}, not a regular file", url=url)
-    os.set_blocking(fd, True)
-    return fd
 
 
 def open_local(ref: ObjectRef, start: int = 0, end: int | None = None) -> BinaryIO:
