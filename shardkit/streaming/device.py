@@ -51,14 +51,14 @@ def _run_moved(
     run of a buffer makes (one dtype and trailing shape, each tensor starting where the one
     before ends), in one copy; else None."""
     first = x[0]
-    if type(first) is not torch.Tensor or first.dim() == 0 or len(x) < 2:
+    if type(first) is not torch.Tensor or len(x) < 2 or not _plain(first) or first.dim() == 0:
         return None
     if first.device == dev and not copy:
         return None
     dtype, nd, tail, at = first.dtype, first.dim(), first.shape[1:], first.data_ptr()
     rows = []
     for t in x:
-        if type(t) is not torch.Tensor or t.dtype is not dtype:
+        if type(t) is not torch.Tensor or t.dtype is not dtype or not _plain(t):
             return None
         if t.data_ptr() != at and t.numel():  # an empty view's pointer may be anything
             return None
@@ -68,7 +68,7 @@ def _run_moved(
         rows.append(shape[0])
         at += t.nbytes
     storage, start = first.untyped_storage(), first.storage_offset() * first.element_size()
-    if start + (at - first.data_ptr()) > storage.nbytes() or first.is_conj() or first.is_neg():
+    if start + (at - first.data_ptr()) > storage.nbytes():
         return None  # tensors of other buffers that happen to follow it in memory
     run = torch.empty(0, dtype=dtype, device=first.device)
     size, step = (sum(rows), *tail), 1
@@ -78,3 +78,11 @@ def _run_moved(
         step *= max(n, 1)
     run.set_(storage, first.storage_offset(), size, stride)
     return list(run.to(dev, non_blocking=non_blocking, copy=True).split_with_sizes(rows))
+
+
+def _plain(t: torch.Tensor) -> bool:
+    """Whether ``t``'s values are its buffer's bytes as they lie (dense, not quantized,
+    not nested, no conjugate or negative bit): what a raw copy of the run keeps."""
+    return t.layout is torch.strided and not (
+        t.is_quantized or t.is_nested or t.is_conj() or t.is_neg()
+    )
