@@ -67,6 +67,9 @@ def _within(offset: int, whence: int, pos: int, start: int, end: int) -> int:
     return target
 
 
+_BIG = 64 << 20  # a read this large is first cut to what the file holds
+
+
 class _Bounded(io.RawIOBase):
     """``[start, end)`` of an open file: reads stop at ``end``; it seeks within the range
     (positions are offsets in the file), so the tar reader reads large members unbuffered."""
@@ -96,6 +99,8 @@ class _Bounded(io.RawIOBase):
     def read(self, size: int | None = -1) -> bytes:
         left = self._end - self._pos
         n = left if size is None or size < 0 else min(size, left)
+        if n > _BIG:  # read(n) allocates n bytes first: a range past the end asks no more
+            n = min(n, os.fstat(self._f.fileno()).st_size - self._pos)
         if n <= 0:
             return b""
         data = self._f.read(n) or b""
