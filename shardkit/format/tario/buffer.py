@@ -145,7 +145,7 @@ class Buffered:
             self._seeks = self.size is not None and seekable is not None and bool(seekable())
         return self._seeks
 
-    def _take_unbuffered(self, n: int, what: str, at: int) -> bytes:
+    def _take_unbuffered(self, n: int, what: str | None, at: int, name: str = "") -> bytes:
         """``n`` bytes read into their own object: the kernel copies them once, where
         joining the buffer with the rest would copy them twice more.
 
@@ -169,7 +169,7 @@ class Buffered:
         while len(data) < n:  # a short read: rare for a file (a signal), or its end
             more = self._read(n - len(data), self.base, once=True)
             if not more:
-                raise self.truncated(what, n, at)
+                raise self.truncated(what or f"member {name!r}", n, at)
             self.base += len(more)
             data += more
         self._unbuffered_end = self.base
@@ -236,19 +236,27 @@ class Buffered:
             and self.base + self.pos + size <= self.size
             and len(self.buf) - self.pos < size
             and self._can_seek()
-        ):  # the common large member, as take() reads it, in fewer steps
-            data = self._take_unbuffered(size, f"member {name!r}", at)
-            pad = (-size) % BLOCK
-            if pad:
-                if not self.fill(pad):
-                    raise self.truncated(f"the padding of member {name!r}", pad, at)
-                self.pos += pad
-            return data
+        ):  # the common large member, as take() reads it, in fewer steps (and no message
+            # made for an error that does not come)
+            data = self._take_unbuffered(size, None, at, name)
+        elif not keep:
+            self.check_claim(size, at, name)
+            self._discard(size + (-size) % BLOCK, f"member {name!r}", at)
+            return b""
+        else:
+            data = self._checked_data(size, at, name)
+        pad = (-size) % BLOCK
+        if pad:
+            if not self.fill(pad):
+                raise self.truncated(f"the padding of member {name!r}", pad, at)
+            self.pos += pad
+        return data
+
+    def _checked_data(self, size: int, at: int, name: str) -> bytes:
+        """:meth:`member_data`'s kept data on every other path: checked against the data's
+        size and ``max_member``, then read."""
         self.check_claim(size, at, name)
         what = f"member {name!r}"
-        if not keep:
-            self._discard(size + (-size) % BLOCK, what, at)
-            return b""
         if size > self.max_member:
             raise ShardFormatError(
                 f"{what} is {size} bytes, over the largest-member limit of {self.max_member} "
@@ -258,13 +266,7 @@ class Buffered:
                 url=self.url,
                 offset=at,
             )
-        data = self.take(size, what, at)
-        pad = (-size) % BLOCK
-        if pad:
-            if not self.fill(pad):
-                raise self.truncated(f"the padding of {what}", pad, at)
-            self.pos += pad
-        return data
+        return self.take(size, what, at)
 
 
 def _drop(read: Callable[[int], bytes], n: int) -> int:
