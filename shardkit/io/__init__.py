@@ -93,7 +93,7 @@ def manifest_source(source: str) -> str:
     if scheme != "file" or not os.path.isdir(local_path(source)):
         return source
     path = os.path.join(local_path(source), MANIFEST_NAME)
-    if not os.path.isfile(path):
+    if not os.path.exists(path):  # one that is there but no file is refused by its read
         raise ManifestError(
             f"{source} is a folder without a manifest: {path} is absent (a build's -o "
             f"holds one; `shardkit manifest from-shards {source}` writes one for shards)"

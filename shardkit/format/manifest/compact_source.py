@@ -14,6 +14,9 @@ import hashlib
 import os
 from typing import Any
 
+from shardkit.durable import open_regular
+from shardkit.errors import ManifestError
+
 __all__ = ["fits_manifest", "manifest_sha256", "read_source", "source_facts", "stat_key"]
 
 _HASHED: dict[tuple[int, ...], str] = {}  # a manifest's SHA-256 per stat, in this process
@@ -33,7 +36,7 @@ def manifest_sha256(path: str) -> tuple[str, list[int]]:
     if known is not None:
         return known, key
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open(open_regular(path), "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
         after = stat_key(os.fstat(f.fileno()))
@@ -45,7 +48,11 @@ def manifest_sha256(path: str) -> tuple[str, list[int]]:
 def read_source(path: str) -> tuple[bytes, dict[str, Any]]:
     """The bytes of the manifest at ``path`` and their :func:`source_facts` (no stat
     where the file was written while it was read: its content is checked next time)."""
-    with open(path, "rb") as f:
+    try:  # a FIFO or a device is refused by name, never waited on or read forever
+        fd = open_regular(path)
+    except OSError as exc:
+        raise ManifestError(f"cannot read: {exc.strerror}", path=path) from exc
+    with open(fd, "rb") as f:
         before = stat_key(os.fstat(f.fileno()))
         data = f.read()
         after = stat_key(os.fstat(f.fileno()))

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shardkit._version import __version__
-from shardkit.durable import atomic_write
+from shardkit.durable import atomic_write, open_regular
 from shardkit.errors import ConfigError, ManifestError
 from shardkit.format.checksum import split_checksum
 from shardkit.format.manifest.check import (
@@ -197,8 +197,8 @@ class Manifest:
     def load(cls, path: str | os.PathLike[str]) -> Manifest:
         """Read a local manifest (``.json`` or ``.csv``)."""
         path = os.fspath(path)
-        try:
-            with open(path, "rb") as f:
+        try:  # a FIFO or a device is refused by name, never waited on or read forever
+            with open(open_regular(path), "rb") as f:
                 data = f.read()
         except OSError as exc:
             raise ManifestError(f"cannot read: {exc.strerror}", path=path) from exc
