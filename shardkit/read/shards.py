@@ -15,6 +15,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import overload
+from urllib.parse import urlsplit
 
 from shardkit._types import ObjectRef
 from shardkit.cache.locks import locked
@@ -26,7 +27,7 @@ from shardkit.format.manifest.model import Manifest, incomplete_reason
 from shardkit.format.tario.index import INDEX_MAGICS
 from shardkit.format.tario.reader import iter_samples
 from shardkit.io import Opener, load_manifest
-from shardkit.urls import dirname, expand_braces
+from shardkit.urls import dirname, expand_braces, url_scheme
 
 __all__ = ["CompactShards", "ShardInfo", "check_complete", "load_catalog", "open_compact"]
 
@@ -49,8 +50,10 @@ class ShardInfo:
 
 
 def _is_manifest(source: str) -> bool:
-    path = source.split("?", 1)[0].lower()
-    return path.endswith((".json", ".csv"))
+    """By its name: a url's path (not its query or fragment), a local path's whole name
+    (where '?' and '#' are letters)."""
+    path = source if url_scheme(source) == "file" else urlsplit(source).path
+    return path.lower().endswith((".json", ".csv"))
 
 
 def load_catalog(
