@@ -9,7 +9,9 @@ hits the next ``times`` matching requests:
 - ``status``: answer ``status`` with an empty body;
 - ``lost``: forward the request (the store does it) and cut the connection before the
   answer (a dropped connection whose request took effect);
-- ``reset``: cut the connection without forwarding.
+- ``reset``: cut the connection without forwarding;
+- ``cut``: forward the request and send the answer's head and its body's first ``after``
+  bytes, then cut the connection (a read dropped mid-body).
 
 Header values naming the upstream (a GCS resumable session's ``Location``) are rewritten
 to name the proxy, so a client keeps going through it.
@@ -38,9 +40,10 @@ _SLOWDOWN = (
 class ProxyFault:
     method: str
     pattern: str  # a regular expression searched in the path with its query
-    kind: str  # "slowdown" | "status" | "lost" | "reset"
+    kind: str  # "slowdown" | "status" | "lost" | "reset" | "cut"
     times: int = 1
     status: int = 503
+    after: int = 0  # "cut": the body's bytes sent before the cut
 
 
 class FaultProxy:
@@ -156,6 +159,13 @@ class _Handler(BaseHTTPRequestHandler):
                     self.send_header(k, self._rewrite(v))
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
+            if fault is not None and fault.kind == "cut":
+                self.wfile.write(data[: fault.after])
+                self.wfile.flush()
+                status = 0
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
             if self.command != "HEAD":
                 self.wfile.write(data)
         finally:
