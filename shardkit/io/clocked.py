@@ -11,15 +11,20 @@ minimum rate: a request that fails (from when it was sent), a body that breaks o
 second over ``rate_window`` seconds of waiting on the server (as curl's ``--speed-limit``/
 ``--speed-time``; the window is never longer than the deadline, or than what is left of
 it). A slow trickle is a failure like a drop: the request is given up and asked again from
-its last byte. The read gives up with :class:`FetchError` (naming the url, the attempts
-and the time spent) after ``max_attempts`` failures, or once ``deadline`` seconds have
-passed since its trouble began, whichever comes first; a wait that would end past the
-deadline is not begun, and a ``Retry-After`` past what is left of it fails at once, naming
-it. Only a request that delivers all it was asked for ends the trouble. Time the consumer
-spends between chunks is its own, never the server's: a reader paused by a slow training
-step is not a slow server. So ``deadline`` bounds the wall time a read spends without
-progress at the minimum rate; a server that keeps the rate is progress, however long the
-object (defaults: 1 KiB/s over 30 s, as ``curl -Y 1024 -y 30``).
+its last byte. The read gives up with :class:`FetchError` (naming the url, the offset,
+the attempts and the time spent) after ``max_attempts`` failures in a row without
+progress, or once ``deadline`` seconds have passed since its trouble began, whichever comes
+first; a wait that would end past the deadline is not begun, and a ``Retry-After`` past
+what is left of it fails at once, naming it. A request that delivers all it was asked for
+ends the trouble, and so does progress: once the read has ``min_progress`` bytes more than
+at its last progress, the failure that follows is the first of a new trouble (its count,
+backoff and deadline start again). So a long object arrives whole over a link that keeps
+dropping, while a server that sends a byte and drops is given up after ``max_attempts``
+tries: a read makes at most ``max_attempts`` failed tries per ``min_progress`` bytes.
+Time the consumer spends between chunks is its own, never the server's: a reader paused
+by a slow training step is not a slow server. So ``deadline`` bounds the wall time a read
+spends without progress at the minimum rate; a server that keeps the rate is progress,
+however long the object (defaults: 1 KiB/s over 30 s, as ``curl -Y 1024 -y 30``).
 """
 
 from __future__ import annotations
@@ -145,6 +150,16 @@ def resuming_chunks(
     clock = _Clock()
     last: Retryable | None = None
     wait = waiting("fetch", url=url, attempt=1)
+    tries = 0
+    mark = start  # where the read was at its last progress
+
+    def failed(exc: Retryable) -> int:
+        nonlocal mark
+        if pos - mark >= policy.min_progress:  # progress since the last: a new trouble
+            mark, clock.first = pos, None
+            return _failed(url, exc, 0, policy, counters, rng, nap, clock, at=(pos, 0, tries))
+        at = (pos, pos - mark, tries)
+        return _failed(url, exc, failures + 1, policy, counters, rng, nap, clock, at=at)
 
     def nap(seconds: float) -> None:
         with wait:
@@ -155,6 +170,7 @@ def resuming_chunks(
         admission: Admission | None = None
         opened = time.monotonic()
         wait.detail.update(attempt=failures + 1, offset=pos)
+        tries += 1
         try:
             with wait:
                 if gate is not None:
@@ -167,7 +183,7 @@ def resuming_chunks(
                 admission.answered(exc.status, exc.retry_after)
             exc.since = opened if exc.since is None else exc.since
             last = exc
-            failures = _failed(url, exc, failures, policy, counters, rng, nap, clock)
+            failures = failed(exc)
             continue
         except BaseException:
             held.close()
@@ -189,12 +205,13 @@ def resuming_chunks(
                     raise Retryable(f"the server sent no bytes at offset {pos} of {end}")
             failures = 0  # a whole answer: the trouble is over
             clock.first = None
+            mark = pos
         except Retryable as exc:
             resp.close()
             held.close()
             exc.since = pace.wait_began if exc.since is None else exc.since
             last = exc
-            failures = _failed(url, exc, failures, policy, counters, rng, nap, clock)
+            failures = failed(exc)
         finally:
             resp.close()
             held.close()
@@ -237,7 +254,7 @@ def retried(
                 if admission is not None:
                     admission.answered(200)
                 return out
-        failures = _failed(url, last, failures, policy, counters, rng, sleep, clock)
+        failures = _failed(url, last, failures + 1, policy, counters, rng, sleep, clock)
 
 
 def _turn(
@@ -272,12 +289,16 @@ def _failed(
     rng: random.Random,
     sleep: Callable[[float], None],
     clock: _Clock,
+    *,
+    at: tuple[int, int, int] | None = None,
 ) -> int:
-    """Count one failure: wait before the next try, or raise FetchError if out of tries,
-    if the wait would end past the deadline, or if the server asks for such a wait."""
-    failures += 1
+    """After a failure, ``failures`` of them in a row without progress (0: this one came
+    after progress): wait before the next try, or raise FetchError if out of tries, if the
+    wait would end past the deadline, or if the server asks for such a wait. ``at``: a
+    read's offset, the bytes it gained since its last progress and its tries in all, named
+    in the error."""
     spent = clock.spent(exc.since)
-    wait = policy.delay(failures, exc.retry_after, rng)
+    wait = policy.delay(max(1, failures), exc.retry_after, rng)
     why = ""
     if exc.retry_after is not None and spent + exc.retry_after > policy.deadline:
         why = (
@@ -289,11 +310,19 @@ def _failed(
         why = f" (the deadline is {policy.deadline:g} s)"
     if why or failures >= policy.max_attempts:
         said = "" if str(exc) == f"HTTP {exc.status}" else f": {exc}"  # FetchError says it
+        where = ""
+        if at is not None:
+            where = f" at offset {at[0]}"
+            if not why:  # out of tries: say what progress is
+                why = (
+                    f" (no progress: the last {failures} tries brought {at[1]} bytes, under "
+                    f"min_progress's {policy.min_progress}; {at[2]} tries in all)"
+                )
         raise FetchError(
-            f"giving up after {spent:.1f} s{why}{said}",
+            f"giving up after {spent:.1f} s{where}{why}{said}",
             url=url,
             status=exc.status,
-            attempts=failures,
+            attempts=max(1, failures),
         ) from exc
     counters.add("retries")
     counters.add(f"retries_{retry_kind(exc.status)}")

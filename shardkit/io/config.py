@@ -203,8 +203,8 @@ class IoConfig:
 
     Args:
         retry: the retry policy and the clock of every read (:class:`RetryPolicy`:
-            ``max_attempts``, ``backoff_base``, ``backoff_max``, ``retry_after_max``,
-            ``deadline``, ``min_rate``, ``rate_window``).
+            ``max_attempts``, ``min_progress``, ``backoff_base``, ``backoff_max``,
+            ``retry_after_max``, ``deadline``, ``min_rate``, ``rate_window``).
         cache: the node-local cache (:class:`CacheConfig`: ``cache_dir``, ``cache_limit``,
             ``prefetch_depth``, ``prefetch_threads``, ``node_requests``, ``node_rate``,
             ``rate_adapt``, ``request_rate``, ``piece_parallel``, ``cache_wait``,

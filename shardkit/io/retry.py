@@ -25,6 +25,7 @@ from shardkit.errors import CacheError, ConfigError
 from shardkit.values import typed_fields
 
 __all__ = [
+    "DEFAULT_MIN_PROGRESS",
     "DEFAULT_MIN_RATE",
     "DEFAULT_RATE_WINDOW",
     "Admission",
@@ -42,6 +43,12 @@ __all__ = [
 # a failure (retried from the last byte, and bounded by the deadline).
 DEFAULT_MIN_RATE = 1024.0
 DEFAULT_RATE_WINDOW = 30.0
+
+# What a read must gain between drops to count as going forward: 64 KiB is far below what a
+# link that serves shards brings between drops (MBs), about twice what the minimum rate asks
+# of one window (30 KiB in 30 s), and far above a server that sends a byte and drops. A 2 GB
+# shard is at most 32,768 such steps of at most max_attempts tries each: slow, never endless.
+DEFAULT_MIN_PROGRESS = 64 << 10
 
 
 def retry_kind(status: int | None) -> str:
@@ -85,7 +92,14 @@ class RetryPolicy:
     """How remote reads retry, and the clock every read runs under (see the module).
 
     Args:
-        max_attempts: tries of one request without progress before :class:`FetchError`.
+        max_attempts: tries in a row without progress before :class:`FetchError`.
+        min_progress: bytes a read must gain for its tries to count as progress: once it
+            has this many more than at its last progress, a dropped connection starts the
+            count of tries and the backoff again (from ``backoff_base``), and the deadline
+            runs from the drop. So a long object arrives whole over a link that keeps
+            dropping, and a server that sends a few bytes and drops, again and again, is
+            given up after ``max_attempts`` tries: a read makes at most ``max_attempts``
+            tries per ``min_progress`` bytes of its range (one more per range).
         backoff_base: first backoff in seconds; it doubles per failure, with jitter.
         backoff_max: cap of one backoff.
         retry_after_max: cap on how long a server's ``Retry-After`` is honoured.
@@ -98,6 +112,7 @@ class RetryPolicy:
     """
 
     max_attempts: int = 8
+    min_progress: int = DEFAULT_MIN_PROGRESS
     backoff_base: float = 0.25
     backoff_max: float = 30.0
     retry_after_max: float = 120.0
@@ -113,8 +128,9 @@ class RetryPolicy:
         for name in ("retry_after_max", "min_rate"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        if self.max_attempts < 1:
-            raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts!r}")
+        for name in ("max_attempts", "min_progress"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
 
     def window(self) -> float:
         """The seconds of waiting over which the minimum rate is measured."""

@@ -64,7 +64,9 @@ def _split(url: str) -> tuple[str, str]:
 
 
 class _S3Body:
-    """The streaming body of one ranged ``GetObject``."""
+    """The streaming body of one ``GetObject``: ``want`` is the bytes its answer promised
+    (None: unknown); one that ends before them is a dropped connection (:class:`Retryable`),
+    never a whole answer, as the bytes read here bypass botocore's own length check."""
 
     def __init__(self, body: Any, want: int | None, total: int | None, counters: Counters):
         self.total = total
@@ -80,6 +82,8 @@ class _S3Body:
                 n = CHUNK if self._want is None else min(CHUNK, self._want)
                 data = self._read(n)
                 if not data:
+                    if self._want:
+                        raise Retryable(f"connection ended {self._want} bytes short of the answer")
                     return
                 if self._want is not None:
                     self._want -= len(data)
@@ -189,7 +193,9 @@ class S3Fetcher:
             return _S3Body(_Empty(), 0, pos, self.counters)
         m = _CONTENT_RANGE.match(out.get("ContentRange") or "")
         total = int(m.group(3)) if m and m.group(3) != "*" else None
-        return _S3Body(out["Body"], stop - pos, total, self.counters)
+        length = out.get("ContentLength")  # the range's bytes: fewer at the object's end
+        want = stop - pos if length is None else min(stop - pos, length)
+        return _S3Body(out["Body"], want, total, self.counters)
 
     def get(self, url: str, *, etag: str | None = None) -> tuple[bytes | None, str | None]:
         """The whole object and its ETag; ``(None, etag)`` if it still has ``etag``."""
@@ -204,7 +210,9 @@ class S3Fetcher:
                 return _S3Body(_Empty(), 0, 0, self.counters)
             seen["etag"] = out.get("ETag")
             _discard(out["Body"], pos)  # a retry after a partial read: skip what was delivered
-            return _S3Body(out["Body"], None, out.get("ContentLength"), self.counters)
+            total = out.get("ContentLength")
+            want = None if total is None else total - pos
+            return _S3Body(out["Body"], want, total, self.counters)
 
         data = b"".join(
             resuming_chunks(url, whole, 0, None, policy=policy_of(self.cfg), counters=self.counters)
