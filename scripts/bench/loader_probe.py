@@ -18,7 +18,8 @@
   change much);
   ``--against`` too;
 - ``transfer``: CPU microseconds a batch of 32 LLM documents costs to cross from a worker
-  process, worker side and training side, in one process; ``--against`` too;
+  process, worker side and training side, in one process, alone and in bundles of 16 (as
+  worker processes send them, where the checkout has bundles); ``--against`` too;
 - ``floor``: CPU microseconds torch's DataLoader itself costs an item with 2 kept worker
   processes (a tiny item), the training process's and the workers';
 - ``first``: the first batch of 2 kept worker processes on the LLM documents, from the
@@ -332,7 +333,36 @@ def child_transfer(manifest: str) -> dict[str, float]:
             m += time.thread_time() - t
         worker.append(w / len(batches) * 1e6)
         main.append(m / len(batches) * 1e6)
-    return {"worker_us_a_batch": min(worker), "training_us_a_batch": min(main)}
+    out = {"worker_us_a_batch": min(worker), "training_us_a_batch": min(main)}
+    try:  # checkouts with bundles: 16 batches a DataLoader item, as worker processes send them
+        from shardkit.streaming import bundles
+        from shardkit.streaming.transfer import Pickled
+    except ImportError:
+        return out
+    groups = [tuple(batches[i : i + 16]) for i in range(0, len(batches) - 15, 16)]
+
+    def bundle(group: tuple[Any, ...]) -> bytes:
+        body = packer.pack(group)
+        packed = bundles.Packed(body, [{"w": 0}] * len(group), 0)
+        return bytes(ForkingPickler.dumps(Pickled(packed, 0, plain=packer.plain)))
+
+    for group in groups[:2]:  # the slots' segments made and known at a bundle's size
+        pickle.loads(bundle(group)).load().open()
+    worker, main = [], []
+    for _ in range(5):
+        w = m = 0.0
+        for group in groups:
+            t = time.thread_time()
+            data = bundle(group)
+            w += time.thread_time() - t
+            t = time.thread_time()
+            pickle.loads(data).load().open()
+            m += time.thread_time() - t
+        n = len(groups) * 16
+        worker.append(w / n * 1e6)
+        main.append(m / n * 1e6)
+    out.update(bundled_worker_us_a_batch=min(worker), bundled_training_us_a_batch=min(main))
+    return out
 
 
 class _Tiny:  # an IterableDataset (made in the child: torch is imported there)

@@ -14,7 +14,8 @@ ranks end each epoch together (:mod:`shardkit.streaming.sync`).
 
 What to iterate and from where reaches the workers through a small shared-memory mailbox
 written before every ``iter()``, so persistent workers follow ``set_epoch`` and
-``load_state_dict`` too; batches come back as :mod:`shardkit.streaming.transfer` says.
+``load_state_dict`` too; batches come back as :mod:`shardkit.streaming.transfer` says, from
+worker processes several to a DataLoader item (:mod:`shardkit.streaming.bundles`).
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ class WebLoader:
             that worker processes persist across epochs unless ``persistent_workers=False``
             (fresh processes start cold every epoch: epochs of 150 KB samples took 2.4x as
             long here, of 4 KB ones 15% longer); an error that ends an epoch still stops them.
+            Worker processes send their batches in bundles of up to 16 (see
+            :mod:`shardkit.streaming.bundles`), so ``timeout`` bounds the wait for a bundle.
         worker_mode: ``"process"`` (default: DataLoader worker processes) or ``"thread"``
             (``num_workers`` threads of this process, in the same order, with the same
             state and DDP contract; for pipelines whose work releases the GIL: see
