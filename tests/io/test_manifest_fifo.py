@@ -17,6 +17,7 @@ import shardkit as sk
 from shardkit.cli import main
 from shardkit.errors import ManifestError
 from shardkit.format.manifest.compact import build_compact
+from shardkit.format.manifest.journal import journal_path, read_journal
 from shardkit.format.manifest.model import Manifest
 from shardkit.io import load_manifest
 
@@ -83,3 +84,14 @@ def test_a_device_or_a_directory_as_manifest_is_refused_by_name(tmp_path: Path) 
     folder.mkdir()
     with pytest.raises(ManifestError, match="it is a directory, not a regular file"):
         Manifest.load(folder)
+
+
+def test_a_fifo_journal_is_refused_by_name(tmp_path: Path) -> None:
+    """A build's journal beside its manifest (read on resume) is no FIFO either."""
+    manifest = str(tmp_path / "manifest.json")
+    journal = Path(journal_path(manifest))
+    assert read_journal(manifest) == []  # none: nothing journalled
+    os.mkfifo(journal)
+    exc = _in_time(lambda: read_journal(manifest), journal)
+    assert isinstance(exc, ManifestError) and str(journal) in str(exc)
+    assert "it is a FIFO, not a regular file" in str(exc)

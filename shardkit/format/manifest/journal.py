@@ -8,6 +8,7 @@ import json
 import logging
 import os
 
+from shardkit.durable import open_regular
 from shardkit.errors import ManifestError
 from shardkit.format.manifest.check import check_entry
 from shardkit.format.manifest.model import ShardEntry
@@ -25,11 +26,15 @@ def journal_path(manifest_path: str) -> str:
 
 def read_journal(manifest_path: str) -> list[tuple[ShardEntry, dict[str, dict[str, int]]]]:
     """The whole entries of a journal, in order (a line cut short by a kill ends it)."""
-    try:
-        with open(journal_path(manifest_path), "rb") as f:
-            return parse_journal(f.read(), journal_path(manifest_path), manifest_path)
+    path = journal_path(manifest_path)
+    try:  # a FIFO or a device is refused by name, never waited on or read forever
+        fd = open_regular(path)
     except FileNotFoundError:
         return []
+    except OSError as exc:
+        raise ManifestError(f"cannot read the build's journal: {exc.strerror}", path=path) from exc
+    with open(fd, "rb") as f:
+        return parse_journal(f.read(), path, manifest_path)
 
 
 def parse_journal(
