@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from shardkit.cache import opener_for
-from shardkit.errors import FetchError
+from shardkit.errors import ConfigError, FetchError
 from shardkit.format.manifest.model import Manifest
 from shardkit.io import CacheConfig, IoConfig, RetryPolicy, load_manifest
 from shardkit.io.remote import UncachedOpener
@@ -120,3 +120,10 @@ def test_s3_reads_whole_through_drops_with_progress(
         proxy.add("GET", "/bkt/blob.bin", "cut", after=5, times=100)
         with pytest.raises(FetchError, match=r"at offset 15 .*after 3 attempts"):
             opener.read("s3://bkt/blob.bin")
+
+
+def test_min_progress_is_a_positive_count_of_bytes() -> None:
+    assert RetryPolicy().min_progress == 64 << 10
+    for bad in (0, -1, 1.5, True, "64", float("nan")):
+        with pytest.raises(ConfigError, match="min_progress"):
+            RetryPolicy(min_progress=bad)  # type: ignore[arg-type]
