@@ -254,6 +254,14 @@ KNOWN = [  # the cases found by hand, each broke one mode or more
 ]
 
 
+def test_worker_processes_hand_out_the_threads_order(loaders: Loaders) -> None:
+    """Worker processes send their batches in bundles (1, 2, ... a DataLoader item); the
+    training loop still gets them in thread workers' order."""
+    _, made = loaders
+    assert made["process"][1] == made["thread"][1]
+    assert sorted(made["process"][1]) == list(range(N))
+
+
 def test_the_known_breaks_agree(loaders: Loaders) -> None:
     test_the_three_worker_modes_hand_out_equal_batches.hypothesis.inner_test(loaders, KNOWN)
 
