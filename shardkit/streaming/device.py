@@ -14,6 +14,7 @@ trailing shapes, strided, needing grad) moves tensor by tensor, as ``.to`` moves
 
 from __future__ import annotations
 
+import copy as _copy
 from typing import Any
 
 import torch
@@ -26,9 +27,10 @@ __all__ = ["to_device"]
 def to_device(
     batch: Any, device: str | torch.device, non_blocking: bool = True, copy: bool = False
 ) -> Any:
-    """``batch`` (dicts, lists and tuples, exactly those types) with every tensor on
-    ``device`` (``non_blocking`` from pinned memory): a list of consecutive views of one
-    buffer in one copy, split there; other tensors each by ``.to``; other values as they are.
+    """``batch`` (dicts, lists and tuples; namedtuples and dict subclasses keep their
+    type) with every tensor on ``device`` (``non_blocking`` from pinned memory): a list of
+    consecutive views of one buffer in one copy, split there; other tensors each by
+    ``.to``; other values as they are.
 
     ``copy``: copy even tensors already on ``device`` (as ``Tensor.to(copy=True)``)."""
     dev = torch.device(device)
@@ -39,6 +41,13 @@ def to_device(
             return WALK if moved is None else moved
         if isinstance(x, torch.Tensor):
             return x.to(dev, non_blocking=non_blocking, copy=copy)
+        if isinstance(x, tuple) and hasattr(x, "_fields"):  # a collate's namedtuple
+            return type(x)(*(walk(v, leaf) for v in x))
+        if isinstance(x, dict):  # OrderedDict, defaultdict: a copy keeps what it holds
+            out = _copy.copy(x)
+            for k, v in x.items():
+                out[k] = walk(v, leaf)
+            return out
         return x
 
     return walk(batch, leaf)

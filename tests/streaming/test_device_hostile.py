@@ -4,7 +4,9 @@ values and types as moving each tensor by ``.to(copy=True)``, or the same error.
 from __future__ import annotations
 
 import warnings
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -85,3 +87,36 @@ def test_lists_of_other_layouts_move_as_dot_to_moves_them(
 
 def _dense(t: torch.Tensor) -> torch.Tensor:
     return t.dequantize() if t.is_quantized else t.to_dense()
+
+
+class _Batch(NamedTuple):
+    keys: list[str]
+    tokens: list[torch.Tensor]
+    mask: torch.Tensor
+
+
+def test_namedtuples_and_dict_subclasses_have_their_tensors_moved() -> None:
+    """A collate function's namedtuple (torch's default_collate keeps them; WebLoader hands
+    them out as they are in every worker mode), an OrderedDict, a defaultdict: their type
+    kept and every tensor in them moved, a run of token views as one copy too. Their
+    tensors were left where they were: on the host for a "cuda" move, the batch's own
+    memory for copy=True."""
+    base = torch.arange(100, dtype=torch.int32)
+    mask = torch.ones(3, dtype=torch.bool)
+    nested = defaultdict(list, {"m": mask})
+    batch = {
+        "nt": _Batch(["a", "b", "c"], list(base.split_with_sizes([10, 0, 90])), mask),
+        "od": OrderedDict(m=mask, t=(base,)),
+        "dd": nested,
+    }
+    moved = to_device(batch, "cpu", copy=True)
+    nt, od, dd = moved["nt"], moved["od"], moved["dd"]
+    assert type(nt) is _Batch and type(od) is OrderedDict and type(dd) is defaultdict
+    assert dd.default_factory is list and list(od) == ["m", "t"]
+    assert nt.keys is batch["nt"].keys
+    got = [*nt.tokens, nt.mask, od["m"], od["t"][0], dd["m"]]
+    want = [*batch["nt"].tokens, mask, mask, base, mask]
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and torch.equal(g, w)
+        assert g.untyped_storage().data_ptr() not in {base.data_ptr(), mask.data_ptr()}
+    assert len({t.untyped_storage().data_ptr() for t in nt.tokens}) == 1
