@@ -17,6 +17,7 @@ counted (``stats()["cache_errors"]``) and the read goes on without the cache; pa
 from __future__ import annotations
 
 import os
+from urllib.parse import urlsplit
 
 from shardkit._types import Opener
 from shardkit.errors import ConfigError, FetchError, ManifestError, redact
@@ -76,6 +77,21 @@ def _refuse_a_folder_with_a_suffix(source: str, scheme: str) -> None:
     raise ConfigError(redact(f"refusing {source!r}: {tail!r} follows {head!r}: {why}"))
 
 
+def _refuse_another_host(source: str) -> None:
+    """A ``file://`` url naming a host other than this one (``file://nas/d/``) is a
+    :class:`ConfigError`: its path would be read from this machine's disk."""
+    if not source.startswith("file://"):
+        return
+    host = urlsplit(source).netloc
+    if host.lower() not in ("", "localhost"):
+        raise ConfigError(
+            redact(
+                f"refusing {source!r}: {host!r} is another host, and a file:// url is read "
+                "from this machine's files; mount it and give the local path"
+            )
+        )
+
+
 def manifest_source(source: str) -> str:
     """``source`` as a manifest: a folder is the ``manifest.json`` in it. A local folder
     (the ``-o`` a build was given) without one is a :class:`ManifestError` naming that
@@ -86,6 +102,7 @@ def manifest_source(source: str) -> str:
     ``#fragment``, and a ``file://`` url with one, is a :class:`ConfigError` naming what
     to give instead. Anything else is returned as given."""
     scheme = url_scheme(source)
+    _refuse_another_host(source)
     _refuse_a_folder_with_a_suffix(source, scheme)
     # a prefix is a folder here (the rest is refused as ever); a query is never one
     if scheme in _FOLDER_SCHEMES and source.endswith("/") and not parse_url(source).query:

@@ -1,0 +1,34 @@
+"""manifest_source against urls that name something other than what would be read."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import shardkit as sk
+from shardkit import Manifest
+from shardkit.io import load_manifest
+
+
+def test_a_file_url_naming_another_host_is_refused(
+    make_shards: Callable[..., Manifest], tmp_path: Path
+) -> None:
+    """'file://nas/<path>' names a file on the host 'nas'; it was read from this machine's
+    disk at <path> (the same set here: another one's data where both exist). Refused by
+    every entry, naming the host; 'file://localhost/<path>' and 'file:///<path>' read."""
+    make_shards([4, 3], subdir="set")
+    path = f"{tmp_path}/set/manifest.json"
+    reads: list[Callable[[str], object]] = [
+        load_manifest,
+        sk.verify,
+        lambda u: list(sk.ShardDataset(u)),
+        lambda u: len(sk.IndexedShards(u)),
+    ]
+    for read in reads:
+        with pytest.raises(sk.ConfigError, match="'nas' is another host"):
+            read(f"file://nas{path}")
+        with pytest.raises(sk.ConfigError, match="'nas' is another host"):
+            read(f"file://nas{tmp_path}/set/")
+    assert len(load_manifest(f"file://localhost{path}")) == len(load_manifest(f"file://{path}"))
