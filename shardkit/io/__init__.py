@@ -44,6 +44,16 @@ MANIFEST_NAME = "manifest.json"  # what a folder, local or remote, is read as
 _FOLDER_SCHEMES = (*HTTP_SCHEMES, *OBJECT_SCHEMES)
 
 
+def _existing_part(path: str) -> int:
+    """The length of the longest leading part of the local ``path`` that exists."""
+    while path and not os.path.exists(path):
+        parent = os.path.dirname(path.rstrip(os.sep))
+        if parent == path:
+            return 0
+        path = parent
+    return len(path)
+
+
 def _refuse_a_folder_with_a_suffix(source: str, scheme: str) -> None:
     """A folder given with a ``?query`` or ``#fragment`` (``http://h/data/?x=1``,
     ``file:///d/#a``, a local ``/d/#a`` that does not exist where ``/d/`` does) is a
@@ -57,7 +67,8 @@ def _refuse_a_folder_with_a_suffix(source: str, scheme: str) -> None:
     if scheme == "file" and head.startswith("file://"):
         folder = os.path.isdir(local_path(head))
     elif scheme == "file":  # a local name may hold '?' or '#': only a folder before them
-        heads = [source[:i] for i in cuts] if not os.path.exists(source) else []
+        real = _existing_part(source)  # a '?' or '#' in it is a letter of a real name
+        heads = [source[:i] for i in cuts if i >= real]
         head = next((h for h in heads if os.path.isdir(h)), head)
         folder = os.path.isdir(head) and bool(heads)
     else:  # a remote object's url is the url parser's to take or refuse

@@ -32,3 +32,19 @@ def test_a_file_url_naming_another_host_is_refused(
         with pytest.raises(sk.ConfigError, match="'nas' is another host"):
             read(f"file://nas{tmp_path}/set/")
     assert len(load_manifest(f"file://localhost{path}")) == len(load_manifest(f"file://{path}"))
+
+
+def test_a_missing_manifest_in_a_real_folder_named_with_a_hash_is_not_sent_elsewhere(
+    make_shards: Callable[..., Manifest], tmp_path: Path
+) -> None:
+    """Folders 'set' (a data set) and 'set#v2' (none yet): 'set#v2/manifest.json' was
+    refused as "'#v2/manifest.json' follows 'set': give the folder alone ('.../set')",
+    advice that reads the other data set. It is the missing file it is, named."""
+    make_shards([4, 3], subdir="set")
+    (tmp_path / "set#v2").mkdir()
+    source = f"{tmp_path}/set#v2/manifest.json"
+    with pytest.raises(sk.ManifestError, match="set#v2/manifest.json") as exc:
+        load_manifest(source)
+    assert f"'{tmp_path}/set'" not in str(exc.value)
+    with pytest.raises(sk.ManifestError, match="set#v2/manifest.json"):
+        sk.verify(source)
