@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,8 +44,8 @@ def test_a_missing_manifest_in_a_real_folder_named_with_a_hash_is_not_sent_elsew
     make_shards([4, 3], subdir="set")
     (tmp_path / "set#v2").mkdir()
     source = f"{tmp_path}/set#v2/manifest.json"
-    with pytest.raises(sk.ManifestError, match="set#v2/manifest.json") as exc:
+    with pytest.raises(sk.ManifestError, match=re.escape("set#v2/manifest.json")) as exc:
         load_manifest(source)
     assert f"'{tmp_path}/set'" not in str(exc.value)
-    with pytest.raises(sk.ManifestError, match="set#v2/manifest.json"):
+    with pytest.raises(sk.ManifestError, match=re.escape("set#v2/manifest.json")):
         sk.verify(source)
