@@ -10,7 +10,8 @@ the training process opens a bundle once and hands its batches out one at a time
 
 ``k`` follows one schedule in every worker: 1 for an epoch's first item (the first batch is
 no later), then 2, 4, ... up to a cap the training process sets for the epoch (through the
-mailbox, from the data set's bytes per item: see :func:`bundle_cap`), so a worker's
+mailbox, from the data set's bytes per item and the bundles in flight: see
+:func:`bundle_cap`), so a worker's
 ``j``-th item holds the same batches of its stream in every worker. That is what lets
 :class:`Unbundled` hand the batches out in the order of thread workers (round-robin over
 the workers still going, a batch at a time), from the DataLoader's order (round-robin a
@@ -37,18 +38,22 @@ from shardkit.streaming.transfer import InlineBatch, Pickled, can_pin, deliver
 __all__ = ["BUNDLE_BYTES", "BUNDLE_MAX", "Bundle", "Packed", "Unbundled", "bundle_cap", "bundles"]
 
 BUNDLE_MAX = 16  # batches a bundle holds at most
-BUNDLE_BYTES = 4 << 20  # a bundle's estimated bytes at most (its slot; memory held per item)
+# estimated bytes of all the bundles a loader's workers may hold in shared memory at once
+# (each worker's prefetched ones and the one being handed out): under a container's
+# default /dev/shm of 64 MB with room to spare, whatever the worker count
+BUNDLE_BYTES = 32 << 20
 _END = object()
 
 Meta = dict[str, Any]
 
 
-def bundle_cap(item_bytes: float | None) -> int:
+def bundle_cap(item_bytes: float | None, in_flight: int) -> int:
     """The most batches a bundle holds when an item is about ``item_bytes`` (None: not
-    known, 2)."""
+    known, 2) and ``in_flight`` bundles may be held at once (see :data:`BUNDLE_BYTES`)."""
     if item_bytes is None:
         return 2
-    return max(1, min(BUNDLE_MAX, int(BUNDLE_BYTES // max(item_bytes, 1.0))))
+    per_bundle = BUNDLE_BYTES / max(in_flight, 1)
+    return max(1, min(BUNDLE_MAX, int(per_bundle // max(item_bytes, 1.0))))
 
 
 @dataclass

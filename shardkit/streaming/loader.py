@@ -118,6 +118,7 @@ class WebLoader:
         self._stats = LoaderStats()
         self._stall = StallWatch(stall_warn, stall_stacks)
         self._item_size: float | None = None  # see _item_bytes
+        self._prefetch = int(dataloader_kwargs.get("prefetch_factor") or 2)
 
     # -- epochs and length ---------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -178,7 +179,8 @@ class WebLoader:
             return iter(())
         bundling = self.worker_mode == "process" and self.num_workers > 0
         if bundling:  # how many batches a worker process's bundle may hold this epoch
-            box = {**box, "bundle": bundle_cap(self._item_bytes())}
+            in_flight = self.num_workers * (self._prefetch + 2)
+            box = {**box, "bundle": bundle_cap(self._item_bytes(), in_flight)}
         self._mailbox.write(box)
         if self.worker_mode == "thread":  # the workers share this process's io counters
             self._io_base = self.dataset.io_stats()

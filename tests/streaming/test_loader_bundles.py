@@ -21,7 +21,7 @@ from shardkit.errors import ShardkitError
 from shardkit.format.manifest.model import Manifest
 from shardkit.per_process import PerProcess
 from shardkit.streaming.arena import Lanes, WorkerArena
-from shardkit.streaming.bundles import BUNDLE_MAX, Bundle, Packed, bundle_cap, bundles
+from shardkit.streaming.bundles import BUNDLE_BYTES, BUNDLE_MAX, Bundle, Packed, bundle_cap, bundles
 from shardkit.streaming.transfer import can_pin, deliver
 from shardkit.streaming.workers import Packer
 from tests.hostile.test_worker_modes import KNOWN, oracle, same
@@ -57,7 +57,9 @@ def test_bundles_grow_to_their_cap_and_an_error_ends_one_after_its_batches() -> 
             assert b.worker == 1 and b.metas == [{"s": i} for i in b.batches]
             got.append(b.batches)
     assert got == [[0], [1, 2], [3, 4]]  # the bundle under way crossed with what it had
-    assert bundle_cap(None) == 2 and bundle_cap(64 << 20) == 1 and bundle_cap(100) == BUNDLE_MAX
+    assert bundle_cap(None, 8) == 2 and bundle_cap(64 << 20, 8) == 1
+    assert bundle_cap(100, 8) == BUNDLE_MAX
+    assert bundle_cap(BUNDLE_BYTES / 32 / 4, 32) == 4  # a quarter of each of 32 shares
 
 
 def test_processes_hand_out_the_threads_order_and_resume_mid_bundle(
