@@ -60,22 +60,25 @@ def _run_moved(
     run of a buffer makes (one dtype and trailing shape, each tensor starting where the one
     before ends), in one copy; else None."""
     first = x[0]
-    if type(first) is not torch.Tensor or len(x) < 2 or not _plain(first) or first.dim() == 0:
+    if type(first) is not torch.Tensor or len(x) < 2 or not _dense(first) or first.dim() == 0:
         return None
     if first.device == dev and not copy:
         return None
     dtype, nd, tail, at = first.dtype, first.dim(), first.shape[1:], first.data_ptr()
     rows = []
-    for t in x:
-        if type(t) is not torch.Tensor or t.dtype is not dtype or not _plain(t):
-            return None
-        if t.data_ptr() != at and t.numel():  # an empty view's pointer may be anything
-            return None
-        shape = t.shape
-        if len(shape) != nd or shape[1:] != tail or not t.is_contiguous() or t.requires_grad:
-            return None
-        rows.append(shape[0])
-        at += t.nbytes
+    try:
+        for t in x:
+            if type(t) is not torch.Tensor or t.dtype is not dtype or t.is_conj() or t.is_neg():
+                return None  # a conjugate or negative view's values are not its bytes
+            if t.data_ptr() != at and t.numel():  # an empty view's pointer may be anything
+                return None
+            shape = t.shape
+            if len(shape) != nd or shape[1:] != tail or not t.is_contiguous() or t.requires_grad:
+                return None
+            rows.append(shape[0])
+            at += t.nbytes
+    except RuntimeError:  # a sparse, mkldnn or nested one (of the first's dtype) has neither
+        return None  # a data pointer nor sizes: checked so, not by ~0.2 us of flags a tensor
     storage, start = first.untyped_storage(), first.storage_offset() * first.element_size()
     if start + (at - first.data_ptr()) > storage.nbytes():
         return None  # tensors of other buffers that happen to follow it in memory
@@ -89,9 +92,7 @@ def _run_moved(
     return list(run.to(dev, non_blocking=non_blocking, copy=True).split_with_sizes(rows))
 
 
-def _plain(t: torch.Tensor) -> bool:
-    """Whether ``t``'s values are its buffer's bytes as they lie (dense, not quantized,
-    not nested, no conjugate or negative bit): what a raw copy of the run keeps."""
-    return t.layout is torch.strided and not (
-        t.is_quantized or t.is_nested or t.is_conj() or t.is_neg()
-    )
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a plain dense tensor (strided, not quantized, not nested), whose
+    values a raw copy of its buffer keeps but for a conjugate or negative bit."""
+    return t.layout is torch.strided and not (t.is_quantized or t.is_nested)

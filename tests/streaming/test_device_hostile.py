@@ -68,7 +68,13 @@ def _strided_then_sparse() -> list[torch.Tensor]:
     return [torch.arange(3.0), torch.eye(3).to_sparse()]
 
 
-@pytest.mark.parametrize("make", [_sparse, _quantized, _nested, _strided_then_sparse])
+def _strided_then_nested() -> list[torch.Tensor]:
+    return [torch.arange(3.0), _nested()[0]]
+
+
+@pytest.mark.parametrize(
+    "make", [_sparse, _quantized, _nested, _strided_then_sparse, _strided_then_nested]
+)
 def test_lists_of_other_layouts_move_as_dot_to_moves_them(
     make: Callable[[], list[torch.Tensor]],
 ) -> None:
