@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 MANIFEST_NAME = "manifest.json"  # what a folder, local or remote, is read as
-_FOLDER_SCHEMES = (*HTTP_SCHEMES, *OBJECT_SCHEMES)
+_FOLDER_SCHEMES = (*HTTP_SCHEMES, *OBJECT_SCHEMES, "hf")
 
 
 def _existing_part(path: str) -> int:
@@ -106,8 +106,8 @@ def _refuse_another_host(source: str) -> None:
 def manifest_source(source: str) -> str:
     """``source`` as a manifest: a folder is the ``manifest.json`` in it. A local folder
     (the ``-o`` a build was given) without one is a :class:`ManifestError` naming that
-    file; a remote folder (an ``http(s)://``, ``s3://``, ``gs://`` or ``az://`` url ending
-    in ``/``) is checked as every url is (a :class:`ConfigError` for what the url parser
+    file; a remote folder (an ``http(s)://``, ``s3://``, ``gs://``, ``az://`` or ``hf://``
+    url ending in ``/``) is checked as every url is (a :class:`ConfigError` for what the url parser
     refuses) and its ``manifest.json`` is read when the manifest is (:func:`load_manifest`
     names the url tried where there is none). A folder followed by a ``?query`` or
     ``#fragment``, and a ``file://`` url with one, is a :class:`ConfigError` naming what

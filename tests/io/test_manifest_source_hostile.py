@@ -11,6 +11,7 @@ import pytest
 import shardkit as sk
 from shardkit import Manifest
 from shardkit.io import load_manifest
+from tests.helpers.servers import RangeServer
 
 
 def test_a_file_url_naming_another_host_is_refused(
@@ -49,3 +50,23 @@ def test_a_missing_manifest_in_a_real_folder_named_with_a_hash_is_not_sent_elsew
     assert f"'{tmp_path}/set'" not in str(exc.value)
     with pytest.raises(sk.ManifestError, match=re.escape("set#v2/manifest.json")):
         sk.verify(source)
+
+
+@pytest.mark.integration
+def test_an_hf_folder_is_read_as_its_manifest_and_one_with_a_suffix_is_refused(
+    make_shards: Callable[..., Manifest], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Hub folder ('hf://datasets/org/set/train/') is its manifest.json, as an s3:// or
+    https:// one is (was: 'an hf:// url names a repository and a file'); with '?x=1' or
+    '#x' after it, the folder is named (was, from ShardDataset: an error naming the index
+    url of a shard it made of it, 'hf://.../train/.index/?x=1.idx')."""
+    make_shards([4, 3], subdir="hub/datasets/org/set/resolve/main/train")
+    with RangeServer(tmp_path / "hub") as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url("").rstrip("/"))
+        monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+        folder = "hf://datasets/org/set/train/"
+        assert len(load_manifest(folder)) == 2 and sk.verify(folder).ok
+        assert len(list(sk.ShardDataset(folder))) == 7
+        for suffix in ("?x=1", "#x"):
+            with pytest.raises(sk.ConfigError, match="a folder is read as its manifest"):
+                list(sk.ShardDataset(folder + suffix))
