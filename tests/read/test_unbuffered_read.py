@@ -36,9 +36,9 @@ def unbuffered_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
     real = Buffered._take_unbuffered
 
-    def spy(self: Buffered, n: int, what: str, at: int) -> bytes:
+    def spy(self: Buffered, n: int, what: str | None, at: int, name: str = "") -> bytes:
         calls.append(n)
-        return real(self, n, what, at)
+        return real(self, n, what, at, name)
 
     monkeypatch.setattr(Buffered, "_take_unbuffered", spy)
     return calls
