@@ -162,6 +162,7 @@ ORDER: dict[str, list[list[str]]] = {
             "resume",
             "retired",
             "allow",
+            "shared",
             "transfer",
             "device",
             "slot_layout",

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from shardkit.errors import TransferError
+from shardkit.streaming.shared import shared_bytes
 from shardkit.streaming.slot_layout import HEAD, Ref, SlotLayout, write
 from shardkit.streaming.transfer import (
     InlineBatch,
@@ -47,7 +48,6 @@ from shardkit.streaming.transfer import (
     Pickled,
     can_pin,
     deliver,
-    shared_bytes,
 )
 
 __all__ = [

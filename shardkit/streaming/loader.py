@@ -35,9 +35,9 @@ from shardkit.streaming.dataset import ShardDataset
 from shardkit.streaming.place import Place
 from shardkit.streaming.resume import merge_rank_states
 from shardkit.streaming.retired import exposure_of
+from shardkit.streaming.shared import Mailbox
 from shardkit.streaming.stall import StallWatch
 from shardkit.streaming.sync import EpochEnd
-from shardkit.streaming.transfer import Mailbox
 from shardkit.streaming.worker_modes import close_at_exit, make_workers, stop_workers
 from shardkit.streaming.workers import WorkerSide
 

@@ -16,14 +16,13 @@ lengths, split in C on arrival) and big lists of bytes cross in a per-worker sha
 arena reused from batch to batch (:mod:`shardkit.streaming.arena`); the rest is pickled in the
 worker (:class:`Pickled`: a batch pickle cannot carry is a :class:`TransferError` there, not a
 worker that never answers). What to iterate and from where goes the other way, from the
-loader to its workers, through a :class:`Mailbox`.
+loader to its workers, through a :class:`~shardkit.streaming.shared.Mailbox`.
 """
 
 from __future__ import annotations
 
-import json
 import pickle
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -31,12 +30,11 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import as_strided
 
-from shardkit.errors import StateDictError, TransferError
+from shardkit.errors import TransferError
 
 __all__ = [
     "BYTES_MIN",
     "InlineBatch",
-    "Mailbox",
     "PackedBytes",
     "Pickled",
     "WALK",
@@ -45,36 +43,11 @@ __all__ = [
     "c_order",
     "can_pin",
     "deliver",
-    "shared_bytes",
     "tensorable",
     "walk",
 ]
 
-_MAILBOX = 1 << 18
 BYTES_MIN = 256 << 10  # a list of bytes at least this big arrives as one PackedBytes
-
-
-class Mailbox:
-    """JSON from the loader to its workers through a shared uint8 tensor."""
-
-    def __init__(self, capacity: int = _MAILBOX) -> None:
-        # made in shared memory, zero-filled by the system: torch.zeros then share_memory_()
-        # filled it (starting torch's thread pool) and copied it, 15-30 ms of the first batch
-        self.buf = shared_bytes(capacity + 8)
-
-    def write(self, obj: Mapping[str, Any]) -> None:
-        data = json.dumps(obj, separators=(",", ":")).encode()
-        if len(data) > len(self.buf) - 8:
-            raise StateDictError(f"loader: the resume state is too large ({len(data)} bytes)")
-        view = self.buf.numpy()
-        view[8 : 8 + len(data)] = np.frombuffer(data, dtype=np.uint8)
-        view[:8] = np.frombuffer(len(data).to_bytes(8, "little"), dtype=np.uint8)
-
-    def read(self) -> dict[str, Any]:
-        view = self.buf.numpy()
-        n = int.from_bytes(view[:8].tobytes(), "little")
-        out: dict[str, Any] = json.loads(view[8 : 8 + n].tobytes())
-        return out
 
 
 _TENSORABLE: dict[np.dtype[Any], bool] = {}
@@ -173,17 +146,6 @@ def bytes_offsets(x: list[Any]) -> list[int] | None:
         return None
     ends = np.cumsum([len(b) for b in x]).tolist()
     return [0, *ends] if ends[-1] >= BYTES_MIN else None
-
-
-def shared_bytes(n: int) -> torch.Tensor:
-    """A uint8 tensor of zeros made in shared memory (a new shared file reads as zeros;
-    ``share_memory_()`` would allocate, then copy)."""
-    new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
-    if new_shared is None:  # pragma: no cover - older or newer torch
-        fallback: torch.Tensor = torch.zeros(n, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
-        return fallback
-    out: torch.Tensor = torch.empty(0, dtype=torch.uint8).set_(new_shared(n))
-    return out
 
 
 class PackedBytes(Sequence[bytes]):

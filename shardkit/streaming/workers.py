@@ -28,7 +28,8 @@ from shardkit.stages.epoch import Epoch
 from shardkit.streaming.arena import Lanes, WorkerArena
 from shardkit.streaming.bundles import Packed, bundles
 from shardkit.streaming.dataset import ShardDataset
-from shardkit.streaming.transfer import Mailbox, Pickled, deliver
+from shardkit.streaming.shared import Mailbox
+from shardkit.streaming.transfer import Pickled, deliver
 
 __all__ = ["Batching", "Collate", "Packer", "WorkerSide", "exit_is_an_error"]
 

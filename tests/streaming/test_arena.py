@@ -242,7 +242,7 @@ def test_a_workers_small_first_batch_crosses_the_pipe_as_a_slot_would_give_it() 
 def test_control_blocks_start_as_zeros_in_shared_memory() -> None:
     """The workers' control block and the mailbox are made in shared memory without a fill
     (a fresh shared segment is zeros): every slot starts unreleased and unknown."""
-    from shardkit.streaming.transfer import Mailbox
+    from shardkit.streaming.shared import Mailbox
 
     for _ in range(3):  # memory the allocator handed out before, dirtied
         torch.full((1 << 16,), 7, dtype=torch.int64).sum()
