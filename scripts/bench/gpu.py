@@ -17,6 +17,9 @@ and for each worker count of ``--workers`` (0: the work in the training process)
   copy per buffer the batch's tensors share (a batch of 32 token arrays is one buffer),
   checked equal to the per-tensor move on the warm-up epoch's first batches.
 
+Before timing, each worker count's first pinned batches are checked against an unpinned
+loader's: the same values and types, every tensor pinned.
+
 Reported: samples/s, GB/s into the device and its share of ``raw pinned``, and how many of
 the batches' tensors (and bytes) came out pinned. Runs are interleaved, medians of
 ``--repeats``; the loader's worker processes are kept across epochs (a first epoch warms
@@ -139,6 +142,36 @@ def same_moves(ld: shardkit.WebLoader, device: str, batches: int = 8) -> int:
     return checked
 
 
+def leaves(x: Any) -> Iterator[Any]:
+    """Every value of a batch that is not a dict, list or tuple, in order."""
+    if isinstance(x, dict):
+        for v in x.values():
+            yield from leaves(v)
+    elif isinstance(x, list | tuple):
+        for v in x:
+            yield from leaves(v)
+    else:
+        yield x
+
+
+def same_as_unpinned(manifest: str, workers: int, pinned: shardkit.WebLoader) -> int:
+    """The pinned loader's first batches against an unpinned one's of the same worker count:
+    the same values and types, every tensor pinned (how many values were compared)."""
+    checked = 0
+    plain = loader(manifest, workers, pin=False)
+    for i, (a, b) in enumerate(zip(pinned, plain, strict=False)):
+        if i == 8:
+            break
+        for x, y in zip(leaves(a), leaves(b), strict=True):
+            same = type(x) is type(y) and (
+                torch.equal(x, y) and x.is_pinned() if isinstance(x, torch.Tensor) else x == y
+            )
+            if not same:
+                raise SystemExit(f"w{workers} batch {i}: pinned {x!r} where unpinned {y!r}")
+            checked += 1
+    return checked
+
+
 def copies(nbytes: int, times: int, pin: bool) -> Callable[[], dict[str, int]]:
     """``times`` copies of ``nbytes`` from one host tensor (pinned or not) into the device."""
     src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8)
@@ -157,6 +190,7 @@ def copies(nbytes: int, times: int, pin: bool) -> Callable[[], dict[str, int]]:
 def profile_run(manifest: str, args: argparse.Namespace) -> tuple[dict[str, Any], list[list[str]]]:
     loaders = {w: loader(manifest, w, pin=True) for w in args.workers}
     checked = {w: same_moves(ld, "cuda") for w, ld in loaders.items()}
+    pinned = {w: same_as_unpinned(manifest, w, ld) for w, ld in loaders.items()}
     warm = {w: epoch(ld, "cuda") for w, ld in loaders.items()}  # workers, pinned blocks
     first = warm[args.workers[0]]
     per_batch = first["bytes"] // first["batches"]
@@ -200,6 +234,7 @@ def profile_run(manifest: str, args: argparse.Namespace) -> tuple[dict[str, Any]
         "samples": first["samples"],
         "tensors_per_batch": first["tensors"] / first["batches"],
         "to_device_checked_tensors": checked,
+        "pinned_checked_values": pinned,
         "contenders": records,
     }
     return info, rows

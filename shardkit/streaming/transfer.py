@@ -310,6 +310,38 @@ def walk(x: Any, leaf: Callable[[Any], Any]) -> Any:
     return leaf(x)
 
 
+def _pinned_run(x: list[Any], pin: bool = True) -> list[torch.Tensor] | None:
+    """A list of two or more tensorable arrays, or plain CPU tensors, of one dtype and
+    trailing shape as views of ONE pinned buffer (one block and one copy, not one each), as
+    a worker process's parcel arrives and ``to_device`` moves in one copy; else None."""
+    first, kind = x[0], type(x[0])
+    if len(x) < 2 or kind not in (np.ndarray, torch.Tensor) or first.ndim == 0:
+        return None
+    dtype, nd, tail = first.dtype, first.ndim, first.shape[1:]
+    for a in x:
+        if type(a) is not kind or a.dtype != dtype or a.ndim != nd or a.shape[1:] != tail:
+            return None
+        if not (tensorable(a) if kind is np.ndarray else _plain_cpu(a)):
+            return None
+    rows = [a.shape[0] for a in x]
+    like = first if kind is torch.Tensor else torch.from_numpy(np.empty(0, dtype))
+    flat = torch.empty((sum(rows), *tail), dtype=like.dtype, pin_memory=pin)
+    if kind is torch.Tensor:
+        torch.cat(x, out=flat)
+    else:
+        np.concatenate(x, axis=0, out=flat.numpy())
+    return list(flat.split_with_sizes(rows))
+
+
+def _plain_cpu(t: torch.Tensor) -> bool:
+    return (
+        t.device.type == "cpu"
+        and t.layout == torch.strided
+        and not t.requires_grad
+        and not (t.is_quantized or t.is_conj() or t.is_neg())
+    )
+
+
 def deliver(x: Any, pin: bool = False, refs: Refs | None = None) -> Any:
     """``x`` as the training loop gets it in every worker mode (the module docstring's rule).
 
@@ -335,7 +367,10 @@ def _delivered(x: Any, pin: bool, refs: Refs | None) -> Any:
         return out.pin_memory() if pin and not out.is_pinned() else out
     if t is list:
         offsets = bytes_offsets(x)
-        return WALK if offsets is None else PackedBytes(x, offsets)
+        if offsets is not None:
+            return PackedBytes(x, offsets)
+        joined = _pinned_run(x) if pin else None
+        return WALK if joined is None else joined
     if refs is not None and t is refs[0]:
         return refs[1](x)
     return x

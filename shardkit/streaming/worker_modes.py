@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 
 from shardkit.errors import ConfigError, FetchError
 from shardkit.streaming.arena import Lanes
-from shardkit.streaming.transfer import deliver
+from shardkit.streaming.transfer import can_pin, deliver
 from shardkit.streaming.workers import Batching, Collate, Packer, WorkerSide, exit_is_an_error
 
 __all__ = ["WORKER_MODES", "ThreadWorkers", "close_at_exit", "make_workers", "stop_workers"]
@@ -61,6 +61,10 @@ def make_workers(
         return ThreadWorkers(side, workers, batch_size, collate_fn, drop_last, options)
     collate = Collate(collate_fn, batch_size is not None)
     if workers == 0:
+        if options.get("pin_memory") and not options.get("pin_memory_device") and can_pin():
+            # pinned as deliver pins (a list of arrays in one block), not torch's tensor by
+            # tensor, which also turned a PackedBytes into a list of bytes
+            collate.pin, options = True, {**options, "pin_memory": False}
         return DataLoader(
             side, batch_size=batch_size, collate_fn=collate, drop_last=drop_last, **options
         )

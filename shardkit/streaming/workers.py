@@ -188,9 +188,12 @@ class Collate:
     batch is delivered there (:func:`~shardkit.streaming.transfer.deliver`: threads, 0
     workers). Worker processes collate with :meth:`collated` and pack with :class:`Packer`."""
 
-    def __init__(self, fn: Callable[[list[Any]], Any] | None, batched: bool) -> None:
+    def __init__(
+        self, fn: Callable[[list[Any]], Any] | None, batched: bool, pin: bool = False
+    ) -> None:
         self.fn = fn or default_collate
         self.batched = batched
+        self.pin = pin  # 0 workers: pinned here, a list of arrays as one block
 
     def collated(self, items: Any) -> tuple[Any, Any]:
         """The batch of ``items`` (or the item itself when not ``batched``) and its meta."""
@@ -204,7 +207,7 @@ class Collate:
 
     def __call__(self, items: Any) -> tuple[Any, Any]:
         batch, meta = self.collated(items)
-        return deliver(batch), meta
+        return deliver(batch, self.pin), meta
 
 
 class Batching:
