@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Collection, Generator, Iterator, Mapping, Sequence
 from typing import Any, cast
 
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, FetchError
 from shardkit.metrics import LoaderStats, counter_delta
 from shardkit.read.shards import CompactShards
 from shardkit.stages.mixture import find_mix
@@ -69,7 +69,8 @@ class WebLoader:
             (fresh processes start cold every epoch: epochs of 150 KB samples took 2.4x as
             long here, of 4 KB ones 15% longer); an error that ends an epoch still stops them.
             Worker processes send their batches in bundles of up to 16 (see
-            :mod:`shardkit.streaming.bundles`), so ``timeout`` bounds the wait for a bundle.
+            :mod:`shardkit.streaming.bundles`): ``timeout`` is a batch's, so the wait for a
+            bundle of ``k`` is bounded by ``k * timeout``; running out is a ``FetchError``.
         worker_mode: ``"process"`` (default: DataLoader worker processes) or ``"thread"``
             (``num_workers`` threads of this process, in the same order, with the same
             state and DDP contract; for pipelines whose work releases the GIL: see
@@ -119,6 +120,7 @@ class WebLoader:
         self._stall = StallWatch(stall_warn, stall_stacks)
         self._item_size: float | None = None  # see _item_bytes
         self._prefetch = int(dataloader_kwargs.get("prefetch_factor") or 2)
+        self._timeout = float(dataloader_kwargs.get("timeout") or 0)  # a batch's, in seconds
 
     # -- epochs and length ---------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -180,7 +182,10 @@ class WebLoader:
         bundling = self.worker_mode == "process" and self.num_workers > 0
         if bundling:  # how many batches a worker process's bundle may hold this epoch
             in_flight = self.num_workers * (self._prefetch + 2)
-            box = {**box, "bundle": bundle_cap(self._item_bytes(), in_flight)}
+            cap = bundle_cap(self._item_bytes(), in_flight)
+            box = {**box, "bundle": cap}
+            if self._timeout:  # torch waits for an item: a bundle, each batch given timeout
+                cast(Any, self._loader).timeout = self._timeout * cap
         self._mailbox.write(box)
         if self.worker_mode == "thread":  # the workers share this process's io counters
             self._io_base = self.dataset.io_stats()
@@ -227,8 +232,13 @@ class WebLoader:
             if close is not None:  # when the last reference to it goes (the stall watch's)
                 close()
             raise
-        except BaseException:
-            stop_workers(it, self._loader)
+        except BaseException as exc:
+            stop_workers(it, self._loader)  # then torch's timeout named as threads name it
+            if isinstance(exc, RuntimeError) and str(exc).startswith("DataLoader timed out"):
+                raise FetchError(
+                    f"WebLoader: a worker process gave no batch within timeout={self._timeout} s "
+                    f"(waited {getattr(self._loader, 'timeout', 0)} s for a bundle of batches)"
+                ) from exc
             raise
         finally:
             self._stall.end()
