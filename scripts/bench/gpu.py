@@ -190,7 +190,7 @@ def copies(nbytes: int, times: int, pin: bool) -> Callable[[], dict[str, int]]:
 def profile_run(manifest: str, args: argparse.Namespace) -> tuple[dict[str, Any], list[list[str]]]:
     loaders = {w: loader(manifest, w, pin=True) for w in args.workers}
     checked = {w: same_moves(ld, "cuda") for w, ld in loaders.items()}
-    pinned = {w: same_as_unpinned(manifest, w, ld) for w, ld in loaders.items()}
+    as_unpinned = {w: same_as_unpinned(manifest, w, ld) for w, ld in loaders.items()}
     warm = {w: epoch(ld, "cuda") for w, ld in loaders.items()}  # workers, pinned blocks
     first = warm[args.workers[0]]
     per_batch = first["bytes"] // first["batches"]
@@ -234,7 +234,7 @@ def profile_run(manifest: str, args: argparse.Namespace) -> tuple[dict[str, Any]
         "samples": first["samples"],
         "tensors_per_batch": first["tensors"] / first["batches"],
         "to_device_checked_tensors": checked,
-        "pinned_checked_values": pinned,
+        "pinned_checked_values": as_unpinned,
         "contenders": records,
     }
     return info, rows
