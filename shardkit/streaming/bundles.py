@@ -21,7 +21,11 @@ DataLoader ends. State and resume are per batch as before, mid-bundle too.
 
 A worker's error while it makes a bundle's batch ends the bundle there: the batches made
 before it cross, and the error is raised at the worker's next item, so the training loop
-gets every batch before it, then the error, as with threads.
+gets every batch before it, then the error, as with threads. A batch that cannot be pickled
+cuts its bundle the same way (the worker's :class:`~shardkit.streaming.workers.Packer`).
+Such a bundle is marked ``failing``: its worker has not ended, though the DataLoader's next
+item (another worker's, due first) says so by the rule above, so :class:`Unbundled` reads on
+to the worker's error item.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class Bundle:
     batches: list[Any]
     metas: list[Meta | None]
     worker: int
+    error: Exception | None = None  # raised at the worker's next item, after these batches
 
 
 def bundles(batches: Iterator[tuple[Any, Meta | None]], cap: int, worker: int) -> Iterator[Bundle]:
@@ -82,7 +87,9 @@ def bundles(batches: Iterator[tuple[Any, Meta | None]], cap: int, worker: int) -
         except Exception as exc:  # noqa: BLE001 - raised after the batches before it
             error = exc
         if got:
-            yield Bundle(got, metas, worker)
+            bundle = Bundle(got, metas, worker, error)
+            yield bundle
+            error = bundle.error  # the packer's, where it cut the bundle (see Packer)
         if error is not None:
             raise error
         if len(got) < k:
@@ -98,6 +105,7 @@ class Packed:
     body: Any
     metas: list[Meta | None]
     worker: int
+    failing: bool = False  # the worker's next item is an error
 
     def open(self, pin: bool = False) -> list[Any]:
         """The batches as the training loop gets them (pinned copies with ``pin``)."""
@@ -110,7 +118,7 @@ class Packed:
 
     def pin_memory(self, device: Any = None) -> Opened:
         """Called by the DataLoader's pin thread: opened, pinned, the slot released."""
-        return Opened(self.open(pin=True), self.metas, self.worker)
+        return Opened(self.open(pin=True), self.metas, self.worker, self.failing)
 
 
 @dataclass
@@ -120,6 +128,7 @@ class Opened:
     batches: list[Any]
     metas: list[Meta | None]
     worker: int
+    failing: bool = False
 
 
 class Unbundled:
@@ -134,6 +143,7 @@ class Unbundled:
         self.turn = 0
         self.ended = False
         self.opened = [0.0] * workers
+        self.failing: set[int] = set()  # workers whose next item is their error
 
     def __iter__(self) -> Unbundled:
         return self
@@ -153,22 +163,27 @@ class Unbundled:
 
     def _pull(self, w: int) -> bool:
         """Items until worker ``w``'s next bundle is in: False when it has ended."""
-        if self.ended:
-            return False
-        got = next(self.items, _END)
-        if got is _END:
-            self.ended = True
-            return False
-        opened, took = _opened(got)
-        who = opened.worker
-        self.opened[who] += took
-        spent = self.opened[who]
-        for meta in opened.metas:
-            if meta is not None:
-                c = meta["c"]
-                c["transfer_s"] = c.get("transfer_s", 0.0) + spent
-        self.queues[who].extend(zip(opened.batches, opened.metas, strict=True))
-        return who == w  # another worker's bundle first: w's stream has ended
+        while not self.ended:
+            got = next(self.items, _END)  # raises a worker's error, in its turn
+            if got is _END:
+                self.ended = True
+                return False
+            opened, took = _opened(got)
+            who = opened.worker
+            self.opened[who] += took
+            spent = self.opened[who]
+            for meta in opened.metas:
+                if meta is not None:
+                    c = meta["c"]
+                    c["transfer_s"] = c.get("transfer_s", 0.0) + spent
+            self.queues[who].extend(zip(opened.batches, opened.metas, strict=True))
+            if opened.failing:
+                self.failing.add(who)
+            if who == w:
+                return True
+            if w not in self.failing:
+                return False  # another worker's bundle first: w's stream has ended
+        return False
 
 
 def _opened(item: Any) -> tuple[Opened, float]:
@@ -177,5 +192,5 @@ def _opened(item: Any) -> tuple[Opened, float]:
         return item, 0.0
     t = perf_counter()
     packed: Packed = item.load() if type(item) is Pickled else item
-    out = Opened(packed.open(), packed.metas, packed.worker)
+    out = Opened(packed.open(), packed.metas, packed.worker, packed.failing)
     return out, perf_counter() - t

@@ -5,6 +5,7 @@ to the items the cursor after them; collate there, keeping the last item's meta.
 from __future__ import annotations
 
 import itertools
+import pickle
 import random
 import threading
 from collections.abc import Callable, Iterator
@@ -254,7 +255,32 @@ class Packer:
         if arena is None:
             raise TransferError("a bundle is packed only in a worker process")
         t = perf_counter()
-        body = arena.pack(tuple(bundle.batches))
-        out = Pickled(Packed(body, bundle.metas, bundle.worker), arena.worker, plain=arena.plain)
+        try:
+            out = self._packed(arena, bundle, len(bundle.batches))
+        except TransferError as exc:  # cut the bundle before the batch that cannot cross
+            cut = _first_unpicklable(bundle.batches)
+            if not cut:
+                raise
+            out = self._packed(arena, bundle, cut)
+            bundle.error = exc  # raised by bundles() at the worker's next item
         _count_side("transfer_s", perf_counter() - t)
         return out
+
+    @staticmethod
+    def _packed(arena: WorkerArena, bundle: Any, n: int) -> Pickled:
+        """The first ``n`` batches of ``bundle`` packed and pickled (marked failing when
+        the bundle is cut: an error follows them)."""
+        body = arena.pack(tuple(bundle.batches[:n]))
+        failing = n < len(bundle.batches) or bundle.error is not None
+        packed = Packed(body, bundle.metas[:n], bundle.worker, failing)
+        return Pickled(packed, arena.worker, plain=arena.plain)
+
+
+def _first_unpicklable(batches: list[Any]) -> int:
+    """The index of the first batch pickle refuses (0 where none is found alone)."""
+    for i, batch in enumerate(batches):
+        try:
+            pickle.dumps(batch, pickle.HIGHEST_PROTOCOL)
+        except Exception:  # noqa: BLE001 - pickle raises many kinds; all mean one thing
+            return i
+    return 0

@@ -3,6 +3,7 @@ user sees through WebLoader that thread workers do not show."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from shardkit import ShardDataset, WebLoader
-from shardkit.errors import FetchError
+from shardkit.errors import FetchError, TransferError
 from shardkit.format.manifest.model import Manifest
 
 MakeShards = Callable[..., Manifest]
@@ -53,3 +54,61 @@ def test_a_worker_that_hangs_is_a_fetch_error_naming_the_timeout(
     with pytest.raises(FetchError, match=r"timeout=0\.05"):
         _keys(loader)
     assert time.monotonic() - t < 2.5  # 16 bundles' timeouts at most, and the worker's exit
+
+
+BAD = "sample-00000011"  # in worker 1's stream, mid-bundle (SIZES, seed 1, 2 workers)
+SIZES = [7, 11, 3, 9, 13, 10, 7, 1, 2]
+
+
+def _fails(items: list[Any]) -> list[Any]:
+    keys = [k for k, _ in items]
+    if BAD in keys:
+        raise ValueError(f"a batch with {BAD}")
+    return [keys]
+
+
+def _cannot_cross(items: list[Any]) -> list[Any]:
+    keys = [k for k, _ in items]
+    return [keys, threading.Lock()] if BAD in keys else [keys]
+
+
+def _run(ds: ShardDataset, mode: str) -> tuple[list[str], BaseException | None]:
+    got: list[str] = []
+    kw: dict[str, Any] = {"multiprocessing_context": "fork", "timeout": 30}
+    try:
+        for b in WebLoader(
+            ds, num_workers=2, worker_mode=mode, **(kw if mode == "process" else {})
+        ):
+            got.append(b[0][0])
+    except (ValueError, TransferError) as exc:
+        return got, exc
+    return got, None
+
+
+def _samples(m: Manifest, collate: Callable[[list[Any]], Any]) -> ShardDataset:
+    return ShardDataset(m, seed=1).decode().to_tuple("__key__", "tokens.npy").batched(1, collate)
+
+
+def test_an_error_in_a_later_worker_comes_after_the_batches_threads_give(
+    make_shards: MakeShards,
+) -> None:
+    """Worker 1's bundle cut by its error: the training process took worker 0's next bundle,
+    due before worker 1's error item, as the sign that worker 1 had ended, and handed out
+    worker 0's batches (9 more than threads) before the error, out of threads' order."""
+    m = make_shards(SIZES)
+    want, error = _run(_samples(m, _fails), "thread")
+    got, raised = _run(_samples(m, _fails), "process")
+    assert error is not None and raised is not None and BAD in str(raised)
+    assert got == want and len(want) > 8
+
+
+def test_a_batch_that_cannot_cross_mid_bundle_comes_after_the_batches_before_it(
+    make_shards: MakeShards,
+) -> None:
+    """The bundle holding a batch that cannot be pickled failed whole: the batches before it
+    in that bundle (16 here) were never handed out, and the TransferError came early."""
+    m = make_shards(SIZES)
+    full, _ = _run(_samples(m, lambda items: [[k for k, _ in items]]), "thread")
+    got, raised = _run(_samples(m, _cannot_cross), "process")
+    assert isinstance(raised, TransferError)
+    assert got == full[: full.index(BAD)]
