@@ -36,10 +36,23 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
 
-from shardkit.streaming.arena import Parcel, open_parcel
-from shardkit.streaming.transfer import InlineBatch, Pickled, can_pin, deliver
+import numpy as np
+import torch
 
-__all__ = ["BUNDLE_BYTES", "BUNDLE_MAX", "Bundle", "Packed", "Unbundled", "bundle_cap", "bundles"]
+from shardkit.streaming.arena import Parcel, open_parcel
+from shardkit.streaming.transfer import InlineBatch, PackedBytes, Pickled, can_pin, deliver
+
+__all__ = [
+    "BUNDLE_BYTES",
+    "BUNDLE_GUESSED",
+    "BUNDLE_MAX",
+    "Bundle",
+    "Packed",
+    "Unbundled",
+    "batch_bytes",
+    "bundle_cap",
+    "bundles",
+]
 
 BUNDLE_MAX = 16  # batches a bundle holds at most
 # estimated bytes of all the bundles a loader's workers may hold in shared memory at once
@@ -51,13 +64,38 @@ _END = object()
 Meta = dict[str, Any]
 
 
-def bundle_cap(item_bytes: float | None, in_flight: int) -> int:
-    """The most batches a bundle holds when an item is about ``item_bytes`` (None: not
-    known, 2) and ``in_flight`` bundles may be held at once (see :data:`BUNDLE_BYTES`)."""
-    if item_bytes is None:
+BUNDLE_GUESSED = 4  # the cap while a batch's bytes are only guessed from the manifest
+
+
+def bundle_cap(item_bytes: float | None, in_flight: int, seen: float | None = None) -> int:
+    """The most batches a bundle holds when ``in_flight`` bundles may be held at once (see
+    :data:`BUNDLE_BYTES`) and a batch is ``seen`` bytes (the most an earlier epoch's
+    batches held) or, not seen yet, guessed at ``item_bytes`` (the manifest's bytes an
+    item; None: not known, 2). A guess is capped at :data:`BUNDLE_GUESSED`: what a worker
+    hands over is the decoded batch, which may be many times its bytes in the shards
+    (JPEG to pixels), so a guessed cap of 16 held 15x the shared memory of one batch an
+    item."""
+    if seen is None and item_bytes is None:
         return 2
     per_bundle = BUNDLE_BYTES / max(in_flight, 1)
-    return max(1, min(BUNDLE_MAX, int(per_bundle // max(item_bytes, 1.0))))
+    most = BUNDLE_MAX if seen is not None else BUNDLE_GUESSED
+    size = seen if seen is not None else item_bytes
+    return max(1, min(most, int(per_bundle // max(size or 1.0, 1.0))))
+
+
+def batch_bytes(x: Any) -> int:
+    """The bytes of a batch's arrays, tensors, byte strings and packed bytes."""
+    if isinstance(x, torch.Tensor | np.ndarray):
+        return int(x.nbytes)
+    if isinstance(x, bytes | str):
+        return len(x)
+    if type(x) is PackedBytes:
+        return x.offsets[-1]
+    if isinstance(x, dict):
+        return sum(batch_bytes(v) for v in x.values())
+    if isinstance(x, list | tuple):
+        return sum(batch_bytes(v) for v in x)
+    return 0
 
 
 @dataclass
@@ -136,7 +174,7 @@ class Unbundled:
     workers' order, each as ``(batch, meta)`` (see the module docstring); the training
     process's seconds opening a worker's bundles are added to its meta's ``transfer_s``."""
 
-    def __init__(self, items: Iterator[Any], workers: int) -> None:
+    def __init__(self, items: Iterator[Any], workers: int, seen: list[int] | None = None) -> None:
         self.items = items
         self.queues: list[deque[tuple[Any, Meta | None]]] = [deque() for _ in range(workers)]
         self.going = list(range(workers))
@@ -144,6 +182,8 @@ class Unbundled:
         self.ended = False
         self.opened = [0.0] * workers
         self.failing: set[int] = set()  # workers whose next item is their error
+        self.sized = [0] * workers  # bundles of each worker whose batches were measured
+        self.seen = [0] if seen is None else seen  # [the most bytes a measured batch held]
 
     def __iter__(self) -> Unbundled:
         return self
@@ -177,6 +217,9 @@ class Unbundled:
                     c = meta["c"]
                     c["transfer_s"] = c.get("transfer_s", 0.0) + spent
             self.queues[who].extend(zip(opened.batches, opened.metas, strict=True))
+            if self.sized[who] < 2:  # a worker's first bundles: what a batch holds
+                self.sized[who] += 1
+                self.seen[0] = max([self.seen[0], *map(batch_bytes, opened.batches)])
             if opened.failing:
                 self.failing.add(who)
             if who == w:

@@ -119,6 +119,7 @@ class WebLoader:
         self._stats = LoaderStats()
         self._stall = StallWatch(stall_warn, stall_stacks)
         self._item_size: float | None = None  # see _item_bytes
+        self._seen = [0]  # the most bytes a batch from a worker process held, so far
         self._prefetch = int(dataloader_kwargs.get("prefetch_factor") or 2)
         self._timeout = float(dataloader_kwargs.get("timeout") or 0)  # a batch's, in seconds
 
@@ -182,7 +183,7 @@ class WebLoader:
         bundling = self.worker_mode == "process" and self.num_workers > 0
         if bundling:  # how many batches a worker process's bundle may hold this epoch
             in_flight = self.num_workers * (self._prefetch + 2)
-            cap = bundle_cap(self._item_bytes(), in_flight)
+            cap = bundle_cap(self._item_bytes(), in_flight, self._seen[0] or None)
             box = {**box, "bundle": cap}
             if self._timeout:  # torch waits for an item: a bundle, each batch given timeout
                 cast(Any, self._loader).timeout = self._timeout * cap
@@ -192,7 +193,8 @@ class WebLoader:
         synced = self._job() and (self._sync is True or not self._lockstep())
         self._stall.prepare()  # before worker processes start: they report to it
         it = iter(self._loader)
-        gen = self._iterate(it, Unbundled(it, self.num_workers) if bundling else it, synced)
+        batches = Unbundled(it, self.num_workers, self._seen) if bundling else it
+        gen = self._iterate(it, batches, synced)
         self._stall.begin(self._place.where.rank, it, gen)
         close_at_exit(gen)
         return gen

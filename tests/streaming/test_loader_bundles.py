@@ -21,7 +21,15 @@ from shardkit.errors import ShardkitError
 from shardkit.format.manifest.model import Manifest
 from shardkit.per_process import PerProcess
 from shardkit.streaming.arena import Lanes, WorkerArena
-from shardkit.streaming.bundles import BUNDLE_BYTES, BUNDLE_MAX, Bundle, Packed, bundle_cap, bundles
+from shardkit.streaming.bundles import (
+    BUNDLE_BYTES,
+    BUNDLE_GUESSED,
+    BUNDLE_MAX,
+    Bundle,
+    Packed,
+    bundle_cap,
+    bundles,
+)
 from shardkit.streaming.transfer import can_pin, deliver
 from shardkit.streaming.workers import Packer
 from tests.hostile.test_worker_modes import KNOWN, oracle, same
@@ -58,8 +66,8 @@ def test_bundles_grow_to_their_cap_and_an_error_ends_one_after_its_batches() -> 
             got.append(b.batches)
     assert got == [[0], [1, 2], [3, 4]]  # the bundle under way crossed with what it had
     assert bundle_cap(None, 8) == 2 and bundle_cap(64 << 20, 8) == 1
-    assert bundle_cap(100, 8) == BUNDLE_MAX
-    assert bundle_cap(BUNDLE_BYTES / 32 / 4, 32) == 4  # a quarter of each of 32 shares
+    assert bundle_cap(100, 8) == BUNDLE_GUESSED and bundle_cap(100, 8, seen=100) == BUNDLE_MAX
+    assert bundle_cap(1, 32, seen=BUNDLE_BYTES / 32 / 4) == 4  # a quarter of each of 32 shares
 
 
 def test_processes_hand_out_the_threads_order_and_resume_mid_bundle(
@@ -70,7 +78,7 @@ def test_processes_hand_out_the_threads_order_and_resume_mid_bundle(
     loader = processes(m)
     assert keys(loader) == want
     items = loader._loader._iterator._rcvd_idx  # type: ignore[attr-defined]
-    assert items < len(want) / 2  # they came in bundles
+    assert items < len(want)  # they came in bundles (one a batch: 30 items and the ends)
     for cut in (3, 7):  # worker 0 half-way through its bundle of 2, then of 4
         it = iter(loader)
         head = keys(next(it) for _ in range(cut))
