@@ -10,9 +10,13 @@ the training process opens a bundle once and hands its batches out one at a time
 
 ``k`` follows one schedule in every worker: 1 for an epoch's first item (the first batch is
 no later), then 2, 4, ... up to a cap the training process sets for the epoch (through the
-mailbox, from the data set's bytes per item and the bundles in flight: see
-:func:`bundle_cap`), so a worker's
-``j``-th item holds the same batches of its stream in every worker. That is what lets
+mailbox: from the bytes an earlier epoch's batches held, else at most
+:data:`BUNDLE_GUESSED`, see :func:`bundle_cap`) and, once it has seen every worker's first
+bundle, publishes for the bundles after those any worker may have been asked for
+(:class:`~shardkit.streaming.shared.CapBoard`), so a worker's ``j``-th item holds the same
+batches of its stream in every worker and the bundles in flight stay near
+:data:`BUNDLE_BYTES` of what the batches really hold (a decoded batch can be many times
+its bytes in the shards). That is what lets
 :class:`Unbundled` hand the batches out in the order of thread workers (round-robin over
 the workers still going, a batch at a time), from the DataLoader's order (round-robin a
 bundle at a time), holding at most one bundle per worker: a worker ended when the item
@@ -31,7 +35,7 @@ to the worker's error item.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
@@ -40,6 +44,7 @@ import numpy as np
 import torch
 
 from shardkit.streaming.arena import Parcel, open_parcel
+from shardkit.streaming.shared import CapBoard
 from shardkit.streaming.transfer import InlineBatch, PackedBytes, Pickled, can_pin, deliver
 
 __all__ = [
@@ -64,17 +69,16 @@ _END = object()
 Meta = dict[str, Any]
 
 
-BUNDLE_GUESSED = 4  # the cap while a batch's bytes are only guessed from the manifest
+BUNDLE_GUESSED = 2  # the cap while a batch's bytes are only guessed from the manifest
 
 
 def bundle_cap(item_bytes: float | None, in_flight: int, seen: float | None = None) -> int:
     """The most batches a bundle holds when ``in_flight`` bundles may be held at once (see
-    :data:`BUNDLE_BYTES`) and a batch is ``seen`` bytes (the most an earlier epoch's
-    batches held) or, not seen yet, guessed at ``item_bytes`` (the manifest's bytes an
+    :data:`BUNDLE_BYTES`) and a batch is ``seen`` bytes (the most the first batches
+    held) or, not seen yet, guessed at ``item_bytes`` (the manifest's bytes an
     item; None: not known, 2). A guess is capped at :data:`BUNDLE_GUESSED`: what a worker
     hands over is the decoded batch, which may be many times its bytes in the shards
-    (JPEG to pixels), so a guessed cap of 16 held 15x the shared memory of one batch an
-    item."""
+    (JPEG to pixels): a guessed cap of 16 held 15x the shared memory of one batch an item."""
     if seen is None and item_bytes is None:
         return 2
     per_bundle = BUNDLE_BYTES / max(in_flight, 1)
@@ -108,10 +112,13 @@ class Bundle:
     error: Exception | None = None  # raised at the worker's next item, after these batches
 
 
-def bundles(batches: Iterator[tuple[Any, Meta | None]], cap: int, worker: int) -> Iterator[Bundle]:
-    """``batches`` grouped as the schedule says (1, 2, 4, ... up to ``cap``); an error
-    making a batch ends its bundle, and is raised when the next bundle is asked for."""
-    k = 1
+def bundles(
+    batches: Iterator[tuple[Any, Meta | None]], cap: int, worker: int, board: CapBoard | None = None
+) -> Iterator[Bundle]:
+    """``batches`` grouped as the schedule says (1, 2, 4, ... up to ``cap``, or the cap
+    ``board`` publishes for later bundles); an error making a batch ends its bundle, and is
+    raised when the next bundle is asked for."""
+    k, index = 1, 0
     while True:
         got: list[Any] = []
         metas: list[Meta | None] = []
@@ -132,7 +139,8 @@ def bundles(batches: Iterator[tuple[Any, Meta | None]], cap: int, worker: int) -
             raise error
         if len(got) < k:
             return
-        k = min(2 * k, cap)
+        index += 1
+        k = min(2 * k, cap if board is None else board.cap_at(index, cap))
 
 
 @dataclass
@@ -174,7 +182,14 @@ class Unbundled:
     workers' order, each as ``(batch, meta)`` (see the module docstring); the training
     process's seconds opening a worker's bundles are added to its meta's ``transfer_s``."""
 
-    def __init__(self, items: Iterator[Any], workers: int, seen: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        items: Iterator[Any],
+        workers: int,
+        seen: list[int] | None = None,
+        publish: Callable[[int, int], None] | None = None,
+        ahead: int = 0,
+    ) -> None:
         self.items = items
         self.queues: list[deque[tuple[Any, Meta | None]]] = [deque() for _ in range(workers)]
         self.going = list(range(workers))
@@ -184,6 +199,11 @@ class Unbundled:
         self.failing: set[int] = set()  # workers whose next item is their error
         self.sized = [0] * workers  # bundles of each worker whose batches were measured
         self.seen = [0] if seen is None else seen  # [the most bytes a measured batch held]
+        # once every worker's first bundle is measured: publish(index, bytes of a batch),
+        # index past any bundle a worker may have been asked for (``ahead``: the most items
+        # the DataLoader asks for before it has one back)
+        self.publish, self.ahead = publish, ahead
+        self.received = [0] * workers
 
     def __iter__(self) -> Unbundled:
         return self
@@ -217,9 +237,12 @@ class Unbundled:
                     c = meta["c"]
                     c["transfer_s"] = c.get("transfer_s", 0.0) + spent
             self.queues[who].extend(zip(opened.batches, opened.metas, strict=True))
+            self.received[who] += 1
             if self.sized[who] < 2:  # a worker's first bundles: what a batch holds
                 self.sized[who] += 1
                 self.seen[0] = max([self.seen[0], *map(batch_bytes, opened.batches)])
+                if self.publish is not None and min(self.sized) == 1 == self.sized[who]:
+                    self.publish(max(self.received) + self.ahead + 1, self.seen[0])
             if opened.failing:
                 self.failing.add(who)
             if who == w:

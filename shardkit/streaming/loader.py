@@ -35,7 +35,7 @@ from shardkit.streaming.dataset import ShardDataset
 from shardkit.streaming.place import Place
 from shardkit.streaming.resume import merge_rank_states
 from shardkit.streaming.retired import exposure_of
-from shardkit.streaming.shared import Mailbox
+from shardkit.streaming.shared import CapBoard, Mailbox
 from shardkit.streaming.stall import StallWatch
 from shardkit.streaming.sync import EpochEnd
 from shardkit.streaming.worker_modes import close_at_exit, make_workers, stop_workers
@@ -105,7 +105,8 @@ class WebLoader:
         self.num_workers = num_workers
         self._logical = max(num_workers, 1)
         self._mailbox = Mailbox()
-        side = WorkerSide(dataset, self._mailbox, batch_size or 1)
+        self._board = CapBoard()
+        side = WorkerSide(dataset, self._mailbox, batch_size or 1, self._board)
         self.worker_mode = worker_mode
         self._loader = make_workers(
             side, worker_mode, num_workers, batch_size, collate_fn, drop_last, dataloader_kwargs
@@ -187,17 +188,36 @@ class WebLoader:
             box = {**box, "bundle": cap}
             if self._timeout:  # torch waits for an item: a bundle, each batch given timeout
                 cast(Any, self._loader).timeout = self._timeout * cap
+            self._board.clear()
         self._mailbox.write(box)
         if self.worker_mode == "thread":  # the workers share this process's io counters
             self._io_base = self.dataset.io_stats()
         synced = self._job() and (self._sync is True or not self._lockstep())
         self._stall.prepare()  # before worker processes start: they report to it
         it = iter(self._loader)
-        batches = Unbundled(it, self.num_workers, self._seen) if bundling else it
+        batches = it
+        if bundling:
+            ahead = self._prefetch * self.num_workers  # items asked for before one is back
+            publish = self._publisher(it, in_flight, cap)
+            batches = Unbundled(it, self.num_workers, self._seen, publish, ahead)
         gen = self._iterate(it, batches, synced)
         self._stall.begin(self._place.where.rank, it, gen)
         close_at_exit(gen)
         return gen
+
+    def _publisher(self, it: Any, in_flight: int, cap: int) -> Callable[[int, int], None]:
+        """What publishes the epoch's bundle cap once the first batches' bytes are seen:
+        from bundle ``index`` on, as many as fit BUNDLE_BYTES (torch's wait for an item,
+        ``timeout`` a batch, follows the new cap)."""
+        board, timeout = self._board, self._timeout
+
+        def publish(index: int, seen: int) -> None:
+            new = bundle_cap(None, in_flight, float(max(seen, 1)))
+            board.publish(index, new)
+            if timeout and hasattr(it, "_timeout"):
+                it._timeout = timeout * max(cap, new)
+
+        return publish
 
     def _job(self) -> bool:
         """Ranks share this loader's epochs and state: a process group is initialised and the

@@ -13,7 +13,7 @@ import torch
 
 from shardkit.errors import StateDictError
 
-__all__ = ["Mailbox", "shared_bytes"]
+__all__ = ["CapBoard", "Mailbox", "shared_bytes"]
 
 _MAILBOX = 1 << 18
 
@@ -50,3 +50,28 @@ class Mailbox:
         n = int.from_bytes(view[:8].tobytes(), "little")
         out: dict[str, Any] = json.loads(view[8 : 8 + n].tobytes())
         return out
+
+
+class CapBoard:
+    """Two words the training process writes once an epoch and worker processes read
+    before each bundle: from the ``index``-th bundle of every worker on, bundles hold at
+    most ``cap`` batches (:mod:`shardkit.streaming.bundles`). Every worker reads the same
+    words for the same bundle, because the training process publishes them for an index no
+    worker has been asked for yet, and a worker starts a bundle only once asked for it
+    (the request's pipe orders the write before the read)."""
+
+    def __init__(self) -> None:
+        self.words = shared_bytes(16).view(torch.int64)
+
+    def clear(self) -> None:
+        """No cap published (an epoch's start)."""
+        self.words[0] = 0
+
+    def publish(self, index: int, cap: int) -> None:
+        self.words[1] = cap
+        self.words[0] = index
+
+    def cap_at(self, index: int, default: int) -> int:
+        """The cap of a worker's ``index``-th bundle (``default`` before one is published)."""
+        start = int(self.words[0])
+        return int(self.words[1]) if 0 < start <= index else default

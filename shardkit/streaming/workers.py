@@ -29,7 +29,7 @@ from shardkit.stages.epoch import Epoch
 from shardkit.streaming.arena import Lanes, WorkerArena
 from shardkit.streaming.bundles import Packed, bundles
 from shardkit.streaming.dataset import ShardDataset
-from shardkit.streaming.shared import Mailbox
+from shardkit.streaming.shared import CapBoard, Mailbox
 from shardkit.streaming.transfer import Pickled, deliver
 
 __all__ = ["Batching", "Collate", "Packer", "WorkerSide", "exit_is_an_error"]
@@ -62,10 +62,13 @@ def exit_is_an_error(who: str) -> Iterator[None]:
 class WorkerSide(IterableDataset[Any]):
     """Runs in each worker: configure from the mailbox, iterate, attach meta to items."""
 
-    def __init__(self, dataset: ShardDataset, mailbox: Mailbox, every: int) -> None:
+    def __init__(
+        self, dataset: ShardDataset, mailbox: Mailbox, every: int, board: CapBoard | None = None
+    ) -> None:
         super().__init__()
         self.dataset = dataset
         self.mailbox = mailbox
+        self.board = board  # a bundle cap the training process publishes mid-epoch
         self.every = every
         self.batching: Batching | None = None  # worker processes batch and bundle here
 
@@ -77,7 +80,7 @@ class WorkerSide(IterableDataset[Any]):
         items = self.stream(info.id, info.num_workers, seed_rngs=True, box=box)
         if self.batching is not None:
             batches = self.batching.batches(items)
-            return _primed(bundles(batches, int(box.get("bundle", 1)), info.id))
+            return _primed(bundles(batches, int(box.get("bundle", 1)), info.id, self.board))
         return _primed(items)
 
     def stream(
