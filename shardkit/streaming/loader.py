@@ -196,6 +196,9 @@ class WebLoader:
         self._stall.prepare()  # before worker processes start: they report to it
         it = iter(self._loader)
         batches = it
+        if bundling and self._timeout and hasattr(it, "_timeout"):
+            # a persistent iterator keeps the wait it was made with: this epoch's cap rules
+            cast(Any, it)._timeout = self._timeout * cap
         if bundling:
             ahead = self._prefetch * self.num_workers  # items asked for before one is back
             publish = self._publisher(it, in_flight, cap)
@@ -259,7 +262,7 @@ class WebLoader:
             if isinstance(exc, RuntimeError) and str(exc).startswith("DataLoader timed out"):
                 raise FetchError(
                     f"WebLoader: a worker process gave no batch within timeout={self._timeout} s "
-                    f"(waited {getattr(self._loader, 'timeout', 0)} s for a bundle of batches)"
+                    f"(waited {getattr(it, '_timeout', 0)} s for a bundle of batches)"
                 ) from exc
             raise
         finally:
