@@ -243,6 +243,8 @@ class Unbundled:
                 self.seen[0] = max([self.seen[0], *map(batch_bytes, opened.batches)])
                 if self.publish is not None and min(self.sized) == 1 == self.sized[who]:
                     self.publish(max(self.received) + self.ahead + 1, self.seen[0])
+            elif opened.batches:  # later bundles: batches may grow; the next epoch's cap
+                self.seen[0] = max(self.seen[0], batch_bytes(opened.batches[0]))
             if opened.failing:
                 self.failing.add(who)
             if who == w:

@@ -7,8 +7,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from shardkit import ShardDataset, WebLoader
 from shardkit.format.manifest.model import Manifest
+from shardkit.streaming.bundles import BUNDLE_BYTES
 
 MakeShards = Callable[..., Manifest]
 
@@ -39,3 +42,31 @@ def test_a_later_epoch_waits_for_its_bundles_when_no_cap_was_published(
         procs.set_epoch(epoch)
         assert [list(b[0]) for b in procs] == want and len(want) == 20
     assert procs._mailbox.read()["bundle"] == 16  # the epoch really had big bundles
+
+
+_made = [0]  # batches this process's pipeline made (a worker process has its own count)
+
+
+def _grows(item: tuple[str, Any]) -> tuple[str, np.ndarray]:
+    _made[0] += 1  # each worker's first bundles small, then 1 MiB a batch
+    return item[0], np.zeros(1000 if _made[0] <= 4 else 1 << 20, np.uint8)
+
+
+def test_batches_that_grow_after_the_first_bundles_size_the_next_epoch(
+    make_shards: MakeShards,
+) -> None:
+    """Only each worker's first two bundles were measured: batches of 1 KB there and 1 MiB
+    after them left the next epoch at bundles of 16 (16 MiB each: /tmp/h2/attack7's case so
+    changed mapped 71.5 MiB of shared memory in epoch 1, 50.3 with this fix, 2 workers);
+    every bundle's first batch now counts, so the next epoch starts at 3."""
+    m = make_shards([12, 12])
+    ds = ShardDataset(m, seed=1).decode().to_tuple("__key__", "tokens.npy").map(_grows)
+    procs = WebLoader(ds.batched(1), num_workers=2, multiprocessing_context="fork")
+    threads = WebLoader(ds.batched(1), num_workers=2, worker_mode="thread")
+    for epoch in (0, 1):
+        procs.set_epoch(epoch)
+        threads.set_epoch(epoch)
+        got = [list(b[0]) for b in procs]  # first: workers fork before threads count
+        assert got == [list(b[0]) for b in threads] and len(got) == 24
+    in_flight = 2 * (2 + 2)
+    assert procs._mailbox.read()["bundle"] == BUNDLE_BYTES // in_flight // ((1 << 20) + 20)
