@@ -215,7 +215,8 @@ class Unbundled:
             w = going[i]
             q = self.queues[w]
             if not q and not self._pull(w):
-                del going[i]  # the next worker takes this turn
+                del going[i]  # the next worker takes this turn (the first after the last)
+                self.turn = i
                 continue
             self.turn = i + 1
             return q.popleft()

@@ -181,8 +181,9 @@ class ThreadWorkers:
                 if isinstance(got, _Ended):
                     if got.error is not None:
                         raise got.error
-                    del going[turn % len(going)]
-                    continue  # the next worker takes this turn
+                    turn %= len(going)
+                    del going[turn]
+                    continue  # the next worker takes this turn (the first after the last)
                 turn = turn % len(going) + 1
                 yield (deliver(got[0], pin=True), got[1]) if self.pin else got
         finally:
