@@ -240,13 +240,16 @@ class InlineBatch:
         return self.open(can_pin())
 
 
+_UNLOADED = object()
+
+
 class Pickled:
     """A worker process's batch (or parcel) pickled in the worker: pickle's refusal is a
     :class:`TransferError` there, raised in the training loop as any worker error is (the
     DataLoader's queue pickled it in a background thread, which only printed the error, and
     the training loop waited for the batch forever)."""
 
-    __slots__ = ("data",)
+    __slots__ = ("data", "obj")
 
     def __init__(self, obj: Any, worker: int, *, plain: bool = False) -> None:
         from multiprocessing.reduction import ForkingPickler  # torch's reductions, shared memory
@@ -263,9 +266,20 @@ class Pickled:
                 "pipeline and collate_fn, or use worker_mode='thread'"
             ) from exc
 
+    def __getstate__(self) -> bytes:
+        return self.data
+
+    def __setstate__(self, data: bytes) -> None:
+        # loaded as it arrives, as torch loads a batch: a segment shared by file descriptor
+        # is fetched from its worker, which may exit before the item's turn (a worker whose
+        # stream ended, without persistent_workers)
+        self.obj = pickle.loads(data)  # noqa: S301 - our own worker's bytes
+        self.data = b""  # not held twice
+
     def load(self) -> Any:
         """The object as it was pickled."""
-        return pickle.loads(self.data)  # noqa: S301 - our own worker's bytes
+        obj = getattr(self, "obj", _UNLOADED)
+        return pickle.loads(self.data) if obj is _UNLOADED else obj  # noqa: S301 - ours
 
     def pin_memory(self, device: Any = None) -> Any:
         """Called by the DataLoader's pin thread: loaded, then pinned as its kind pins."""

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
+from torch.utils.data import get_worker_info
 
 from shardkit import ShardDataset, WebLoader
 from shardkit.format.manifest.model import Manifest
@@ -109,3 +110,35 @@ def test_resume_is_exact_after_a_worker_ends_before_the_others(make_shards: Make
         resumed = WebLoader(ds, num_workers=3, **kw)
         resumed.load_state_dict(loader.state_dict())
         assert _keys(resumed) == want[k:], (mode, k)
+
+
+_calls = [0, 0]  # this process's samples seen by the filter and by the map
+
+
+def _worker_1_short(sample: dict[str, Any]) -> bool:
+    _calls[0] += 1
+    return cast(Any, get_worker_info()).id == 0 or _calls[0] <= 3
+
+
+def _worker_1_ends_big(item: tuple[str, Any]) -> tuple[str, np.ndarray]:
+    _calls[1] += 1
+    first = cast(Any, get_worker_info()).id == 0
+    if first and _calls[1] == 3:
+        time.sleep(0.3)  # the training process waits for worker 0's item meanwhile
+    big = not first and _calls[1] == 3  # worker 1's last batch: a new, bigger segment
+    return item[0], np.zeros(1 << 21 if big else 10, np.uint8)
+
+
+def test_a_worker_that_ended_and_exited_leaves_its_last_bundle_readable(
+    make_shards: MakeShards,
+) -> None:
+    """Without persistent workers, worker 1's stream ends (3 batches, the last in a new
+    2 MiB segment) while the training process waits for worker 0's: its stop arrives, torch
+    tells it to exit, and its last bundle, still pickled, was loaded only at its turn: the
+    segment's file descriptor was no longer there to fetch (FileNotFoundError from
+    multiprocessing's resource_sharer, the epoch lost). Items are loaded as they arrive."""
+    m = make_shards([10, 10])
+    ds = ShardDataset(m, seed=1).select(_worker_1_short).decode().to_tuple("__key__", "tokens.npy")
+    ds = ds.map(_worker_1_ends_big).batched(1)
+    loader = WebLoader(ds, num_workers=2, multiprocessing_context="fork", persistent_workers=False)
+    assert len(list(loader)) == 13
