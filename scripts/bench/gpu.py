@@ -88,14 +88,7 @@ def build(work: str, profile: str, size: int) -> tuple[str, int]:
 
 def tensors(x: Any) -> Iterator[torch.Tensor]:
     """Every tensor of a batch (dicts, lists and tuples walked)."""
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, dict):
-        for v in x.values():
-            yield from tensors(v)
-    elif isinstance(x, list | tuple):
-        for v in x:
-            yield from tensors(v)
+    return (v for v in leaves(x) if isinstance(v, torch.Tensor))
 
 
 def loader(manifest: str, workers: int, pin: bool) -> shardkit.WebLoader:

@@ -46,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -321,19 +322,8 @@ def child_transfer(manifest: str) -> dict[str, float]:
 
     for batch in batches[:5]:  # the slots' segments made and known
         arena.take_over(pickle.loads(pack(batch)))
-    worker, main = [], []
-    for _ in range(5):
-        w = m = 0.0
-        for batch in batches:
-            t = time.thread_time()
-            data = pack(batch)
-            w += time.thread_time() - t
-            t = time.thread_time()
-            arena.take_over(pickle.loads(data))
-            m += time.thread_time() - t
-        worker.append(w / len(batches) * 1e6)
-        main.append(m / len(batches) * 1e6)
-    out = {"worker_us_a_batch": min(worker), "training_us_a_batch": min(main)}
+    w, m = _crossing_us(batches, pack, lambda data: arena.take_over(pickle.loads(data)), 1)
+    out = {"worker_us_a_batch": w, "training_us_a_batch": m}
     try:  # checkouts with bundles: 16 batches a DataLoader item, as worker processes send them
         from shardkit.streaming import bundles
         from shardkit.streaming.transfer import Pickled
@@ -348,21 +338,29 @@ def child_transfer(manifest: str) -> dict[str, float]:
 
     for group in groups[:2]:  # the slots' segments made and known at a bundle's size
         pickle.loads(bundle(group)).load().open()
+    w, m = _crossing_us(groups, bundle, lambda data: pickle.loads(data).load().open(), 16)
+    out.update(bundled_worker_us_a_batch=w, bundled_training_us_a_batch=m)
+    return out
+
+
+def _crossing_us(
+    items: list[Any], send: Callable[[Any], bytes], receive: Callable[[bytes], Any], per: int
+) -> tuple[float, float]:
+    """CPU us a batch of ``send`` (the worker's side) and ``receive`` (the training
+    process's) over ``items`` of ``per`` batches each: the least of 5 passes, each side."""
     worker, main = [], []
     for _ in range(5):
         w = m = 0.0
-        for group in groups:
+        for item in items:
             t = time.thread_time()
-            data = bundle(group)
+            data = send(item)
             w += time.thread_time() - t
             t = time.thread_time()
-            pickle.loads(data).load().open()
+            receive(data)
             m += time.thread_time() - t
-        n = len(groups) * 16
-        worker.append(w / n * 1e6)
-        main.append(m / n * 1e6)
-    out.update(bundled_worker_us_a_batch=min(worker), bundled_training_us_a_batch=min(main))
-    return out
+        worker.append(w / (len(items) * per) * 1e6)
+        main.append(m / (len(items) * per) * 1e6)
+    return min(worker), min(main)
 
 
 class _Tiny:  # an IterableDataset (made in the child: torch is imported there)
